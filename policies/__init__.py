@@ -1,0 +1,39 @@
+"""Pure NumPy bandit math: LinReBoot and the paper's baselines, batched.
+
+Public surface: :class:`PolicyConfig`, :func:`paper_config`, :func:`init_state`,
+:func:`choose`, :func:`update`, :func:`layout`, :func:`observation_delta`.
+"""
+
+from policies.config import (
+    PAPER_POLICIES,
+    POLICIES,
+    SETTINGS,
+    PolicyConfig,
+    PolicyName,
+    Residuals,
+    Setting,
+    paper_config,
+    paper_sigma_omega,
+)
+from policies.policy import Choice, choose, update
+from policies.state import FieldSpec, State, init_state, layout, observation_delta
+
+__all__ = [
+    "PAPER_POLICIES",
+    "POLICIES",
+    "SETTINGS",
+    "Choice",
+    "FieldSpec",
+    "PolicyConfig",
+    "PolicyName",
+    "Residuals",
+    "Setting",
+    "State",
+    "choose",
+    "init_state",
+    "layout",
+    "observation_delta",
+    "paper_config",
+    "paper_sigma_omega",
+    "update",
+]

@@ -1,0 +1,61 @@
+"""Figure 1 of the paper: cumulative regret, settings x dimensions, one curve per policy."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from loadtest.results import Curve
+
+_SETTING_TITLES = {
+    "stochastic": "Stochastic linear bandit",
+    "contextual": "Contextual linear bandit",
+    "covariates": "Bandit with covariates",
+}
+_SETTING_ORDER = ("stochastic", "contextual", "covariates")
+
+
+def regret_grid(curves: Sequence[Curve], path: Path, title: str | None = None) -> Path:
+    """Plot mean cumulative regret with a +-1 s.e. band, one panel per (setting, d).
+
+    Rows are settings and columns dimensions, as in the paper's Figure 1; curves
+    of different sources (in-process, http) are told apart by line style.
+    """
+    settings = [s for s in _SETTING_ORDER if any(c.setting == s for c in curves)]
+    dims = sorted({c.dim for c in curves})
+    labels = list(dict.fromkeys(c.label for c in curves))
+    sources = list(dict.fromkeys(c.source for c in curves))
+    colours = {lab: plt.get_cmap("tab10")(i % 10) for i, lab in enumerate(labels)}
+    styles = dict(zip(sources, ["-", "--", ":", "-."], strict=False))
+    fig, axes = plt.subplots(
+        len(settings), len(dims), figsize=(4.2 * len(dims), 3.3 * len(settings)), squeeze=False
+    )
+    for i, setting in enumerate(settings):
+        for j, dim in enumerate(dims):
+            ax = axes[i][j]
+            for c in curves:
+                if c.setting != setting or c.dim != dim:
+                    continue
+                name = c.label if len(sources) == 1 else f"{c.label} [{c.source}]"
+                ax.plot(c.rounds, c.mean, styles[c.source], color=colours[c.label], label=name)
+                ax.fill_between(
+                    c.rounds, c.mean - c.se, c.mean + c.se, color=colours[c.label], alpha=0.2
+                )
+            ax.set_title(f"{_SETTING_TITLES[setting]}, d = {dim}", fontsize=10)
+            ax.set_xlabel("round t")
+            ax.set_ylabel("cumulative regret")
+            ax.grid(alpha=0.3)
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 6), frameon=False)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.97 if title else 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

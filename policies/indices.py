@@ -1,0 +1,225 @@
+"""The index (score) each policy gives every arm, vectorised over experiments.
+
+Every function has the signature ``index(config, state, contexts, rngs) -> (B, K)``
+with ``contexts`` of shape ``(B, K, d)`` (in the covariates setting every arm
+sees the same context) and one ``numpy.random.Generator`` per experiment.
+
+References
+----------
+Wu, Wang, Li, Cheng. Residual Bootstrap Exploration for Stochastic Linear
+Bandit. UAI 2022: Section 3.2 (eq. 6, the index), Section 3.3 (efficient
+Gaussian form), appendix "Other Linear Bandit Algorithms" (baselines).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from policies.config import PolicyConfig, PolicyName
+from policies.ridge import (
+    Array,
+    cho_solve,
+    cholesky,
+    gaussian_direction,
+    inverse_norms,
+    predict,
+    quadratic,
+    regularised,
+    ridge,
+    standard_normals,
+)
+from policies.state import State
+
+Rngs = Sequence[np.random.Generator]
+IndexFn = Callable[[PolicyConfig, State, Array, Rngs], Array]
+
+# Relative jitter that keeps the Cholesky factor of a (possibly singular) X'X defined.
+_JITTER = 1e-10
+
+
+def per_arm(values: Array, n_arms: int) -> Array:
+    """Broadcast per-model values (B, M, ...) to per-arm (B, K, ...)."""
+    return np.broadcast_to(values, (values.shape[0], n_arms, *values.shape[2:]))
+
+
+def residual_sum_of_squares(
+    config: PolicyConfig, state: State, mu_hat: Array, theta: Array
+) -> Array:
+    """RSS_k of Section 3.3 from the incremental sums, shape (B, K).
+
+    ``current`` residuals (Algorithms 1-3) use the decomposition
+    ``RSS_k = sum r^2 - 2 mu_k sum r + s_k mu_k^2`` with this round's ``mu_k``.
+    ``observed`` residuals use each reward's own context:
+    ``RSS_k = sum r^2 - 2 theta' sum(x r) + theta' sum(x x') theta``.
+    """
+    n_arms = mu_hat.shape[1]
+    if config.residuals == "current" or config.setting == "stochastic":
+        rss = state["sum_r2"] - 2.0 * mu_hat * state["sum_r"] + state["pulls"] * mu_hat**2
+    else:
+        theta_k = per_arm(theta, n_arms)
+        if config.shared:
+            gram, xty = state["arm_xtx"], state["arm_xty"]
+        else:
+            gram, xty = state["xtx"], state["xty"]
+        fitted = np.einsum("bkd,bkd->bk", theta_k, xty)
+        rss = state["sum_r2"] - 2.0 * fitted + quadratic(theta_k, gram)
+    # Cancellation in the decomposition can leave tiny negative values.
+    return np.maximum(rss, 0.0)
+
+
+def linreboot(config: PolicyConfig, state: State, contexts: Array, rngs: Rngs) -> Array:
+    """LinReBoot with Gaussian weights: ``mu_k + sigma_omega sqrt(RSS_k) / s_k * z_k``.
+
+    The efficient form of Section 3.3: given the history the bootstrapped mean is
+    ``N(mu_hat_k, sigma_omega^2 RSS_k / s_k^2)``, so one normal per arm replaces
+    the inner loop over residual weights.
+    """
+    theta, _ = ridge(state["xtx"], state["xty"], config.reg)
+    mu_hat = predict(theta, contexts)
+    z = standard_normals(rngs, mu_hat.shape[1:])
+    if config.sigma_omega == 0.0:
+        return mu_hat
+    rss = residual_sum_of_squares(config, state, mu_hat, theta)
+    pulls = state["pulls"]
+    scale = np.divide(np.sqrt(rss), pulls, out=np.zeros_like(rss), where=pulls > 0)
+    return mu_hat + config.sigma_omega * scale * z
+
+
+def reward_variance(state: State) -> Array:
+    """Sample variance of each model's rewards so far (1 before two rewards), (B, M)."""
+    n, total, squares = state["n"], state["sum_y"], state["yty"]
+    mean = np.divide(total, n, out=np.zeros_like(total), where=n > 0)
+    var = np.divide(squares - n * mean**2, n - 1.0, out=np.ones_like(total), where=n > 1)
+    return np.maximum(var, 0.0)
+
+
+def lints_gaussian(config: PolicyConfig, state: State, contexts: Array, rngs: Rngs) -> Array:
+    """LinTS-G: ``theta ~ N(theta_hat, v^2 V^-1)``, Gaussian prior of variance 1/lambda.
+
+    As in the authors' code, ``v^2`` is the sample variance of the rewards seen so far.
+    """
+    theta, chol = ridge(state["xtx"], state["xty"], config.reg)
+    z = standard_normals(rngs, theta.shape[1:])
+    scale = np.sqrt(reward_variance(state))[..., None]
+    return predict(theta + scale * gaussian_direction(chol, z), contexts)
+
+
+def lints_inverse_gamma(config: PolicyConfig, state: State, contexts: Array, rngs: Rngs) -> Array:
+    """LinTS-IG: normal-inverse-gamma posterior (Riquelme et al. 2018).
+
+    Prior ``sigma^2 ~ IG(alpha, beta)``, ``theta | sigma^2 ~ N(0, sigma^2 / p I)``
+    with ``alpha = beta = 2`` (prior mean of sigma^2 is 2) and ``p = 0.2``, so the
+    prior variance of theta is ``2 / 0.2 = 10 = 1 / lambda`` as in the appendix.
+    """
+    theta, chol = ridge(state["xtx"], state["xty"], config.ig_prior_precision)
+    precision = regularised(state["xtx"], config.ig_prior_precision)
+    shape = config.ig_alpha + 0.5 * state["n"]
+    rate = config.ig_beta + 0.5 * np.maximum(state["yty"] - quadratic(theta, precision), 0.0)
+    gammas = np.stack([rng.standard_gamma(s) for rng, s in zip(rngs, shape, strict=True)])
+    sigma = np.sqrt(rate / gammas)[..., None]
+    z = standard_normals(rngs, theta.shape[1:])
+    return predict(theta + sigma * gaussian_direction(chol, z), contexts)
+
+
+def _perturbed_ridge(
+    state: State, reg: float, gram_weight: Array | float, noise_scale: Array, rngs: Rngs
+) -> Array:
+    """``(w X'X + reg I)^-1 (X'y + s X' xi)`` with ``X' xi ~ N(0, X'X)``, shape (B, M, d).
+
+    The common core of LinPHE and LinGIRO: both perturb the history, and for
+    many past rounds the perturbation ``X' xi`` of the normal equations is
+    Gaussian with covariance proportional to ``X'X`` (central limit theorem).
+    """
+    xtx = state["xtx"]
+    d = xtx.shape[-1]
+    trace = np.trace(xtx, axis1=-2, axis2=-1)[..., None, None]
+    root = cholesky(xtx + (_JITTER * trace / d + _JITTER) * np.eye(d))
+    z = standard_normals(rngs, xtx.shape[1:-1])
+    perturbation = np.matmul(root, z[..., None])[..., 0]
+    gram = cholesky(regularised(np.asarray(gram_weight)[..., None, None] * xtx, reg))
+    return cho_solve(gram, state["xty"] + noise_scale[..., None] * perturbation)
+
+
+def linphe(config: PolicyConfig, state: State, contexts: Array, rngs: Rngs) -> Array:
+    """LinPHE (Kveton et al. 2019b) with ``a`` pseudo-rewards per past round.
+
+    Pseudo-rewards are ``-U`` or ``+U`` with probability 1/2 (U = reward bound),
+    so with ``(1 + a) X'X + lambda I`` as Gram matrix the perturbed estimate is
+    ``((1+a) X'X + lambda I)^-1 (X'y + sum_i x_i z_i)`` where ``z_i`` sums round
+    ``i``'s pseudo-rewards: mean 0 and variance ``a U^2``. The authors draw the
+    total as ``Binomial(ceil(a (t-1)), 1/2)`` spread multinomially over the past
+    rounds; for continuous contexts that costs O(t) per round, so here
+    ``sum_i x_i z_i`` is drawn from its Gaussian limit ``N(0, a U^2 X'X)``.
+    """
+    scale = np.full(state["n"].shape, math.sqrt(config.phe_a) * config.reward_bound)
+    theta = _perturbed_ridge(state, config.reg, 1.0 + config.phe_a, scale, rngs)
+    return predict(theta, contexts)
+
+
+def lingiro(config: PolicyConfig, state: State, contexts: Array, rngs: Rngs) -> Array:
+    """LinGIRO (Kveton et al. 2019a): bootstrap of the history plus pseudo-rewards.
+
+    Each past round adds ``a`` pseudo-rounds at the upper bound ``+U`` and ``a``
+    at the lower bound ``-U`` with the same context; GIRO fits ridge regression
+    on a with-replacement resample of the whole augmented history. The resample's
+    estimate is, to first order, ``N(theta_bar, c A^-1 X'X A^-1)`` with
+    ``A = (1 + 2a) X'X + lambda I``, ``theta_bar = A^-1 X'y`` and ``c`` the mean
+    squared residual of the augmented rows:
+    ``c = 2 a U^2 + (RSS(theta_bar) + 2 a theta_bar' X'X theta_bar) / n``.
+    Drawing from that limit keeps the cost per round independent of ``t``.
+    """
+    weight = 1.0 + 2.0 * config.giro_a
+    xtx, xty = state["xtx"], state["xty"]
+    theta_bar, _ = ridge(weight * xtx, xty, config.reg)
+    fit = quadratic(theta_bar, xtx)
+    cross = np.einsum("bmd,bmd->bm", theta_bar, xty)
+    rss = np.maximum(state["yty"] - 2.0 * cross + fit, 0.0)
+    n = np.maximum(state["n"], 1.0)
+    a, bound = config.giro_a, config.reward_bound
+    mean_square = 2.0 * a * bound**2 + (rss + 2.0 * a * fit) / n
+    theta = _perturbed_ridge(state, config.reg, weight, np.sqrt(mean_square), rngs)
+    return predict(theta, contexts)
+
+
+def ucb_radius(config: PolicyConfig, n_obs: Array) -> Array:
+    """Confidence radius ``sqrt(beta_t)`` of Abbasi-Yadkori et al. (2011), Theorem 2.
+
+    ``R sqrt(2 log(1/delta) + d log(1 + n L^2 / (lambda d))) + sqrt(lambda) S``.
+    """
+    d, reg = config.dim, config.reg
+    log_det = d * np.log1p(n_obs * config.context_bound**2 / (reg * d))
+    return config.noise_sd * np.sqrt(2.0 * math.log(1.0 / config.ucb_delta) + log_det) + math.sqrt(
+        reg
+    ) * config.theta_bound
+
+
+def _linucb_with(radius: Array, state: State, contexts: Array, reg: float) -> Array:
+    theta, chol = ridge(state["xtx"], state["xty"], reg)
+    width = np.sqrt(inverse_norms(chol, contexts))
+    return predict(theta, contexts) + per_arm(radius, contexts.shape[1]) * width
+
+
+def linucb(config: PolicyConfig, state: State, contexts: Array, rngs: Rngs) -> Array:
+    """LinUCB / OFUL with the theoretical radius at confidence ``1 - delta``."""
+    return _linucb_with(ucb_radius(config, state["n"]), state, contexts, config.reg)
+
+
+def linucb_constant(config: PolicyConfig, state: State, contexts: Array, rngs: Rngs) -> Array:
+    """LinUCB with a constant width ``alpha`` (Li et al. 2010), as most libraries ship it."""
+    radius = np.full(state["n"].shape, config.ucb_alpha)
+    return _linucb_with(radius, state, contexts, config.reg)
+
+
+INDEX: dict[PolicyName, IndexFn] = {
+    "linreboot": linreboot,
+    "greedy": linreboot,
+    "lints-g": lints_gaussian,
+    "lints-ig": lints_inverse_gamma,
+    "linphe": linphe,
+    "lingiro": lingiro,
+    "linucb": linucb,
+    "linucb-const": linucb_constant,
+}

@@ -1,0 +1,90 @@
+"""The two verbs of every policy: ``choose`` and ``update``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from policies.config import PolicyConfig
+from policies.indices import INDEX
+from policies.ridge import Array
+from policies.state import State, apply_observations
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Decisions for a batch of experiments.
+
+    Attributes
+    ----------
+    arms : ndarray of int, shape (B,)
+    scores : ndarray, shape (B, K)
+        The policy's index per arm; ``+inf`` marks an eligible arm never pulled
+        (explored before it competes), ``-inf`` an ineligible one.
+    """
+
+    arms: NDArray[np.int64]
+    scores: Array
+
+
+def choose(
+    config: PolicyConfig,
+    state: State,
+    contexts: Array,
+    rngs: Sequence[np.random.Generator],
+    eligible: NDArray[np.bool_] | None = None,
+) -> Choice:
+    """Pick one arm per experiment.
+
+    Parameters
+    ----------
+    state : dict of ndarray
+        Statistics from :func:`policies.state.init_state`, batch size B, K arms.
+    contexts : ndarray, shape (B, K, d)
+        This round's context of every arm (in the covariates setting the one
+        context repeated for every arm).
+    rngs : sequence of B generators, one per experiment.
+    eligible : ndarray of bool, shape (B, K), optional
+        Arms that may be chosen; default all.
+
+    Notes
+    -----
+    An eligible arm that was never pulled is chosen first (uniformly among such
+    arms), as the paper's first K rounds pull every arm once: the bootstrap
+    variance ``RSS_k / s_k^2`` is undefined at ``s_k = 0``.
+    """
+    batch, n_arms = state["pulls"].shape
+    if contexts.shape != (batch, n_arms, config.dim):
+        expected = (batch, n_arms, config.dim)
+        raise ValueError(f"contexts must have shape {expected}, got {contexts.shape}")
+    if eligible is None:
+        eligible = np.ones((batch, n_arms), dtype=bool)
+    if not eligible.any(axis=1).all():
+        raise ValueError("every experiment needs at least one eligible arm")
+    scores = INDEX[config.name](config, state, contexts, rngs)
+    unexplored = eligible & (state["pulls"] == 0)
+    scores = np.where(unexplored, np.inf, np.where(eligible, scores, -np.inf))
+    arms = np.argmax(scores, axis=1)
+    for row in np.flatnonzero(unexplored.any(axis=1)):
+        candidates = np.flatnonzero(unexplored[row])
+        arms[row] = candidates[rngs[int(row)].integers(candidates.size)]
+    return Choice(arms=arms.astype(np.int64), scores=scores)
+
+
+def update(
+    config: PolicyConfig, state: State, arms: NDArray[np.int64], x: Array, rewards: Array
+) -> State:
+    """Add one observation per experiment (in place) and return the state.
+
+    Parameters
+    ----------
+    arms : ndarray of int, shape (B,)
+    x : ndarray, shape (B, d)
+        The context each reward was observed with.
+    rewards : ndarray, shape (B,)
+    """
+    apply_observations(config, state, arms, x, rewards)
+    return state

@@ -1,0 +1,159 @@
+"""Sufficient statistics of every policy, as named float64 arrays.
+
+Every policy here is driven by sums, so a reward is an *addition* to the state:
+that is what lets the service apply it with one atomic Lua script and what
+lets the simulator keep 100 repetitions in one array.
+
+Two kinds of field:
+
+* **model** fields hold the ridge statistics of a model. With one theta shared
+  by all arms (stochastic, contextual) there is one model slot; in the
+  covariates setting there is one model per arm. In memory they have shape
+  ``(B, M, ...)`` with ``M = 1`` or ``M = K``.
+* **arm** fields hold the per-arm reward sums of Section 3.3, shape ``(B, K, ...)``.
+
+Field names follow the paper: ``xtx`` = X'X (the Gram matrix *without* the
+ridge term, so each policy adds its own regulariser), ``xty`` = X'y,
+``yty`` = y'y, ``n`` observations, ``sum_y``; per arm ``pulls`` (s_k),
+``sum_r``, ``sum_r2``, and for residuals against observed contexts
+``arm_xtx`` and ``arm_xty``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from policies.config import PolicyConfig
+
+Array = NDArray[np.floating[Any]]
+State = dict[str, Array]
+Axis = Literal["model", "arm"]
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One named statistic: which axis it lives on and the shape of one slot."""
+
+    axis: Axis
+    shape: tuple[int, ...]
+
+    def per_arm(self, config: PolicyConfig) -> bool:
+        """True when the store keeps one copy of this field per arm."""
+        return self.axis == "arm" or not config.shared
+
+
+def layout(config: PolicyConfig) -> dict[str, FieldSpec]:
+    """The fields a policy's state is made of, in a fixed order."""
+    d = config.dim
+    fields = {
+        "xtx": FieldSpec("model", (d, d)),
+        "xty": FieldSpec("model", (d,)),
+        "yty": FieldSpec("model", ()),
+        "n": FieldSpec("model", ()),
+        "sum_y": FieldSpec("model", ()),
+        "pulls": FieldSpec("arm", ()),
+        "sum_r": FieldSpec("arm", ()),
+        "sum_r2": FieldSpec("arm", ()),
+    }
+    if needs_arm_gram(config):
+        fields["arm_xtx"] = FieldSpec("arm", (d, d))
+        fields["arm_xty"] = FieldSpec("arm", (d,))
+    return fields
+
+
+def needs_arm_gram(config: PolicyConfig) -> bool:
+    """Per-arm X'X is needed only for observed-context residuals with a shared model.
+
+    With a model per arm the model's own ``xtx`` already is the arm's Gram matrix,
+    and in the stochastic setting every observation of an arm has the same
+    features, so the current and observed residuals coincide.
+    """
+    return (
+        config.name in ("linreboot", "greedy")
+        and config.residuals == "observed"
+        and config.setting == "contextual"
+    )
+
+
+def init_state(config: PolicyConfig, n_arms: int, batch: int = 1) -> State:
+    """Zero statistics for ``batch`` independent experiments with ``n_arms`` arms."""
+    n_models = 1 if config.shared else n_arms
+    return {
+        name: np.zeros(
+            (batch, n_models if spec.axis == "model" else n_arms, *spec.shape), dtype=np.float64
+        )
+        for name, spec in layout(config).items()
+    }
+
+
+def observation_delta(config: PolicyConfig, x: Array, reward: float) -> dict[str, Array]:
+    """What one observation adds to each field of the chosen arm (and its model).
+
+    Parameters
+    ----------
+    x : ndarray, shape (d,)
+        The context the reward was observed with.
+    reward : float
+
+    Returns
+    -------
+    dict of ndarray, each of the slot shape given by :func:`layout`.
+    """
+    outer = np.outer(x, x)
+    r = float(reward)
+    delta: dict[str, Array | float] = {
+        "xtx": outer,
+        "xty": r * x,
+        "yty": r * r,
+        "n": 1.0,
+        "sum_y": r,
+        "pulls": 1.0,
+        "sum_r": r,
+        "sum_r2": r * r,
+    }
+    if needs_arm_gram(config):
+        delta["arm_xtx"] = outer
+        delta["arm_xty"] = r * x
+    return {name: np.asarray(delta[name], dtype=np.float64) for name in layout(config)}
+
+
+def apply_observations(
+    config: PolicyConfig,
+    state: State,
+    arms: NDArray[np.int64],
+    x: Array,
+    rewards: Array,
+) -> None:
+    """Add one observation per experiment to ``state``, in place.
+
+    Parameters
+    ----------
+    arms : ndarray of int, shape (B,)
+        The arm each experiment pulled.
+    x : ndarray, shape (B, d)
+        The context each reward was observed with.
+    rewards : ndarray, shape (B,)
+
+    Notes
+    -----
+    The same additions as :func:`observation_delta`, vectorised over the batch.
+    """
+    rows = np.arange(arms.shape[0])
+    slots = np.zeros_like(arms) if config.shared else arms
+    outer = x[:, :, None] * x[:, None, :]
+    r2 = rewards * rewards
+    state["xtx"][rows, slots] += outer
+    state["xty"][rows, slots] += rewards[:, None] * x
+    state["yty"][rows, slots] += r2
+    state["n"][rows, slots] += 1.0
+    state["sum_y"][rows, slots] += rewards
+    state["pulls"][rows, arms] += 1.0
+    state["sum_r"][rows, arms] += rewards
+    state["sum_r2"][rows, arms] += r2
+    if "arm_xtx" in state:
+        state["arm_xtx"][rows, arms] += outer
+        state["arm_xty"][rows, arms] += rewards[:, None] * x
