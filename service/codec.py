@@ -1,0 +1,73 @@
+"""Policy statistics <-> Redis hash fields, as explicit little-endian float64.
+
+A model's fields (``xtx``, ``xty``, ``yty``, ``n``, ``sum_y``) are packed into one
+blob and an arm's fields (``pulls``, ``sum_r``, ``sum_r2``, ...) into another, in
+the order of :func:`policies.layout`, so one reward adds to exactly two blobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from policies import PolicyConfig, State, layout
+from policies.state import Axis
+
+_FLOAT = np.dtype("<f8")
+
+
+def _fields(config: PolicyConfig, axis: Axis) -> list[tuple[str, tuple[int, ...]]]:
+    return [(name, spec.shape) for name, spec in layout(config).items() if spec.axis == axis]
+
+
+def blob_size(config: PolicyConfig, axis: Axis) -> int:
+    """Bytes of one packed model or arm blob."""
+    return 8 * sum(int(np.prod(shape)) for _, shape in _fields(config, axis))
+
+
+def pack(config: PolicyConfig, axis: Axis, values: Mapping[str, np.ndarray | float]) -> bytes:
+    """Pack one slot's fields (shapes as in :func:`policies.layout`)."""
+    parts = [
+        np.asarray(values[name], dtype=_FLOAT).reshape(-1) for name, _ in _fields(config, axis)
+    ]
+    return np.concatenate(parts).astype(_FLOAT, copy=False).tobytes()
+
+
+def unpack(config: PolicyConfig, axis: Axis, blob: bytes | None) -> dict[str, np.ndarray]:
+    """Unpack one blob; a missing blob is all zeros (nothing observed yet)."""
+    fields = _fields(config, axis)
+    size = blob_size(config, axis)
+    if blob is None:
+        flat = np.zeros(size // 8)
+    elif len(blob) != size:
+        raise ValueError(f"stored {axis} blob has {len(blob)} bytes, expected {size}")
+    else:
+        flat = np.frombuffer(blob, dtype=_FLOAT).astype(np.float64)
+    out: dict[str, np.ndarray] = {}
+    offset = 0
+    for name, shape in fields:
+        count = int(np.prod(shape))
+        out[name] = flat[offset: offset + count].reshape(shape)
+        offset += count
+    return out
+
+
+def assemble_state(
+    config: PolicyConfig,
+    model_blobs: Sequence[bytes | None],
+    arm_blobs: Sequence[bytes | None],
+) -> State:
+    """Build a batch-of-one policy state from stored blobs.
+
+    Parameters
+    ----------
+    model_blobs : one blob (shared model) or one per arm (covariates), arm order.
+    arm_blobs : one per arm, in the order the arms are scored.
+    """
+    state: State = {}
+    for axis, blobs in (("model", model_blobs), ("arm", arm_blobs)):
+        slots = [unpack(config, axis, b) for b in blobs]  # type: ignore[arg-type]
+        for name, _ in _fields(config, axis):  # type: ignore[arg-type]
+            state[name] = np.stack([s[name] for s in slots])[None, ...]
+    return state

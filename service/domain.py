@@ -1,0 +1,111 @@
+"""Plain domain records passed between the app and the service.
+
+The app validates wire formats (pydantic) and builds these; the service checks
+them against the experiment (dimensions, arm ids) and raises
+:class:`service.errors.InvalidInput` with a message for the client.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from policies import PolicyName, Setting
+
+ARM_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,64}$"
+EXPERIMENT_ID_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
+_ARM_ID = re.compile(ARM_ID_PATTERN)
+_EXPERIMENT_ID = re.compile(EXPERIMENT_ID_PATTERN)
+
+RewardStatus = Literal["applied", "duplicate", "conflict", "not_found"]
+
+
+def valid_arm_id(arm_id: str) -> bool:
+    return bool(_ARM_ID.fullmatch(arm_id))
+
+
+def valid_experiment_id(experiment_id: str) -> bool:
+    return bool(_EXPERIMENT_ID.fullmatch(experiment_id))
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """An arm; ``features`` only in the stochastic setting (fixed feature vector)."""
+
+    id: str
+    features: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    """What a client asks for when creating an experiment.
+
+    ``hyperparameters`` override :func:`policies.paper_config` fields
+    (e.g. ``sigma_omega``, ``reg``); unknown names are rejected.
+    """
+
+    id: str
+    setting: Setting
+    dim: int
+    arms: tuple[ArmSpec, ...]
+    policy: PolicyName = "linreboot"
+    hyperparameters: dict[str, float | str] = field(default_factory=dict)
+    seed: int | None = None
+    reward_window_seconds: int = 3600
+
+
+@dataclass(frozen=True)
+class ArmState:
+    id: str
+    active: bool
+    pulls: int
+    mean_reward: float | None
+    rss: float | None
+    features: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ExperimentView:
+    """An experiment as stored, with what it has learnt."""
+
+    spec: ExperimentSpec
+    config: dict[str, float | str | int]
+    created_at: float
+    arms: tuple[ArmState, ...]
+    theta_hat: dict[str, list[float]]  # "shared" or one entry per arm id (covariates)
+    decisions: int
+    rewards: int
+    duplicates: int
+
+
+@dataclass(frozen=True)
+class ChooseRequest:
+    """One decision request.
+
+    Exactly one of the context fields, by setting: stochastic needs none;
+    contextual needs ``arm_contexts`` for every eligible arm; covariates needs
+    ``context``. ``eligible`` and ``excluded`` restrict the active arms.
+    """
+
+    context: tuple[float, ...] | None = None
+    arm_contexts: dict[str, tuple[float, ...]] | None = None
+    eligible: tuple[str, ...] | None = None
+    excluded: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Decision:
+    decision_id: str
+    arm_id: str
+    index: float | None  # None while the arm is still in its first, exploring pull
+    exploring: bool
+    decision_number: int
+    expires_in_seconds: int
+
+
+@dataclass(frozen=True)
+class RewardOutcome:
+    decision_id: str
+    status: RewardStatus
+    message: str

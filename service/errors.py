@@ -1,0 +1,30 @@
+"""Domain errors. The app maps each to one HTTP status in one place."""
+
+from __future__ import annotations
+
+
+class DomainError(Exception):
+    """Base of every error the service reports to a client.
+
+    The message is written for the client: it says what is wrong without
+    echoing the offending value back.
+    """
+
+
+class InvalidInput(DomainError):
+    """The request is well-formed JSON but wrong for this experiment (422)."""
+
+
+class NotFound(DomainError):
+    """Unknown experiment, arm or decision, or an expired decision (404)."""
+
+
+class Conflict(DomainError):
+    """The request contradicts recorded state (409).
+
+    For example a different reward for a decision already rewarded.
+    """
+
+
+class StoreUnavailable(DomainError):
+    """Redis is unreachable or timed out (503 with Retry-After)."""

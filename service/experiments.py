@@ -1,0 +1,497 @@
+"""Experiments: create and manage them, choose arms, apply rewards exactly once.
+
+The math is :mod:`policies` with a batch of one; the state is read from and
+added to Redis through :class:`service.store.Store`.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import hashlib
+import hmac
+import json
+import math
+import secrets
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from policies import (
+    POLICIES,
+    SETTINGS,
+    PolicyConfig,
+    State,
+    choose,
+    observation_delta,
+    paper_config,
+)
+from policies.ridge import ridge
+from service import keys
+from service.codec import assemble_state, pack, unpack
+from service.domain import (
+    ArmSpec,
+    ArmState,
+    ChooseRequest,
+    Decision,
+    ExperimentSpec,
+    ExperimentView,
+    RewardOutcome,
+    RewardStatus,
+    valid_arm_id,
+    valid_experiment_id,
+)
+from service.embedded import EmbeddedRedis
+from service.errors import Conflict, InvalidInput, NotFound
+from service.settings import Settings
+from service.store import Store
+
+_FIXED_CONFIG_FIELDS = {"name", "setting", "dim"}
+_TUNABLE = {f.name for f in dataclasses.fields(PolicyConfig)} - _FIXED_CONFIG_FIELDS
+
+
+@dataclass(frozen=True)
+class ArmRecord:
+    id: str
+    index: int
+    active: bool
+    features: tuple[float, ...] | None
+
+
+@dataclass(frozen=True)
+class Definition:
+    """An experiment as stored in its meta and arms hashes."""
+
+    spec: ExperimentSpec
+    config: PolicyConfig
+    key_hash: str
+    created_at: float
+    version: int
+    arms: tuple[ArmRecord, ...]  # registration order
+
+    @property
+    def active_arms(self) -> list[ArmRecord]:
+        return [a for a in self.arms if a.active]
+
+    def arm(self, arm_id: str) -> ArmRecord | None:
+        return next((a for a in self.arms if a.id == arm_id), None)
+
+
+def _hash_key(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+def _reward_text(reward: float) -> str:
+    """The shortest decimal that round-trips: equal floats give equal strings."""
+    return repr(float(reward))
+
+
+class ExperimentService:
+    """The service's domain API; the app's routes call exactly these methods."""
+
+    def __init__(self, store: Store, settings: Settings, embedded: EmbeddedRedis | None = None):
+        self._store = store
+        self._settings = settings
+        self._embedded = embedded
+        self._definitions: dict[str, Definition] = {}
+        self.persistence_warnings: list[str] = []
+
+    @classmethod
+    async def open(cls, settings: Settings) -> ExperimentService:
+        """Connect to ``settings.redis_url``, or start an embedded Redis without one."""
+        embedded = None
+        url = settings.redis_url
+        if url is None:
+            embedded = EmbeddedRedis(settings.data_dir).start()
+            url = embedded.url
+        store = Store.from_url(url, settings.redis_timeout_seconds)
+        service = cls(store, settings, embedded)
+        await store.ping()
+        service.persistence_warnings = await store.persistence_warnings()
+        return service
+
+    async def close(self) -> None:
+        await self._store.close()
+        if self._embedded is not None:
+            self._embedded.stop()
+
+    async def ping(self) -> None:
+        await self._store.ping()
+
+    # -- management -------------------------------------------------------
+
+    async def create(self, spec: ExperimentSpec) -> tuple[ExperimentView, str]:
+        config = self._validate_spec(spec)
+        api_key = secrets.token_urlsafe(32)
+        meta = {
+            "spec": json.dumps(_spec_to_json(spec)),
+            "config": json.dumps(dataclasses.asdict(config)),
+            "key_hash": _hash_key(api_key),
+            "created_at": repr(time.time()),
+        }
+        arms = {
+            a.id: json.dumps({"index": i, "active": True, "features": a.features})
+            for i, a in enumerate(spec.arms)
+        }
+        if not await self._store.create(spec.id, meta, arms):
+            raise Conflict("an experiment with this id already exists")
+        return await self.get(spec.id), api_key
+
+    async def get(self, experiment_id: str) -> ExperimentView:
+        definition = await self._definition(experiment_id, fresh=True)
+        stats = await self._store.read_stats(experiment_id)
+        return _view(definition, stats)
+
+    async def list(self) -> builtins.list[ExperimentView]:
+        views = []
+        for experiment_id in await self._store.list_ids():
+            try:
+                views.append(await self.get(experiment_id))
+            except NotFound:
+                await self._store.forget_id(experiment_id)
+        return views
+
+    async def delete(self, experiment_id: str) -> None:
+        self._definitions.pop(experiment_id, None)
+        if not await self._store.delete(experiment_id):
+            raise NotFound("no experiment with this id")
+
+    async def add_arms(self, experiment_id: str, arms: Sequence[ArmSpec]) -> ExperimentView:
+        definition = await self._definition(experiment_id, fresh=True)
+        self._validate_arms(definition.spec.setting, definition.spec.dim, arms)
+        total = len(definition.arms) + len(arms)
+        if total > self._settings.max_arms:
+            raise InvalidInput(f"an experiment may have at most {self._settings.max_arms} arms")
+        records = {a.id: json.dumps({"active": True, "features": a.features}) for a in arms}
+        result = await self._store.add_arms(experiment_id, records)
+        if result == 0:
+            raise NotFound("no experiment with this id")
+        if result < 0:
+            raise Conflict("an arm with one of these ids already exists")
+        return await self.get(experiment_id)
+
+    async def retire_arms(self, experiment_id: str, arm_ids: Sequence[str]) -> ExperimentView:
+        definition = await self._definition(experiment_id, fresh=True)
+        if not arm_ids or len(set(arm_ids)) != len(arm_ids):
+            raise InvalidInput("give one or more distinct arm ids to retire")
+        remaining = {a.id for a in definition.active_arms} - set(arm_ids)
+        if not remaining:
+            raise InvalidInput("cannot retire every active arm")
+        result = await self._store.retire_arms(experiment_id, arm_ids)
+        if result == 0:
+            raise NotFound("no experiment with this id")
+        if result < 0:
+            raise NotFound("unknown arm id")
+        return await self.get(experiment_id)
+
+    async def check_api_key(self, experiment_id: str, api_key: str) -> bool:
+        definition = await self._definition(experiment_id)
+        return hmac.compare_digest(_hash_key(api_key), definition.key_hash)
+
+    # -- decisions --------------------------------------------------------
+
+    async def choose(self, experiment_id: str, request: ChooseRequest) -> Decision:
+        definition = await self._definition(experiment_id)
+        _candidates(definition, request, self._settings.feature_bound)  # validate before writing
+        snapshot = await self._store.snapshot_for_choice(experiment_id)
+        if snapshot.version is None:
+            self._definitions.pop(experiment_id, None)
+            raise NotFound("no experiment with this id")
+        if snapshot.version != definition.version:
+            definition = await self._definition(experiment_id, fresh=True)
+        arms, contexts = _candidates(definition, request, self._settings.feature_bound)
+        config = definition.config
+        state = _state_for(config, arms, snapshot.stats)
+        rng = _decision_rng(definition.spec.seed, snapshot.decision_number)
+        choice = choose(config, state, contexts[None], [rng])
+        picked = int(choice.arms[0])
+        score = float(choice.scores[0, picked])
+        decision_id = uuid.uuid4().hex
+        window = definition.spec.reward_window_seconds
+        await self._store.save_decision(
+            experiment_id,
+            decision_id,
+            {
+                "arm": arms[picked].id,
+                "x": np.ascontiguousarray(contexts[picked], dtype="<f8").tobytes(),
+                "number": str(snapshot.decision_number),
+                "version": str(definition.version),
+                "status": "pending",
+                "created_at": repr(time.time()),
+            },
+            window,
+        )
+        exploring = math.isinf(score)
+        return Decision(
+            decision_id=decision_id,
+            arm_id=arms[picked].id,
+            index=None if exploring else score,
+            exploring=exploring,
+            decision_number=snapshot.decision_number,
+            expires_in_seconds=window,
+        )
+
+    async def reward(
+        self, experiment_id: str, items: Sequence[tuple[str, float]]
+    ) -> builtins.list[RewardOutcome]:
+        if not items:
+            raise InvalidInput("give at least one reward")
+        bound = self._settings.feature_bound
+        for _, value in items:
+            if not (math.isfinite(value) and abs(value) <= bound):
+                raise InvalidInput(f"rewards must be finite numbers with |reward| <= {bound:g}")
+        definition = await self._definition(experiment_id)
+        version, records = await self._store.read_decisions(experiment_id, [d for d, _ in items])
+        if version is None:
+            self._definitions.pop(experiment_id, None)
+            raise NotFound("no experiment with this id")
+        config = definition.config
+        pending: list[tuple[str, str, list[tuple[str, bytes]]]] = []
+        for (decision_id, value), record in zip(items, records, strict=True):
+            if record is not None:
+                arm = record["arm"].decode()
+                x = np.frombuffer(record["x"], dtype="<f8").astype(np.float64)
+                pending.append((decision_id, _reward_text(value), _deltas(config, arm, x, value)))
+        statuses = iter(await self._store.apply_rewards(experiment_id, pending))
+        outcomes: list[RewardOutcome] = []
+        for (decision_id, _), record in zip(items, records, strict=True):
+            status = _status(next(statuses)) if record is not None else "not_found"
+            outcomes.append(RewardOutcome(decision_id, status, _REWARD_MESSAGES[status]))
+        return outcomes
+
+    # -- helpers ----------------------------------------------------------
+
+    async def _definition(self, experiment_id: str, fresh: bool = False) -> Definition:
+        if not valid_experiment_id(experiment_id):
+            raise NotFound("no experiment with this id")
+        cached = self._definitions.get(experiment_id)
+        if cached is not None and not fresh:
+            return cached
+        raw = await self._store.read_definition(experiment_id)
+        if raw is None:
+            self._definitions.pop(experiment_id, None)
+            raise NotFound("no experiment with this id")
+        definition = _parse_definition(*raw)
+        self._definitions[experiment_id] = definition
+        return definition
+
+    def _validate_spec(self, spec: ExperimentSpec) -> PolicyConfig:
+        s = self._settings
+        if not valid_experiment_id(spec.id):
+            raise InvalidInput("experiment id must be 1-64 characters of A-Z a-z 0-9 _ . -")
+        if spec.setting not in SETTINGS:
+            raise InvalidInput(f"setting must be one of {', '.join(SETTINGS)}")
+        if spec.policy not in POLICIES:
+            raise InvalidInput(f"policy must be one of {', '.join(POLICIES)}")
+        if not 1 <= spec.dim <= s.max_dim:
+            raise InvalidInput(f"dim must be between 1 and {s.max_dim}")
+        if not 1 <= len(spec.arms) <= s.max_arms:
+            raise InvalidInput(f"give between 1 and {s.max_arms} arms")
+        if not 1 <= spec.reward_window_seconds <= s.max_reward_window_seconds:
+            raise InvalidInput(
+                f"reward_window_seconds must be between 1 and {s.max_reward_window_seconds}"
+            )
+        self._validate_arms(spec.setting, spec.dim, spec.arms)
+        unknown = set(spec.hyperparameters) - _TUNABLE
+        if unknown:
+            raise InvalidInput(
+                f"unknown hyperparameters; allowed: {', '.join(sorted(_TUNABLE))}"
+            )
+        try:
+            return paper_config(spec.policy, spec.setting, spec.dim, **spec.hyperparameters)
+        except (ValueError, TypeError) as exc:
+            raise InvalidInput(f"invalid hyperparameters: {exc}") from None
+
+    def _validate_arms(self, setting: str, dim: int, arms: Sequence[ArmSpec]) -> None:
+        ids = [a.id for a in arms]
+        if not all(valid_arm_id(i) for i in ids):
+            raise InvalidInput("arm ids must be 1-64 characters of A-Z a-z 0-9 _ . : -")
+        if len(set(ids)) != len(ids):
+            raise InvalidInput("arm ids must be distinct")
+        for arm in arms:
+            if setting == "stochastic":
+                if arm.features is None or len(arm.features) != dim:
+                    raise InvalidInput(
+                        f"in the stochastic setting every arm needs {dim} features"
+                    )
+                _check_vector(arm.features, self._settings.feature_bound, "arm features")
+            elif arm.features is not None:
+                raise InvalidInput(
+                    "arm features are fixed only in the stochastic setting; "
+                    "send contexts with /choose instead"
+                )
+
+
+_REWARD_MESSAGES: dict[RewardStatus, str] = {
+    "applied": "reward applied",
+    "duplicate": "this reward was already applied; not applied again",
+    "conflict": "a different reward was already applied to this decision",
+    "not_found": "no pending decision with this id in this experiment (unknown or expired)",
+}
+
+
+def _status(text: str) -> RewardStatus:
+    for status in _REWARD_MESSAGES:
+        if status == text:
+            return status
+    raise RuntimeError(f"unexpected reward script result {text!r}")
+
+
+def _check_vector(values: Sequence[float], bound: float, what: str) -> None:
+    if not all(math.isfinite(v) and abs(v) <= bound for v in values):
+        raise InvalidInput(f"{what} must be finite numbers with |value| <= {bound:g}")
+
+
+def _candidates(
+    definition: Definition, request: ChooseRequest, bound: float
+) -> tuple[list[ArmRecord], np.ndarray]:
+    """The arms that may be chosen and their contexts, shape (K', d); validates."""
+    spec = definition.spec
+    by_id = {a.id: a for a in definition.arms}
+    named = list(request.eligible or ()) + list(request.excluded)
+    if request.arm_contexts:
+        named += list(request.arm_contexts)
+    if any(arm_id not in by_id for arm_id in named):
+        raise InvalidInput("the request names an arm this experiment does not have")
+    if request.eligible is not None:
+        pool = [by_id[i] for i in dict.fromkeys(request.eligible)]
+        if any(not a.active for a in pool):
+            raise InvalidInput("eligible names a retired arm")
+    elif spec.setting == "contextual" and request.arm_contexts:
+        pool = [by_id[i] for i in request.arm_contexts]
+        if any(not a.active for a in pool):
+            raise InvalidInput("arm_contexts names a retired arm")
+    else:
+        pool = definition.active_arms
+    excluded = set(request.excluded)
+    arms = sorted((a for a in pool if a.id not in excluded), key=lambda a: a.index)
+    if not arms:
+        raise InvalidInput("no arm is eligible after eligible/excluded are applied")
+    return arms, _contexts(spec, arms, request, bound)
+
+
+def _contexts(
+    spec: ExperimentSpec, arms: list[ArmRecord], request: ChooseRequest, bound: float
+) -> np.ndarray:
+    d = spec.dim
+    if spec.setting == "stochastic":
+        if request.context is not None or request.arm_contexts:
+            raise InvalidInput("a stochastic experiment uses its arms' fixed features; "
+                               "send no context")
+        return np.array([a.features for a in arms], dtype=np.float64)
+    if spec.setting == "covariates":
+        if request.arm_contexts:
+            raise InvalidInput("a covariates experiment takes one 'context', not arm_contexts")
+        if request.context is None:
+            raise InvalidInput(f"this experiment needs 'context': {d} numbers")
+        if len(request.context) != d:
+            raise InvalidInput(f"context must have exactly {d} numbers")
+        _check_vector(request.context, bound, "context")
+        return np.tile(np.asarray(request.context, dtype=np.float64), (len(arms), 1))
+    if request.context is not None:
+        raise InvalidInput("a contextual experiment takes 'arm_contexts', one per arm")
+    given = request.arm_contexts or {}
+    missing = [a.id for a in arms if a.id not in given]
+    if missing:
+        raise InvalidInput(f"arm_contexts is missing {len(missing)} eligible arm(s)")
+    rows = [given[a.id] for a in arms]
+    if any(len(r) != d for r in rows):
+        raise InvalidInput(f"every arm context must have exactly {d} numbers")
+    for r in rows:
+        _check_vector(r, bound, "arm contexts")
+    return np.array(rows, dtype=np.float64)
+
+
+def _state_for(config: PolicyConfig, arms: list[ArmRecord], stats: dict[str, bytes]) -> State:
+    if config.shared:
+        model_blobs = [stats.get(keys.model_field(None))]
+    else:
+        model_blobs = [stats.get(keys.model_field(a.id)) for a in arms]
+    arm_blobs = [stats.get(keys.arm_field(a.id)) for a in arms]
+    return assemble_state(config, model_blobs, arm_blobs)
+
+
+def _decision_rng(seed: int | None, number: int) -> np.random.Generator:
+    """Seeded experiments: decision n always draws from the same stream."""
+    if seed is None:
+        return np.random.default_rng()
+    return np.random.default_rng(np.random.SeedSequence([seed, number]))
+
+
+def _deltas(
+    config: PolicyConfig, arm_id: str, x: np.ndarray, reward: float
+) -> list[tuple[str, bytes]]:
+    delta = observation_delta(config, x, reward)
+    model_field = keys.model_field(None if config.shared else arm_id)
+    return [
+        (model_field, pack(config, "model", delta)),
+        (keys.arm_field(arm_id), pack(config, "arm", delta)),
+    ]
+
+
+def _spec_to_json(spec: ExperimentSpec) -> dict[str, object]:
+    data = dataclasses.asdict(spec)
+    data.pop("arms")
+    return data
+
+
+def _parse_definition(meta: dict[str, str], arms_raw: dict[str, str]) -> Definition:
+    spec_data = json.loads(meta["spec"])
+    config = PolicyConfig(**json.loads(meta["config"]))
+    arms = []
+    for arm_id, text in arms_raw.items():
+        data = json.loads(text)
+        features = tuple(data["features"]) if data.get("features") is not None else None
+        arms.append(ArmRecord(arm_id, int(data["index"]), bool(data["active"]), features))
+    arms.sort(key=lambda a: a.index)
+    spec = ExperimentSpec(
+        arms=tuple(ArmSpec(a.id, a.features) for a in arms), **spec_data
+    )
+    return Definition(
+        spec=spec,
+        config=config,
+        key_hash=meta["key_hash"],
+        created_at=float(meta["created_at"]),
+        version=int(meta["version"]),
+        arms=tuple(arms),
+    )
+
+
+def _view(definition: Definition, stats: dict[str, bytes]) -> ExperimentView:
+    config = definition.config
+    theta: dict[str, list[float]] = {}
+    arm_states = []
+    shared = unpack(config, "model", stats.get(keys.model_field(None))) if config.shared else None
+    if shared is not None:
+        theta["shared"] = ridge(shared["xtx"], shared["xty"], config.reg)[0].tolist()
+    for arm in definition.arms:
+        sums = unpack(config, "arm", stats.get(keys.arm_field(arm.id)))
+        model = shared or unpack(config, "model", stats.get(keys.model_field(arm.id)))
+        if not config.shared:
+            theta[arm.id] = ridge(model["xtx"], model["xty"], config.reg)[0].tolist()
+        arm_states.append(_arm_state(arm, sums, theta.get("shared") or theta[arm.id]))
+    return ExperimentView(
+        spec=definition.spec,
+        config=dataclasses.asdict(config),
+        created_at=definition.created_at,
+        arms=tuple(arm_states),
+        theta_hat=theta,
+        decisions=int(stats.get(keys.DECISIONS, b"0")),
+        rewards=int(stats.get(keys.REWARDS, b"0")),
+        duplicates=int(stats.get(keys.DUPLICATES, b"0")),
+    )
+
+
+def _arm_state(arm: ArmRecord, sums: dict[str, np.ndarray], theta: list[float]) -> ArmState:
+    pulls = float(sums["pulls"])
+    if pulls == 0:
+        return ArmState(arm.id, arm.active, 0, None, None, arm.features)
+    mean = float(sums["sum_r"]) / pulls
+    # RSS about the model's prediction where the arm has one fixed feature vector
+    # (stochastic, as in Section 3.3), else about the arm's mean reward.
+    centre = float(np.dot(arm.features, theta)) if arm.features is not None else mean
+    rss = float(sums["sum_r2"]) - 2 * centre * float(sums["sum_r"]) + pulls * centre**2
+    return ArmState(arm.id, arm.active, int(pulls), mean, max(rss, 0.0), arm.features)

@@ -1,0 +1,252 @@
+"""The one narrow interface between the service and Redis.
+
+Nothing above ``service/`` imports ``redis``: every Redis failure leaves this
+module as :class:`service.errors.StoreUnavailable`. Multi-key changes are Lua
+scripts (``service/lua``); reads that must be consistent are one MULTI/EXEC.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, ParamSpec, TypeVar
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import (
+    BusyLoadingError,
+    ResponseError,
+)
+from redis.exceptions import (
+    ConnectionError as RedisConnectionError,
+)
+from redis.exceptions import (
+    TimeoutError as RedisTimeoutError,
+)
+
+from service import keys
+from service.errors import StoreUnavailable
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, OSError)
+
+
+def _translated(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """Turn Redis transport failures into :class:`StoreUnavailable`."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await fn(*args, **kwargs)
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable("the state store is unavailable; retry shortly") from exc
+
+    return wrapper
+
+
+def _script(name: str) -> str:
+    return resources.files("service").joinpath("lua", f"{name}.lua").read_text()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass(frozen=True)
+class ChoiceSnapshot:
+    """What ``/choose`` reads in one round trip."""
+
+    version: int | None  # None: the experiment does not exist
+    decision_number: int
+    stats: dict[str, bytes]
+
+
+class Store:
+    """Async access to experiments, statistics and decisions in Redis."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self._client = client
+        self._reward = client.register_script(_script("reward"))
+        self._create = client.register_script(_script("create"))
+        self._add_arms = client.register_script(_script("add_arms"))
+        self._retire_arms = client.register_script(_script("retire_arms"))
+
+    @classmethod
+    def from_url(cls, url: str, timeout_seconds: float) -> Store:
+        # Retries are safe: every write is idempotent (the decision marker
+        # makes a repeated reward a no-op), so a timed-out script may be resent.
+        client = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_seconds,
+            socket_connect_timeout=timeout_seconds,
+            retry=Retry(ExponentialBackoff(cap=0.25, base=0.02), retries=2),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+            health_check_interval=30,
+            max_connections=256,
+        )
+        return cls(client)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    @_translated
+    async def ping(self) -> None:
+        await self._client.ping()
+
+    @_translated
+    async def persistence_warnings(self) -> list[str]:
+        """What in the server's configuration could lose acknowledged state."""
+        warnings = []
+        try:
+            config = await self._client.config_get("appendonly")
+            config.update(await self._client.config_get("maxmemory-policy"))
+        except ResponseError:  # CONFIG may be disabled on managed Redis
+            return ["cannot read Redis CONFIG; make sure appendonly is yes and "
+                    "maxmemory-policy is noeviction"]
+        appendonly = _text(config.get("appendonly", "no"))
+        policy = _text(config.get("maxmemory-policy", "unknown"))
+        if appendonly != "yes":
+            warnings.append(f"Redis appendonly is {appendonly!r}: a restart can lose statistics")
+        if policy != "noeviction":
+            warnings.append(f"Redis maxmemory-policy is {policy!r}: Redis may evict statistics")
+        return warnings
+
+    # -- experiments ------------------------------------------------------
+
+    @_translated
+    async def create(
+        self, experiment_id: str, meta: Mapping[str, str], arms: Mapping[str, str]
+    ) -> bool:
+        args: list[str] = [str(len(meta))]
+        for pair in meta.items():
+            args.extend(pair)
+        for pair in arms.items():
+            args.extend(pair)
+        keyset = [keys.meta(experiment_id), keys.arms(experiment_id), keys.stats(experiment_id)]
+        created = await self._create(keys=keyset, args=args)
+        if created:
+            await self._client.sadd(keys.EXPERIMENT_INDEX, experiment_id)
+        return bool(created)
+
+    @_translated
+    async def read_definition(
+        self, experiment_id: str
+    ) -> tuple[dict[str, str], dict[str, str]] | None:
+        """Meta and arms of an experiment, read together; None if it does not exist."""
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.hgetall(keys.meta(experiment_id))
+            pipe.hgetall(keys.arms(experiment_id))
+            meta, arms = await pipe.execute()
+        if not meta:
+            return None
+        as_text = {_text(k): _text(v) for k, v in meta.items()}
+        return as_text, {_text(k): _text(v) for k, v in arms.items()}
+
+    @_translated
+    async def version(self, experiment_id: str) -> int | None:
+        value = await self._client.hget(keys.meta(experiment_id), "version")
+        return None if value is None else int(value)
+
+    @_translated
+    async def list_ids(self) -> list[str]:
+        return sorted(_text(v) for v in await self._client.smembers(keys.EXPERIMENT_INDEX))
+
+    @_translated
+    async def delete(self, experiment_id: str) -> bool:
+        """Delete an experiment; its pending decisions expire on their own."""
+        removed = await self._client.delete(
+            keys.meta(experiment_id), keys.arms(experiment_id), keys.stats(experiment_id)
+        )
+        await self._client.srem(keys.EXPERIMENT_INDEX, experiment_id)
+        return bool(removed)
+
+    @_translated
+    async def forget_id(self, experiment_id: str) -> None:
+        await self._client.srem(keys.EXPERIMENT_INDEX, experiment_id)
+
+    @_translated
+    async def add_arms(self, experiment_id: str, arms: Mapping[str, str]) -> int:
+        """Returns the new version, 0 if the experiment is gone, -1 if an arm exists."""
+        args = [item for pair in arms.items() for item in pair]
+        keyset = [keys.meta(experiment_id), keys.arms(experiment_id)]
+        return int(await self._add_arms(keys=keyset, args=args))
+
+    @_translated
+    async def retire_arms(self, experiment_id: str, arm_ids: Sequence[str]) -> int:
+        """Returns the new version, 0 if the experiment is gone, -1 if an arm is unknown."""
+        keyset = [keys.meta(experiment_id), keys.arms(experiment_id)]
+        return int(await self._retire_arms(keys=keyset, args=list(arm_ids)))
+
+    # -- statistics and decisions ----------------------------------------
+
+    @_translated
+    async def read_stats(self, experiment_id: str) -> dict[str, bytes]:
+        raw = await self._client.hgetall(keys.stats(experiment_id))
+        return {_text(k): v for k, v in raw.items()}
+
+    @_translated
+    async def snapshot_for_choice(self, experiment_id: str) -> ChoiceSnapshot:
+        """Version, a fresh decision number and all statistics, in one MULTI."""
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.hget(keys.meta(experiment_id), "version")
+            pipe.hincrby(keys.stats(experiment_id), keys.DECISIONS, 1)
+            pipe.hgetall(keys.stats(experiment_id))
+            version, number, stats = await pipe.execute()
+        if version is None:
+            # The increment created a stray stats hash for a missing experiment.
+            await self._client.delete(keys.stats(experiment_id))
+        return ChoiceSnapshot(
+            version=None if version is None else int(version),
+            decision_number=int(number),
+            stats={_text(k): v for k, v in stats.items()},
+        )
+
+    @_translated
+    async def save_decision(
+        self, experiment_id: str, decision_id: str, fields: Mapping[str, str | bytes],
+        ttl_seconds: int,
+    ) -> None:
+        key = keys.decision(experiment_id, decision_id)
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.hset(key, mapping=dict(fields))
+            pipe.expire(key, ttl_seconds)
+            await pipe.execute()
+
+    @_translated
+    async def read_decisions(
+        self, experiment_id: str, decision_ids: Sequence[str]
+    ) -> tuple[int | None, list[dict[str, bytes] | None]]:
+        """Meta version and each decision record (None if unknown or expired)."""
+        async with self._client.pipeline(transaction=False) as pipe:
+            pipe.hget(keys.meta(experiment_id), "version")
+            for decision_id in decision_ids:
+                pipe.hgetall(keys.decision(experiment_id, decision_id))
+            version, *records = await pipe.execute()
+        decoded = [{_text(k): v for k, v in r.items()} or None for r in records]
+        return (None if version is None else int(version)), decoded
+
+    @_translated
+    async def apply_rewards(
+        self,
+        experiment_id: str,
+        items: Sequence[tuple[str, str, Sequence[tuple[str, bytes]]]],
+    ) -> list[str]:
+        """Run the exactly-once reward script for each (decision id, reward, deltas)."""
+        async with self._client.pipeline(transaction=False) as pipe:
+            for decision_id, reward, deltas in items:
+                args: list[Any] = [reward, len(deltas)]
+                for field, blob in deltas:
+                    args.extend((field, blob))
+                keyset = [
+                    keys.decision(experiment_id, decision_id),
+                    keys.stats(experiment_id),
+                    keys.meta(experiment_id),
+                ]
+                await self._reward(keys=keyset, args=args, client=pipe)
+            results = await pipe.execute()
+        return [_text(r) for r in results]
