@@ -63,6 +63,25 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="run the HTTP service (uvicorn); embedded Redis unless REDIS_URL is set",
+        description="Run the decision service. Settings come from LINREBOOT_* variables "
+        "(see README); flags override them.",
+    )
+    p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="port (default LINREBOOT_PORT or 8000)")
+    p.add_argument("--workers", type=int, default=None, help="uvicorn worker processes")
+    p.add_argument("--data-dir", type=Path, default=None, help="embedded Redis data directory")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from app.server import serve
+
+    return serve(host=args.host, port=args.port, workers=args.workers, data_dir=args.data_dir)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="linreboot",
@@ -70,10 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_simulate(sub)
+    _add_serve(sub)
     return parser
 
 
-_COMMANDS = {"simulate": _simulate}
+_COMMANDS = {"simulate": _simulate, "serve": _serve}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
