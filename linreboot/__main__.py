@@ -1,0 +1,3 @@
+from linreboot.cli import main
+
+raise SystemExit(main())
