@@ -37,7 +37,7 @@ def _run_cell_job(
 
 
 def _time_single_job(cell: Cell, horizon: int, seed: int) -> float:
-    return play(cell, 1, horizon, seed)[1]
+    return play(cell, 1, horizon, seed).seconds
 
 
 def run_grid(

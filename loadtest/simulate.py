@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import NDArray
 
 from loadtest.environments import Environment, Reading, make_spec, split_rngs
 from loadtest.results import Array, Curve, recorded_rounds, summarise
@@ -48,6 +49,24 @@ class Cell:
         return f"{self.policy} ({', '.join(extra)})" if extra else self.policy
 
 
+@dataclass(frozen=True)
+class Played:
+    """A played batch.
+
+    Attributes
+    ----------
+    cumulative : ndarray, shape (reps, horizon)
+        Cumulative (pseudo-)regret: sum over rounds of best mean minus chosen mean.
+    arms : ndarray of int, shape (reps, horizon)
+        The arm chosen in every round.
+    seconds : wall time of the whole batch.
+    """
+
+    cumulative: Array
+    arms: NDArray[np.int32]
+    seconds: float
+
+
 def cell_seed(seed: int, cell: Cell) -> int:
     """The environment seed of a cell: the same worlds for every policy in a cell.
 
@@ -58,21 +77,35 @@ def cell_seed(seed: int, cell: Cell) -> int:
     return seed * 1_000 + settings.index(cell.setting) * 100 + cell.dim
 
 
+def decision_seed(seed: int, cell: Cell, rep: int) -> int:
+    """The seed of repetition ``rep``'s experiment in per-decision mode (as sent to the service)."""
+    return cell_seed(seed, cell) * 1_000 + rep
+
+
+def decision_rngs(seeds: Sequence[int], number: int) -> list[np.random.Generator]:
+    """The generators the service uses for decision ``number`` of each experiment.
+
+    The service's workers share no generator state, so decision ``n`` of an
+    experiment seeded ``s`` draws from ``SeedSequence([s, n])``.
+    """
+    return [np.random.default_rng(np.random.SeedSequence([s, number])) for s in seeds]
+
+
 def play(
     cell: Cell,
     reps: int,
     horizon: int,
     seed: int,
     progress: Progress | None = None,
-) -> tuple[Array, float]:
+    per_decision_rng: bool = False,
+) -> Played:
     """Play ``reps`` repetitions of ``cell`` for ``horizon`` rounds.
 
-    Returns
-    -------
-    cumulative : ndarray, shape (reps, horizon)
-        Cumulative (pseudo-)regret: sum over rounds of best mean minus chosen mean.
-    seconds : float
-        Wall time of the whole batch.
+    With ``per_decision_rng`` every decision draws from a fresh generator seeded
+    as the service seeds it (:func:`decision_rngs`), so the in-process run makes
+    the same decisions as an HTTP replay of a seeded experiment; otherwise each
+    repetition draws from one stream (faster).
+
     """
     config = cell.config()
     spec = make_spec(cell.setting, cell.dim, reading=cell.reading)
@@ -81,19 +114,23 @@ def play(
     state = init_state(config, spec.n_arms, reps)
     rows = np.arange(reps)
     regret = np.empty((reps, horizon))
+    chosen = np.empty((reps, horizon), dtype=np.int32)
     start = time.perf_counter()
+    seeds = [decision_seed(seed, cell, rep) for rep in range(reps)]
     for t in range(horizon):
         contexts = env.contexts()
-        arms = choose(config, state, contexts, policy_rngs).arms
+        rngs = decision_rngs(seeds, t + 1) if per_decision_rng else policy_rngs
+        arms = choose(config, state, contexts, rngs).arms
         means = env.means(contexts)
         regret[:, t] = means.max(axis=1) - means[rows, arms]
+        chosen[:, t] = arms
         rewards = env.rewards(contexts, arms)
         update(config, state, arms, contexts[rows, arms], rewards)
         if progress is not None and (t + 1) % 250 == 0:
             progress(250)
     if progress is not None:
         progress(horizon % 250)
-    return np.cumsum(regret, axis=1), time.perf_counter() - start
+    return Played(np.cumsum(regret, axis=1), chosen, time.perf_counter() - start)
 
 
 def run_cell(
@@ -103,15 +140,22 @@ def run_cell(
     seed: int,
     points: int = 200,
     progress: Progress | None = None,
+    per_decision_rng: bool = False,
 ) -> Curve:
     """Play one cell and summarise it as a :class:`loadtest.results.Curve`."""
-    cumulative, seconds = play(cell, reps, horizon, seed, progress)
+    played = play(cell, reps, horizon, seed, progress, per_decision_rng)
+    return to_curve("in-process", cell, played, points)
+
+
+def to_curve(source: str, cell: Cell, played: Played, points: int = 200) -> Curve:
+    """Summarise a played batch as a :class:`loadtest.results.Curve`."""
+    reps, horizon = played.cumulative.shape
     rounds = recorded_rounds(horizon, points)
-    mean, se = summarise(cumulative, rounds)
+    mean, se = summarise(played.cumulative, rounds)
     return Curve(
-        source="in-process", setting=cell.setting, dim=cell.dim, policy=cell.policy,
+        source=source, setting=cell.setting, dim=cell.dim, policy=cell.policy,
         label=cell.label, reading=cell.reading, reps=reps, horizon=horizon,
-        rounds=rounds, mean=mean, se=se, wall_seconds=seconds,
+        rounds=rounds, mean=mean, se=se, wall_seconds=played.seconds,
     )
 
 

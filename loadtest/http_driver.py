@@ -1,0 +1,181 @@
+"""Replay the paper's environments against a running service over HTTP.
+
+One experiment per repetition; every round each repetition asks ``/choose``
+and reports the environment's reward to ``/reward``. The environments and
+seeds are those of the in-process simulator, and regret comes from the
+environment's true means, so both drivers write the same results format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import numpy as np
+
+from loadtest.environments import Environment, make_spec, split_rngs
+from loadtest.simulate import Cell, Played, cell_seed, decision_seed
+
+Progress = Callable[[int], None]
+_LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
+
+
+class ReplayError(RuntimeError):
+    """The service answered something a correct service would not."""
+
+
+def require_loopback(url: str, allow_remote: bool) -> None:
+    """Replays send many requests: only to this machine unless explicitly allowed."""
+    host = urlsplit(url).hostname or ""
+    if host not in _LOOPBACK and not host.startswith("127.") and not allow_remote:
+        raise ValueError(f"refusing to replay against non-loopback host {host!r} "
+                         "(pass --allow-remote if you mean it)")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds of one replay: requests in flight, total requests, wall time."""
+
+    concurrency: int = 64
+    max_requests: int = 2_000_000
+    max_seconds: float = 3_600.0
+
+
+@dataclass
+class _Experiment:
+    id: str
+    api_key: str
+
+
+def experiment_body(cell: Cell, env: Environment, rep: int, experiment_id: str, seed: int
+                    ) -> dict[str, Any]:
+    """The ``POST /experiments`` body for repetition ``rep`` of ``cell``."""
+    n_arms = env.spec.n_arms
+    features = env.arm_features if cell.setting == "stochastic" else None
+    hyper: dict[str, Any] = dict(cell.overrides)
+    if cell.sigma_omega is not None:
+        hyper["sigma_omega"] = cell.sigma_omega
+    return {
+        "id": experiment_id,
+        "setting": cell.setting,
+        "dim": cell.dim,
+        "policy": cell.policy,
+        "arms": [
+            {"id": f"a{k}", **({"features": features[rep, k].tolist()} if features is not None
+                               else {})}
+            for k in range(n_arms)
+        ],
+        "hyperparameters": hyper,
+        "seed": decision_seed(seed, cell, rep),
+    }
+
+
+def choose_body(cell: Cell, experiment_id: str, contexts: np.ndarray) -> dict[str, Any]:
+    """The ``POST /choose`` body for one repetition's contexts, shape (K, d)."""
+    body: dict[str, Any] = {"experiment_id": experiment_id}
+    if cell.setting == "contextual":
+        body["arm_contexts"] = {f"a{k}": row.tolist() for k, row in enumerate(contexts)}
+    elif cell.setting == "covariates":
+        body["context"] = contexts[0].tolist()
+    return body
+
+
+class HttpDriver:
+    """Replays cells against the service at ``client.base_url``."""
+
+    def __init__(self, client: httpx.AsyncClient, admin_token: str, limits: Limits = Limits()):
+        self._client = client
+        self._admin = {"Authorization": f"Bearer {admin_token}"}
+        self._limits = limits
+        self._gate = asyncio.Semaphore(limits.concurrency)
+
+    async def _post(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
+        async with self._gate:
+            response = await self._client.post(path, json=body, headers=headers)
+        if response.status_code >= 300:
+            raise ReplayError(f"POST {path} answered {response.status_code}: {response.text}")
+        return response.json()
+
+    async def _get(self, path: str) -> Any:
+        async with self._gate:
+            response = await self._client.get(path, headers=self._admin)
+        if response.status_code != 200:
+            raise ReplayError(f"GET {path} answered {response.status_code}: {response.text}")
+        return response.json()
+
+    async def replay(
+        self, cell: Cell, reps: int, horizon: int, seed: int, progress: Progress | None = None
+    ) -> Played:
+        """Play ``reps`` repetitions of ``cell`` for ``horizon`` rounds over HTTP."""
+        requests = reps * (2 * horizon + 2)
+        if requests > self._limits.max_requests:
+            raise ValueError(f"this replay needs {requests} requests, above the limit "
+                             f"{self._limits.max_requests}")
+        spec = make_spec(cell.setting, cell.dim, reading=cell.reading)
+        env_rngs, _ = split_rngs(cell_seed(seed, cell), reps)
+        env = Environment(spec, env_rngs)
+        tag = uuid.uuid4().hex[:8]
+        experiments = await asyncio.gather(*(
+            self._create(experiment_body(cell, env, rep, f"replay-{tag}-{rep}", seed))
+            for rep in range(reps)
+        ))
+        rows = np.arange(reps)
+        regret = np.empty((reps, horizon))
+        chosen = np.empty((reps, horizon), dtype=np.int32)
+        start = time.perf_counter()
+        for t in range(horizon):
+            if time.perf_counter() - start > self._limits.max_seconds:
+                raise TimeoutError(f"replay exceeded {self._limits.max_seconds:.0f} s")
+            contexts = env.contexts()
+            decisions = await asyncio.gather(*(
+                self._choose(cell, e, contexts[i]) for i, e in enumerate(experiments)
+            ))
+            arms = np.array([int(d["arm_id"][1:]) for d in decisions])
+            means = env.means(contexts)
+            regret[:, t] = means.max(axis=1) - means[rows, arms]
+            chosen[:, t] = arms
+            rewards = env.rewards(contexts, arms)
+            await asyncio.gather(*(
+                self._reward(e, d["decision_id"], float(r))
+                for e, d, r in zip(experiments, decisions, rewards, strict=True)
+            ))
+            if progress is not None:
+                progress(1)
+        seconds = time.perf_counter() - start
+        await self._check_counters(experiments, horizon)
+        return Played(np.cumsum(regret, axis=1), chosen, seconds)
+
+    async def _choose(self, cell: Cell, experiment: _Experiment, contexts: np.ndarray) -> Any:
+        body = choose_body(cell, experiment.id, contexts)
+        return await self._post("/choose", body, {"X-API-Key": experiment.api_key})
+
+    async def _create(self, body: dict[str, Any]) -> _Experiment:
+        created = await self._post("/experiments", body, self._admin)
+        return _Experiment(body["id"], created["api_key"])
+
+    async def _reward(self, experiment: _Experiment, decision_id: str, reward: float) -> None:
+        body = {"experiment_id": experiment.id, "decision_id": decision_id, "reward": reward}
+        result = await self._post("/reward", body, {"X-API-Key": experiment.api_key})
+        if result.get("status") != "applied":
+            raise ReplayError(f"reward not applied: {result}")
+
+    async def _check_counters(self, experiments: Sequence[_Experiment], horizon: int) -> None:
+        """The service counted exactly what was sent: one decision and reward per round."""
+        for e in experiments:
+            view = await self._get(f"/experiments/{e.id}")
+            if (view["decisions"], view["rewards"]) != (horizon, horizon):
+                raise ReplayError(
+                    f"experiment {e.id}: service counted {view['decisions']} decisions and "
+                    f"{view['rewards']} rewards, the driver sent {horizon} of each"
+                )
+
+    async def delete(self, experiment_ids: Sequence[str]) -> None:
+        for experiment_id in experiment_ids:
+            async with self._gate:
+                await self._client.delete(f"/experiments/{experiment_id}", headers=self._admin)
