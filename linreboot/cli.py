@@ -7,8 +7,13 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from policies import PAPER_POLICIES, POLICIES, SETTINGS
+
+if TYPE_CHECKING:
+    from loadtest.results import Curve
+    from loadtest.simulate import Cell
 
 _PAPER_DIMS = (5, 10, 20)
 
@@ -82,6 +87,103 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(host=args.host, port=args.port, workers=args.workers, data_dir=args.data_dir)
 
 
+def _add_grid_args(p: argparse.ArgumentParser, *, settings: Sequence[str], dims: Sequence[int],
+                   policies: Sequence[str], reps: int, horizon: int) -> None:
+    p.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(settings))
+    p.add_argument("--dims", nargs="+", type=int, default=list(dims))
+    p.add_argument("--policies", nargs="+", choices=POLICIES, default=list(policies))
+    p.add_argument("--reps", type=int, default=reps, help=f"repetitions per cell (default {reps})")
+    p.add_argument("--horizon", type=int, default=horizon, help=f"rounds (default {horizon})")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _add_http_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default=None,
+                   help="a running service (default: start one on embedded Redis)")
+    p.add_argument("--admin-token", default=None, help="admin token of the service at --url")
+    p.add_argument("--workers", type=int, default=1, help="uvicorn workers of a started service")
+    p.add_argument("--concurrency", type=int, default=64, help="requests in flight at most")
+    p.add_argument("--max-seconds", type=float, default=3600.0, help="time bound per cell")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="allow a non-loopback --url (replays send many requests)")
+
+
+def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="replay the paper's environments over HTTP and compute regret",
+        description="One experiment per repetition on the service; regret from the "
+        "environment's true means. --compare also runs the same cells in-process.",
+    )
+    _add_grid_args(p, settings=("stochastic",), dims=(5,), policies=("linreboot",),
+                   reps=20, horizon=2_000)
+    _add_http_args(p)
+    p.add_argument("--compare", action="store_true",
+                   help="also run in-process with the service's seeding and compare")
+    p.add_argument("--out", type=Path, default=Path("results/replay"))
+
+
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="the main job: start the service, replay the stochastic environment over HTTP, "
+        "print the regret table and write the plot",
+    )
+    _add_grid_args(p, settings=("stochastic",), dims=(5,),
+                   policies=(*PAPER_POLICIES, "greedy", "linucb-const"), reps=5, horizon=500)
+    _add_http_args(p)
+    p.add_argument("--out", type=Path, default=Path("results/demo"))
+
+
+def _cells(args: argparse.Namespace) -> list[Cell]:
+    from loadtest.simulate import grid
+
+    for value in (args.reps, args.horizon):
+        if value < 1:
+            raise SystemExit("--reps and --horizon must be positive")
+    return grid(args.settings, args.dims, args.policies)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from loadtest.http_driver import Limits, require_loopback
+    from loadtest.replay import compare, http_curves, service, write_comparison
+
+    cells = _cells(args)
+    limits = Limits(concurrency=args.concurrency, max_seconds=args.max_seconds)
+    if args.url:
+        require_loopback(args.url, args.allow_remote)
+    with service(args.url, args.admin_token, args.workers) as (url, token):
+        if args.compare:
+            rows = compare(url, token, cells, args.reps, args.horizon, args.seed, limits)
+            print(write_comparison(rows, args.out))
+        else:
+            curves = http_curves(url, token, cells, args.reps, args.horizon, args.seed, limits)
+            _write_http(curves, args.out, f"HTTP replay: {args.reps} repetitions x "
+                        f"{args.horizon} rounds, seed {args.seed}")
+    print(f"results in {args.out}/")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    import time
+
+    start = time.perf_counter()
+    _replay(argparse.Namespace(**vars(args), compare=False))
+    print(f"demo finished in {time.perf_counter() - start:.0f} s; plot: {args.out / 'regret.png'}")
+    return 0
+
+
+def _write_http(curves: list[Curve], out: Path, title: str) -> None:
+    from loadtest.plots import regret_grid
+    from loadtest.results import final_regret_table, write_curves
+
+    write_curves(out / "results.csv", curves)
+    regret_grid(curves, out / "regret.png", title)
+    table = final_regret_table(curves)
+    (out / "tables.md").write_text(f"# {title}\n\n{table}\n")
+    print(f"\n{title}\nFinal cumulative regret (mean ± s.e.; best in bold)\n\n{table}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="linreboot",
@@ -90,10 +192,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_simulate(sub)
     _add_serve(sub)
+    _add_replay(sub)
+    _add_demo(sub)
     return parser
 
 
-_COMMANDS = {"simulate": _simulate, "serve": _serve}
+_COMMANDS = {
+    "simulate": _simulate, "serve": _serve, "replay": _replay, "demo": _demo,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
