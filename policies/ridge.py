@@ -50,14 +50,11 @@ def solve_triangular(chol: Array, rhs: Array, *, transpose: bool = False) -> Arr
         return np.linalg.solve(tri, rhs)
     d = chol.shape[-1]
     out = np.empty(np.broadcast_shapes(tri.shape[:-1], (*rhs.shape[:-2], d)) + rhs.shape[-1:])
-    order = range(d - 1, -1, -1) if transpose else range(d)
-    done: list[int] = []
-    for i in order:
-        acc = rhs[..., i, :]
-        if done:
-            acc = acc - np.einsum("...j,...jm->...m", tri[..., i, done], out[..., done, :])
+    for i in range(d - 1, -1, -1) if transpose else range(d):
+        # Slices, not index lists: the solved part is contiguous on either side.
+        solved = slice(i + 1, d) if transpose else slice(0, i)
+        acc = rhs[..., i, :] - np.matmul(tri[..., i : i + 1, solved], out[..., solved, :])[..., 0, :]
         out[..., i, :] = acc / tri[..., i, i, None]
-        done.append(i)
     return out
 
 
