@@ -97,9 +97,12 @@ def reward_variance(state: State) -> Array:
 
 
 def lints_gaussian(config: PolicyConfig, state: State, contexts: Array, rngs: Rngs) -> Array:
-    """LinTS-G: ``theta ~ N(theta_hat, v^2 V^-1)``, Gaussian prior of variance 1/lambda.
+    """LinTS-G: ``theta ~ N(theta_hat, v^2 V^-1)`` with ``V = X'X + lambda I``.
 
-    As in the authors' code, ``v^2`` is the sample variance of the rewards seen so far.
+    The Gaussian prior ``N(0, v^2 / lambda I)``: with ``v^2 = 1`` its variance is
+    ``1 / lambda = 10`` as in the appendix. As in the authors' code, ``v^2`` is the
+    variance of the rewards seen so far (here the unbiased n-1 form; 1 before
+    two rewards).
     """
     theta, chol = ridge(state["xtx"], state["xty"], config.reg)
     z = standard_normals(rngs, theta.shape[1:])
@@ -149,10 +152,15 @@ def linphe(config: PolicyConfig, state: State, contexts: Array, rngs: Rngs) -> A
     Pseudo-rewards are ``-U`` or ``+U`` with probability 1/2 (U = reward bound),
     so with ``(1 + a) X'X + lambda I`` as Gram matrix the perturbed estimate is
     ``((1+a) X'X + lambda I)^-1 (X'y + sum_i x_i z_i)`` where ``z_i`` sums round
-    ``i``'s pseudo-rewards: mean 0 and variance ``a U^2``. The authors draw the
-    total as ``Binomial(ceil(a (t-1)), 1/2)`` spread multinomially over the past
-    rounds; for continuous contexts that costs O(t) per round, so here
+    ``i``'s pseudo-rewards: mean 0 and variance ``a U^2``. Drawing the pseudo-
+    rewards round by round costs O(t) per decision (and a stored history), so
     ``sum_i x_i z_i`` is drawn from its Gaussian limit ``N(0, a U^2 X'X)``.
+
+    The authors' code spreads ``Binomial(ceil(a (t-1)), 1/2)`` successes over the
+    past rounds and gives round ``i`` the pseudo-reward ``-U + 2 U S_i``: that
+    perturbation has mean ``U (ceil(a n)/n - 1) sum_i x_i``, a pessimistic shift
+    that Kveton et al.'s zero-mean perturbation does not have; we follow Kveton
+    et al. (README, "Deviations from the authors' code").
     """
     scale = np.full(state["n"].shape, math.sqrt(config.phe_a) * config.reward_bound)
     theta = _perturbed_ridge(state, config.reg, 1.0 + config.phe_a, scale, rngs)

@@ -60,8 +60,15 @@ def choose(
     if contexts.shape != (batch, n_arms, config.dim):
         expected = (batch, n_arms, config.dim)
         raise ValueError(f"contexts must have shape {expected}, got {contexts.shape}")
+    if len(rngs) != batch:
+        raise ValueError(
+            f"need one generator per experiment: {batch} experiments, {len(rngs)} generators"
+        )
     if eligible is None:
         eligible = np.ones((batch, n_arms), dtype=bool)
+    eligible = np.asarray(eligible)
+    if eligible.dtype != np.bool_ or eligible.shape != (batch, n_arms):
+        raise ValueError(f"eligible must be a boolean array of shape {(batch, n_arms)}")
     if not eligible.any(axis=1).all():
         raise ValueError("every experiment needs at least one eligible arm")
     scores = INDEX[config.name](config, state, contexts, rngs)
@@ -85,6 +92,13 @@ def update(
     x : ndarray, shape (B, d)
         The context each reward was observed with.
     rewards : ndarray, shape (B,)
+
+    Raises
+    ------
+    ValueError
+        If a reward or context is not finite: one NaN would spoil the sums for good.
     """
+    if not (np.isfinite(rewards).all() and np.isfinite(x).all()):
+        raise ValueError("rewards and contexts must be finite")
     apply_observations(config, state, arms, x, rewards)
     return state

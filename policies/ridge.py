@@ -53,8 +53,8 @@ def solve_triangular(chol: Array, rhs: Array, *, transpose: bool = False) -> Arr
     for i in range(d - 1, -1, -1) if transpose else range(d):
         # Slices, not index lists: the solved part is contiguous on either side.
         solved = slice(i + 1, d) if transpose else slice(0, i)
-        acc = rhs[..., i, :] - np.matmul(tri[..., i : i + 1, solved], out[..., solved, :])[..., 0, :]
-        out[..., i, :] = acc / tri[..., i, i, None]
+        partial = np.matmul(tri[..., i : i + 1, solved], out[..., solved, :])[..., 0, :]
+        out[..., i, :] = (rhs[..., i, :] - partial) / tri[..., i, i, None]
     return out
 
 

@@ -1,0 +1,166 @@
+"""Throughput and latency of /choose and /reward next to a floor, measured with wrk.
+
+Usage::
+
+    python -m benchmarks.bench_service [--duration 10] [--connections 32] [--workers 1]
+
+Starts one embedded Redis, the service and a floor app (a minimal FastAPI
+endpoint doing one Redis round trip) under the same uvicorn settings, then
+drives each with wrk (a C load generator, so the client is not the bottleneck)
+on loopback: floor, /choose, /reward, floor again. The ratio to the mean of
+the two floor runs is what to compare across machines. Stochastic setting,
+K = 100 arms, d = 20, LinReBoot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from loadtest.server import free_port
+from service.embedded import EmbeddedRedis
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass
+class WrkResult:
+    name: str
+    requests_per_second: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+
+def _unit_ms(value: str) -> float:
+    number, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", value).groups()  # type: ignore[union-attr]
+    return float(number) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+
+
+def run_wrk(name: str, url: str, duration: int, connections: int, script: Path,
+            args: list[str]) -> WrkResult:
+    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency", "-s", str(script),
+           url, "--", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    text = out.stdout + out.stderr
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))  # type: ignore[union-attr]
+    p50 = _unit_ms(re.search(r"50%\s+(\S+)", text).group(1))  # type: ignore[union-attr]
+    p99 = _unit_ms(re.search(r"99%\s+(\S+)", text).group(1))  # type: ignore[union-attr]
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
+    errors = (int(bad.group(1)) if bad else 0) + (sum(map(int, sock.groups())) if sock else 0)
+    return WrkResult(name, rps, p50, p99, errors)
+
+
+def _start(stack: ExitStack, cmd: list[str], env: dict[str, str], port: int, probe: str) -> str:
+    proc = subprocess.Popen(cmd, env={**os.environ, **env})
+    stack.callback(lambda: (proc.terminate(), proc.wait(timeout=30)))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            httpx.request("GET" if probe != "/floor" else "POST", url + probe, timeout=1)
+            return url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise TimeoutError(f"{cmd} did not start")
+
+
+def _experiment(url: str, token: str) -> tuple[str, str]:
+    rng = np.random.default_rng(0)
+    features = rng.random((100, 20))
+    features /= np.linalg.norm(features, axis=1, keepdims=True)
+    body = {
+        "id": "bench", "setting": "stochastic", "dim": 20, "policy": "linreboot",
+        "arms": [{"id": f"a{k}", "features": f.tolist()} for k, f in enumerate(features)],
+        "seed": 1,
+    }
+    r = httpx.post(f"{url}/experiments", json=body,
+                   headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    r.raise_for_status()
+    return "bench", r.json()["api_key"]
+
+
+def measure(duration: int, connections: int, workers: int) -> list[WrkResult]:
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is needed: apt-get install wrk")
+    token = "bench-token"
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        redis = EmbeddedRedis(tmp / "redis", port=free_port()).start()
+        stack.callback(redis.stop)
+        env = {"LINREBOOT_REDIS_URL": redis.url, "LINREBOOT_ADMIN_TOKEN": token,
+               "LINREBOOT_LOG_LEVEL": "warning"}
+        floor_port, service_port = free_port(), free_port()
+        uvicorn_opts = ["--workers", str(workers), "--log-level", "warning", "--no-access-log"]
+        floor = _start(stack, [sys.executable, "-m", "uvicorn", "--factory",
+                               "benchmarks.floor_app:create_app", "--port", str(floor_port),
+                               *uvicorn_opts], env, floor_port, "/floor")
+        service = _start(stack, [sys.executable, "-m", "linreboot", "serve", "--port",
+                                 str(service_port), "--workers", str(workers)],
+                         env, service_port, "/readyz")
+        experiment, key = _experiment(service, token)
+        ids = tmp / "ids"
+        ids.mkdir()
+        floor_lua = tmp / "floor.lua"
+        floor_lua.write_text('wrk.method = "POST"\nwrk.body = "{}"\n'
+                             'wrk.headers["Content-Type"] = "application/json"\n')
+        choose_body = json.dumps({"experiment_id": experiment})
+        run_wrk("warm-up", f"{service}/choose", 2, connections, HERE / "wrk_choose.lua",
+                [choose_body, key, str(tmp)])
+        results = [
+            run_wrk("floor", f"{floor}/floor", duration, connections, floor_lua, []),
+            run_wrk("/choose", f"{service}/choose", duration, connections,
+                    HERE / "wrk_choose.lua", [choose_body, key, str(ids)]),
+            run_wrk("/reward", f"{service}/reward", duration, connections,
+                    HERE / "wrk_reward.lua", [experiment, key, str(ids), "1"]),
+            run_wrk("floor", f"{floor}/floor", duration, connections, floor_lua, []),
+        ]
+        return results
+
+
+def report(results: list[WrkResult], workers: int) -> str:
+    floors = [r for r in results if r.name == "floor"]
+    floor_rps = sum(r.requests_per_second for r in floors) / len(floors)
+    lines = [
+        f"uvicorn workers: {workers}; floor = mean of {len(floors)} floor runs "
+        f"({floor_rps:.0f} req/s)",
+        "",
+        "| endpoint | req/s | ratio to floor | p50 ms | p99 ms | errors |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(f"| {r.name} | {r.requests_per_second:.0f} | "
+                     f"{r.requests_per_second / floor_rps:.2f} | {r.p50_ms:.2f} | "
+                     f"{r.p99_ms:.2f} | {r.errors} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=int, default=10, help="seconds per run")
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--json", type=Path, default=None, help="also write raw figures here")
+    args = parser.parse_args()
+    results = measure(args.duration, args.connections, args.workers)
+    print(report(results, args.workers))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+
+
+if __name__ == "__main__":
+    main()

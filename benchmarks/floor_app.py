@@ -1,0 +1,32 @@
+"""The floor for the service benchmark: a minimal FastAPI endpoint, one Redis round trip.
+
+Run under the same uvicorn settings as the service, it measures what the web
+framework, the event loop and one Redis call cost with nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import redis.asyncio as aioredis
+from fastapi import FastAPI, Request
+
+
+def create_app() -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.redis = aioredis.Redis.from_url(os.environ["LINREBOOT_REDIS_URL"])
+        yield
+        await app.state.redis.aclose()
+
+    app = FastAPI(lifespan=lifespan)
+
+    @app.post("/floor")
+    async def floor(request: Request) -> dict[str, int]:
+        await request.body()
+        value = await request.app.state.redis.incr("lrb-bench:floor")
+        return {"value": int(value)}
+
+    return app

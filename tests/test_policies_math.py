@@ -1,0 +1,447 @@
+"""Closed forms and equivalences behind the policies' sufficient statistics.
+
+* Ridge regression and the batched triangular solves equal ``np.linalg.solve``.
+* The state built by ``update`` equals sums computed directly from a history.
+* The incremental RSS of Section 3.3 equals the sum of squared residuals.
+* The efficient Gaussian LinReBoot index has the distribution of the explicit
+  residual bootstrap of Algorithm 1 (Gaussian and Rademacher weights).
+
+Floating-point tolerances: every matrix here is well conditioned (condition
+number below ~1e3 by construction), so a backward-stable solve is accurate to
+about ``cond * d * eps ~ 1e-12`` relative; ``RTOL = 1e-9`` leaves a wide margin
+while still catching any algebraic slip (which would be O(1)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from policies import PolicyConfig, State, init_state, layout, observation_delta, update
+from policies.config import Residuals, Setting
+from policies.explicit import (
+    Weights,
+    explicit_bootstrap_index,
+    explicit_bootstrap_index_from_residuals,
+)
+from policies.indices import linreboot, residual_sum_of_squares
+from policies.ridge import (
+    _SUBSTITUTION_MIN_STACK,
+    cho_solve,
+    gaussian_direction,
+    inverse_norms,
+    predict,
+    ridge,
+    solve_triangular,
+)
+
+Array = NDArray[Any]  # float64 throughout; Any because numpy stubs widen linalg results
+RTOL = 1e-9
+ATOL = 1e-11
+
+
+# --------------------------------------------------------------------------- histories
+
+
+@dataclass(frozen=True)
+class History:
+    """One experiment's raw history and the contexts of the round being scored."""
+
+    arms: NDArray[np.int64]  # (T,)
+    x: Array  # (T, d) context each reward was observed with
+    rewards: Array  # (T,)
+    current: Array  # (K, d) this round's context of every arm
+
+
+def make_history(setting: Setting, n_arms: int, dim: int, rounds: int, seed: int) -> History:
+    """A random history: every arm once, then arms uniformly at random.
+
+    Stochastic: fixed unit-norm arm features. Contextual: each arm's context
+    jitters around a fixed unit-norm centre every round. Covariates: one
+    ``N(0, I / d)`` context per round shared by all arms, a parameter per arm.
+    Parameters have unit norm, as in the paper, so mean rewards lie in about
+    [-1, 1]; rewards add Gaussian noise of sd 0.3, so residuals never vanish.
+    """
+    rng = np.random.default_rng(seed)
+    centres = rng.uniform(0.0, 1.0, (n_arms, dim))
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    theta = rng.normal(size=(n_arms, dim))  # row k: arm k's parameter (covariates)
+    theta /= np.linalg.norm(theta, axis=1, keepdims=True)
+    arms = np.concatenate([np.arange(n_arms), rng.integers(n_arms, size=rounds - n_arms)])
+
+    def contexts() -> Array:
+        if setting == "stochastic":
+            return centres.copy()
+        if setting == "contextual":
+            return centres + 0.3 * rng.normal(size=(n_arms, dim))
+        return np.tile(rng.normal(size=dim) / np.sqrt(dim), (n_arms, 1))
+
+    xs, rewards = [], []
+    for arm in arms:
+        x = contexts()[arm]
+        slope = theta[0] if setting != "covariates" else theta[arm]
+        xs.append(x)
+        rewards.append(float(x @ slope + 0.3 * rng.normal()))
+    return History(arms.astype(np.int64), np.array(xs), np.array(rewards), contexts())
+
+
+def build_state(config: PolicyConfig, histories: list[History], n_arms: int) -> State:
+    """Batch the histories (equal lengths) through the public ``update``."""
+    state = init_state(config, n_arms, batch=len(histories))
+    for t in range(histories[0].arms.shape[0]):
+        update(
+            config,
+            state,
+            np.array([h.arms[t] for h in histories]),
+            np.stack([h.x[t] for h in histories]),
+            np.array([h.rewards[t] for h in histories]),
+        )
+    return state
+
+
+def model_rows(history: History, shared: bool, model: int) -> NDArray[np.bool_]:
+    """Rounds whose observation belongs to ``model`` (all of them for a shared theta)."""
+    return np.ones_like(history.arms, dtype=bool) if shared else history.arms == model
+
+
+def direct_theta(history: History, shared: bool, model: int, reg: float) -> Array:
+    rows = model_rows(history, shared, model)
+    x, y = history.x[rows], history.rewards[rows]
+    return np.linalg.solve(x.T @ x + reg * np.eye(x.shape[1]), x.T @ y)
+
+
+def config_for(setting: Setting, residuals: Residuals = "current", dim: int = 3) -> PolicyConfig:
+    return PolicyConfig(
+        name="linreboot", setting=setting, dim=dim, sigma_omega=0.7, residuals=residuals
+    )
+
+
+# --------------------------------------------------------------------------- ridge
+
+
+@pytest.mark.parametrize("setting", ["stochastic", "contextual", "covariates"])
+def test_ridge_equals_normal_equations_from_raw_history(setting: Setting) -> None:
+    n_arms, dim, reg = 4, 3, 0.1
+    config = config_for(setting)
+    histories = [make_history(setting, n_arms, dim, 40, seed) for seed in (1, 2, 3)]
+    state = build_state(config, histories, n_arms)
+    theta, chol = ridge(state["xtx"], state["xty"], reg)
+    n_models = 1 if config.shared else n_arms
+    assert theta.shape == (3, n_models, dim)
+    for b, history in enumerate(histories):
+        for m in range(n_models):
+            rows = model_rows(history, config.shared, m)
+            x, y = history.x[rows], history.rewards[rows]
+            gram = x.T @ x + reg * np.eye(dim)
+            np.testing.assert_allclose(theta[b, m], np.linalg.solve(gram, x.T @ y), rtol=RTOL)
+            np.testing.assert_allclose(chol[b, m] @ chol[b, m].T, gram, rtol=RTOL, atol=ATOL)
+            assert np.allclose(np.triu(chol[b, m], 1), 0.0)
+
+
+def spd_stack(stack: tuple[int, ...], dim: int, seed: int) -> tuple[Array, Array]:
+    """Well-conditioned SPD matrices ``A = G G' / d + I`` and their lower factors."""
+    rng = np.random.default_rng(seed)
+    g = rng.normal(size=(*stack, dim, dim))
+    a = g @ np.swapaxes(g, -1, -2) / dim + np.eye(dim)
+    return a, np.linalg.cholesky(a)
+
+
+# Stack sizes straddling the switch from LAPACK to vectorised substitution.
+STACKS = [1, _SUBSTITUTION_MIN_STACK - 1, _SUBSTITUTION_MIN_STACK, 3 * _SUBSTITUTION_MIN_STACK]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("n_rhs", [1, 4])
+def test_solve_triangular_matches_solve(stack: int, transpose: bool, n_rhs: int) -> None:
+    dim = 5
+    _, chol = spd_stack((stack,), dim, seed=stack)
+    rhs = np.random.default_rng(7).normal(size=(stack, dim, n_rhs))
+    tri = np.swapaxes(chol, -1, -2) if transpose else chol
+    expected = np.linalg.solve(tri, rhs)
+    got = solve_triangular(chol, rhs, transpose=transpose)
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("transpose", [False, True])
+def test_solve_triangular_broadcasts_one_factor_over_many_right_hand_sides(
+    stack: int, transpose: bool
+) -> None:
+    # Shape (S, 1, d, d) against (S, K, d, m): one factor per experiment shared by K arms.
+    dim, n_arms = 4, 3
+    _, chol = spd_stack((stack, 1), dim, seed=11)
+    rhs = np.random.default_rng(12).normal(size=(stack, n_arms, dim, 2))
+    tri = np.swapaxes(chol, -1, -2) if transpose else chol
+    got = solve_triangular(chol, rhs, transpose=transpose)
+    assert got.shape == (stack, n_arms, dim, 2)
+    np.testing.assert_allclose(got, np.linalg.solve(tri, rhs), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_cho_solve_and_gaussian_direction_match_solve(stack: int) -> None:
+    dim = 4
+    a, chol = spd_stack((stack,), dim, seed=3 + stack)
+    rhs = np.random.default_rng(5).normal(size=(stack, dim))
+    expected = np.linalg.solve(a, rhs[..., None])[..., 0]
+    np.testing.assert_allclose(cho_solve(chol, rhs), expected, rtol=RTOL, atol=ATOL)
+    # L'^-1 z: the Thompson-sampling direction, covariance (L L')^-1.
+    direction = np.linalg.solve(np.swapaxes(chol, -1, -2), rhs[..., None])[..., 0]
+    np.testing.assert_allclose(gaussian_direction(chol, rhs), direction, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("n_models", [1, 3])
+@pytest.mark.parametrize("batch", [2, _SUBSTITUTION_MIN_STACK + 2])
+def test_inverse_norms_and_predict_match_direct(n_models: int, batch: int) -> None:
+    dim, n_arms = 3, 3
+    a, chol = spd_stack((batch, n_models), dim, seed=21)
+    rng = np.random.default_rng(22)
+    contexts = rng.normal(size=(batch, n_arms, dim))
+    theta = rng.normal(size=(batch, n_models, dim))
+    norms, means = inverse_norms(chol, contexts), predict(theta, contexts)
+    for b in range(batch):
+        for k in range(n_arms):
+            m = 0 if n_models == 1 else k
+            x = contexts[b, k]
+            assert norms[b, k] == pytest.approx(x @ np.linalg.inv(a[b, m]) @ x, rel=RTOL)
+            assert means[b, k] == pytest.approx(x @ theta[b, m], rel=RTOL, abs=ATOL)
+
+
+# --------------------------------------------------------------------------- state
+
+
+STATE_CASES: list[tuple[Setting, Residuals]] = [
+    ("stochastic", "current"),
+    ("contextual", "current"),
+    ("contextual", "observed"),
+    ("covariates", "current"),
+    ("covariates", "observed"),
+]
+
+
+@pytest.mark.parametrize(("setting", "residuals"), STATE_CASES)
+def test_update_equals_sums_over_the_history(setting: Setting, residuals: Residuals) -> None:
+    n_arms, dim = 4, 3
+    config = config_for(setting, residuals)
+    histories = [make_history(setting, n_arms, dim, 30, seed) for seed in (4, 5)]
+    state = build_state(config, histories, n_arms)
+    has_arm_gram = setting == "contextual" and residuals == "observed"
+    assert ("arm_xtx" in state) == has_arm_gram
+    n_models = 1 if config.shared else n_arms
+    for b, h in enumerate(histories):
+        for m in range(n_models):
+            rows = model_rows(h, config.shared, m)
+            x, y = h.x[rows], h.rewards[rows]
+            np.testing.assert_allclose(state["xtx"][b, m], x.T @ x, rtol=RTOL)
+            np.testing.assert_allclose(state["xty"][b, m], x.T @ y, rtol=RTOL)
+            assert state["yty"][b, m] == pytest.approx(y @ y, rel=RTOL)
+            assert state["n"][b, m] == rows.sum()
+            assert state["sum_y"][b, m] == pytest.approx(y.sum(), rel=RTOL)
+        for k in range(n_arms):
+            rows = h.arms == k
+            r = h.rewards[rows]
+            assert state["pulls"][b, k] == rows.sum()
+            assert state["sum_r"][b, k] == pytest.approx(r.sum(), rel=RTOL)
+            assert state["sum_r2"][b, k] == pytest.approx(r @ r, rel=RTOL)
+            if has_arm_gram:
+                x = h.x[rows]
+                np.testing.assert_allclose(state["arm_xtx"][b, k], x.T @ x, rtol=RTOL)
+                np.testing.assert_allclose(state["arm_xty"][b, k], x.T @ r, rtol=RTOL)
+
+
+@pytest.mark.parametrize(("setting", "residuals"), STATE_CASES)
+def test_observation_deltas_add_up_to_update(setting: Setting, residuals: Residuals) -> None:
+    # The store applies observation_delta to the chosen arm's slot (or the one
+    # shared model slot); summing the deltas must rebuild the state ``update`` builds.
+    n_arms, dim = 3, 3
+    config = config_for(setting, residuals)
+    history = make_history(setting, n_arms, dim, 25, seed=6)
+    expected = build_state(config, [history], n_arms)
+    specs = layout(config)
+    summed = init_state(config, n_arms, batch=1)
+    assert set(summed) == set(specs) == set(expected)
+    for arm, x, reward in zip(history.arms, history.x, history.rewards, strict=True):
+        delta = observation_delta(config, x, float(reward))
+        assert set(delta) == set(specs)
+        for name, spec in specs.items():
+            assert delta[name].shape == spec.shape
+            slot = int(arm) if spec.per_arm(config) else 0
+            summed[name][0, slot] += delta[name]
+    for name in specs:
+        np.testing.assert_allclose(summed[name], expected[name], rtol=RTOL, err_msg=name)
+
+
+# --------------------------------------------------------------------------- RSS
+
+
+def direct_residuals(h: History, config: PolicyConfig, k: int, reg: float) -> Array:
+    """Residuals of arm k's rewards, computed from the raw history (Section 3.2)."""
+    model = 0 if config.shared else k
+    theta = direct_theta(h, config.shared, model, reg)
+    rows = h.arms == k
+    if config.residuals == "observed":
+        return h.rewards[rows] - h.x[rows] @ theta
+    return h.rewards[rows] - h.current[k] @ theta
+
+
+@pytest.mark.parametrize(("setting", "residuals"), [*STATE_CASES, ("stochastic", "observed")])
+def test_incremental_rss_equals_direct_sum_of_squares(
+    setting: Setting, residuals: Residuals
+) -> None:
+    n_arms, dim = 4, 3
+    config = config_for(setting, residuals)
+    histories = [make_history(setting, n_arms, dim, 40, seed) for seed in (7, 8, 9)]
+    state = build_state(config, histories, n_arms)
+    n_models = 1 if config.shared else n_arms
+    theta = np.array(
+        [
+            [direct_theta(h, config.shared, m, config.reg) for m in range(n_models)]
+            for h in histories
+        ]
+    )
+    contexts = np.stack([h.current for h in histories])
+    mu_hat = predict(theta, contexts)
+    rss = residual_sum_of_squares(config, state, mu_hat, theta)
+    for b, h in enumerate(histories):
+        for k in range(n_arms):
+            e = direct_residuals(h, config, k, config.reg)
+            assert rss[b, k] == pytest.approx(e @ e, rel=1e-8)
+
+
+# --------------------------------------------------------------------------- LinReBoot
+
+
+N_DRAWS = 10_000
+# Standard errors allowed per moment. About 100 moment checks run in this
+# section; a two-sided 5-sigma Gaussian tail is 5.7e-7, so a correct
+# implementation fails one of them with probability below 1e-4.
+K_SE = 5.0
+
+
+def closed_form_moments(
+    h: History, config: PolicyConfig, n_arms: int
+) -> tuple[Array, Array, list[Array]]:
+    """Section 3.3: given the history, index_k ~ (mu_hat_k, sigma_omega^2 RSS_k / s_k^2)."""
+    means, variances, residuals = [], [], []
+    for k in range(n_arms):
+        model = 0 if config.shared else k
+        means.append(h.current[k] @ direct_theta(h, config.shared, model, config.reg))
+        e = direct_residuals(h, config, k, config.reg)
+        residuals.append(e)
+        variances.append(config.sigma_omega**2 * (e @ e) / e.size**2)
+    return np.array(means), np.array(variances), residuals
+
+
+def assert_mean_and_variance(draws: Array, mean: Array, variance: Array) -> None:
+    """Sample mean and variance of each column within K_SE standard errors.
+
+    SE of the mean: sqrt(v / N). SE of the sample variance: v sqrt(2 / (N - 1))
+    for Gaussian draws; for Rademacher weights the index is a weighted sum of
+    +-1 signs, whose kurtosis is below 3, so the Gaussian SE is an upper bound.
+    """
+    n = draws.shape[0]
+    se_mean = np.sqrt(variance / n)
+    se_var = variance * np.sqrt(2.0 / (n - 1))
+    assert np.all(np.abs(draws.mean(axis=0) - mean) <= K_SE * se_mean), (
+        draws.mean(axis=0),
+        mean,
+    )
+    assert np.all(np.abs(draws.var(axis=0, ddof=1) - variance) <= K_SE * se_var), (
+        draws.var(axis=0, ddof=1),
+        variance,
+    )
+
+
+EQUIVALENCE_CASES: list[tuple[Setting, Residuals]] = [
+    ("stochastic", "current"),
+    ("contextual", "current"),
+    ("contextual", "observed"),
+    ("covariates", "current"),
+]
+
+
+@pytest.mark.parametrize(("setting", "residuals"), EQUIVALENCE_CASES)
+def test_efficient_linreboot_matches_explicit_residual_bootstrap(
+    setting: Setting, residuals: Residuals
+) -> None:
+    n_arms, dim = 4, 3
+    config = config_for(setting, residuals)
+    history = make_history(setting, n_arms, dim, 30, seed=10)
+    mean, variance, residuals_by_arm = closed_form_moments(history, config, n_arms)
+    # The variances differ across arms (different s_k and RSS_k), so matching
+    # them arm by arm is a real test of the s_k^-2 RSS_k scaling.
+    assert np.ptp(variance) > 0.1 * variance.max()
+
+    # Efficient form: N_DRAWS copies of the state, one generator each.
+    single = build_state(config, [history], n_arms)
+    batch = {name: np.repeat(value, N_DRAWS, axis=0) for name, value in single.items()}
+    contexts = np.repeat(history.current[None], N_DRAWS, axis=0)
+    rngs = np.random.default_rng(100).spawn(N_DRAWS)
+    efficient = linreboot(config, batch, contexts, rngs)
+    assert_mean_and_variance(efficient, mean, variance)
+
+    # Explicit form (Algorithm 1), one weight per residual, both weight laws.
+    rewards_by_arm = [history.rewards[history.arms == k] for k in range(n_arms)]
+    laws: tuple[tuple[Weights, int], ...] = (("gaussian", 101), ("rademacher", 102))
+    for weights, seed in laws:
+        rng = np.random.default_rng(seed)
+        if residuals == "current":
+            explicit = np.array(
+                [
+                    explicit_bootstrap_index(mean, rewards_by_arm, config.sigma_omega, weights, rng)
+                    for _ in range(N_DRAWS)
+                ]
+            )
+        else:
+            explicit = np.array(
+                [
+                    explicit_bootstrap_index_from_residuals(
+                        mean, residuals_by_arm, config.sigma_omega, weights, rng
+                    )
+                    for _ in range(N_DRAWS)
+                ]
+            )
+        assert_mean_and_variance(explicit, mean, variance)
+
+
+def test_explicit_bootstrap_with_rademacher_weights_takes_two_values_per_single_residual() -> None:
+    # One pull: the index is mu_hat +- sigma_omega * e, nothing else.
+    rng = np.random.default_rng(0)
+    draws = np.array(
+        [explicit_bootstrap_index([0.5], [[0.9]], 0.5, "rademacher", rng) for _ in range(200)]
+    )
+    np.testing.assert_allclose(np.unique(draws), [0.3, 0.7])
+
+
+def test_explicit_bootstrap_zero_sigma_and_unpulled_arm_return_mu_hat() -> None:
+    rng = np.random.default_rng(0)
+    mu = np.array([0.1, -0.2])
+    np.testing.assert_array_equal(
+        explicit_bootstrap_index(mu, [[1.0, 2.0], [3.0]], 0.0, "gaussian", rng), mu
+    )
+    got = explicit_bootstrap_index(mu, [[1.0, 2.0], []], 1.0, "gaussian", rng)
+    assert got[1] == mu[1]
+    assert got[0] != mu[0]
+
+
+@pytest.mark.parametrize(
+    ("mu_hat", "rewards", "sigma_omega", "weights"),
+    [
+        (np.zeros((2, 1)), [[1.0], [1.0]], 1.0, "gaussian"),  # mu_hat not 1-D
+        (np.zeros(2), [[1.0]], 1.0, "gaussian"),  # one reward array missing
+        (np.zeros(1), [[[1.0]]], 1.0, "gaussian"),  # rewards not 1-D
+        (np.zeros(1), [[1.0]], -1.0, "gaussian"),  # negative sigma
+        (np.zeros(1), [[1.0]], float("nan"), "gaussian"),  # non-finite sigma
+        (np.zeros(1), [[1.0]], 1.0, "uniform"),  # unknown weights
+    ],
+)
+def test_explicit_bootstrap_rejects_invalid_input(
+    mu_hat: Array, rewards: list[list[float]], sigma_omega: float, weights: Any
+) -> None:
+    with pytest.raises(ValueError):
+        explicit_bootstrap_index(mu_hat, rewards, sigma_omega, weights, np.random.default_rng(0))
