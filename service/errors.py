@@ -19,6 +19,10 @@ class NotFound(DomainError):
     """Unknown experiment, arm or decision, or an expired decision (404)."""
 
 
+class Forbidden(DomainError):
+    """The credentials do not belong to this experiment (403)."""
+
+
 class Conflict(DomainError):
     """The request contradicts recorded state (409).
 

@@ -45,7 +45,7 @@ from service.domain import (
     valid_experiment_id,
 )
 from service.embedded import EmbeddedRedis
-from service.errors import Conflict, InvalidInput, NotFound
+from service.errors import Conflict, Forbidden, InvalidInput, NotFound
 from service.settings import Settings
 from service.store import Store
 
@@ -82,6 +82,10 @@ class Definition:
 
 def _hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+def _key_matches(definition: Definition, api_key: str) -> bool:
+    return hmac.compare_digest(_hash_key(api_key), definition.key_hash)
 
 
 def _reward_text(reward: float) -> str:
@@ -131,6 +135,9 @@ class ExperimentService:
             "config": json.dumps(dataclasses.asdict(config)),
             "key_hash": _hash_key(api_key),
             "created_at": repr(time.time()),
+            # Random, not 1: a worker that cached a deleted experiment of the
+            # same id must see a different version and reload.
+            "version": str(secrets.randbits(52) + 1),
         }
         arms = {
             a.id: json.dumps({"index": i, "active": True, "features": a.features})
@@ -188,20 +195,19 @@ class ExperimentService:
         return await self.get(experiment_id)
 
     async def check_api_key(self, experiment_id: str, api_key: str) -> bool:
-        definition = await self._definition(experiment_id)
-        return hmac.compare_digest(_hash_key(api_key), definition.key_hash)
+        """Compare with the (possibly cached) definition; choose/reward re-check when stale."""
+        return _key_matches(await self._definition(experiment_id), api_key)
 
     # -- decisions --------------------------------------------------------
 
-    async def choose(self, experiment_id: str, request: ChooseRequest) -> Decision:
+    async def choose(
+        self, experiment_id: str, request: ChooseRequest, api_key: str | None = None
+    ) -> Decision:
+        """Choose an arm; with ``api_key``, also re-check it if the definition was stale."""
         definition = await self._definition(experiment_id)
         _candidates(definition, request, self._settings.feature_bound)  # validate before writing
         snapshot = await self._store.snapshot_for_choice(experiment_id)
-        if snapshot.version is None:
-            self._definitions.pop(experiment_id, None)
-            raise NotFound("no experiment with this id")
-        if snapshot.version != definition.version:
-            definition = await self._definition(experiment_id, fresh=True)
+        definition = await self._current(experiment_id, definition, snapshot.version, api_key)
         arms, contexts = _candidates(definition, request, self._settings.feature_bound)
         config = definition.config
         state = _state_for(config, arms, snapshot.stats)
@@ -235,8 +241,9 @@ class ExperimentService:
         )
 
     async def reward(
-        self, experiment_id: str, items: Sequence[tuple[str, float]]
+        self, experiment_id: str, items: Sequence[tuple[str, float]], api_key: str | None = None
     ) -> builtins.list[RewardOutcome]:
+        """Apply rewards exactly once; with ``api_key``, re-check it if the definition was stale."""
         if not items:
             raise InvalidInput("give at least one reward")
         bound = self._settings.feature_bound
@@ -245,9 +252,7 @@ class ExperimentService:
                 raise InvalidInput(f"rewards must be finite numbers with |reward| <= {bound:g}")
         definition = await self._definition(experiment_id)
         version, records = await self._store.read_decisions(experiment_id, [d for d, _ in items])
-        if version is None:
-            self._definitions.pop(experiment_id, None)
-            raise NotFound("no experiment with this id")
+        definition = await self._current(experiment_id, definition, version, api_key)
         config = definition.config
         pending: list[tuple[str, str, list[tuple[str, bytes]]]] = []
         for (decision_id, value), record in zip(items, records, strict=True):
@@ -263,6 +268,25 @@ class ExperimentService:
         return outcomes
 
     # -- helpers ----------------------------------------------------------
+
+    async def _current(
+        self, experiment_id: str, cached: Definition, version: int | None, api_key: str | None
+    ) -> Definition:
+        """The definition at ``version`` (read with the state), reloading a stale cache.
+
+        The API key was checked against the cached definition; after a reload
+        (e.g. the experiment was deleted and created again by another worker)
+        it is checked again.
+        """
+        if version is None:
+            self._definitions.pop(experiment_id, None)
+            raise NotFound("no experiment with this id")
+        if version == cached.version:
+            return cached
+        definition = await self._definition(experiment_id, fresh=True)
+        if api_key is not None and not _key_matches(definition, api_key):
+            raise Forbidden("the API key is not valid for this experiment")
+        return definition
 
     async def _definition(self, experiment_id: str, fresh: bool = False) -> Definition:
         if not valid_experiment_id(experiment_id):

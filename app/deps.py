@@ -1,0 +1,106 @@
+"""Dependencies: the lifespan's resources, and the two kinds of credentials.
+
+Management (``/experiments``) takes the admin token as
+``Authorization: Bearer <token>``; ``/choose`` and ``/reward`` take the
+experiment's own key as ``X-API-Key``, and nothing else. Missing credentials
+are 401, wrong ones 403.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Path, Request
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+
+from app.metrics import Metrics
+from service.domain import EXPERIMENT_ID_PATTERN
+from service.experiments import ExperimentService
+from service.settings import Settings
+
+__all__ = [
+    "AdminDep",
+    "ExperimentIdPath",
+    "ExperimentKeyDep",
+    "MetricsDep",
+    "ServiceDep",
+    "SettingsDep",
+]
+
+
+def _service(request: Request) -> ExperimentService:
+    service: ExperimentService = request.app.state.service
+    return service
+
+
+def _settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def _metrics(request: Request) -> Metrics:
+    metrics: Metrics = request.app.state.metrics
+    return metrics
+
+
+ServiceDep = Annotated[ExperimentService, Depends(_service)]
+SettingsDep = Annotated[Settings, Depends(_settings)]
+MetricsDep = Annotated[Metrics, Depends(_metrics)]
+ExperimentIdPath = Annotated[
+    str, Path(pattern=EXPERIMENT_ID_PATTERN, description="1-64 characters of A-Z a-z 0-9 _ . -")
+]
+
+_bearer = HTTPBearer(auto_error=False, description="the admin token (LINREBOOT_ADMIN_TOKEN)")
+_api_key = APIKeyHeader(
+    name="X-API-Key", auto_error=False, description="the experiment's key, from its creation"
+)
+
+
+async def _require_admin(
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    if credentials is None:
+        raise HTTPException(
+            401,
+            "admin token required: send Authorization: Bearer <token>",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    expected = settings.admin_token.get_secret_value().encode()
+    if not hmac.compare_digest(credentials.credentials.encode(), expected):
+        raise HTTPException(403, "the admin token is not valid")
+
+
+AdminDep = Depends(_require_admin)
+
+
+@dataclass(frozen=True)
+class ExperimentKey:
+    """The ``X-API-Key`` a request came with; :meth:`authorize` checks it."""
+
+    key: str
+    service: ExperimentService
+    request: Request
+
+    async def authorize(self, experiment_id: str) -> None:
+        """Return if the key is ``experiment_id``'s; 403 otherwise, 404 for no experiment."""
+        self.request.state.experiment_id = experiment_id  # for the access log
+        if not await self.service.check_api_key(experiment_id, self.key):
+            raise HTTPException(403, "the API key is not valid for this experiment")
+
+
+async def _experiment_key(
+    request: Request, service: ServiceDep, key: Annotated[str | None, Depends(_api_key)]
+) -> ExperimentKey:
+    if not key:
+        raise HTTPException(
+            401,
+            "API key required: send the experiment's key as X-API-Key",
+            headers={"WWW-Authenticate": 'ApiKey header="X-API-Key"'},
+        )
+    return ExperimentKey(key, service, request)
+
+
+ExperimentKeyDep = Annotated[ExperimentKey, Depends(_experiment_key)]

@@ -1,0 +1,81 @@
+"""The FastAPI application: ``create_app(settings)``.
+
+Nothing is created at import time. ``create_app`` configures logging and
+builds the app; its lifespan opens the :class:`ExperimentService` (which
+connects to Redis, or starts the embedded one) and closes it on shutdown.
+Run with several workers as ``uvicorn --factory app.main:create_app``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
+
+from fastapi import FastAPI
+
+from app.errors import install_error_handlers
+from app.logs import configure_logging
+from app.metrics import Metrics
+from app.middleware import AccessLogMiddleware, BodyLimitMiddleware
+from app.routes import ROUTERS
+from service.experiments import ExperimentService
+from service.settings import Settings
+
+__all__ = ["create_app"]
+
+logger = logging.getLogger("linreboot.app")
+
+_DESCRIPTION = """\
+Online recommendations with the LinReBoot contextual bandit (Wu et al., UAI 2022).
+
+Create an experiment with the admin token, then call `/choose` for a decision and
+`/reward` with its `decision_id` once the outcome is known, both with the
+experiment's `X-API-Key`. Each reward counts exactly once: repeating it is safe.
+"""
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The app for ``settings`` (read from the environment when not given)."""
+    settings = settings if settings is not None else Settings()
+    configure_logging(settings.log_level)
+    app = FastAPI(
+        title="LinReBoot recommendations",
+        version=_version(),
+        description=_DESCRIPTION,
+        lifespan=_lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = Metrics()
+    install_error_handlers(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(AccessLogMiddleware, metrics=app.state.metrics)  # outermost: sees 413s
+    return app
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    service = await ExperimentService.open(settings)
+    for warning in service.persistence_warnings:
+        logger.warning(
+            "PERSISTENCE AT RISK: %s",
+            warning,
+            extra={"fields": {"persistence_warning": warning}},
+        )
+    app.state.service = service
+    try:
+        yield
+    finally:
+        del app.state.service
+        await service.close()
+
+
+def _version() -> str:
+    try:
+        return version("linreboot")
+    except PackageNotFoundError:
+        return "0+unknown"

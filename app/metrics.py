@@ -1,0 +1,78 @@
+"""Prometheus metrics, one set per app (no module-level registry).
+
+With several uvicorn workers each process counts on its own; set
+``PROMETHEUS_MULTIPROC_DIR`` to an empty, writable directory before the
+workers start and ``/metrics`` then sums the files all workers write there
+(prometheus_client's multiprocess mode, chosen when it is first imported).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import get_args
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from service.domain import RewardOutcome, RewardStatus
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class Metrics:
+    """The service's counters and the request-latency histogram."""
+
+    def __init__(self) -> None:
+        self.multiproc_dir = os.environ.get(MULTIPROC_ENV) or None
+        if self.multiproc_dir is not None and not Path(self.multiproc_dir).is_dir():
+            raise ValueError(f"{MULTIPROC_ENV} must name an existing directory")
+        self.registry = CollectorRegistry()
+        self.latency = Histogram(
+            "linreboot_request_duration_seconds",
+            "HTTP request latency by route template",
+            ["method", "route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.decisions = Counter(
+            "linreboot_decisions", "decisions returned by /choose", registry=self.registry
+        )
+        self.rewards = Counter(
+            "linreboot_rewards", "reward items by outcome", ["status"], registry=self.registry
+        )
+        self.errors = Counter(
+            "linreboot_errors", "responses with status >= 400", ["status"], registry=self.registry
+        )
+        for status in get_args(RewardStatus):
+            self.rewards.labels(status=status)  # exported as 0 before the first reward
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        self.latency.labels(method=method, route=route).observe(seconds)
+        if status >= 400:
+            self.errors.labels(status=str(status)).inc()
+
+    def record_decision(self) -> None:
+        self.decisions.inc()
+
+    def record_rewards(self, outcomes: Iterable[RewardOutcome]) -> None:
+        for outcome in outcomes:
+            self.rewards.labels(status=outcome.status).inc()
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format, summed over workers in multiprocess mode."""
+        if self.multiproc_dir is None:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=self.multiproc_dir)
+        return generate_latest(registry)

@@ -1,0 +1,118 @@
+"""Two small ASGI middlewares: the request-body limit and the access log.
+
+Pure ASGI rather than ``BaseHTTPMiddleware``, so bodies stream through
+untouched and nothing runs in an extra task.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.errors import error_response
+from app.metrics import Metrics
+from service.domain import valid_experiment_id
+
+__all__ = ["AccessLogMiddleware", "BodyLimitMiddleware", "BodyTooLarge"]
+
+access_logger = logging.getLogger("linreboot.access")
+
+
+class BodyTooLarge(HTTPException):
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body larger than {limit} bytes")
+
+
+class BodyLimitMiddleware:
+    """413 for a body over ``max_body_bytes``.
+
+    A declared ``Content-Length`` over the limit is refused before anything is
+    read; a chunked body is counted as it is read, and reading stops with
+    :class:`BodyTooLarge` (an ``HTTPException``, so FastAPI passes it on to the
+    error handlers) once the count passes the limit.
+    """
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_body_bytes:
+            too_large = BodyTooLarge(self.max_body_bytes)
+            response = error_response(413, "too_large", too_large.detail)
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise BodyTooLarge(self.max_body_bytes)
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+class AccessLogMiddleware:
+    """One JSON log line and one latency observation per HTTP request.
+
+    The route is the matched template (``/experiments/{experiment_id}``), so
+    metric labels stay few; ``experiment_id`` comes from the path or from
+    ``request.state.experiment_id`` (set by the API-key check).
+    """
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500  # unless a response starts: an exception on its way to the 500 handler
+        state = scope.setdefault("state", {})  # shared with request.state downstream
+
+        async def send_with_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_status)
+        finally:
+            seconds = time.perf_counter() - started
+            route = getattr(scope.get("route"), "path", "<unmatched>")
+            self.metrics.observe_request(scope["method"], route, status, seconds)
+            fields: dict[str, object] = {
+                "method": scope["method"],
+                "route": route,
+                "status": status,
+                "latency_ms": round(seconds * 1000, 3),
+            }
+            experiment_id = scope.get("path_params", {}).get("experiment_id") or state.get(
+                "experiment_id"
+            )
+            if isinstance(experiment_id, str) and valid_experiment_id(experiment_id):
+                fields["experiment_id"] = experiment_id
+            access_logger.info("request", extra={"fields": fields})
+
+
+def _content_length(scope: Scope) -> int | None:
+    value = Headers(scope=scope).get("content-length")
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None

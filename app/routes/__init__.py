@@ -1,0 +1,11 @@
+"""The HTTP routes, one module per resource; ``ROUTERS`` is what the app includes."""
+
+from __future__ import annotations
+
+from app.routes.decisions import router as decisions_router
+from app.routes.experiments import router as experiments_router
+from app.routes.health import router as health_router
+
+ROUTERS = (experiments_router, decisions_router, health_router)
+
+__all__ = ["ROUTERS"]

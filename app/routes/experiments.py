@@ -1,0 +1,66 @@
+"""Experiment management, for the holder of the admin token."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from app.deps import AdminDep, ExperimentIdPath, ServiceDep, SettingsDep
+from app.responses import ADMIN_ERRORS
+from app.schemas import (
+    AddArmsIn,
+    CreateExperimentIn,
+    ExperimentCreatedOut,
+    ExperimentListOut,
+    ExperimentOut,
+    RetireArmsIn,
+)
+from app.strict_json import StrictJSONRoute
+
+router = APIRouter(
+    prefix="/experiments",
+    tags=["experiments"],
+    dependencies=[AdminDep],
+    responses=ADMIN_ERRORS,
+    route_class=StrictJSONRoute,
+)
+
+
+@router.post("", status_code=201, summary="Create an experiment; returns its API key once")
+async def create_experiment(
+    body: CreateExperimentIn, service: ServiceDep, settings: SettingsDep
+) -> ExperimentCreatedOut:
+    view, api_key = await service.create(body.to_domain(settings))
+    return ExperimentCreatedOut(api_key=api_key, experiment=ExperimentOut.from_domain(view))
+
+
+@router.get("", summary="List experiments")
+async def list_experiments(service: ServiceDep) -> ExperimentListOut:
+    views = await service.list()
+    return ExperimentListOut(experiments=[ExperimentOut.from_domain(v) for v in views])
+
+
+@router.get("/{experiment_id}", summary="An experiment and what it has learnt")
+async def get_experiment(experiment_id: ExperimentIdPath, service: ServiceDep) -> ExperimentOut:
+    return ExperimentOut.from_domain(await service.get(experiment_id))
+
+
+@router.delete("/{experiment_id}", status_code=204, summary="Delete an experiment and its state")
+async def delete_experiment(experiment_id: ExperimentIdPath, service: ServiceDep) -> Response:
+    await service.delete(experiment_id)
+    return Response(status_code=204)
+
+
+@router.post("/{experiment_id}/arms", summary="Add arms")
+async def add_arms(
+    experiment_id: ExperimentIdPath, body: AddArmsIn, service: ServiceDep, settings: SettingsDep
+) -> ExperimentOut:
+    arms = body.to_domain(settings)
+    return ExperimentOut.from_domain(await service.add_arms(experiment_id, arms))
+
+
+@router.post("/{experiment_id}/arms/retire", summary="Retire arms (they keep their history)")
+async def retire_arms(
+    experiment_id: ExperimentIdPath, body: RetireArmsIn, service: ServiceDep, settings: SettingsDep
+) -> ExperimentOut:
+    arm_ids = body.to_domain(settings)
+    return ExperimentOut.from_domain(await service.retire_arms(experiment_id, arm_ids))

@@ -1,0 +1,28 @@
+"""Liveness, readiness and Prometheus metrics; no credentials."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from app.deps import MetricsDep, ServiceDep
+from app.metrics import CONTENT_TYPE_LATEST
+from app.responses import STORE_ERRORS
+from app.schemas import StatusOut
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz", summary="The process is alive")
+async def healthz() -> StatusOut:
+    return StatusOut(status="ok")
+
+
+@router.get("/readyz", summary="Redis answers (else 503)", responses=STORE_ERRORS)
+async def readyz(service: ServiceDep) -> StatusOut:
+    await service.ping()
+    return StatusOut(status="ready")
+
+
+@router.get("/metrics", summary="Prometheus text format", response_class=Response)
+async def metrics(metrics: MetricsDep) -> Response:
+    return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

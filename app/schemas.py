@@ -1,0 +1,547 @@
+"""Wire models: what clients send and receive, validated by pydantic v2.
+
+Requests are strict (no booleans or strings where numbers belong), finite
+(``allow_inf_nan=False``) and closed (unknown fields are errors). Limits that
+come from :class:`service.settings.Settings` (dimensions, counts, the feature
+bound) are applied by each request's ``to_domain(settings)``, which builds the
+:mod:`service.domain` record the service takes; it reports problems as a
+``RequestValidationError`` so that every 422 has the same shape.
+Whether vectors have the experiment's dimension is the service's check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, Self
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from service.domain import (
+    ARM_ID_PATTERN,
+    EXPERIMENT_ID_PATTERN,
+    ArmSpec,
+    ArmState,
+    ChooseRequest,
+    Decision,
+    ExperimentSpec,
+    ExperimentView,
+    PolicyName,
+    RewardOutcome,
+    RewardStatus,
+    Setting,
+)
+from service.settings import Settings
+
+DECISION_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
+MAX_SEED = 2**63 - 1
+
+ExperimentId = Annotated[
+    str,
+    StringConstraints(pattern=EXPERIMENT_ID_PATTERN),
+    Field(description="1-64 characters of A-Z a-z 0-9 _ . -", examples=["homepage"]),
+]
+ArmId = Annotated[
+    str,
+    StringConstraints(pattern=ARM_ID_PATTERN),
+    Field(description="1-64 characters of A-Z a-z 0-9 _ . : -", examples=["article-17"]),
+]
+DecisionId = Annotated[
+    str,
+    StringConstraints(pattern=DECISION_ID_PATTERN),
+    Field(description="as returned by /choose", examples=["3f1c9a0e8b7d4c2a9e6f5b4a3c2d1e0f"]),
+]
+Vector = Annotated[list[float], Field(description="finite numbers, |x| <= feature bound")]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
+
+
+class _Problems:
+    """Collects limit violations as pydantic-style errors, raised together."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.errors: list[dict[str, Any]] = []
+
+    def add(self, loc: tuple[str | int, ...], msg: str) -> None:
+        self.errors.append({"type": "limit", "loc": ("body", *loc), "msg": msg})
+
+    def count(self, loc: tuple[str | int, ...], items: Sequence[object], limit: int) -> None:
+        if len(items) > limit:
+            self.add(loc, f"at most {limit} items allowed")
+
+    def vector(self, loc: tuple[str | int, ...], values: Sequence[float] | None) -> None:
+        if values is None:
+            return
+        self.count(loc, values, self.settings.max_dim)
+        bound = self.settings.feature_bound
+        beyond = next((i for i, v in enumerate(values) if abs(v) > bound), None)
+        if beyond is not None:
+            self.add((*loc, beyond), f"magnitude exceeds the feature bound {bound:g}")
+
+    def number(self, loc: tuple[str | int, ...], value: float) -> None:
+        if abs(value) > self.settings.feature_bound:
+            self.add(loc, f"magnitude exceeds the bound {self.settings.feature_bound:g}")
+
+    def check(self) -> None:
+        if self.errors:
+            raise RequestValidationError(self.errors)
+
+
+def _unique(ids: Sequence[str], field: str) -> None:
+    first: dict[str, int] = {}
+    for i, arm_id in enumerate(ids):
+        if arm_id in first:
+            raise ValueError(f"{field} must be distinct: item {i} repeats item {first[arm_id]}")
+        first[arm_id] = i
+
+
+# -- requests -----------------------------------------------------------------
+
+
+class ArmIn(_Request):
+    id: ArmId
+    features: Vector | None = Field(
+        default=None, description="the arm's fixed feature vector (stochastic setting only)"
+    )
+
+    def to_domain(self, problems: _Problems, loc: tuple[str | int, ...]) -> ArmSpec:
+        problems.vector((*loc, "features"), self.features)
+        return ArmSpec(self.id, tuple(self.features) if self.features is not None else None)
+
+
+def _arms_to_domain(arms: Sequence[ArmIn], problems: _Problems) -> tuple[ArmSpec, ...]:
+    problems.count(("arms",), arms, problems.settings.max_arms)
+    return tuple(arm.to_domain(problems, ("arms", i)) for i, arm in enumerate(arms))
+
+
+class Hyperparameters(_Request):
+    """Overrides of the paper's defaults (see ``policies.PolicyConfig``); omit to keep them."""
+
+    reg: float | None = Field(default=None, description="ridge regularisation lambda")
+    sigma_omega: float | None = Field(default=None, description="LinReBoot bootstrap-weight sd")
+    residuals: Literal["current", "observed"] | None = None
+    ig_alpha: float | None = None
+    ig_beta: float | None = None
+    ig_prior_precision: float | None = None
+    phe_a: float | None = None
+    giro_a: float | None = None
+    reward_bound: float | None = None
+    ucb_delta: float | None = None
+    noise_sd: float | None = None
+    theta_bound: float | None = None
+    context_bound: float | None = None
+    ucb_alpha: float | None = None
+
+    def overrides(self) -> dict[str, float | str]:
+        return self.model_dump(exclude_none=True)
+
+
+class CreateExperimentIn(_Request):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "homepage",
+                    "setting": "covariates",
+                    "dim": 3,
+                    "arms": [{"id": "news"}, {"id": "sport"}, {"id": "weather"}],
+                    "policy": "linreboot",
+                    "hyperparameters": {"sigma_omega": 0.5},
+                    "seed": 7,
+                    "reward_window_seconds": 3600,
+                }
+            ]
+        }
+    )
+
+    id: ExperimentId
+    setting: Setting = Field(
+        description="stochastic: fixed arm features; contextual: one context per arm per "
+        "decision; covariates: one context per decision, one model per arm"
+    )
+    dim: int = Field(ge=1, le=256, description="context dimension d (at most max_dim)")
+    arms: list[ArmIn] = Field(min_length=1)
+    policy: PolicyName = "linreboot"
+    hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    reward_window_seconds: int | None = Field(
+        default=None, ge=1, description="how long a decision accepts its reward (default 3600)"
+    )
+
+    @model_validator(mode="after")
+    def _distinct_arms(self) -> Self:
+        _unique([a.id for a in self.arms], "arm ids")
+        return self
+
+    def to_domain(self, settings: Settings) -> ExperimentSpec:
+        problems = _Problems(settings)
+        if self.dim > settings.max_dim:
+            problems.add(("dim",), f"must be at most {settings.max_dim}")
+        arms = _arms_to_domain(self.arms, problems)
+        window = self.reward_window_seconds or settings.default_reward_window_seconds
+        if window > settings.max_reward_window_seconds:
+            problems.add(
+                ("reward_window_seconds",), f"must be at most {settings.max_reward_window_seconds}"
+            )
+        problems.check()
+        return ExperimentSpec(
+            id=self.id,
+            setting=self.setting,
+            dim=self.dim,
+            arms=arms,
+            policy=self.policy,
+            hyperparameters=self.hyperparameters.overrides(),
+            seed=self.seed,
+            reward_window_seconds=window,
+        )
+
+
+class AddArmsIn(_Request):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"arms": [{"id": "travel"}]}]})
+
+    arms: list[ArmIn] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _distinct_arms(self) -> Self:
+        _unique([a.id for a in self.arms], "arm ids")
+        return self
+
+    def to_domain(self, settings: Settings) -> tuple[ArmSpec, ...]:
+        problems = _Problems(settings)
+        arms = _arms_to_domain(self.arms, problems)
+        problems.check()
+        return arms
+
+
+class RetireArmsIn(_Request):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"arm_ids": ["weather"]}]})
+
+    arm_ids: list[ArmId] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _distinct_arms(self) -> Self:
+        _unique(self.arm_ids, "arm_ids")
+        return self
+
+    def to_domain(self, settings: Settings) -> tuple[str, ...]:
+        problems = _Problems(settings)
+        problems.count(("arm_ids",), self.arm_ids, settings.max_arms)
+        problems.check()
+        return tuple(self.arm_ids)
+
+
+class ChooseIn(_Request):
+    """One decision. Which context field to send depends on the experiment's setting."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"experiment_id": "homepage", "context": [0.2, -1.0, 0.5]},
+                {
+                    "experiment_id": "shelf",
+                    "arm_contexts": {"a": [1.0, 0.0], "b": [0.0, 1.0]},
+                    "excluded": ["b"],
+                },
+            ]
+        }
+    )
+
+    experiment_id: ExperimentId
+    context: Vector | None = Field(default=None, description="covariates setting: d numbers")
+    arm_contexts: dict[ArmId, Vector] | None = Field(
+        default=None, description="contextual setting: d numbers for every eligible arm"
+    )
+    eligible: list[ArmId] | None = Field(
+        default=None, description="choose among these active arms only"
+    )
+    excluded: list[ArmId] = Field(default_factory=list, description="never choose these arms")
+
+    @model_validator(mode="after")
+    def _distinct_arms(self) -> Self:
+        _unique(self.eligible or [], "eligible")
+        _unique(self.excluded, "excluded")
+        return self
+
+    def to_domain(self, settings: Settings) -> ChooseRequest:
+        problems = _Problems(settings)
+        problems.vector(("context",), self.context)
+        contexts = self.arm_contexts or {}
+        problems.count(("arm_contexts",), list(contexts), settings.max_arms)
+        for arm_id, vector in contexts.items():
+            problems.vector(("arm_contexts", arm_id), vector)
+        problems.count(("eligible",), self.eligible or [], settings.max_arms)
+        problems.count(("excluded",), self.excluded, settings.max_arms)
+        problems.check()
+        return ChooseRequest(
+            context=tuple(self.context) if self.context is not None else None,
+            arm_contexts=(
+                {k: tuple(v) for k, v in self.arm_contexts.items()}
+                if self.arm_contexts is not None
+                else None
+            ),
+            eligible=tuple(self.eligible) if self.eligible is not None else None,
+            excluded=tuple(self.excluded),
+        )
+
+
+class RewardItemIn(_Request):
+    decision_id: DecisionId
+    reward: float
+
+
+class RewardIn(_Request):
+    """One reward (``decision_id`` and ``reward``) or a batch (``rewards``)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"experiment_id": "homepage", "decision_id": "3f1c9a0e", "reward": 1.0},
+                {
+                    "experiment_id": "homepage",
+                    "rewards": [
+                        {"decision_id": "3f1c9a0e", "reward": 1.0},
+                        {"decision_id": "77b0d2c4", "reward": 0.0},
+                    ],
+                },
+            ]
+        }
+    )
+
+    experiment_id: ExperimentId
+    decision_id: DecisionId | None = None
+    reward: float | None = None
+    rewards: list[RewardItemIn] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> Self:
+        single = self.decision_id is not None or self.reward is not None
+        if single == (self.rewards is not None):
+            raise ValueError("send either decision_id and reward, or rewards (a list)")
+        if single and (self.decision_id is None or self.reward is None):
+            raise ValueError("a single reward needs both decision_id and reward")
+        return self
+
+    @property
+    def is_batch(self) -> bool:
+        return self.rewards is not None
+
+    def to_domain(self, settings: Settings) -> list[tuple[str, float]]:
+        """The ``(decision_id, reward)`` pairs, in order."""
+        problems = _Problems(settings)
+        if self.rewards is None:
+            assert self.decision_id is not None and self.reward is not None  # _one_form
+            items = [(self.decision_id, self.reward)]
+            problems.number(("reward",), self.reward)
+        else:
+            items = [(r.decision_id, r.reward) for r in self.rewards]
+            problems.count(("rewards",), self.rewards, settings.max_batch_rewards)
+            for i, r in enumerate(self.rewards):
+                problems.number(("rewards", i, "reward"), r.reward)
+        problems.check()
+        return items
+
+
+# -- responses ----------------------------------------------------------------
+
+
+class ArmOut(BaseModel):
+    id: str
+    active: bool
+    pulls: int
+    mean_reward: float | None = Field(description="null until the arm has a reward")
+    rss: float | None = Field(description="residual sum of squares; null until rewarded")
+    features: list[float] | None = None
+
+    @classmethod
+    def from_domain(cls, arm: ArmState) -> ArmOut:
+        features = list(arm.features) if arm.features is not None else None
+        return cls(
+            id=arm.id,
+            active=arm.active,
+            pulls=arm.pulls,
+            mean_reward=arm.mean_reward,
+            rss=arm.rss,
+            features=features,
+        )
+
+
+class ExperimentOut(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "homepage",
+                    "setting": "covariates",
+                    "policy": "linreboot",
+                    "dim": 3,
+                    "seed": 7,
+                    "reward_window_seconds": 3600,
+                    "hyperparameters": {"sigma_omega": 0.5},
+                    "config": {"name": "linreboot", "reg": 0.1, "sigma_omega": 0.5},
+                    "created_at": 1767225600.0,
+                    "arms": [
+                        {"id": "news", "active": True, "pulls": 12, "mean_reward": 0.41,
+                         "rss": 2.9, "features": None},
+                    ],
+                    "theta_hat": {"news": [0.1, 0.0, -0.3]},
+                    "decisions": 30,
+                    "rewards": 25,
+                    "duplicates": 1,
+                }
+            ]
+        }
+    )
+
+    id: str
+    setting: Setting
+    policy: PolicyName
+    dim: int
+    seed: int | None
+    reward_window_seconds: int
+    hyperparameters: dict[str, float | str] = Field(description="the overrides given at creation")
+    config: dict[str, float | str | int] = Field(description="every hyperparameter in force")
+    created_at: float = Field(description="Unix time, seconds")
+    arms: list[ArmOut]
+    theta_hat: dict[str, list[float]] = Field(
+        description='ridge estimate: "shared", or one per arm id (covariates)'
+    )
+    decisions: int = Field(description="decisions made")
+    rewards: int = Field(description="rewards applied")
+    duplicates: int = Field(description="repeated rewards recognised and not applied again")
+
+    @classmethod
+    def from_domain(cls, view: ExperimentView) -> ExperimentOut:
+        spec = view.spec
+        return cls(
+            id=spec.id,
+            setting=spec.setting,
+            policy=spec.policy,
+            dim=spec.dim,
+            seed=spec.seed,
+            reward_window_seconds=spec.reward_window_seconds,
+            hyperparameters=dict(spec.hyperparameters),
+            config=dict(view.config),
+            created_at=view.created_at,
+            arms=[ArmOut.from_domain(a) for a in view.arms],
+            theta_hat=view.theta_hat,
+            decisions=view.decisions,
+            rewards=view.rewards,
+            duplicates=view.duplicates,
+        )
+
+
+class ExperimentCreatedOut(BaseModel):
+    api_key: str = Field(
+        description="the experiment's key for X-API-Key; shown only now, store it",
+        examples=["3q2-8xVd0cP1m4mJm0U7g6q9t4nEw6bB1oG3H0cZr4E"],
+    )
+    experiment: ExperimentOut
+
+
+class ExperimentListOut(BaseModel):
+    experiments: list[ExperimentOut]
+
+
+class DecisionOut(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "decision_id": "3f1c9a0e8b7d4c2a9e6f5b4a3c2d1e0f",
+                    "arm_id": "news",
+                    "index": 0.73,
+                    "exploring": False,
+                    "decision_number": 30,
+                    "expires_in_seconds": 3600,
+                }
+            ]
+        }
+    )
+
+    decision_id: str = Field(description="send it back with the reward")
+    arm_id: str
+    index: float | None = Field(description="the chosen arm's score; null while exploring")
+    exploring: bool = Field(description="true while the arm is in its first, forced pull")
+    decision_number: int
+    expires_in_seconds: int = Field(description="the reward must arrive within this time")
+
+    @classmethod
+    def from_domain(cls, decision: Decision) -> DecisionOut:
+        return cls(
+            decision_id=decision.decision_id,
+            arm_id=decision.arm_id,
+            index=decision.index,
+            exploring=decision.exploring,
+            decision_number=decision.decision_number,
+            expires_in_seconds=decision.expires_in_seconds,
+        )
+
+
+class RewardOut(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"decision_id": "3f1c9a0e", "status": "applied", "message": "reward applied"},
+                {
+                    "decision_id": "3f1c9a0e",
+                    "status": "duplicate",
+                    "message": "this reward was already applied; not applied again",
+                },
+            ]
+        }
+    )
+
+    decision_id: str
+    status: RewardStatus = Field(
+        description="applied; duplicate (same reward again: safe retry, not applied again); "
+        "conflict (a different reward was applied); not_found (unknown or expired)"
+    )
+    message: str
+
+    @classmethod
+    def from_domain(cls, outcome: RewardOutcome) -> RewardOut:
+        return cls(decision_id=outcome.decision_id, status=outcome.status, message=outcome.message)
+
+
+class RewardBatchOut(BaseModel):
+    results: list[RewardOut] = Field(description="one per item, in request order")
+
+    @classmethod
+    def from_domain(cls, outcomes: Sequence[RewardOutcome]) -> RewardBatchOut:
+        return cls(results=[RewardOut.from_domain(o) for o in outcomes])
+
+
+class StatusOut(BaseModel):
+    status: Literal["ok", "ready"]
+
+
+class ErrorDetail(BaseModel):
+    loc: list[str | int] = Field(description="where: body, path or header, then field names")
+    msg: str
+    type: str
+
+
+class ErrorOut(BaseModel):
+    """Every error response. Never echoes the offending input."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "error": "invalid_input",
+                    "message": "invalid request: body.context.0: Input should be a finite number",
+                    "details": [
+                        {"loc": ["body", "context", 0], "msg": "Input should be a finite number",
+                         "type": "finite_number"}
+                    ],
+                }
+            ]
+        }
+    )
+
+    error: str = Field(description="a stable machine-readable code")
+    message: str = Field(description="what is wrong, for people")
+    details: list[ErrorDetail] | None = None

