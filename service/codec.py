@@ -66,8 +66,20 @@ def assemble_state(
     arm_blobs : one per arm, in the order the arms are scored.
     """
     state: State = {}
-    for axis, blobs in (("model", model_blobs), ("arm", arm_blobs)):
-        slots = [unpack(config, axis, b) for b in blobs]  # type: ignore[arg-type]
-        for name, _ in _fields(config, axis):  # type: ignore[arg-type]
-            state[name] = np.stack([s[name] for s in slots])[None, ...]
+    axes: tuple[tuple[Axis, Sequence[bytes | None]], ...] = (
+        ("model", model_blobs), ("arm", arm_blobs),
+    )
+    for axis, blobs in axes:
+        size = blob_size(config, axis)
+        empty = bytes(size)
+        if any(b is not None and len(b) != size for b in blobs):
+            raise ValueError(f"a stored {axis} blob does not have {size} bytes")
+        # One buffer for all slots: one frombuffer instead of one per arm.
+        table = np.frombuffer(b"".join(b or empty for b in blobs), dtype=_FLOAT)
+        table = table.astype(np.float64).reshape(len(blobs), size // 8)
+        offset = 0
+        for name, shape in _fields(config, axis):
+            count = int(np.prod(shape))
+            state[name] = table[None, :, offset: offset + count].reshape(1, len(blobs), *shape)
+            offset += count
     return state

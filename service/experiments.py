@@ -71,6 +71,7 @@ class Definition:
     created_at: float
     version: int
     arms: tuple[ArmRecord, ...]  # registration order
+    features: np.ndarray | None = None  # stochastic: one row per arm, in ``arms`` order
 
     @property
     def active_arms(self) -> list[ArmRecord]:
@@ -394,6 +395,12 @@ def _candidates(
     arms = sorted((a for a in pool if a.id not in excluded), key=lambda a: a.index)
     if not arms:
         raise InvalidInput("no arm is eligible after eligible/excluded are applied")
+    if definition.features is not None:
+        if request.context is not None or request.arm_contexts:
+            raise InvalidInput("a stochastic experiment uses its arms' fixed features; "
+                               "send no context")
+        rows = {a.id: i for i, a in enumerate(definition.arms)}
+        return arms, definition.features[[rows[a.id] for a in arms]]
     return arms, _contexts(spec, arms, request, bound)
 
 
@@ -401,11 +408,6 @@ def _contexts(
     spec: ExperimentSpec, arms: list[ArmRecord], request: ChooseRequest, bound: float
 ) -> np.ndarray:
     d = spec.dim
-    if spec.setting == "stochastic":
-        if request.context is not None or request.arm_contexts:
-            raise InvalidInput("a stochastic experiment uses its arms' fixed features; "
-                               "send no context")
-        return np.array([a.features for a in arms], dtype=np.float64)
     if spec.setting == "covariates":
         if request.arm_contexts:
             raise InvalidInput("a covariates experiment takes one 'context', not arm_contexts")
@@ -481,6 +483,10 @@ def _parse_definition(meta: dict[str, str], arms_raw: dict[str, str]) -> Definit
         created_at=float(meta["created_at"]),
         version=int(meta["version"]),
         arms=tuple(arms),
+        features=(
+            np.array([a.features for a in arms], dtype=np.float64)
+            if spec.setting == "stochastic" else None
+        ),
     )
 
 
