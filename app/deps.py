@@ -30,17 +30,17 @@ __all__ = [
 ]
 
 
-def _service(request: Request) -> ExperimentService:
+async def _service(request: Request) -> ExperimentService:
     service: ExperimentService = request.app.state.service
     return service
 
 
-def _settings(request: Request) -> Settings:
+async def _settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def _metrics(request: Request) -> Metrics:
+async def _metrics(request: Request) -> Metrics:
     metrics: Metrics = request.app.state.metrics
     return metrics
 

@@ -14,9 +14,11 @@ environment before they start:
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 
@@ -43,6 +45,10 @@ def serve(
     configure_logging(settings.log_level)
     for key, value in overrides.items():  # the workers see the settings this process sees
         os.environ[f"LINREBOOT_{key.upper()}"] = str(value)
+    # uvicorn re-raises a captured SIGTERM after its shutdown, which would kill
+    # this process before the embedded Redis is stopped; a SystemExit unwinds
+    # the ExitStack instead (uvicorn restores this handler before re-raising).
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     with ExitStack() as stack:
         if settings.redis_url is None:
             embedded = EmbeddedRedis(settings.data_dir).start()
@@ -60,6 +66,10 @@ def serve(
             access_log=False,  # the app writes its own access log
         )
     return 0
+
+
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _prepare_multiprocess_metrics(workers: int, stack: ExitStack) -> None:

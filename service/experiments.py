@@ -218,7 +218,7 @@ class ExperimentService:
         score = float(choice.scores[0, picked])
         decision_id = uuid.uuid4().hex
         window = definition.spec.reward_window_seconds
-        await self._store.save_decision(
+        saved = await self._store.save_decision(
             experiment_id,
             decision_id,
             {
@@ -231,6 +231,9 @@ class ExperimentService:
             },
             window,
         )
+        if not saved:
+            self._definitions.pop(experiment_id, None)
+            raise NotFound("no experiment with this id")
         exploring = math.isinf(score)
         return Decision(
             decision_id=decision_id,

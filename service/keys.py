@@ -32,7 +32,8 @@ def decision(experiment_id: str, decision_id: str) -> str:
 
 # Fields of the stats hash.
 SHARED_MODEL_FIELD = "model"
-DECISIONS = "decisions"
+DECISIONS = "decisions"  # decisions recorded
+DECISION_SEQUENCE = "decision_seq"  # numbers handed out (may skip after a resent MULTI)
 REWARDS = "rewards"
 DUPLICATES = "duplicates"
 

@@ -75,6 +75,7 @@ class Store:
         self._create = client.register_script(_script("create"))
         self._add_arms = client.register_script(_script("add_arms"))
         self._retire_arms = client.register_script(_script("retire_arms"))
+        self._save_decision = client.register_script(_script("save_decision"))
 
     @classmethod
     def from_url(cls, url: str, timeout_seconds: float) -> Store:
@@ -191,10 +192,14 @@ class Store:
 
     @_translated
     async def snapshot_for_choice(self, experiment_id: str) -> ChoiceSnapshot:
-        """Version, a fresh decision number and all statistics, in one MULTI."""
+        """Version, a fresh decision number and all statistics, in one MULTI.
+
+        A resent MULTI (after a lost reply) only skips a decision number;
+        decisions are counted when :meth:`save_decision` records them.
+        """
         async with self._client.pipeline(transaction=True) as pipe:
             pipe.hget(keys.meta(experiment_id), "version")
-            pipe.hincrby(keys.stats(experiment_id), keys.DECISIONS, 1)
+            pipe.hincrby(keys.stats(experiment_id), keys.DECISION_SEQUENCE, 1)
             pipe.hgetall(keys.stats(experiment_id))
             version, number, stats = await pipe.execute()
         if version is None:
@@ -210,12 +215,17 @@ class Store:
     async def save_decision(
         self, experiment_id: str, decision_id: str, fields: Mapping[str, str | bytes],
         ttl_seconds: int,
-    ) -> None:
-        key = keys.decision(experiment_id, decision_id)
-        async with self._client.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping=dict(fields))
-            pipe.expire(key, ttl_seconds)
-            await pipe.execute()
+    ) -> bool:
+        """Record and count a pending decision; False if the experiment is gone."""
+        args: list[str | bytes | int] = [ttl_seconds]
+        for pair in fields.items():
+            args.extend(pair)
+        keyset = [
+            keys.decision(experiment_id, decision_id),
+            keys.stats(experiment_id),
+            keys.meta(experiment_id),
+        ]
+        return int(await self._save_decision(keys=keyset, args=args)) >= 0
 
     @_translated
     async def read_decisions(
