@@ -173,6 +173,94 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_loadtest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "loadtest",
+        help="load replay: drive many experiments with delayed, dropped and duplicated "
+        "rewards; report throughput and latency; check the service's counters",
+        description="Create experiments in one of the paper's settings, drive /choose in an "
+        "open loop (--rate) or a closed loop (--concurrency) for a bounded time, send each "
+        "reward after a random delay (some dropped, some twice), then check every "
+        "experiment's counters against what was sent. Exit code 1 if the check fails.",
+    )
+    p.add_argument("--url", default=None,
+                   help="a running service (default: start one on embedded Redis)")
+    p.add_argument("--admin-token", default=None, help="admin token of the service at --url")
+    p.add_argument("--workers", type=int, default=1, help="uvicorn workers of a started service")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="allow a non-loopback --url (a load test sends many requests)")
+    p.add_argument("--experiments", type=int, default=20, help="experiments (default 20)")
+    p.add_argument("--setting", choices=SETTINGS, default="stochastic")
+    p.add_argument("--dim", type=int, default=20, help="context dimension d (default 20)")
+    p.add_argument("--arms", type=int, default=None,
+                   help="arms K (default: the paper's, 100 or 10 for covariates)")
+    p.add_argument("--policy", choices=POLICIES, default="linreboot")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--rate", type=float, default=None,
+                      help="open loop: Poisson arrivals of /choose per second "
+                      "(default 100 if --concurrency is not given)")
+    load.add_argument("--concurrency", type=int, default=None,
+                      help="closed loop: /choose requests in flight")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds of load (default 30)")
+    p.add_argument("--max-requests", type=int, default=100_000,
+                   help="at most this many /choose requests (default 100000)")
+    p.add_argument("--reward-delay-mean", type=float, default=0.2,
+                   help="mean exponential delay before a reward is sent, s (default 0.2)")
+    p.add_argument("--drop-fraction", type=float, default=0.1,
+                   help="fraction of rewards never sent (default 0.1)")
+    p.add_argument("--duplicate-fraction", type=float, default=0.05,
+                   help="fraction of rewards sent twice (default 0.05)")
+    p.add_argument("--duplicate-delay-mean", type=float, default=0.05,
+                   help="mean exponential delay before the second send, s (default 0.05)")
+    p.add_argument("--drain-seconds", type=float, default=10.0,
+                   help="wait at most this long for outstanding rewards (default 10)")
+    p.add_argument("--timeout", type=float, default=30.0,
+                   help="httpx timeout of each phase of a request (connect, write, read, "
+                   "pool wait), s (default 30)")
+    p.add_argument("--connections", type=int, default=256,
+                   help="client connections in all (default 256)")
+    p.add_argument("--clients", type=int, default=16,
+                   help="httpx clients sharing the connections (default 16; one big pool "
+                   "slows the client down under concurrency)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--keep-experiments", action="store_true",
+                   help="do not delete the experiments afterwards")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--out", type=Path, default=Path("results/loadtest/report.json"),
+                   help="JSON report (default results/loadtest/report.json)")
+
+
+def _loadtest(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from loadtest.http_driver import require_loopback
+    from loadtest.load import FeedbackModel, LoadConfig, run_load, write_report
+    from loadtest.replay import service
+
+    try:
+        feedback = FeedbackModel(args.reward_delay_mean, args.drop_fraction,
+                                 args.duplicate_fraction, args.duplicate_delay_mean)
+        config = LoadConfig(
+            experiments=args.experiments, setting=args.setting, dim=args.dim,
+            n_arms=args.arms, policy=args.policy,
+            rate=100.0 if args.rate is None and args.concurrency is None else args.rate,
+            concurrency=args.concurrency, duration=args.duration,
+            max_requests=args.max_requests, feedback=feedback,
+            drain_seconds=args.drain_seconds, timeout=args.timeout,
+            connections=args.connections, clients=args.clients, seed=args.seed,
+        )
+        if args.url:
+            require_loopback(args.url, args.allow_remote)
+    except ValueError as exc:
+        raise SystemExit(f"linreboot loadtest: {exc}") from None
+    with service(args.url, args.admin_token, args.workers) as (url, token):
+        report = asyncio.run(run_load(url, token, config, progress=not args.no_progress,
+                                      keep=args.keep_experiments))
+    print(report.markdown())
+    print(f"report: {write_report(report, args.out)}")
+    return 0 if report.check.passed else 1
+
+
 def _write_http(curves: list[Curve], out: Path, title: str) -> None:
     from loadtest.plots import regret_grid
     from loadtest.results import final_regret_table, write_curves
@@ -194,11 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_replay(sub)
     _add_demo(sub)
+    _add_loadtest(sub)
     return parser
 
 
 _COMMANDS = {
     "simulate": _simulate, "serve": _serve, "replay": _replay, "demo": _demo,
+    "loadtest": _loadtest,
 }
 
 
