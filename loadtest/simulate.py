@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 from loadtest.environments import Environment, Reading, make_spec, split_rngs
 from loadtest.results import Array, Curve, recorded_rounds, summarise
 from policies import PolicyConfig, PolicyName, Setting, choose, init_state, paper_config, update
+from policies.ridge import BufferedStreams
 
 Progress = Callable[[int], None]
 
@@ -116,10 +117,11 @@ def play(
     regret = np.empty((reps, horizon))
     chosen = np.empty((reps, horizon), dtype=np.int32)
     start = time.perf_counter()
+    streams = BufferedStreams(policy_rngs)
     seeds = [decision_seed(seed, cell, rep) for rep in range(reps)]
     for t in range(horizon):
         contexts = env.contexts()
-        rngs = decision_rngs(seeds, t + 1) if per_decision_rng else policy_rngs
+        rngs = decision_rngs(seeds, t + 1) if per_decision_rng else streams
         arms = choose(config, state, contexts, rngs).arms
         means = env.means(contexts)
         regret[:, t] = means.max(axis=1) - means[rows, arms]

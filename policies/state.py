@@ -143,14 +143,15 @@ def apply_observations(
     The same additions as :func:`observation_delta`, vectorised over the batch.
     """
     rows = np.arange(arms.shape[0])
-    slots = np.zeros_like(arms) if config.shared else arms
     outer = x[:, :, None] * x[:, None, :]
     r2 = rewards * rewards
-    state["xtx"][rows, slots] += outer
-    state["xty"][rows, slots] += rewards[:, None] * x
-    state["yty"][rows, slots] += r2
-    state["n"][rows, slots] += 1.0
-    state["sum_y"][rows, slots] += rewards
+    # A shared model is slot 0 of every row: a plain slice, no fancy indexing.
+    model = (slice(None), 0) if config.shared else (rows, arms)
+    state["xtx"][model] += outer
+    state["xty"][model] += rewards[:, None] * x
+    state["yty"][model] += r2
+    state["n"][model] += 1.0
+    state["sum_y"][model] += rewards
     state["pulls"][rows, arms] += 1.0
     state["sum_r"][rows, arms] += rewards
     state["sum_r2"][rows, arms] += r2
