@@ -18,6 +18,13 @@ _SETTING_TITLES = {
     "covariates": "Bandit with covariates",
 }
 _SETTING_ORDER = ("stochastic", "contextual", "covariates")
+# One colour per policy in every figure; other labels (sweeps) take the rest.
+_POLICY_COLOURS = {
+    "linreboot": "tab:blue", "lints-g": "tab:orange", "lints-ig": "tab:green",
+    "lingiro": "tab:red", "linphe": "tab:purple", "linucb": "tab:brown",
+    "greedy": "tab:gray", "linucb-const": "tab:olive",
+}
+_SPARE = ("tab:pink", "tab:cyan", "black", "gold", "navy", "lime", "teal", "maroon")
 
 
 def regret_grid(curves: Sequence[Curve], path: Path, title: str | None = None) -> Path:
@@ -30,7 +37,8 @@ def regret_grid(curves: Sequence[Curve], path: Path, title: str | None = None) -
     dims = sorted({c.dim for c in curves})
     labels = list(dict.fromkeys(c.label for c in curves))
     sources = list(dict.fromkeys(c.source for c in curves))
-    colours = {lab: plt.get_cmap("tab10")(i % 10) for i, lab in enumerate(labels)}
+    spare = iter(_SPARE * (1 + len(labels) // len(_SPARE)))
+    colours = {lab: _POLICY_COLOURS.get(lab) or next(spare) for lab in labels}
     styles = dict(zip(sources, ["-", "--", ":", "-."], strict=False))
     fig, axes = plt.subplots(
         len(settings), len(dims), figsize=(4.2 * len(dims), 3.3 * len(settings)), squeeze=False
