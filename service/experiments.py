@@ -68,6 +68,7 @@ class Definition:
     spec: ExperimentSpec
     config: PolicyConfig
     key_hash: str
+    incarnation: str  # random per creation: decisions of a deleted namesake do not count
     created_at: float
     version: int
     arms: tuple[ArmRecord, ...]  # registration order
@@ -83,6 +84,16 @@ class Definition:
 
 def _hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+def _usable(definition: Definition, record: dict[str, bytes] | None) -> dict[str, bytes] | None:
+    """The decision record if it belongs to this incarnation of the experiment, else None."""
+    if record is None or record.get("incarnation", b"").decode() != definition.incarnation:
+        return None
+    arm = record.get("arm", b"").decode()
+    if definition.arm(arm) is None or len(record.get("x", b"")) != 8 * definition.spec.dim:
+        return None
+    return record
 
 
 def _key_matches(definition: Definition, api_key: str) -> bool:
@@ -135,6 +146,7 @@ class ExperimentService:
             "spec": json.dumps(_spec_to_json(spec)),
             "config": json.dumps(dataclasses.asdict(config)),
             "key_hash": _hash_key(api_key),
+            "incarnation": secrets.token_hex(8),
             "created_at": repr(time.time()),
             # Random, not 1: a worker that cached a deleted experiment of the
             # same id must see a different version and reload.
@@ -221,6 +233,7 @@ class ExperimentService:
         saved = await self._store.save_decision(
             experiment_id,
             decision_id,
+            definition.incarnation,
             {
                 "arm": arms[picked].id,
                 "x": np.ascontiguousarray(contexts[picked], dtype="<f8").tobytes(),
@@ -259,6 +272,7 @@ class ExperimentService:
         definition = await self._current(experiment_id, definition, version, api_key)
         config = definition.config
         pending: list[tuple[str, str, list[tuple[str, bytes]]]] = []
+        records = [_usable(definition, r) for r in records]
         for (decision_id, value), record in zip(items, records, strict=True):
             if record is not None:
                 arm = record["arm"].decode()
@@ -483,6 +497,7 @@ def _parse_definition(meta: dict[str, str], arms_raw: dict[str, str]) -> Definit
         spec=spec,
         config=config,
         key_hash=meta["key_hash"],
+        incarnation=meta["incarnation"],
         created_at=float(meta["created_at"]),
         version=int(meta["version"]),
         arms=tuple(arms),

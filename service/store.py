@@ -213,11 +213,11 @@ class Store:
 
     @_translated
     async def save_decision(
-        self, experiment_id: str, decision_id: str, fields: Mapping[str, str | bytes],
-        ttl_seconds: int,
+        self, experiment_id: str, decision_id: str, incarnation: str,
+        fields: Mapping[str, str | bytes], ttl_seconds: int,
     ) -> bool:
         """Record and count a pending decision; False if the experiment is gone."""
-        args: list[str | bytes | int] = [ttl_seconds]
+        args: list[str | bytes | int] = [ttl_seconds, incarnation]
         for pair in fields.items():
             args.extend(pair)
         keyset = [

@@ -2,7 +2,7 @@
 --
 -- KEYS[1]  decision hash   lrb:{exp}:decision:<id>  (status, reward, ...)
 -- KEYS[2]  stats hash      lrb:{exp}:stats          (packed float64 sums, counters)
--- KEYS[3]  meta hash       lrb:{exp}:meta           (must exist: experiment not deleted)
+-- KEYS[3]  meta hash       lrb:{exp}:meta           (must exist, same incarnation)
 -- ARGV[1]  reward, as the shortest decimal that round-trips the float64
 -- ARGV[2]  number n of (field, delta) pairs that follow
 -- ARGV[3..2+2n]  field name, little-endian float64 delta blob, ...
@@ -13,11 +13,14 @@
 -- The marker and the additions happen in one script, so a client retry after a
 -- lost reply sees 'rewarded' and cannot count the reward twice.
 
-if redis.call('EXISTS', KEYS[3]) == 0 then
-  return 'not_found'
-end
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then
+  return 'not_found'
+end
+-- A decision made before its experiment was deleted (and perhaps created
+-- again under the same id) belongs to no current experiment.
+local incarnation = redis.call('HGET', KEYS[3], 'incarnation')
+if not incarnation or incarnation ~= redis.call('HGET', KEYS[1], 'incarnation') then
   return 'not_found'
 end
 if status == 'rewarded' then
