@@ -46,8 +46,11 @@ class WrkResult:
 
 
 def _unit_ms(value: str) -> float:
-    number, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", value).groups()  # type: ignore[union-attr]
-    return float(number) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+    match = re.fullmatch(r"([\d.]+)(us|ms|s|m)", value)
+    if match is None:
+        raise ValueError(f"cannot read the wrk latency {value!r}")
+    number, unit = match.groups()
+    return float(number) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit]
 
 
 def run_wrk(name: str, url: str, duration: int, connections: int, script: Path,
@@ -57,8 +60,10 @@ def run_wrk(name: str, url: str, duration: int, connections: int, script: Path,
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     text = out.stdout + out.stderr
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))  # type: ignore[union-attr]
-    p50 = _unit_ms(re.search(r"50%\s+(\S+)", text).group(1))  # type: ignore[union-attr]
-    p99 = _unit_ms(re.search(r"99%\s+(\S+)", text).group(1))  # type: ignore[union-attr]
+    # The "Latency Distribution" block (after --latency), not the thread stats.
+    block = text.split("Latency Distribution", 1)[-1]
+    p50 = _unit_ms(re.search(r"50%\s+(\S+)", block).group(1))  # type: ignore[union-attr]
+    p99 = _unit_ms(re.search(r"99%\s+(\S+)", block).group(1))  # type: ignore[union-attr]
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
     sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
     errors = (int(bad.group(1)) if bad else 0) + (sum(map(int, sock.groups())) if sock else 0)

@@ -217,11 +217,13 @@ class ExperimentService:
         self, experiment_id: str, request: ChooseRequest, api_key: str | None = None
     ) -> Decision:
         """Choose an arm; with ``api_key``, also re-check it if the definition was stale."""
-        definition = await self._definition(experiment_id)
-        _candidates(definition, request, self._settings.feature_bound)  # validate before writing
+        cached = await self._definition(experiment_id)
+        bound = self._settings.feature_bound
+        arms, contexts = _candidates(cached, request, bound)  # validates before any write
         snapshot = await self._store.snapshot_for_choice(experiment_id)
-        definition = await self._current(experiment_id, definition, snapshot.version, api_key)
-        arms, contexts = _candidates(definition, request, self._settings.feature_bound)
+        definition = await self._current(experiment_id, cached, snapshot.version, api_key)
+        if definition is not cached:  # arms changed meanwhile: validate against the new ones
+            arms, contexts = _candidates(definition, request, bound)
         config = definition.config
         state = _state_for(config, arms, snapshot.stats)
         rng = _decision_rng(definition.spec.seed, snapshot.decision_number)

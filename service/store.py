@@ -76,6 +76,7 @@ class Store:
         self._add_arms = client.register_script(_script("add_arms"))
         self._retire_arms = client.register_script(_script("retire_arms"))
         self._save_decision = client.register_script(_script("save_decision"))
+        self._snapshot = client.register_script(_script("snapshot"))
 
     @classmethod
     def from_url(cls, url: str, timeout_seconds: float) -> Store:
@@ -192,24 +193,18 @@ class Store:
 
     @_translated
     async def snapshot_for_choice(self, experiment_id: str) -> ChoiceSnapshot:
-        """Version, a fresh decision number and all statistics, in one MULTI.
+        """Version, a fresh decision number and all statistics, in one script.
 
-        A resent MULTI (after a lost reply) only skips a decision number;
+        A resent script (after a lost reply) only skips a decision number;
         decisions are counted when :meth:`save_decision` records them.
         """
-        async with self._client.pipeline(transaction=True) as pipe:
-            pipe.hget(keys.meta(experiment_id), "version")
-            pipe.hincrby(keys.stats(experiment_id), keys.DECISION_SEQUENCE, 1)
-            pipe.hgetall(keys.stats(experiment_id))
-            version, number, stats = await pipe.execute()
-        if version is None:
-            # The increment created a stray stats hash for a missing experiment.
-            await self._client.delete(keys.stats(experiment_id))
-        return ChoiceSnapshot(
-            version=None if version is None else int(version),
-            decision_number=int(number),
-            stats={_text(k): v for k, v in stats.items()},
-        )
+        keyset = [keys.meta(experiment_id), keys.stats(experiment_id)]
+        reply = await self._snapshot(keys=keyset)
+        if not reply or reply[0] is None:
+            return ChoiceSnapshot(version=None, decision_number=0, stats={})
+        version, number, *flat = reply
+        stats = {_text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+        return ChoiceSnapshot(version=int(version), decision_number=int(number), stats=stats)
 
     @_translated
     async def save_decision(
