@@ -128,7 +128,8 @@ def measure(duration: int, connections: int, workers: int) -> list[WrkResult]:
                 [choose_body, key, str(tmp)])
         results = [
             run_wrk("floor", f"{floor}/floor", duration, connections, floor_lua, []),
-            run_wrk("/choose", f"{service}/choose", duration, connections,
+            # Twice as long: /reward needs one fresh decision id per request.
+            run_wrk("/choose", f"{service}/choose", 2 * duration, connections,
                     HERE / "wrk_choose.lua", [choose_body, key, str(ids)]),
             run_wrk("/reward", f"{service}/reward", duration, connections,
                     HERE / "wrk_reward.lua", [experiment, key, str(ids), "1"]),
