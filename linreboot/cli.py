@@ -130,7 +130,7 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "print the regret table and write the plot",
     )
     _add_grid_args(p, settings=("stochastic",), dims=(5,),
-                   policies=(*PAPER_POLICIES, "greedy", "linucb-const"), reps=5, horizon=500)
+                   policies=(*PAPER_POLICIES, "greedy", "linucb-const"), reps=4, horizon=400)
     _add_http_args(p)
     p.add_argument("--out", type=Path, default=Path("results/demo"))
 

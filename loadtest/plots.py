@@ -40,9 +40,12 @@ def regret_grid(curves: Sequence[Curve], path: Path, title: str | None = None) -
     spare = iter(_SPARE * (1 + len(labels) // len(_SPARE)))
     colours = {lab: _POLICY_COLOURS.get(lab) or next(spare) for lab in labels}
     styles = dict(zip(sources, ["-", "--", ":", "-."], strict=False))
-    fig, axes = plt.subplots(
-        len(settings), len(dims), figsize=(4.2 * len(dims), 3.3 * len(settings)), squeeze=False
-    )
+    width = max(4.2 * len(dims), 7.5)
+    columns = max(1, min(len(labels) * len(sources), int(width // 1.9)))
+    legend_rows = -(-len(labels) * len(sources) // columns)
+    legend_inches = 0.3 * legend_rows + 0.6  # the legend and the shared x label
+    height = 3.3 * len(settings) + legend_inches + (0.4 if title else 0.0)
+    fig, axes = plt.subplots(len(settings), len(dims), figsize=(width, height), squeeze=False)
     for i, setting in enumerate(settings):
         for j, dim in enumerate(dims):
             ax = axes[i][j]
@@ -59,10 +62,11 @@ def regret_grid(curves: Sequence[Curve], path: Path, title: str | None = None) -
             ax.set_ylabel("cumulative regret")
             ax.grid(alpha=0.3)
     handles, names = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 6), frameon=False)
+    fig.legend(handles, names, loc="lower center", ncol=columns, frameon=False)
     if title:
         fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.06, 1, 0.97 if title else 1))
+    top = 1 - 0.4 / height if title else 1
+    fig.tight_layout(rect=(0, (0.3 * legend_rows + 0.15) / height, 1, top))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
