@@ -36,9 +36,9 @@ def server_process(
         _wait_ready(url, proc, timeout_seconds)
         yield url
     finally:
-        proc.terminate()
+        proc.terminate()  # graceful: the server also stops (and saves) its embedded Redis
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
