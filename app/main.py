@@ -60,6 +60,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     service = await ExperimentService.open(settings)
+    if settings.default_admin_token:
+        logger.warning(
+            "INSECURE: LINREBOOT_ADMIN_TOKEN is the default %r; set a secret before exposing "
+            "the service", "change-me",
+        )
     for warning in service.persistence_warnings:
         logger.warning(
             "PERSISTENCE AT RISK: %s",

@@ -12,6 +12,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_PORT = 8000
+DEFAULT_ADMIN_TOKEN = "change-me"
 
 
 class Settings(BaseSettings):
@@ -24,7 +25,7 @@ class Settings(BaseSettings):
     )
     data_dir: Path = Field(default=Path("data"), description="embedded Redis data (AOF) directory")
     admin_token: SecretStr = Field(
-        default=SecretStr("change-me"),
+        default=SecretStr(DEFAULT_ADMIN_TOKEN),
         description="bearer token for experiment management",
     )
     host: str = "127.0.0.1"
@@ -40,6 +41,11 @@ class Settings(BaseSettings):
     default_reward_window_seconds: int = Field(default=3600, ge=1)
     max_reward_window_seconds: int = Field(default=7 * 24 * 3600, ge=1)
     log_level: str = "info"
+
+    @property
+    def default_admin_token(self) -> bool:
+        """True while the admin token is still the documented default."""
+        return self.admin_token.get_secret_value() == DEFAULT_ADMIN_TOKEN
 
     @field_validator("redis_url")
     @classmethod
