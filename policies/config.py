@@ -123,10 +123,6 @@ class PolicyConfig:
         """One theta for all arms (stochastic, contextual) rather than one per arm."""
         return shared_model(self.setting)
 
-    def with_(self, **changes: object) -> PolicyConfig:
-        """A copy with some fields changed (validated again)."""
-        return replace(self, **changes)  # type: ignore[arg-type]
-
 
 def paper_sigma_omega(setting: Setting, dim: int) -> float:
     """The paper's tuned sigma_omega for a setting and dimension."""

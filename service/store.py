@@ -150,11 +150,6 @@ class Store:
         return as_text, {_text(k): _text(v) for k, v in arms.items()}
 
     @_translated
-    async def version(self, experiment_id: str) -> int | None:
-        value = await self._client.hget(keys.meta(experiment_id), "version")
-        return None if value is None else int(value)
-
-    @_translated
     async def list_ids(self) -> list[str]:
         return sorted(_text(v) for v in await self._client.smembers(keys.EXPERIMENT_INDEX))
 
