@@ -32,14 +32,17 @@ from policies.config import PolicyConfig
 Array = NDArray[np.floating[Any]]
 State = dict[str, Array]
 Axis = Literal["model", "arm"]
+# What one observation (context x, reward r) adds to a field: x x', r x, r^2, 1 or r.
+Addition = Literal["outer", "r_x", "r2", "one", "r"]
 
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """One named statistic: which axis it lives on and the shape of one slot."""
+    """One named statistic: its axis, the shape of one slot, what an observation adds."""
 
     axis: Axis
     shape: tuple[int, ...]
+    adds: Addition
 
     def per_arm(self, config: PolicyConfig) -> bool:
         """True when the store keeps one copy of this field per arm."""
@@ -50,18 +53,18 @@ def layout(config: PolicyConfig) -> dict[str, FieldSpec]:
     """The fields a policy's state is made of, in a fixed order."""
     d = config.dim
     fields = {
-        "xtx": FieldSpec("model", (d, d)),
-        "xty": FieldSpec("model", (d,)),
-        "yty": FieldSpec("model", ()),
-        "n": FieldSpec("model", ()),
-        "sum_y": FieldSpec("model", ()),
-        "pulls": FieldSpec("arm", ()),
-        "sum_r": FieldSpec("arm", ()),
-        "sum_r2": FieldSpec("arm", ()),
+        "xtx": FieldSpec("model", (d, d), "outer"),
+        "xty": FieldSpec("model", (d,), "r_x"),
+        "yty": FieldSpec("model", (), "r2"),
+        "n": FieldSpec("model", (), "one"),
+        "sum_y": FieldSpec("model", (), "r"),
+        "pulls": FieldSpec("arm", (), "one"),
+        "sum_r": FieldSpec("arm", (), "r"),
+        "sum_r2": FieldSpec("arm", (), "r2"),
     }
     if needs_arm_gram(config):
-        fields["arm_xtx"] = FieldSpec("arm", (d, d))
-        fields["arm_xty"] = FieldSpec("arm", (d,))
+        fields["arm_xtx"] = FieldSpec("arm", (d, d), "outer")
+        fields["arm_xty"] = FieldSpec("arm", (d,), "r_x")
     return fields
 
 
@@ -103,22 +106,14 @@ def observation_delta(config: PolicyConfig, x: Array, reward: float) -> dict[str
     -------
     dict of ndarray, each of the slot shape given by :func:`layout`.
     """
-    outer = np.outer(x, x)
     r = float(reward)
-    delta: dict[str, Array | float] = {
-        "xtx": outer,
-        "xty": r * x,
-        "yty": r * r,
-        "n": 1.0,
-        "sum_y": r,
-        "pulls": 1.0,
-        "sum_r": r,
-        "sum_r2": r * r,
+    additions: dict[Addition, Array | float] = {
+        "outer": np.outer(x, x), "r_x": r * x, "r2": r * r, "one": 1.0, "r": r,
     }
-    if needs_arm_gram(config):
-        delta["arm_xtx"] = outer
-        delta["arm_xty"] = r * x
-    return {name: np.asarray(delta[name], dtype=np.float64) for name in layout(config)}
+    return {
+        name: np.asarray(additions[spec.adds], dtype=np.float64)
+        for name, spec in layout(config).items()
+    }
 
 
 def apply_observations(

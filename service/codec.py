@@ -2,12 +2,13 @@
 
 A model's fields (``xtx``, ``xty``, ``yty``, ``n``, ``sum_y``) are packed into one
 blob and an arm's fields (``pulls``, ``sum_r``, ``sum_r2``, ...) into another, in
-the order of :func:`policies.layout`, so one reward adds to exactly two blobs.
+the order of :func:`policies.layout`, so one reward adds to exactly two blobs;
+:func:`recipe` tells ``reward.lua`` what it adds to each.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -21,17 +22,14 @@ def _fields(config: PolicyConfig, axis: Axis) -> list[tuple[str, tuple[int, ...]
     return [(name, spec.shape) for name, spec in layout(config).items() if spec.axis == axis]
 
 
+def recipe(config: PolicyConfig, axis: Axis) -> str:
+    """What an observation adds to each field of a blob, in order: ``reward.lua`` reads it."""
+    return ",".join(spec.adds for spec in layout(config).values() if spec.axis == axis)
+
+
 def blob_size(config: PolicyConfig, axis: Axis) -> int:
     """Bytes of one packed model or arm blob."""
     return 8 * sum(int(np.prod(shape)) for _, shape in _fields(config, axis))
-
-
-def pack(config: PolicyConfig, axis: Axis, values: Mapping[str, np.ndarray | float]) -> bytes:
-    """Pack one slot's fields (shapes as in :func:`policies.layout`)."""
-    parts = [
-        np.asarray(values[name], dtype=_FLOAT).reshape(-1) for name, _ in _fields(config, axis)
-    ]
-    return np.concatenate(parts).astype(_FLOAT, copy=False).tobytes()
 
 
 def unpack(config: PolicyConfig, axis: Axis, blob: bytes | None) -> dict[str, np.ndarray]:

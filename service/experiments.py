@@ -26,12 +26,11 @@ from policies import (
     PolicyConfig,
     State,
     choose,
-    observation_delta,
     paper_config,
 )
 from policies.ridge import ridge
 from service import keys
-from service.codec import assemble_state, pack, unpack
+from service.codec import assemble_state, recipe, unpack
 from service.domain import (
     ArmSpec,
     ArmState,
@@ -84,16 +83,6 @@ class Definition:
 
 def _hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
-
-
-def _usable(definition: Definition, record: dict[str, bytes] | None) -> dict[str, bytes] | None:
-    """The decision record if it belongs to this incarnation of the experiment, else None."""
-    if record is None or record.get("incarnation", b"").decode() != definition.incarnation:
-        return None
-    arm = record.get("arm", b"").decode()
-    if definition.arm(arm) is None or len(record.get("x", b"")) != 8 * definition.spec.dim:
-        return None
-    return record
 
 
 def _key_matches(definition: Definition, api_key: str) -> bool:
@@ -151,6 +140,9 @@ class ExperimentService:
             # Random, not 1: a worker that cached a deleted experiment of the
             # same id must see a different version and reload.
             "version": str(secrets.randbits(52) + 1),
+            # What reward.lua adds per observation, fixed for this incarnation.
+            "model_recipe": recipe(config, "model"),
+            "arm_recipe": recipe(config, "arm"),
         }
         arms = {
             a.id: json.dumps({"index": i, "active": True, "features": a.features})
@@ -238,6 +230,8 @@ class ExperimentService:
             definition.incarnation,
             {
                 "arm": arms[picked].id,
+                "model_field": keys.model_field(None if config.shared else arms[picked].id),
+                "arm_field": keys.arm_field(arms[picked].id),
                 "x": np.ascontiguousarray(contexts[picked], dtype="<f8").tobytes(),
                 "number": str(snapshot.decision_number),
                 "version": str(definition.version),
@@ -262,28 +256,29 @@ class ExperimentService:
     async def reward(
         self, experiment_id: str, items: Sequence[tuple[str, float]], api_key: str | None = None
     ) -> builtins.list[RewardOutcome]:
-        """Apply rewards exactly once; with ``api_key``, re-check it if the definition was stale."""
+        """Apply rewards exactly once, in one script that also checks ``api_key``.
+
+        ``api_key=None`` is for trusted in-process callers only.
+        """
         if not items:
             raise InvalidInput("give at least one reward")
         bound = self._settings.feature_bound
         for _, value in items:
             if not (math.isfinite(value) and abs(value) <= bound):
                 raise InvalidInput(f"rewards must be finite numbers with |reward| <= {bound:g}")
-        definition = await self._definition(experiment_id)
-        version, records = await self._store.read_decisions(experiment_id, [d for d, _ in items])
-        definition = await self._current(experiment_id, definition, version, api_key)
-        config = definition.config
-        pending: list[tuple[str, str, list[tuple[str, bytes]]]] = []
-        records = [_usable(definition, r) for r in records]
-        for (decision_id, value), record in zip(items, records, strict=True):
-            if record is not None:
-                arm = record["arm"].decode()
-                x = np.frombuffer(record["x"], dtype="<f8").astype(np.float64)
-                pending.append((decision_id, _reward_text(value), _deltas(config, arm, x, value)))
-        statuses = iter(await self._store.apply_rewards(experiment_id, pending))
-        outcomes: list[RewardOutcome] = []
-        for (decision_id, _), record in zip(items, records, strict=True):
-            status = _status(next(statuses)) if record is not None else "not_found"
+        if not valid_experiment_id(experiment_id):
+            raise NotFound("no experiment with this id")
+        key_hash = None if api_key is None else _hash_key(api_key)
+        texts = [(decision_id, _reward_text(value)) for decision_id, value in items]
+        replies = await self._store.apply_rewards(experiment_id, key_hash, texts)
+        if replies == ["missing"]:
+            self._definitions.pop(experiment_id, None)
+            raise NotFound("no experiment with this id")
+        if replies == ["forbidden"]:
+            raise Forbidden("the API key is not valid for this experiment")
+        outcomes = []
+        for (decision_id, _), reply in zip(items, replies, strict=True):
+            status = _status(reply)
             outcomes.append(RewardOutcome(decision_id, status, _REWARD_MESSAGES[status]))
         return outcomes
 
@@ -464,17 +459,6 @@ def _decision_rng(seed: int | None, number: int) -> np.random.Generator:
     if seed is None:
         return np.random.default_rng()
     return np.random.default_rng(np.random.SeedSequence([seed, number]))
-
-
-def _deltas(
-    config: PolicyConfig, arm_id: str, x: np.ndarray, reward: float
-) -> list[tuple[str, bytes]]:
-    delta = observation_delta(config, x, reward)
-    model_field = keys.model_field(None if config.shared else arm_id)
-    return [
-        (model_field, pack(config, "model", delta)),
-        (keys.arm_field(arm_id), pack(config, "arm", delta)),
-    ]
 
 
 def _spec_to_json(spec: ExperimentSpec) -> dict[str, object]:

@@ -11,7 +11,7 @@ import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -218,35 +218,16 @@ class Store:
         return int(await self._save_decision(keys=keyset, args=args)) >= 0
 
     @_translated
-    async def read_decisions(
-        self, experiment_id: str, decision_ids: Sequence[str]
-    ) -> tuple[int | None, list[dict[str, bytes] | None]]:
-        """Meta version and each decision record (None if unknown or expired)."""
-        async with self._client.pipeline(transaction=False) as pipe:
-            pipe.hget(keys.meta(experiment_id), "version")
-            for decision_id in decision_ids:
-                pipe.hgetall(keys.decision(experiment_id, decision_id))
-            version, *records = await pipe.execute()
-        decoded = [{_text(k): v for k, v in r.items()} or None for r in records]
-        return (None if version is None else int(version)), decoded
-
-    @_translated
     async def apply_rewards(
-        self,
-        experiment_id: str,
-        items: Sequence[tuple[str, str, Sequence[tuple[str, bytes]]]],
+        self, experiment_id: str, key_hash: str | None, items: Sequence[tuple[str, str]]
     ) -> list[str]:
-        """Run the exactly-once reward script for each (decision id, reward, deltas)."""
-        async with self._client.pipeline(transaction=False) as pipe:
-            for decision_id, reward, deltas in items:
-                args: list[Any] = [reward, len(deltas)]
-                for field, blob in deltas:
-                    args.extend((field, blob))
-                keyset = [
-                    keys.decision(experiment_id, decision_id),
-                    keys.stats(experiment_id),
-                    keys.meta(experiment_id),
-                ]
-                await self._reward(keys=keyset, args=args, client=pipe)
-            results = await pipe.execute()
-        return [_text(r) for r in results]
+        """Run the exactly-once reward script on (decision id, reward text) pairs.
+
+        ``key_hash`` must be the experiment's; None skips the check (trusted
+        in-process callers). Returns one status per item, or ``["missing"]`` /
+        ``["forbidden"]`` for the whole call (then nothing was written).
+        """
+        keyset = [keys.meta(experiment_id), keys.stats(experiment_id)]
+        keyset += [keys.decision(experiment_id, decision_id) for decision_id, _ in items]
+        args = ["" if key_hash is None else key_hash, *(reward for _, reward in items)]
+        return [_text(r) for r in await self._reward(keys=keyset, args=args)]

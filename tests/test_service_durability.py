@@ -37,10 +37,10 @@ from redis.retry import Retry
 from loadtest.http_driver import HttpDriver
 from loadtest.server import server_process
 from loadtest.simulate import Cell, play
-from policies import PolicyConfig, State, init_state, observation_delta, update
+from policies import PolicyConfig, State, init_state, update
 from policies.ridge import ridge
 from service import keys
-from service.codec import pack, unpack
+from service.codec import unpack
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.embedded import EmbeddedRedis
 from service.experiments import ExperimentService
@@ -240,16 +240,6 @@ async def test_a_decision_from_before_delete_and_recreate_does_not_count(
 # -- 2. a lost reply and the client's retry ------------------------------------
 
 
-def reward_deltas(config: PolicyConfig, arm_id: str, x: np.ndarray, reward: float
-                  ) -> list[tuple[str, bytes]]:
-    """The (field, blob) additions of one reward, built from the public pieces."""
-    delta = observation_delta(config, x, reward)
-    return [
-        (keys.model_field(None if config.shared else arm_id), pack(config, "model", delta)),
-        (keys.arm_field(arm_id), pack(config, "arm", delta)),
-    ]
-
-
 async def test_resent_reward_script_after_a_lost_reply_counts_once(
     service: ExperimentService, redis_db: str
 ) -> None:
@@ -260,12 +250,11 @@ async def test_resent_reward_script_after_a_lost_reply_counts_once(
     context = (0.5, -2.0)
     decision = await service.choose("cov", ChooseRequest(context=context))
     config = PolicyConfig(**(await service.get("cov")).config)  # type: ignore[arg-type]
-    item = (decision.decision_id, repr(0.625),
-            reward_deltas(config, decision.arm_id, np.array(context), 0.625))
+    item = (decision.decision_id, repr(0.625))
     store = Store.from_url(redis_db, 2.0)
     try:
-        assert await store.apply_rewards("cov", [item]) == ["applied"]  # reply "lost"
-        assert await store.apply_rewards("cov", [item]) == ["duplicate"]  # the retry
+        assert await store.apply_rewards("cov", None, [item]) == ["applied"]  # reply "lost"
+        assert await store.apply_rewards("cov", None, [item]) == ["duplicate"]  # the retry
     finally:
         await store.close()
     # And a client resending through the service (as an HTTP retry would).

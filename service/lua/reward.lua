@@ -1,74 +1,157 @@
--- Apply one reward exactly once.
+-- Apply a batch of rewards, each exactly once, computing the additions here.
 --
--- KEYS[1]  decision hash   lrb:{exp}:decision:<id>  (status, reward, ...)
--- KEYS[2]  stats hash      lrb:{exp}:stats          (packed float64 sums, counters)
--- KEYS[3]  meta hash       lrb:{exp}:meta           (must exist, same incarnation)
--- ARGV[1]  reward, as the shortest decimal that round-trips the float64
--- ARGV[2]  number n of (field, delta) pairs that follow
--- ARGV[3..2+2n]  field name, little-endian float64 delta blob, ...
+-- KEYS[1]  meta hash      lrb:{exp}:meta   (incarnation, key_hash, model_recipe, arm_recipe)
+-- KEYS[2]  stats hash     lrb:{exp}:stats  (packed float64 sums, counters)
+-- KEYS[3..]  decision hashes lrb:{exp}:decision:<id>, one per reward
+-- ARGV[1]  SHA-256 (hex) of the caller's API key; '' for a trusted in-process
+--          caller (a key from HTTP always hashes to 64 hex digits)
+-- ARGV[2..]  one reward per decision key, as the shortest decimal that
+--            round-trips the float64
 --
--- Returns 'applied', 'duplicate' (same reward already applied: a safe retry),
--- 'conflict' (a different reward was applied) or 'not_found'.
+-- Returns {'missing'} when the experiment does not exist, {'forbidden'} when
+-- the key is not its key, else one status per decision: 'applied',
+-- 'duplicate' (the same reward was already applied: a safe retry), 'conflict'
+-- (a different reward was applied) or 'not_found'.
 --
--- The marker and the additions happen in one script, so a client retry after a
--- lost reply sees 'rewarded' and cannot count the reward twice.
+-- The decision's arm and context come from its record, never from the client.
+-- What an observation adds is the recipe stored with the experiment (see
+-- policies.state.layout): 'outer' x x', 'r_x' r x, 'r2' r^2, 'one' 1, 'r' r,
+-- the same IEEE operations as policies.update, so the sums are bit-identical.
+-- The marker and the additions happen in one script, so a client retry after
+-- a lost reply sees 'rewarded' and cannot count the reward twice.
 
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then
-  return 'not_found'
+local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'key_hash', 'model_recipe', 'arm_recipe')
+if not meta[1] then
+  return {'missing'}
 end
--- A decision made before its experiment was deleted (and perhaps created
--- again under the same id) belongs to no current experiment.
-local incarnation = redis.call('HGET', KEYS[3], 'incarnation')
-if not incarnation or incarnation ~= redis.call('HGET', KEYS[1], 'incarnation') then
-  return 'not_found'
+if ARGV[1] ~= '' and meta[2] ~= ARGV[1] then
+  return {'forbidden'}
 end
-if status == 'rewarded' then
-  if redis.call('HGET', KEYS[1], 'reward') == ARGV[1] then
-    redis.call('HINCRBY', KEYS[2], 'duplicates', 1)
-    return 'duplicate'
+local incarnation = meta[1]
+local recipes = {}
+for i, text in ipairs({meta[3], meta[4]}) do
+  recipes[i] = {}
+  for kind in string.gmatch(text, '[^,]+') do
+    recipes[i][#recipes[i] + 1] = kind
   end
-  return 'conflict'
 end
 
 local CHUNK = 200  -- doubles per struct call: stays far below Lua's C stack limit
 
-local function add_blob(field, delta)
-  local current = redis.call('HGET', KEYS[2], field)
-  if not current then
-    redis.call('HSET', KEYS[2], field, delta)
-    return
-  end
-  if #current ~= #delta then
-    return redis.error_reply('size mismatch for field ' .. field)
-  end
-  local n = #delta / 8
+local function unpack_doubles(blob)
   local out = {}
+  local n = #blob / 8
   for start = 0, n - 1, CHUNK do
     local m = math.min(CHUNK, n - start)
-    local fmt = '<' .. string.rep('d', m)
-    local a = {struct.unpack(fmt, current, start * 8 + 1)}
-    local b = {struct.unpack(fmt, delta, start * 8 + 1)}
+    local values = {struct.unpack('<' .. string.rep('d', m), blob, start * 8 + 1)}
     for j = 1, m do
-      a[j] = a[j] + b[j]
+      out[start + j] = values[j]
     end
-    out[#out + 1] = struct.pack(fmt, unpack(a, 1, m))
   end
-  redis.call('HSET', KEYS[2], field, table.concat(out))
+  return out
 end
 
--- Check every blob before writing any, so a bad call changes nothing.
-local n = tonumber(ARGV[2])
-for i = 0, n - 1 do
-  local field, delta = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
-  local current = redis.call('HGET', KEYS[2], field)
-  if current and #current ~= #delta then
-    return redis.error_reply('size mismatch for field ' .. field)
+local function pack_doubles(values)
+  local parts = {}
+  for start = 0, #values - 1, CHUNK do
+    local m = math.min(CHUNK, #values - start)
+    parts[#parts + 1] = struct.pack('<' .. string.rep('d', m), unpack(values, start + 1, start + m))
+  end
+  return table.concat(parts)
+end
+
+local function additions(recipe, x, r)
+  local out = {}
+  for _, kind in ipairs(recipe) do
+    if kind == 'outer' then
+      for i = 1, #x do
+        for j = 1, #x do
+          out[#out + 1] = x[i] * x[j]
+        end
+      end
+    elseif kind == 'r_x' then
+      for i = 1, #x do
+        out[#out + 1] = r * x[i]
+      end
+    elseif kind == 'r2' then
+      out[#out + 1] = r * r
+    elseif kind == 'one' then
+      out[#out + 1] = 1.0
+    elseif kind == 'r' then
+      out[#out + 1] = r
+    end
+  end
+  return out
+end
+
+local DECISION_FIELDS = {'status', 'incarnation', 'reward', 'x', 'model_field', 'arm_field'}
+
+local function read_decision(key)
+  return redis.call('HMGET', key, unpack(DECISION_FIELDS))
+end
+
+local function blob_length(recipe, d)
+  local n = 0
+  for _, kind in ipairs(recipe) do
+    if kind == 'outer' then n = n + d * d
+    elseif kind == 'r_x' then n = n + d
+    else n = n + 1 end
+  end
+  return 8 * n
+end
+
+-- Check every pending decision against the stored sums before writing
+-- anything: a store that does not match its recipe is refused whole.
+for k = 3, #KEYS do
+  local decision = read_decision(KEYS[k])
+  if decision[1] == 'pending' and decision[2] == incarnation then
+    local d = #decision[4] / 8
+    for i = 1, 2 do
+      local current = redis.call('HGET', KEYS[2], decision[4 + i])
+      if current and #current ~= blob_length(recipes[i], d) then
+        return redis.error_reply('stored statistics do not match field ' .. decision[4 + i])
+      end
+    end
   end
 end
-for i = 0, n - 1 do
-  add_blob(ARGV[3 + 2 * i], ARGV[4 + 2 * i])
+
+local function apply(decision, text)
+  local x = unpack_doubles(decision[4])
+  local r = tonumber(text)
+  for i = 1, 2 do
+    local field = decision[4 + i]
+    local sums = additions(recipes[i], x, r)
+    local current = redis.call('HGET', KEYS[2], field)
+    if current then
+      local values = unpack_doubles(current)
+      for j = 1, #sums do
+        sums[j] = values[j] + sums[j]
+      end
+    end
+    redis.call('HSET', KEYS[2], field, pack_doubles(sums))
+  end
 end
-redis.call('HSET', KEYS[1], 'status', 'rewarded', 'reward', ARGV[1])
-redis.call('HINCRBY', KEYS[2], 'rewards', 1)
-return 'applied'
+
+local statuses = {}
+for k = 3, #KEYS do
+  local reward = ARGV[k - 1]
+  local decision = read_decision(KEYS[k])
+  -- A decision made before its experiment was deleted (and perhaps created
+  -- again under the same id) belongs to no current experiment.
+  if not decision[1] or decision[2] ~= incarnation then
+    statuses[#statuses + 1] = 'not_found'
+  elseif decision[1] == 'rewarded' then
+    if decision[3] == reward then
+      redis.call('HINCRBY', KEYS[2], 'duplicates', 1)
+      statuses[#statuses + 1] = 'duplicate'
+    else
+      statuses[#statuses + 1] = 'conflict'
+    end
+  else
+    apply(decision, reward)
+    redis.call('HSET', KEYS[k], 'status', 'rewarded', 'reward', reward)
+    redis.call('HINCRBY', KEYS[2], 'rewards', 1)
+    statuses[#statuses + 1] = 'applied'
+  end
+end
+return statuses
