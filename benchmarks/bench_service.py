@@ -91,7 +91,6 @@ def _experiment(url: str, token: str) -> tuple[str, str]:
     body = {
         "id": "bench", "setting": "stochastic", "dim": 20, "policy": "linreboot",
         "arms": [{"id": f"a{k}", "features": f.tolist()} for k, f in enumerate(features)],
-        "seed": 1,
     }
     r = httpx.post(f"{url}/experiments", json=body,
                    headers={"Authorization": f"Bearer {token}"}, timeout=30)

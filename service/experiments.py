@@ -8,24 +8,26 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import functools
 import hashlib
-import hmac
 import json
 import math
 import secrets
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from policies import (
     POLICIES,
     SETTINGS,
+    Choice,
     PolicyConfig,
     State,
     choose,
+    layout,
     paper_config,
 )
 from policies.ridge import ridge
@@ -44,12 +46,14 @@ from service.domain import (
     valid_experiment_id,
 )
 from service.embedded import EmbeddedRedis
-from service.errors import Conflict, Forbidden, InvalidInput, NotFound
+from service.errors import Conflict, Forbidden, InvalidInput, NotFound, StoreUnavailable
 from service.settings import Settings
-from service.store import Store
+from service.store import Snapshot, Store
 
 _FIXED_CONFIG_FIELDS = {"name", "setting", "dim"}
 _TUNABLE = {f.name for f in dataclasses.fields(PolicyConfig)} - _FIXED_CONFIG_FIELDS
+# A stale view costs one more attempt; a third means the experiment is being redefined.
+_DECIDE_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -73,20 +77,55 @@ class Definition:
     arms: tuple[ArmRecord, ...]  # registration order
     features: np.ndarray | None = None  # stochastic: one row per arm, in ``arms`` order
 
-    @property
+    @functools.cached_property
     def active_arms(self) -> list[ArmRecord]:
         return [a for a in self.arms if a.active]
 
-    def arm(self, arm_id: str) -> ArmRecord | None:
-        return next((a for a in self.arms if a.id == arm_id), None)
+    @functools.cached_property
+    def active_features(self) -> np.ndarray:
+        """Stochastic: the active arms' features, one row each."""
+        assert self.features is not None
+        return self.features[[a.index for a in self.active_arms]]
+
+    @functools.cached_property
+    def by_id(self) -> dict[str, ArmRecord]:
+        return {a.id: a for a in self.arms}
+
+
+@dataclass
+class View:
+    """What this worker last read of an experiment: its definition and statistics.
+
+    ``version`` and ``rewards`` say when the statistics were read: ``decide.lua``
+    records a decision made from this view only while both are still current.
+    """
+
+    definition: Definition
+    version: int
+    rewards: int
+    last_number: int  # the highest decision number this worker has seen
+    state: State  # every arm, in registration order (ArmRecord.index)
+    _last: tuple[tuple[int, ...], State] | None = field(default=None, repr=False)
+
+    def candidates(
+        self, request: ChooseRequest, bound: float
+    ) -> tuple[list[ArmRecord], np.ndarray, State]:
+        """The arms a request may get, their contexts (K', d) and their statistics."""
+        arms, contexts = _candidates(self.definition, request, bound)
+        rows = tuple(a.index for a in arms)
+        # Most requests name no arms: the same rows as the last one, so reuse.
+        if self._last is None or self._last[0] != rows:
+            config, take = self.definition.config, np.array(rows)
+            sliced = {
+                name: self.state[name][:, take] if spec.per_arm(config) else self.state[name]
+                for name, spec in layout(config).items()
+            }
+            self._last = (rows, sliced)
+        return arms, contexts, self._last[1]
 
 
 def _hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
-
-
-def _key_matches(definition: Definition, api_key: str) -> bool:
-    return hmac.compare_digest(_hash_key(api_key), definition.key_hash)
 
 
 def _reward_text(reward: float) -> str:
@@ -101,7 +140,8 @@ class ExperimentService:
         self._store = store
         self._settings = settings
         self._embedded = embedded
-        self._definitions: dict[str, Definition] = {}
+        self._views: dict[str, View] = {}  # per experiment: what this worker last read
+        self._rng = np.random.default_rng()  # unseeded experiments share one stream
         self.persistence_warnings: list[str] = []
 
     @classmethod
@@ -153,9 +193,13 @@ class ExperimentService:
         return await self.get(spec.id), api_key
 
     async def get(self, experiment_id: str) -> ExperimentView:
-        definition = await self._definition(experiment_id, fresh=True)
-        stats = await self._store.read_stats(experiment_id)
-        return _view(definition, stats)
+        if not valid_experiment_id(experiment_id):
+            raise NotFound("no experiment with this id")
+        read = await self._store.read_experiment(experiment_id)
+        if read is None:
+            raise NotFound("no experiment with this id")
+        meta, arms, snapshot = read
+        return _view(_parse_definition(meta, arms), snapshot.stats)
 
     async def list(self) -> builtins.list[ExperimentView]:
         views = []
@@ -167,12 +211,12 @@ class ExperimentService:
         return views
 
     async def delete(self, experiment_id: str) -> None:
-        self._definitions.pop(experiment_id, None)
+        self._forget(experiment_id)
         if not await self._store.delete(experiment_id):
             raise NotFound("no experiment with this id")
 
     async def add_arms(self, experiment_id: str, arms: Sequence[ArmSpec]) -> ExperimentView:
-        definition = await self._definition(experiment_id, fresh=True)
+        definition = await self._definition(experiment_id)
         self._validate_arms(definition.spec.setting, definition.spec.dim, arms)
         total = len(definition.arms) + len(arms)
         if total > self._settings.max_arms:
@@ -186,7 +230,7 @@ class ExperimentService:
         return await self.get(experiment_id)
 
     async def retire_arms(self, experiment_id: str, arm_ids: Sequence[str]) -> ExperimentView:
-        definition = await self._definition(experiment_id, fresh=True)
+        definition = await self._definition(experiment_id)
         if not arm_ids or len(set(arm_ids)) != len(arm_ids):
             raise InvalidInput("give one or more distinct arm ids to retire")
         remaining = {a.id for a in definition.active_arms} - set(arm_ids)
@@ -199,59 +243,50 @@ class ExperimentService:
             raise NotFound("unknown arm id")
         return await self.get(experiment_id)
 
-    async def check_api_key(self, experiment_id: str, api_key: str) -> bool:
-        """Compare with the (possibly cached) definition; choose/reward re-check when stale."""
-        return _key_matches(await self._definition(experiment_id), api_key)
-
     # -- decisions --------------------------------------------------------
 
     async def choose(
         self, experiment_id: str, request: ChooseRequest, api_key: str | None = None
     ) -> Decision:
-        """Choose an arm; with ``api_key``, also re-check it if the definition was stale."""
-        cached = await self._definition(experiment_id)
-        bound = self._settings.feature_bound
-        arms, contexts = _candidates(cached, request, bound)  # validates before any write
-        snapshot = await self._store.snapshot_for_choice(experiment_id)
-        definition = await self._current(experiment_id, cached, snapshot.version, api_key)
-        if definition is not cached:  # arms changed meanwhile: validate against the new ones
-            arms, contexts = _candidates(definition, request, bound)
-        config = definition.config
-        state = _state_for(config, arms, snapshot.stats)
-        rng = _decision_rng(definition.spec.seed, snapshot.decision_number)
-        choice = choose(config, state, contexts[None], [rng])
-        picked = int(choice.arms[0])
-        score = float(choice.scores[0, picked])
-        decision_id = uuid.uuid4().hex
-        window = definition.spec.reward_window_seconds
-        saved = await self._store.save_decision(
-            experiment_id,
-            decision_id,
-            definition.incarnation,
-            {
-                "arm": arms[picked].id,
-                "model_field": keys.model_field(None if config.shared else arms[picked].id),
-                "arm_field": keys.arm_field(arms[picked].id),
-                "x": np.ascontiguousarray(contexts[picked], dtype="<f8").tobytes(),
-                "number": str(snapshot.decision_number),
-                "version": str(definition.version),
-                "status": "pending",
-                "created_at": repr(time.time()),
-            },
-            window,
-        )
-        if not saved:
-            self._definitions.pop(experiment_id, None)
+        """Choose an arm from this worker's view of the statistics, and record it.
+
+        The decision is recorded only if that view is still current (one round
+        trip when it is); otherwise the store replies with the current
+        statistics and the decision is made again from them. ``decide.lua``
+        checks ``api_key``; None is for trusted in-process callers only.
+        """
+        if not valid_experiment_id(experiment_id):
             raise NotFound("no experiment with this id")
-        exploring = math.isinf(score)
-        return Decision(
-            decision_id=decision_id,
-            arm_id=arms[picked].id,
-            index=None if exploring else score,
-            exploring=exploring,
-            decision_number=snapshot.decision_number,
-            expires_in_seconds=window,
-        )
+        key_hash = None if api_key is None else _hash_key(api_key)
+        view = self._views.get(experiment_id) or await self._read_view(experiment_id)
+        seeded = view.definition.spec.seed is not None
+        seen: tuple[int, int] | None = (view.version, view.rewards)
+        number, reserved = (view.last_number + 1 if seeded else None), False
+        for _ in range(_DECIDE_ATTEMPTS):
+            definition = view.definition
+            arms, contexts, state = view.candidates(request, self._settings.feature_bound)
+            rng = self._rng if number is None else _decision_rng(definition.spec.seed, number)
+            choice = choose(definition.config, state, contexts[None], [rng])
+            picked = int(choice.arms[0])
+            decision_id = uuid.uuid4().hex
+            reply = await self._store.decide(
+                experiment_id, decision_id, key_hash=key_hash,
+                incarnation=definition.incarnation, seen=seen, number=number,
+                reserved=reserved, ttl_seconds=definition.spec.reward_window_seconds,
+                fields=_decision_fields(view, arms[picked], contexts[picked]),
+            )
+            if reply.status == "recorded":
+                view.last_number = max(view.last_number, reply.number)
+                return _decision(definition, decision_id, arms[picked], choice, reply.number)
+            if reply.status == "missing":
+                self._forget(experiment_id)
+                raise NotFound("no experiment with this id")
+            if reply.status == "forbidden":
+                raise Forbidden("the API key is not valid for this experiment")
+            assert reply.snapshot is not None
+            view = await self._refresh_view(experiment_id, view, reply.snapshot)
+            seen, number, reserved = None, reply.snapshot.reserved, True
+        raise StoreUnavailable("the experiment changed while deciding; retry")
 
     async def reward(
         self, experiment_id: str, items: Sequence[tuple[str, float]], api_key: str | None = None
@@ -272,7 +307,7 @@ class ExperimentService:
         texts = [(decision_id, _reward_text(value)) for decision_id, value in items]
         replies = await self._store.apply_rewards(experiment_id, key_hash, texts)
         if replies == ["missing"]:
-            self._definitions.pop(experiment_id, None)
+            self._forget(experiment_id)
             raise NotFound("no experiment with this id")
         if replies == ["forbidden"]:
             raise Forbidden("the API key is not valid for this experiment")
@@ -284,38 +319,46 @@ class ExperimentService:
 
     # -- helpers ----------------------------------------------------------
 
-    async def _current(
-        self, experiment_id: str, cached: Definition, version: int | None, api_key: str | None
-    ) -> Definition:
-        """The definition at ``version`` (read with the state), reloading a stale cache.
-
-        The API key was checked against the cached definition; after a reload
-        (e.g. the experiment was deleted and created again by another worker)
-        it is checked again.
-        """
-        if version is None:
-            self._definitions.pop(experiment_id, None)
+    async def _read_view(self, experiment_id: str) -> View:
+        read = await self._store.read_experiment(experiment_id)
+        if read is None:
+            self._forget(experiment_id)
             raise NotFound("no experiment with this id")
-        if version == cached.version:
-            return cached
-        definition = await self._definition(experiment_id, fresh=True)
-        if api_key is not None and not _key_matches(definition, api_key):
-            raise Forbidden("the API key is not valid for this experiment")
-        return definition
+        meta, arms, snapshot = read
+        return self._remember(experiment_id, _parse_definition(meta, arms), snapshot)
 
-    async def _definition(self, experiment_id: str, fresh: bool = False) -> Definition:
+    async def _refresh_view(self, experiment_id: str, view: View, snapshot: Snapshot) -> View:
+        """The view after a stale reply: its statistics, and the definition if arms changed."""
+        definition = view.definition
+        if snapshot.version != definition.version:
+            definition = await self._definition(experiment_id)
+        return self._remember(experiment_id, definition, snapshot, view.last_number)
+
+    def _remember(
+        self, experiment_id: str, definition: Definition, snapshot: Snapshot, last_number: int = 0
+    ) -> View:
+        number = int(snapshot.stats.get(keys.DECISION_SEQUENCE, b"0"))
+        view = View(
+            definition,
+            version=snapshot.version,
+            rewards=snapshot.rewards,
+            last_number=max(last_number, number),
+            state=_state_for(definition.config, list(definition.arms), snapshot.stats),
+        )
+        self._views[experiment_id] = view
+        return view
+
+    def _forget(self, experiment_id: str) -> None:
+        self._views.pop(experiment_id, None)
+
+    async def _definition(self, experiment_id: str) -> Definition:
         if not valid_experiment_id(experiment_id):
             raise NotFound("no experiment with this id")
-        cached = self._definitions.get(experiment_id)
-        if cached is not None and not fresh:
-            return cached
         raw = await self._store.read_definition(experiment_id)
         if raw is None:
-            self._definitions.pop(experiment_id, None)
+            self._forget(experiment_id)
             raise NotFound("no experiment with this id")
-        definition = _parse_definition(*raw)
-        self._definitions[experiment_id] = definition
-        return definition
+        return _parse_definition(*raw)
 
     def _validate_spec(self, spec: ExperimentSpec) -> PolicyConfig:
         s = self._settings
@@ -389,7 +432,7 @@ def _candidates(
 ) -> tuple[list[ArmRecord], np.ndarray]:
     """The arms that may be chosen and their contexts, shape (K', d); validates."""
     spec = definition.spec
-    by_id = {a.id: a for a in definition.arms}
+    by_id = definition.by_id
     named = list(request.eligible or ()) + list(request.excluded)
     if request.arm_contexts:
         named += list(request.arm_contexts)
@@ -406,15 +449,18 @@ def _candidates(
     else:
         pool = definition.active_arms
     excluded = set(request.excluded)
-    arms = sorted((a for a in pool if a.id not in excluded), key=lambda a: a.index)
+    arms = pool
+    if excluded or pool is not definition.active_arms:
+        arms = sorted((a for a in pool if a.id not in excluded), key=lambda a: a.index)
     if not arms:
         raise InvalidInput("no arm is eligible after eligible/excluded are applied")
     if definition.features is not None:
         if request.context is not None or request.arm_contexts:
             raise InvalidInput("a stochastic experiment uses its arms' fixed features; "
                                "send no context")
-        rows = {a.id: i for i, a in enumerate(definition.arms)}
-        return arms, definition.features[[rows[a.id] for a in arms]]
+        if arms is definition.active_arms:
+            return arms, definition.active_features
+        return arms, definition.features[[a.index for a in arms]]
     return arms, _contexts(spec, arms, request, bound)
 
 
@@ -459,6 +505,36 @@ def _decision_rng(seed: int | None, number: int) -> np.random.Generator:
     if seed is None:
         return np.random.default_rng()
     return np.random.default_rng(np.random.SeedSequence([seed, number]))
+
+
+def _decision_fields(view: View, arm: ArmRecord, x: np.ndarray) -> dict[str, str | bytes]:
+    """The pending decision: what reward.lua needs, and the state it was made from."""
+    shared = view.definition.config.shared
+    return {
+        "arm": arm.id,
+        "model_field": keys.model_field(None if shared else arm.id),
+        "arm_field": keys.arm_field(arm.id),
+        "x": np.ascontiguousarray(x, dtype="<f8").tobytes(),
+        "version": str(view.version),
+        "rewards_seen": str(view.rewards),
+        "status": "pending",
+        "created_at": repr(time.time()),
+    }
+
+
+def _decision(
+    definition: Definition, decision_id: str, arm: ArmRecord, choice: Choice, number: int
+) -> Decision:
+    score = float(choice.scores[0, int(choice.arms[0])])
+    exploring = math.isinf(score)
+    return Decision(
+        decision_id=decision_id,
+        arm_id=arm.id,
+        index=None if exploring else score,
+        exploring=exploring,
+        decision_number=number,
+        expires_in_seconds=definition.spec.reward_window_seconds,
+    )
 
 
 def _spec_to_json(spec: ExperimentSpec) -> dict[str, object]:

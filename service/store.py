@@ -11,7 +11,7 @@ import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import ParamSpec, TypeVar
+from typing import Literal, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -58,12 +58,22 @@ def _text(value: bytes | str) -> str:
 
 
 @dataclass(frozen=True)
-class ChoiceSnapshot:
-    """What ``/choose`` reads in one round trip."""
+class Snapshot:
+    """An experiment's statistics as one script saw them."""
 
-    version: int | None  # None: the experiment does not exist
-    decision_number: int
-    stats: dict[str, bytes]
+    version: int  # the meta version (changes when arms are added or retired)
+    rewards: int  # rewards applied: changes whenever the statistics do
+    stats: dict[str, bytes]  # the stats hash: packed sums and counters
+    reserved: int | None = None  # a decision number set aside for the caller
+
+
+@dataclass(frozen=True)
+class DecideReply:
+    """What ``decide.lua`` did: recorded the decision, or found the caller's view stale."""
+
+    status: Literal["recorded", "stale", "missing", "forbidden"]
+    number: int = 0
+    snapshot: Snapshot | None = None  # with "stale": what to decide from instead
 
 
 class Store:
@@ -75,8 +85,7 @@ class Store:
         self._create = client.register_script(_script("create"))
         self._add_arms = client.register_script(_script("add_arms"))
         self._retire_arms = client.register_script(_script("retire_arms"))
-        self._save_decision = client.register_script(_script("save_decision"))
-        self._snapshot = client.register_script(_script("snapshot"))
+        self._decide = client.register_script(_script("decide"))
 
     @classmethod
     def from_url(cls, url: str, timeout_seconds: float) -> Store:
@@ -182,40 +191,75 @@ class Store:
     # -- statistics and decisions ----------------------------------------
 
     @_translated
-    async def read_stats(self, experiment_id: str) -> dict[str, bytes]:
-        raw = await self._client.hgetall(keys.stats(experiment_id))
-        return {_text(k): v for k, v in raw.items()}
+    async def read_experiment(
+        self, experiment_id: str
+    ) -> tuple[dict[str, str], dict[str, str], Snapshot] | None:
+        """Meta, arms and statistics, read together; None if the experiment does not exist."""
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.hgetall(keys.meta(experiment_id))
+            pipe.hgetall(keys.arms(experiment_id))
+            pipe.hgetall(keys.stats(experiment_id))
+            meta, arms, raw_stats = await pipe.execute()
+        if not meta:
+            return None
+        as_text = {_text(k): _text(v) for k, v in meta.items()}
+        stats = {_text(k): v for k, v in raw_stats.items()}
+        snapshot = Snapshot(int(as_text["version"]), int(stats.get(keys.REWARDS, 0)), stats)
+        return as_text, {_text(k): _text(v) for k, v in arms.items()}, snapshot
 
     @_translated
-    async def snapshot_for_choice(self, experiment_id: str) -> ChoiceSnapshot:
-        """Version, a fresh decision number and all statistics, in one script.
+    async def decide(
+        self,
+        experiment_id: str,
+        decision_id: str,
+        *,
+        key_hash: str | None,
+        incarnation: str,
+        seen: tuple[int, int] | None,
+        number: int | None,
+        reserved: bool,
+        ttl_seconds: int,
+        fields: Mapping[str, str | bytes],
+    ) -> DecideReply:
+        """Record a pending decision if the statistics it was made from are current.
 
-        A resent script (after a lost reply) only skips a decision number;
-        decisions are counted when :meth:`save_decision` records them.
+        ``seen`` is the (version, rewards) the decision was made at; None records
+        it whatever they are now. ``number`` is the decision number its random
+        draw used (None: the script assigns one); ``reserved`` says an earlier
+        stale reply set it aside. ``key_hash`` None skips the key check (trusted
+        in-process callers). See ``decide.lua``.
         """
-        keyset = [keys.meta(experiment_id), keys.stats(experiment_id)]
-        reply = await self._snapshot(keys=keyset)
-        if not reply or reply[0] is None:
-            return ChoiceSnapshot(version=None, decision_number=0, stats={})
-        version, number, *flat = reply
-        stats = {_text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
-        return ChoiceSnapshot(version=int(version), decision_number=int(number), stats=stats)
-
-    @_translated
-    async def save_decision(
-        self, experiment_id: str, decision_id: str, incarnation: str,
-        fields: Mapping[str, str | bytes], ttl_seconds: int,
-    ) -> bool:
-        """Record and count a pending decision; False if the experiment is gone."""
-        args: list[str | bytes | int] = [ttl_seconds, incarnation]
+        args: list[str | bytes | int] = [
+            "" if key_hash is None else key_hash,
+            incarnation,
+            "" if seen is None else str(seen[0]),
+            "" if seen is None else str(seen[1]),
+            "" if number is None else str(number),
+            "1" if reserved else "0",
+            ttl_seconds,
+        ]
         for pair in fields.items():
             args.extend(pair)
         keyset = [
-            keys.decision(experiment_id, decision_id),
-            keys.stats(experiment_id),
             keys.meta(experiment_id),
+            keys.stats(experiment_id),
+            keys.decision(experiment_id, decision_id),
         ]
-        return int(await self._save_decision(keys=keyset, args=args)) >= 0
+        reply = await self._decide(keys=keyset, args=args)
+        status = _text(reply[0])
+        if status == "recorded":
+            return DecideReply("recorded", number=int(reply[1]))
+        if status == "stale":
+            version, rewards, reserved_number, *flat = reply[1:]
+            stats = {_text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+            text = _text(reserved_number)
+            snapshot = Snapshot(int(version), int(rewards), stats, int(text) if text else None)
+            return DecideReply("stale", snapshot=snapshot)
+        if status == "missing":
+            return DecideReply("missing")
+        if status == "forbidden":
+            return DecideReply("forbidden")
+        raise RuntimeError(f"unexpected decide.lua reply {status!r}")
 
     @_translated
     async def apply_rewards(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from app.deps import ExperimentKeyDep, MetricsDep, ServiceDep, SettingsDep
+from app.deps import ExperimentCallerDep
 from app.responses import KEY_ERRORS, REWARD_RESPONSES
 from app.schemas import ChooseIn, DecisionOut, RewardBatchOut, RewardIn, RewardOut
 from app.strict_json import StrictJSONRoute
@@ -19,31 +19,22 @@ REWARD_HTTP_STATUS: dict[RewardStatus, int] = {
 
 
 @router.post("/choose", summary="Choose an arm")
-async def choose(
-    body: ChooseIn,
-    key: ExperimentKeyDep,
-    service: ServiceDep,
-    settings: SettingsDep,
-    metrics: MetricsDep,
-) -> DecisionOut:
-    await key.authorize(body.experiment_id)
-    decision = await service.choose(body.experiment_id, body.to_domain(settings), key.key)
-    metrics.record_decision()
+async def choose(body: ChooseIn, caller: ExperimentCallerDep) -> DecisionOut:
+    caller.names(body.experiment_id)
+    request = body.to_domain(caller.settings)
+    decision = await caller.service.choose(body.experiment_id, request, caller.key)
+    caller.metrics.record_decision()
     return DecisionOut.from_domain(decision)
 
 
 @router.post("/reward", summary="Report rewards, exactly once each", responses=REWARD_RESPONSES)
 async def reward(
-    body: RewardIn,
-    response: Response,
-    key: ExperimentKeyDep,
-    service: ServiceDep,
-    settings: SettingsDep,
-    metrics: MetricsDep,
+    body: RewardIn, response: Response, caller: ExperimentCallerDep
 ) -> RewardOut | RewardBatchOut:
-    await key.authorize(body.experiment_id)
-    outcomes = await service.reward(body.experiment_id, body.to_domain(settings), key.key)
-    metrics.record_rewards(outcomes)
+    caller.names(body.experiment_id)
+    items = body.to_domain(caller.settings)
+    outcomes = await caller.service.reward(body.experiment_id, items, caller.key)
+    caller.metrics.record_rewards(outcomes)
     return _reward_response(body.is_batch, outcomes, response)
 
 

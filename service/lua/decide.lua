@@ -1,0 +1,70 @@
+-- Record a decision made from the statistics the worker holds, if they are current.
+--
+-- KEYS[1]  meta hash      lrb:{exp}:meta   (incarnation, key_hash, version)
+-- KEYS[2]  stats hash     lrb:{exp}:stats  (packed sums; counters rewards, decision_seq, decisions)
+-- KEYS[3]  decision hash  lrb:{exp}:decision:<id>  (a fresh id per attempt)
+-- ARGV[1]  SHA-256 (hex) of the caller's API key; '' for a trusted in-process caller
+-- ARGV[2]  the incarnation the worker's definition belongs to
+-- ARGV[3]  the meta version the worker's statistics were read at; '' accepts any
+-- ARGV[4]  the rewards counter they were read at; '' accepts any
+-- ARGV[5]  the decision number the random draw used; '' when the draw used none
+--          (an unseeded experiment: the script assigns the next number)
+-- ARGV[6]  '1' when ARGV[5] was reserved by an earlier 'stale' reply, '0' when
+--          it is the worker's prediction (it must then be the next number)
+-- ARGV[7]  time to live in seconds (the reward window)
+-- ARGV[8..]  field, value, ... of the decision
+--
+-- Returns
+--   {'recorded', number}  the decision is pending (also when this same decision
+--                         was recorded by an earlier call whose reply was lost)
+--   {'stale', version, rewards, reserved number or '', field, value, ...}
+--                         nothing recorded (also when the experiment is another
+--                         incarnation than ARGV[2]): the current statistics
+--                         (HGETALL), and for a seeded experiment a reserved number
+--   {'missing'}           no such experiment
+--   {'forbidden'}         the key is not the experiment's
+
+local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'key_hash', 'version')
+if not meta[1] then
+  return {'missing'}
+end
+if ARGV[1] ~= '' and meta[2] ~= ARGV[1] then
+  return {'forbidden'}
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return {'recorded', tonumber(redis.call('HGET', KEYS[3], 'number'))}
+end
+
+local counters = redis.call('HMGET', KEYS[2], 'rewards', 'decision_seq')
+local rewards, seq = counters[1] or '0', tonumber(counters[2] or '0')
+local number = ARGV[5]
+-- Another incarnation (deleted and created again meanwhile) is always stale.
+local stale = meta[1] ~= ARGV[2]
+  or (ARGV[3] ~= '' and ARGV[3] ~= meta[3])
+  or (ARGV[4] ~= '' and ARGV[4] ~= rewards)
+  or (number ~= '' and ARGV[6] == '0' and tonumber(number) ~= seq + 1)
+if stale then
+  local reserved = ''
+  if number ~= '' then
+    reserved = redis.call('HINCRBY', KEYS[2], 'decision_seq', 1)
+  end
+  local reply = {'stale', meta[3], rewards, reserved}
+  local stats = redis.call('HGETALL', KEYS[2])
+  for i = 1, #stats do
+    reply[#reply + 1] = stats[i]
+  end
+  return reply
+end
+
+if number == '' then
+  number = redis.call('HINCRBY', KEYS[2], 'decision_seq', 1)
+elseif ARGV[6] == '0' then
+  redis.call('HSET', KEYS[2], 'decision_seq', number)
+end
+redis.call('HSET', KEYS[3], 'incarnation', ARGV[2], 'number', number)
+for i = 8, #ARGV, 2 do
+  redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
+end
+redis.call('EXPIRE', KEYS[3], tonumber(ARGV[7]))
+redis.call('HINCRBY', KEYS[2], 'decisions', 1)
+return {'recorded', tonumber(number)}
