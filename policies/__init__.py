@@ -1,7 +1,8 @@
 """Pure NumPy bandit math: LinReBoot and the paper's baselines, batched.
 
 Public surface: :class:`PolicyConfig`, :func:`paper_config`, :func:`init_state`,
-:func:`choose`, :func:`update`, :func:`layout`, :func:`observation_delta`.
+:func:`choose` (or its two halves :func:`prepare` and :func:`draw`), :func:`update`,
+:func:`layout`, :func:`observation_delta`.
 """
 
 from policies.config import (
@@ -15,7 +16,7 @@ from policies.config import (
     paper_config,
     paper_sigma_omega,
 )
-from policies.policy import Choice, choose, update
+from policies.policy import Choice, Ready, choose, draw, prepare, update
 from policies.state import FieldSpec, State, init_state, layout, observation_delta
 
 __all__ = [
@@ -26,14 +27,17 @@ __all__ = [
     "FieldSpec",
     "PolicyConfig",
     "PolicyName",
+    "Ready",
     "Residuals",
     "Setting",
     "State",
     "choose",
+    "draw",
     "init_state",
     "layout",
     "observation_delta",
     "paper_config",
     "paper_sigma_omega",
+    "prepare",
     "update",
 ]

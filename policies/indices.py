@@ -1,8 +1,13 @@
 """The index (score) each policy gives every arm, vectorised over experiments.
 
-Every function has the signature ``index(config, state, contexts, rngs) -> (B, K)``
-with ``contexts`` of shape ``(B, K, d)`` (in the covariates setting every arm
-sees the same context) and one ``numpy.random.Generator`` per experiment.
+Every index is two functions: ``prepare(config, state, contexts) -> Prepared``
+does everything that does not depend on randomness (ridge solves, Cholesky
+factors, residual sums), and ``draw(config, prepared, rngs) -> (B, K)`` draws
+the random part. ``contexts`` has shape ``(B, K, d)`` (in the covariates
+setting every arm sees the same context), ``rngs`` one
+``numpy.random.Generator`` per experiment. The simulator prepares and draws
+every round; the service prepares once per state and context set and then
+only draws, until a reward changes the state.
 
 References
 ----------
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,7 +40,9 @@ from policies.ridge import (
 from policies.state import State
 
 Rngs = Sequence[np.random.Generator]
-IndexFn = Callable[[PolicyConfig, State, Array, Rngs], Array]
+Prepared = dict[str, Array]
+PrepareFn = Callable[[PolicyConfig, State, Array], Prepared]
+DrawFn = Callable[[PolicyConfig, Prepared, Rngs], Array]
 
 # Relative jitter that keeps the Cholesky factor of a (possibly singular) X'X defined.
 _JITTER = 1e-10
@@ -70,7 +78,7 @@ def residual_sum_of_squares(
     return np.maximum(rss, 0.0)
 
 
-def linreboot(config: PolicyConfig, state: State, contexts: Array, rngs: Rngs) -> Array:
+def prepare_linreboot(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
     """LinReBoot with Gaussian weights: ``mu_k + sigma_omega sqrt(RSS_k) / s_k * z_k``.
 
     The efficient form of Section 3.3: given the history the bootstrapped mean is
@@ -79,13 +87,18 @@ def linreboot(config: PolicyConfig, state: State, contexts: Array, rngs: Rngs) -
     """
     theta, _ = ridge(state["xtx"], state["xty"], config.reg)
     mu_hat = predict(theta, contexts)
-    z = standard_normals(rngs, mu_hat.shape[1:])
-    if config.sigma_omega == 0.0:
-        return mu_hat
     rss = residual_sum_of_squares(config, state, mu_hat, theta)
     pulls = state["pulls"]
     scale = np.divide(np.sqrt(rss), pulls, out=np.zeros_like(rss), where=pulls > 0)
-    return mu_hat + config.sigma_omega * scale * z
+    return {"mu_hat": mu_hat, "spread": config.sigma_omega * scale}
+
+
+def draw_linreboot(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Array:
+    mu_hat = prepared["mu_hat"]
+    z = standard_normals(rngs, mu_hat.shape[1:])
+    if config.sigma_omega == 0.0:
+        return mu_hat
+    return mu_hat + prepared["spread"] * z
 
 
 def reward_variance(state: State) -> Array:
@@ -96,7 +109,7 @@ def reward_variance(state: State) -> Array:
     return np.maximum(var, 0.0)
 
 
-def lints_gaussian(config: PolicyConfig, state: State, contexts: Array, rngs: Rngs) -> Array:
+def prepare_lints_gaussian(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
     """LinTS-G: ``theta ~ N(theta_hat, v^2 V^-1)`` with ``V = X'X + lambda I``.
 
     The Gaussian prior ``N(0, v^2 / lambda I)``: with ``v^2 = 1`` its variance is
@@ -105,12 +118,18 @@ def lints_gaussian(config: PolicyConfig, state: State, contexts: Array, rngs: Rn
     two rewards).
     """
     theta, chol = ridge(state["xtx"], state["xty"], config.reg)
-    z = standard_normals(rngs, theta.shape[1:])
     scale = np.sqrt(reward_variance(state))[..., None]
-    return predict(theta + scale * gaussian_direction(chol, z), contexts)
+    return {"theta": theta, "chol": chol, "scale": scale, "contexts": contexts}
 
 
-def lints_inverse_gamma(config: PolicyConfig, state: State, contexts: Array, rngs: Rngs) -> Array:
+def draw_lints_gaussian(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Array:
+    theta, chol = prepared["theta"], prepared["chol"]
+    z = standard_normals(rngs, theta.shape[1:])
+    direction = gaussian_direction(chol, z)
+    return predict(theta + prepared["scale"] * direction, prepared["contexts"])
+
+
+def prepare_lints_inverse_gamma(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
     """LinTS-IG: normal-inverse-gamma posterior (Riquelme et al. 2018).
 
     Prior ``sigma^2 ~ IG(alpha, beta)``, ``theta | sigma^2 ~ N(0, sigma^2 / p I)``
@@ -121,16 +140,21 @@ def lints_inverse_gamma(config: PolicyConfig, state: State, contexts: Array, rng
     precision = regularised(state["xtx"], config.ig_prior_precision)
     shape = config.ig_alpha + 0.5 * state["n"]
     rate = config.ig_beta + 0.5 * np.maximum(state["yty"] - quadratic(theta, precision), 0.0)
+    return {"theta": theta, "chol": chol, "shape": shape, "rate": rate, "contexts": contexts}
+
+
+def draw_lints_inverse_gamma(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Array:
+    theta, chol, shape = prepared["theta"], prepared["chol"], prepared["shape"]
     gammas = np.stack([rng.standard_gamma(s) for rng, s in zip(rngs, shape, strict=True)])
-    sigma = np.sqrt(rate / gammas)[..., None]
+    sigma = np.sqrt(prepared["rate"] / gammas)[..., None]
     z = standard_normals(rngs, theta.shape[1:])
-    return predict(theta + sigma * gaussian_direction(chol, z), contexts)
+    return predict(theta + sigma * gaussian_direction(chol, z), prepared["contexts"])
 
 
-def _perturbed_ridge(
-    state: State, reg: float, gram_weight: Array | float, noise_scale: Array, rngs: Rngs
-) -> Array:
-    """``(w X'X + reg I)^-1 (X'y + s X' xi)`` with ``X' xi ~ N(0, X'X)``, shape (B, M, d).
+def _prepare_perturbed_ridge(
+    state: State, reg: float, gram_weight: Array | float, noise_scale: Array, contexts: Array
+) -> Prepared:
+    """The fixed parts of ``(w X'X + reg I)^-1 (X'y + s X' xi)`` with ``X' xi ~ N(0, X'X)``.
 
     The common core of LinPHE and LinGIRO: both perturb the history, and for
     many past rounds the perturbation ``X' xi`` of the normal equations is
@@ -140,13 +164,22 @@ def _perturbed_ridge(
     d = xtx.shape[-1]
     trace = np.trace(xtx, axis1=-2, axis2=-1)[..., None, None]
     root = cholesky(xtx + (_JITTER * trace / d + _JITTER) * np.eye(d))
-    z = standard_normals(rngs, xtx.shape[1:-1])
-    perturbation = np.matmul(root, z[..., None])[..., 0]
     gram = cholesky(regularised(np.asarray(gram_weight)[..., None, None] * xtx, reg))
-    return cho_solve(gram, state["xty"] + noise_scale[..., None] * perturbation)
+    return {"root": root, "gram": gram, "xty": state["xty"], "noise_scale": noise_scale,
+            "contexts": contexts}
 
 
-def linphe(config: PolicyConfig, state: State, contexts: Array, rngs: Rngs) -> Array:
+def draw_perturbed_ridge(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Array:
+    """Scores ``x_k' theta`` for one perturbed ridge estimate ``theta``, shape (B, K)."""
+    root = prepared["root"]
+    z = standard_normals(rngs, root.shape[1:-1])
+    perturbation = np.matmul(root, z[..., None])[..., 0]
+    noise = prepared["noise_scale"][..., None] * perturbation
+    theta = cho_solve(prepared["gram"], prepared["xty"] + noise)
+    return predict(theta, prepared["contexts"])
+
+
+def prepare_linphe(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
     """LinPHE (Kveton et al. 2019b) with ``a`` pseudo-rewards per past round.
 
     Pseudo-rewards are ``-U`` or ``+U`` with probability 1/2 (U = reward bound),
@@ -163,11 +196,10 @@ def linphe(config: PolicyConfig, state: State, contexts: Array, rngs: Rngs) -> A
     et al. (README, "Deviations from the authors' code").
     """
     scale = np.full(state["n"].shape, math.sqrt(config.phe_a) * config.reward_bound)
-    theta = _perturbed_ridge(state, config.reg, 1.0 + config.phe_a, scale, rngs)
-    return predict(theta, contexts)
+    return _prepare_perturbed_ridge(state, config.reg, 1.0 + config.phe_a, scale, contexts)
 
 
-def lingiro(config: PolicyConfig, state: State, contexts: Array, rngs: Rngs) -> Array:
+def prepare_lingiro(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
     """LinGIRO (Kveton et al. 2019a): bootstrap of the history plus pseudo-rewards.
 
     Each past round adds ``a`` pseudo-rounds at the upper bound ``+U`` and ``a``
@@ -188,8 +220,7 @@ def lingiro(config: PolicyConfig, state: State, contexts: Array, rngs: Rngs) -> 
     n = np.maximum(state["n"], 1.0)
     a, bound = config.giro_a, config.reward_bound
     mean_square = 2.0 * a * bound**2 + (rss + 2.0 * a * fit) / n
-    theta = _perturbed_ridge(state, config.reg, weight, np.sqrt(mean_square), rngs)
-    return predict(theta, contexts)
+    return _prepare_perturbed_ridge(state, config.reg, weight, np.sqrt(mean_square), contexts)
 
 
 def ucb_radius(config: PolicyConfig, n_obs: Array) -> Array:
@@ -204,30 +235,49 @@ def ucb_radius(config: PolicyConfig, n_obs: Array) -> Array:
     ) * config.theta_bound
 
 
-def _linucb_with(radius: Array, state: State, contexts: Array, reg: float) -> Array:
+def _linucb_with(radius: Array, state: State, contexts: Array, reg: float) -> Prepared:
     theta, chol = ridge(state["xtx"], state["xty"], reg)
     width = np.sqrt(inverse_norms(chol, contexts))
-    return predict(theta, contexts) + per_arm(radius, contexts.shape[1]) * width
+    return {"scores": predict(theta, contexts) + per_arm(radius, contexts.shape[1]) * width}
 
 
-def linucb(config: PolicyConfig, state: State, contexts: Array, rngs: Rngs) -> Array:
+def prepare_linucb(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
     """LinUCB / OFUL with the theoretical radius at confidence ``1 - delta``."""
     return _linucb_with(ucb_radius(config, state["n"]), state, contexts, config.reg)
 
 
-def linucb_constant(config: PolicyConfig, state: State, contexts: Array, rngs: Rngs) -> Array:
+def prepare_linucb_constant(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
     """LinUCB with a constant width ``alpha`` (Li et al. 2010), as most libraries ship it."""
     radius = np.full(state["n"].shape, config.ucb_alpha)
     return _linucb_with(radius, state, contexts, config.reg)
 
 
-INDEX: dict[PolicyName, IndexFn] = {
-    "linreboot": linreboot,
-    "greedy": linreboot,
-    "lints-g": lints_gaussian,
-    "lints-ig": lints_inverse_gamma,
-    "linphe": linphe,
-    "lingiro": lingiro,
-    "linucb": linucb,
-    "linucb-const": linucb_constant,
+def draw_deterministic(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Array:
+    """An index without randomness: the prepared scores."""
+    return prepared["scores"]
+
+
+@dataclass(frozen=True)
+class Index:
+    """A policy's index in two steps: :attr:`prepare` once per state, :attr:`draw` per decision."""
+
+    prepare: PrepareFn
+    draw: DrawFn
+
+    def __call__(
+        self, config: PolicyConfig, state: State, contexts: Array, rngs: Rngs
+    ) -> Array:
+        """Both steps: the scores of one decision per experiment, shape (B, K)."""
+        return self.draw(config, self.prepare(config, state, contexts), rngs)
+
+
+INDEX: dict[PolicyName, Index] = {
+    "linreboot": Index(prepare_linreboot, draw_linreboot),
+    "greedy": Index(prepare_linreboot, draw_linreboot),
+    "lints-g": Index(prepare_lints_gaussian, draw_lints_gaussian),
+    "lints-ig": Index(prepare_lints_inverse_gamma, draw_lints_inverse_gamma),
+    "linphe": Index(prepare_linphe, draw_perturbed_ridge),
+    "lingiro": Index(prepare_lingiro, draw_perturbed_ridge),
+    "linucb": Index(prepare_linucb, draw_deterministic),
+    "linucb-const": Index(prepare_linucb_constant, draw_deterministic),
 }

@@ -9,7 +9,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from policies.config import PolicyConfig
-from policies.indices import INDEX
+from policies.indices import INDEX, Prepared
 from policies.ridge import Array
 from policies.state import State, apply_observations
 
@@ -30,6 +30,17 @@ class Choice:
     scores: Array
 
 
+@dataclass(frozen=True)
+class Ready:
+    """Everything about a decision but its random draw (see :func:`prepare`)."""
+
+    config: PolicyConfig
+    prepared: Prepared
+    eligible: NDArray[np.bool_]  # (B, K)
+    unexplored: NDArray[np.bool_]  # (B, K): eligible and never pulled
+    exploring_rows: NDArray[np.int64]  # experiments with an unexplored arm
+
+
 def choose(
     config: PolicyConfig,
     state: State,
@@ -37,7 +48,7 @@ def choose(
     rngs: Sequence[np.random.Generator],
     eligible: NDArray[np.bool_] | None = None,
 ) -> Choice:
-    """Pick one arm per experiment.
+    """Pick one arm per experiment: :func:`draw` of :func:`prepare`.
 
     Parameters
     ----------
@@ -56,14 +67,24 @@ def choose(
     arms), as the paper's first K rounds pull every arm once: the bootstrap
     variance ``RSS_k / s_k^2`` is undefined at ``s_k = 0``.
     """
+    return draw(prepare(config, state, contexts, eligible), rngs)
+
+
+def prepare(
+    config: PolicyConfig,
+    state: State,
+    contexts: Array,
+    eligible: NDArray[np.bool_] | None = None,
+) -> Ready:
+    """The deterministic part of :func:`choose`: check the inputs, solve, factorise.
+
+    One :class:`Ready` serves any number of draws while the state and contexts
+    stay the same (the service reuses it until a reward arrives).
+    """
     batch, n_arms = state["pulls"].shape
     if contexts.shape != (batch, n_arms, config.dim):
         expected = (batch, n_arms, config.dim)
         raise ValueError(f"contexts must have shape {expected}, got {contexts.shape}")
-    if len(rngs) != batch:
-        raise ValueError(
-            f"need one generator per experiment: {batch} experiments, {len(rngs)} generators"
-        )
     if eligible is None:
         eligible = np.ones((batch, n_arms), dtype=bool)
     eligible = np.asarray(eligible)
@@ -71,12 +92,29 @@ def choose(
         raise ValueError(f"eligible must be a boolean array of shape {(batch, n_arms)}")
     if not eligible.any(axis=1).all():
         raise ValueError("every experiment needs at least one eligible arm")
-    scores = INDEX[config.name](config, state, contexts, rngs)
     unexplored = eligible & (state["pulls"] == 0)
-    scores = np.where(unexplored, np.inf, np.where(eligible, scores, -np.inf))
+    return Ready(
+        config=config,
+        prepared=INDEX[config.name].prepare(config, state, contexts),
+        eligible=eligible,
+        unexplored=unexplored,
+        exploring_rows=np.flatnonzero(unexplored.any(axis=1)),
+    )
+
+
+def draw(ready: Ready, rngs: Sequence[np.random.Generator]) -> Choice:
+    """The random part of :func:`choose`: one draw per experiment from its generator."""
+    batch = ready.eligible.shape[0]
+    if len(rngs) != batch:
+        raise ValueError(
+            f"need one generator per experiment: {batch} experiments, {len(rngs)} generators"
+        )
+    config = ready.config
+    scores = INDEX[config.name].draw(config, ready.prepared, rngs)
+    scores = np.where(ready.unexplored, np.inf, np.where(ready.eligible, scores, -np.inf))
     arms = np.argmax(scores, axis=1)
-    for row in np.flatnonzero(unexplored.any(axis=1)):
-        candidates = np.flatnonzero(unexplored[row])
+    for row in ready.exploring_rows:
+        candidates = np.flatnonzero(ready.unexplored[row])
         arms[row] = candidates[rngs[int(row)].integers(candidates.size)]
     return Choice(arms=arms.astype(np.int64), scores=scores)
 

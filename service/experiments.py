@@ -25,10 +25,12 @@ from policies import (
     SETTINGS,
     Choice,
     PolicyConfig,
+    Ready,
     State,
-    choose,
+    draw,
     layout,
     paper_config,
+    prepare,
 )
 from policies.ridge import ridge
 from service import keys
@@ -88,6 +90,10 @@ class Definition:
         return self.features[[a.index for a in self.active_arms]]
 
     @functools.cached_property
+    def active_rows(self) -> tuple[int, ...]:
+        return _rows(self.active_arms)
+
+    @functools.cached_property
     def by_id(self) -> dict[str, ArmRecord]:
         return {a.id: a for a in self.arms}
 
@@ -105,23 +111,37 @@ class View:
     rewards: int
     last_number: int  # the highest decision number this worker has seen
     state: State  # every arm, in registration order (ArmRecord.index)
-    _last: tuple[tuple[int, ...], State] | None = field(default=None, repr=False)
+    _last: tuple[tuple[int, ...], State, Ready | None] | None = field(default=None, repr=False)
 
-    def candidates(
+    def ready(
         self, request: ChooseRequest, bound: float
-    ) -> tuple[list[ArmRecord], np.ndarray, State]:
-        """The arms a request may get, their contexts (K', d) and their statistics."""
+    ) -> tuple[list[ArmRecord], np.ndarray, Ready]:
+        """The arms a request may get, their contexts (K', d), and the prepared policy.
+
+        Most requests name no arms, so the rows are those of the last request
+        and their statistics are reused; with fixed contexts (stochastic) so is
+        the prepared policy: then a decision costs only its random draw.
+        """
         arms, contexts = _candidates(self.definition, request, bound)
-        rows = tuple(a.index for a in arms)
-        # Most requests name no arms: the same rows as the last one, so reuse.
+        definition, config = self.definition, self.definition.config
+        rows = definition.active_rows if arms is definition.active_arms else _rows(arms)
         if self._last is None or self._last[0] != rows:
-            config, take = self.definition.config, np.array(rows)
+            take = np.array(rows)
             sliced = {
                 name: self.state[name][:, take] if spec.per_arm(config) else self.state[name]
                 for name, spec in layout(config).items()
             }
-            self._last = (rows, sliced)
-        return arms, contexts, self._last[1]
+            self._last = (rows, sliced, None)
+        _, state, ready = self._last
+        if ready is None:
+            ready = prepare(config, state, contexts[None])
+            if definition.features is not None:  # contexts follow from the rows
+                self._last = (rows, state, ready)
+        return arms, contexts, ready
+
+
+def _rows(arms: Sequence[ArmRecord]) -> tuple[int, ...]:
+    return tuple(a.index for a in arms)
 
 
 def _hash_key(api_key: str) -> str:
@@ -264,9 +284,9 @@ class ExperimentService:
         number, reserved = (view.last_number + 1 if seeded else None), False
         for _ in range(_DECIDE_ATTEMPTS):
             definition = view.definition
-            arms, contexts, state = view.candidates(request, self._settings.feature_bound)
+            arms, contexts, ready = view.ready(request, self._settings.feature_bound)
             rng = self._rng if number is None else _decision_rng(definition.spec.seed, number)
-            choice = choose(definition.config, state, contexts[None], [rng])
+            choice = draw(ready, [rng])
             picked = int(choice.arms[0])
             decision_id = uuid.uuid4().hex
             reply = await self._store.decide(

@@ -28,7 +28,7 @@ from policies.explicit import (
     explicit_bootstrap_index,
     explicit_bootstrap_index_from_residuals,
 )
-from policies.indices import linreboot, residual_sum_of_squares
+from policies.indices import INDEX, residual_sum_of_squares
 from policies.ridge import (
     _SUBSTITUTION_MIN_STACK,
     cho_solve,
@@ -382,7 +382,7 @@ def test_efficient_linreboot_matches_explicit_residual_bootstrap(
     batch = {name: np.repeat(value, N_DRAWS, axis=0) for name, value in single.items()}
     contexts = np.repeat(history.current[None], N_DRAWS, axis=0)
     rngs = np.random.default_rng(100).spawn(N_DRAWS)
-    efficient = linreboot(config, batch, contexts, rngs)
+    efficient = INDEX["linreboot"](config, batch, contexts, rngs)
     assert_mean_and_variance(efficient, mean, variance)
 
     # Explicit form (Algorithm 1), one weight per residual, both weight laws.
