@@ -61,10 +61,7 @@ if number == '' then
 elseif ARGV[6] == '0' then
   redis.call('HSET', KEYS[2], 'decision_seq', number)
 end
-redis.call('HSET', KEYS[3], 'incarnation', ARGV[2], 'number', number)
-for i = 8, #ARGV, 2 do
-  redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
-end
+redis.call('HSET', KEYS[3], 'incarnation', ARGV[2], 'number', number, unpack(ARGV, 8))
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[7]))
 redis.call('HINCRBY', KEYS[2], 'decisions', 1)
 return {'recorded', tonumber(number)}

@@ -36,14 +36,37 @@ for i, text in ipairs({meta[3], meta[4]}) do
   end
 end
 
-local CHUNK = 200  -- doubles per struct call: stays far below Lua's C stack limit
+local CHUNK = 4000  -- doubles per struct call: below Lua's C stack limit of 8000
+local FORMATS = {}  -- '<ddd...' by count
 
-local function unpack_doubles(blob)
+local function format(m)
+  local fmt = FORMATS[m]
+  if not fmt then
+    fmt = '<' .. string.rep('d', m)
+    FORMATS[m] = fmt
+  end
+  return fmt
+end
+
+-- The doubles of a blob, as one table; a missing blob is n zeros.
+local function unpack_doubles(blob, n)
+  if not blob then
+    local zeros = {}
+    for j = 1, n do
+      zeros[j] = 0.0
+    end
+    return zeros
+  end
+  n = #blob / 8
+  if n <= CHUNK then
+    local values = {struct.unpack(format(n), blob)}
+    values[n + 1] = nil  -- struct.unpack also returns the position after the last value
+    return values
+  end
   local out = {}
-  local n = #blob / 8
   for start = 0, n - 1, CHUNK do
     local m = math.min(CHUNK, n - start)
-    local values = {struct.unpack('<' .. string.rep('d', m), blob, start * 8 + 1)}
+    local values = {struct.unpack(format(m), blob, start * 8 + 1)}
     for j = 1, m do
       out[start + j] = values[j]
     end
@@ -55,33 +78,40 @@ local function pack_doubles(values)
   local parts = {}
   for start = 0, #values - 1, CHUNK do
     local m = math.min(CHUNK, #values - start)
-    parts[#parts + 1] = struct.pack('<' .. string.rep('d', m), unpack(values, start + 1, start + m))
+    parts[#parts + 1] = struct.pack(format(m), unpack(values, start + 1, start + m))
   end
   return table.concat(parts)
 end
 
-local function additions(recipe, x, r)
-  local out = {}
+-- Add one observation (context x, reward r) to the sums v in place, field by
+-- field as the recipe says: the same products and sums as policies.update.
+local function add_observation(v, recipe, x, r)
+  local p, d = 0, #x
   for _, kind in ipairs(recipe) do
     if kind == 'outer' then
-      for i = 1, #x do
-        for j = 1, #x do
-          out[#out + 1] = x[i] * x[j]
+      for i = 1, d do
+        local xi = x[i]
+        for j = 1, d do
+          p = p + 1
+          v[p] = v[p] + xi * x[j]
         end
       end
     elseif kind == 'r_x' then
-      for i = 1, #x do
-        out[#out + 1] = r * x[i]
+      for i = 1, d do
+        p = p + 1
+        v[p] = v[p] + r * x[i]
       end
     elseif kind == 'r2' then
-      out[#out + 1] = r * r
+      p = p + 1
+      v[p] = v[p] + r * r
     elseif kind == 'one' then
-      out[#out + 1] = 1.0
-    elseif kind == 'r' then
-      out[#out + 1] = r
+      p = p + 1
+      v[p] = v[p] + 1.0
+    else  -- 'r'
+      p = p + 1
+      v[p] = v[p] + r
     end
   end
-  return out
 end
 
 local DECISION_FIELDS = {'status', 'incarnation', 'reward', 'x', 'model_field', 'arm_field'}
@@ -107,8 +137,8 @@ for k = 3, #KEYS do
   if decision[1] == 'pending' and decision[2] == incarnation then
     local d = #decision[4] / 8
     for i = 1, 2 do
-      local current = redis.call('HGET', KEYS[2], decision[4 + i])
-      if current and #current ~= blob_length(recipes[i], d) then
+      local length = redis.call('HSTRLEN', KEYS[2], decision[4 + i])
+      if length ~= 0 and length ~= blob_length(recipes[i], d) then
         return redis.error_reply('stored statistics do not match field ' .. decision[4 + i])
       end
     end
@@ -120,14 +150,9 @@ local function apply(decision, text)
   local r = tonumber(text)
   for i = 1, 2 do
     local field = decision[4 + i]
-    local sums = additions(recipes[i], x, r)
-    local current = redis.call('HGET', KEYS[2], field)
-    if current then
-      local values = unpack_doubles(current)
-      for j = 1, #sums do
-        sums[j] = values[j] + sums[j]
-      end
-    end
+    local sums = unpack_doubles(redis.call('HGET', KEYS[2], field),
+                                blob_length(recipes[i], #x) / 8)
+    add_observation(sums, recipes[i], x, r)
     redis.call('HSET', KEYS[2], field, pack_doubles(sums))
   end
 end
