@@ -21,12 +21,15 @@ from service.experiments import ExperimentService
 from service.settings import Settings
 
 __all__ = [
+    "API_KEY_HEADER",
     "AdminDep",
+    "ExperimentCaller",
     "ExperimentCallerDep",
     "ExperimentIdPath",
     "MetricsDep",
     "ServiceDep",
     "SettingsDep",
+    "experiment_caller",
 ]
 
 
@@ -53,8 +56,9 @@ ExperimentIdPath = Annotated[
 ]
 
 _bearer = HTTPBearer(auto_error=False, description="the admin token (LINREBOOT_ADMIN_TOKEN)")
+API_KEY_HEADER = "X-API-Key"
 _api_key = APIKeyHeader(
-    name="X-API-Key", auto_error=False, description="the experiment's key, from its creation"
+    name=API_KEY_HEADER, auto_error=False, description="the experiment's key, from its creation"
 )
 
 
@@ -108,9 +112,8 @@ class ExperimentCaller:
         self.request.state.experiment_id = experiment_id
 
 
-async def _experiment_caller(
-    request: Request, key: Annotated[str | None, Security(_api_key)]
-) -> ExperimentCaller:
+def experiment_caller(request: Request, key: str | None) -> ExperimentCaller:
+    """The caller of a decision route; 401 without a key."""
     if not key:
         raise HTTPException(
             401,
@@ -120,4 +123,12 @@ async def _experiment_caller(
     return ExperimentCaller(key, request)
 
 
+async def _experiment_caller(
+    request: Request, key: Annotated[str | None, Security(_api_key)]
+) -> ExperimentCaller:
+    return experiment_caller(request, key)
+
+
+# What the decision routes declare (for OpenAPI); app.direct_route calls
+# experiment_caller itself instead of having FastAPI solve this per request.
 ExperimentCallerDep = Annotated[ExperimentCaller, Depends(_experiment_caller)]

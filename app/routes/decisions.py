@@ -5,12 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from app.deps import ExperimentCallerDep
+from app.direct_route import DirectRoute
 from app.responses import KEY_ERRORS, REWARD_RESPONSES
 from app.schemas import ChooseIn, DecisionOut, RewardBatchOut, RewardIn, RewardOut
-from app.strict_json import StrictJSONRoute
 from service.domain import RewardOutcome, RewardStatus
 
-router = APIRouter(tags=["decisions"], responses=KEY_ERRORS, route_class=StrictJSONRoute)
+router = APIRouter(tags=["decisions"], responses=KEY_ERRORS, route_class=DirectRoute)
 
 # A single reward's status is also its HTTP status; a batch is always 200.
 REWARD_HTTP_STATUS: dict[RewardStatus, int] = {

@@ -1,0 +1,106 @@
+"""The route class of ``/choose`` and ``/reward``: declared with FastAPI, served directly.
+
+FastAPI builds the OpenAPI description (body model, the ``X-API-Key``
+security scheme, responses) from the endpoint's signature. At request time
+its generic machinery (dependency solving, body embedding, response-model
+re-validation) costs more than the rest of a decision together, so these
+routes run the same steps directly, in FastAPI's order and with its error
+format:
+
+1. no ``X-API-Key``: 401 (as the declared caller dependency would);
+2. the body: strict JSON (:func:`app.strict_json.loads_strict`) when the
+   content type is JSON, else the raw bytes, which the model refuses;
+   JSON errors, a missing body and model errors are a
+   :class:`RequestValidationError` located under ``body``, as FastAPI
+   reports them;
+3. the endpoint, called with ``body``, ``caller`` and, if it declares one,
+   ``response`` (whose status code it may set);
+4. its return value (a pydantic model) serialised as JSON.
+
+An endpoint served this way takes exactly those parameters; :class:`DirectRoute`
+refuses any other signature when the app is built.
+"""
+
+from __future__ import annotations
+
+import email.message
+import inspect
+import json
+import typing
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
+
+from app.deps import API_KEY_HEADER, experiment_caller
+from app.strict_json import loads_strict
+
+__all__ = ["DirectRoute"]
+
+_PARAMETERS = {"body", "caller", "response"}
+
+
+class DirectRoute(APIRoute):
+    """An ``APIRoute`` for ``async def endpoint(body: Model, caller: ..., [response])``."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        endpoint = self.endpoint
+        parameters = set(inspect.signature(endpoint).parameters)
+        if not {"body", "caller"} <= parameters <= _PARAMETERS:
+            raise TypeError(f"{endpoint.__name__} must take body, caller and optionally response")
+        body_model = typing.get_type_hints(endpoint)["body"]
+        if not (isinstance(body_model, type) and issubclass(body_model, BaseModel)):
+            raise TypeError(f"{endpoint.__name__}: body must be a pydantic model")
+        wants_response = "response" in parameters
+
+        async def handler(request: Request) -> Response:
+            caller = experiment_caller(request, request.headers.get(API_KEY_HEADER))
+            body = _validated(body_model, await _body(request))
+            arguments: dict[str, Any] = {"body": body, "caller": caller}
+            status = Response()  # the endpoint may set its status_code
+            if wants_response:
+                arguments["response"] = status
+            result: BaseModel = await endpoint(**arguments)
+            return Response(
+                result.model_dump_json(), status.status_code, media_type="application/json"
+            )
+
+        return handler
+
+
+def _validated(model: type[BaseModel], body: Any) -> BaseModel:
+    try:
+        return model.model_validate(body, from_attributes=True)  # as FastAPI validates
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        raise RequestValidationError(errors) from None
+
+
+async def _body(request: Request) -> Any:
+    """The parsed JSON body; the raw bytes if the content type is not JSON."""
+    raw = await request.body()
+    if not raw:
+        missing = {"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}
+        raise RequestValidationError([missing])
+    if not _is_json(request.headers.get("content-type")):
+        return raw
+    try:
+        return loads_strict(raw)
+    except json.JSONDecodeError as exc:
+        invalid = {"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error",
+                   "input": {}, "ctx": {"error": exc.msg}}
+        raise RequestValidationError([invalid]) from None
+
+
+def _is_json(content_type: str | None) -> bool:
+    if not content_type:
+        return False
+    message = email.message.Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    )
