@@ -39,6 +39,7 @@ class Ready:
     eligible: NDArray[np.bool_]  # (B, K)
     unexplored: NDArray[np.bool_]  # (B, K): eligible and never pulled
     exploring_rows: NDArray[np.int64]  # experiments with an unexplored arm
+    masked: bool  # some arm is ineligible or unexplored: scores need masking
 
 
 def choose(
@@ -99,6 +100,7 @@ def prepare(
         eligible=eligible,
         unexplored=unexplored,
         exploring_rows=np.flatnonzero(unexplored.any(axis=1)),
+        masked=bool(unexplored.any() or not eligible.all()),
     )
 
 
@@ -111,7 +113,8 @@ def draw(ready: Ready, rngs: Sequence[np.random.Generator]) -> Choice:
         )
     config = ready.config
     scores = INDEX[config.name].draw(config, ready.prepared, rngs)
-    scores = np.where(ready.unexplored, np.inf, np.where(ready.eligible, scores, -np.inf))
+    if ready.masked:
+        scores = np.where(ready.unexplored, np.inf, np.where(ready.eligible, scores, -np.inf))
     arms = np.argmax(scores, axis=1)
     for row in ready.exploring_rows:
         candidates = np.flatnonzero(ready.unexplored[row])

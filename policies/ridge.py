@@ -179,4 +179,6 @@ def standard_normals(rngs: Sequence[np.random.Generator], shape: tuple[int, ...]
     """
     if isinstance(rngs, BufferedStreams):
         return rngs.normals(shape)
+    if len(rngs) == 1:  # the service's batch of one: no list and stack
+        return rngs[0].standard_normal(shape)[None]
     return np.stack([rng.standard_normal(shape) for rng in rngs])
