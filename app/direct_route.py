@@ -23,7 +23,6 @@ refuses any other signature when the app is built.
 
 from __future__ import annotations
 
-import email.message
 import inspect
 import json
 import typing
@@ -96,11 +95,9 @@ async def _body(request: Request) -> Any:
 
 
 def _is_json(content_type: str | None) -> bool:
+    """``application/json`` or ``application/*+json``, parameters ignored (as FastAPI)."""
     if not content_type:
         return False
-    message = email.message.Message()
-    message["content-type"] = content_type
-    subtype = message.get_content_subtype()
-    return message.get_content_maintype() == "application" and (
-        subtype == "json" or subtype.endswith("+json")
-    )
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    maintype, _, subtype = media_type.partition("/")
+    return maintype == "application" and (subtype == "json" or subtype.endswith("+json"))

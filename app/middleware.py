@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import time
 
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -96,23 +95,32 @@ class AccessLogMiddleware:
             seconds = time.perf_counter() - started
             route = getattr(scope.get("route"), "path", "<unmatched>")
             self.metrics.observe_request(scope["method"], route, status, seconds)
-            fields: dict[str, object] = {
-                "method": scope["method"],
-                "route": route,
-                "status": status,
-                "latency_ms": round(seconds * 1000, 3),
-            }
-            experiment_id = scope.get("path_params", {}).get("experiment_id") or state.get(
-                "experiment_id"
-            )
-            if isinstance(experiment_id, str) and valid_experiment_id(experiment_id):
-                fields["experiment_id"] = experiment_id
-            access_logger.info("request", extra={"fields": fields})
+            if access_logger.isEnabledFor(logging.INFO):
+                _log_request(scope, state, route, status, seconds)
+
+
+def _log_request(
+    scope: Scope, state: dict[str, object], route: str, status: int, seconds: float
+) -> None:
+    fields: dict[str, object] = {
+        "method": scope["method"],
+        "route": route,
+        "status": status,
+        "latency_ms": round(seconds * 1000, 3),
+    }
+    experiment_id = scope.get("path_params", {}).get("experiment_id") or state.get(
+        "experiment_id"
+    )
+    if isinstance(experiment_id, str) and valid_experiment_id(experiment_id):
+        fields["experiment_id"] = experiment_id
+    access_logger.info("request", extra={"fields": fields})
 
 
 def _content_length(scope: Scope) -> int | None:
-    value = Headers(scope=scope).get("content-length")
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
+    for name, value in scope["headers"]:  # ASGI header names are lower-case bytes
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None

@@ -14,7 +14,6 @@ import json
 import math
 import secrets
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -288,7 +287,7 @@ class ExperimentService:
             rng = self._rng if number is None else _decision_rng(definition.spec.seed, number)
             choice = draw(ready, [rng])
             picked = int(choice.arms[0])
-            decision_id = uuid.uuid4().hex
+            decision_id = secrets.token_hex(16)  # as random as uuid4().hex, cheaper
             reply = await self._store.decide(
                 experiment_id, decision_id, key_hash=key_hash,
                 incarnation=definition.incarnation, seen=seen, number=number,
