@@ -7,6 +7,7 @@ scripts (``service/lua``); reads that must be consistent are one MULTI/EXEC.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,9 +19,11 @@ import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import (
     BusyLoadingError,
     DataError,
+    NoScriptError,
     ResponseError,
 )
 from redis.exceptions import (
@@ -78,6 +81,69 @@ class _HiredisPackedConnection(Connection):
             raise DataError(str(exc)) from exc
 
 
+class _ScriptBatcher:
+    """Sends the scripts called during one event-loop turn as one pipeline.
+
+    Auto-pipelining, as ioredis and Lettuce offer it: under load many
+    ``/choose`` and ``/reward`` calls reach the store in the same turn, and one
+    pipeline pays the client's per-command cost (pool checkout, socket checks,
+    retry and timeout wrappers) once for all of them. A batch that loses its
+    connection is resent whole, as a single command would be; every script
+    here is safe to resend (its marker makes a repeat a no-op).
+    """
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self._client = client
+        self._queue: list[tuple[AsyncScript, list[Any], asyncio.Future[Any]]] = []
+        self._flushes: set[asyncio.Task[None]] = set()  # held until done (no early GC)
+
+    async def run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._queue.append((script, [len(keys), *keys, *args], future))
+        if len(self._queue) == 1:  # the first of this turn: flush once the turn is over
+            flush = loop.create_task(self._flush())
+            self._flushes.add(flush)
+            flush.add_done_callback(self._flushes.discard)
+        return await future
+
+    async def _flush(self) -> None:
+        batch, self._queue = self._queue, []
+        try:
+            replies = await self._execute([(script, argv) for script, argv, _ in batch])
+        except BaseException as exc:
+            for _, _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (_, _, future), reply in zip(batch, replies, strict=True):
+            if future.done():  # the caller went away (cancelled)
+                continue
+            if isinstance(reply, Exception):
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
+
+    async def _execute(self, calls: list[tuple[AsyncScript, list[Any]]]) -> list[Any]:
+        replies = await self._pipeline(calls)
+        # A server that lost its script cache (restart, SCRIPT FLUSH) refuses
+        # EVALSHA without running anything: load the scripts and run those again.
+        unknown = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+        if unknown:
+            for script in {calls[i][0] for i in unknown}:
+                await self._client.script_load(script.script)
+            for i, reply in zip(unknown, await self._pipeline([calls[i] for i in unknown]),
+                                strict=True):
+                replies[i] = reply
+        return replies
+
+    async def _pipeline(self, calls: list[tuple[AsyncScript, list[Any]]]) -> list[Any]:
+        async with self._client.pipeline(transaction=False) as pipe:
+            for script, argv in calls:
+                pipe.execute_command("EVALSHA", script.sha, *argv)
+            return list(await pipe.execute(raise_on_error=False))
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """An experiment's statistics as one script saw them."""
@@ -107,6 +173,7 @@ class Store:
         self._add_arms = client.register_script(_script("add_arms"))
         self._retire_arms = client.register_script(_script("retire_arms"))
         self._decide = client.register_script(_script("decide"))
+        self._batcher = _ScriptBatcher(client)
 
     @classmethod
     def from_url(cls, url: str, timeout_seconds: float) -> Store:
@@ -267,7 +334,7 @@ class Store:
             keys.stats(experiment_id),
             keys.decision(experiment_id, decision_id),
         ]
-        reply = await self._decide(keys=keyset, args=args)
+        reply = await self._batcher.run(self._decide, keyset, args)
         status = _text(reply[0])
         if status == "recorded":
             return DecideReply("recorded", number=int(reply[1]))
@@ -296,4 +363,4 @@ class Store:
         keyset = [keys.meta(experiment_id), keys.stats(experiment_id)]
         keyset += [keys.decision(experiment_id, decision_id) for decision_id, _ in items]
         args = ["" if key_hash is None else key_hash, *(reward for _, reward in items)]
-        return [_text(r) for r in await self._reward(keys=keyset, args=args)]
+        return [_text(r) for r in await self._batcher.run(self._reward, keyset, args)]

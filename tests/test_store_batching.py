@@ -1,0 +1,164 @@
+"""The store's auto-pipelining and its optimistic decisions, against a real Redis.
+
+- decisions and rewards made in the same event-loop turn travel in one
+  pipeline, and each caller gets its own reply;
+- a Redis that lost its script cache (SCRIPT FLUSH) is refilled and the
+  batch runs, once;
+- a caller that is cancelled while its batch is in flight does not disturb
+  the others;
+- a worker whose view went stale (a reward through another worker) decides
+  again from the current statistics before anything is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+from service import keys
+from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
+from service.experiments import ExperimentService
+from service.settings import Settings
+from service.store import _ScriptBatcher
+
+pytestmark = pytest.mark.anyio
+
+FEATURES = ((1.0, 0.0), (0.0, 1.0), (0.6, 0.8))
+
+
+@pytest.fixture
+async def service(app_settings: Settings) -> AsyncIterator[ExperimentService]:
+    opened = await ExperimentService.open(app_settings)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@pytest.fixture
+def pipelines(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every pipeline the batcher sends (the real one still runs)."""
+    sizes: list[int] = []
+    send = _ScriptBatcher._pipeline
+
+    async def counted(self: _ScriptBatcher, calls: list[Any]) -> list[Any]:
+        sizes.append(len(calls))
+        return await send(self, calls)
+
+    monkeypatch.setattr(_ScriptBatcher, "_pipeline", counted)
+    return sizes
+
+
+async def _experiment(service: ExperimentService, experiment_id: str = "sto") -> str:
+    spec = ExperimentSpec(id=experiment_id, setting="stochastic", dim=2,
+                          arms=tuple(ArmSpec(f"a{i}", f) for i, f in enumerate(FEATURES)))
+    _, key = await service.create(spec)
+    return key
+
+
+async def test_one_turn_of_decisions_and_rewards_is_one_pipeline_with_a_reply_each(
+    service: ExperimentService, pipelines: list[int]
+) -> None:
+    key = await _experiment(service)
+    warm_up = await service.choose("sto", ChooseRequest(), key)  # reads the view
+    unknown = await service.reward("sto", [("0" * 32, 0.0)], key)  # loads the script
+    assert unknown[0].status == "not_found"
+    pipelines.clear()
+
+    decisions = await asyncio.gather(*(service.choose("sto", ChooseRequest(), key)
+                                       for _ in range(20)))
+
+    assert pipelines == [20]
+    numbers = sorted(d.decision_number for d in decisions)
+    assert numbers == list(range(2, 22))  # each caller got its own reply
+    assert len({d.decision_id for d in decisions}) == 20
+
+    pipelines.clear()
+    rewards = [0.25 * i for i in range(20)]
+    outcomes = await asyncio.gather(*(service.reward("sto", [(d.decision_id, r)], key)
+                                      for d, r in zip(decisions, rewards, strict=True)))
+    assert pipelines == [20]
+    assert [o[0].status for o in outcomes] == ["applied"] * 20
+    view = await service.get("sto")
+    assert (view.decisions, view.rewards) == (21, 20)
+    by_arm = {a.id: a for a in view.arms}
+    assert by_arm[warm_up.arm_id].pulls == sum(d.arm_id == warm_up.arm_id for d in decisions)
+    for arm_id in {d.arm_id for d in decisions}:
+        mine = [r for d, r in zip(decisions, rewards, strict=True) if d.arm_id == arm_id]
+        assert by_arm[arm_id].pulls == len(mine)
+        assert by_arm[arm_id].mean_reward == pytest.approx(np.mean(mine), rel=1e-12)
+
+
+async def test_a_lost_script_cache_is_refilled_and_each_call_runs_once(
+    service: ExperimentService, redis_db: str, pipelines: list[int]
+) -> None:
+    key = await _experiment(service)
+    first = await service.choose("sto", ChooseRequest(), key)
+    client = redis.Redis.from_url(redis_db)
+    try:
+        client.script_flush()
+    finally:
+        client.close()
+    pipelines.clear()
+
+    decisions = await asyncio.gather(*(service.choose("sto", ChooseRequest(), key)
+                                       for _ in range(3)))
+    outcome = await service.reward("sto", [(first.decision_id, 1.0)], key)
+
+    # Each script is refused (NOSCRIPT) once and runs after loading: 3 decisions, 1 reward.
+    assert pipelines == [3, 3, 1, 1]
+    assert sorted(d.decision_number for d in decisions) == [2, 3, 4]
+    assert outcome[0].status == "applied"
+    assert (await service.get("sto")).decisions == 4
+
+
+async def test_a_cancelled_caller_leaves_the_rest_of_its_batch_alone(
+    service: ExperimentService,
+) -> None:
+    key = await _experiment(service)
+    await service.choose("sto", ChooseRequest(), key)
+    tasks = [asyncio.create_task(service.choose("sto", ChooseRequest(), key)) for _ in range(5)]
+    await asyncio.sleep(0)  # all five are queued in the batch now
+    tasks[2].cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+
+    assert isinstance(results[2], asyncio.CancelledError)
+    others = [r for i, r in enumerate(results) if i != 2]
+    assert all(not isinstance(r, BaseException) for r in others)
+    # The cancelled caller's script was already sent: it is recorded, not lost or doubled.
+    assert (await service.get("sto")).decisions == 6
+
+
+async def test_a_stale_view_decides_again_from_the_current_statistics(
+    app_settings: Settings, redis_db: str
+) -> None:
+    one = await ExperimentService.open(app_settings)
+    two = await ExperimentService.open(app_settings)
+    try:
+        key = await _experiment(one)
+        seen = await one.choose("sto", ChooseRequest(), key)  # one's view: pulls all 0
+        assert seen.exploring
+
+        # Through the other worker: each arm pulled and rewarded once (an
+        # unexplored arm goes first), so no arm is left to explore.
+        for _ in FEATURES:
+            decision = await two.choose("sto", ChooseRequest(), key)
+            assert decision.exploring
+            await two.reward("sto", [(decision.decision_id, 1.0)], key)
+
+        after = await one.choose("sto", ChooseRequest(), key)
+        assert not after.exploring  # decided from the rewarded state, not its stale view
+        client = redis.Redis.from_url(redis_db)
+        try:
+            record = client.hgetall(keys.decision("sto", after.decision_id))
+        finally:
+            client.close()
+        assert record[b"rewards_seen"] == b"3"
+    finally:
+        await one.close()
+        await two.close()
