@@ -132,6 +132,9 @@ def measure(duration: int, connections: int, workers: int) -> list[WrkResult]:
                     HERE / "wrk_choose.lua", [choose_body, key, str(ids)]),
             run_wrk("/reward", f"{service}/reward", duration, connections,
                     HERE / "wrk_reward.lua", [experiment, key, str(ids), "1"]),
+            # Not in the target: each decision rewarded, so views go stale.
+            run_wrk("choose+reward", f"{service}/choose", duration, connections,
+                    HERE / "wrk_pairs.lua", [experiment, key]),
             run_wrk("floor", f"{floor}/floor", duration, connections, floor_lua, []),
         ]
         return results
