@@ -8,6 +8,8 @@ the order of :func:`policies.layout`, so one reward adds to exactly two blobs;
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,8 +20,11 @@ from policies.state import Axis
 _FLOAT = np.dtype("<f8")
 
 
-def _fields(config: PolicyConfig, axis: Axis) -> list[tuple[str, tuple[int, ...]]]:
-    return [(name, spec.shape) for name, spec in layout(config).items() if spec.axis == axis]
+@functools.cache  # a handful of configs per process; read on every stale view
+def _fields(config: PolicyConfig, axis: Axis) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    return tuple(
+        (name, spec.shape) for name, spec in layout(config).items() if spec.axis == axis
+    )
 
 
 def recipe(config: PolicyConfig, axis: Axis) -> str:
@@ -27,9 +32,10 @@ def recipe(config: PolicyConfig, axis: Axis) -> str:
     return ",".join(spec.adds for spec in layout(config).values() if spec.axis == axis)
 
 
+@functools.cache
 def blob_size(config: PolicyConfig, axis: Axis) -> int:
     """Bytes of one packed model or arm blob."""
-    return 8 * sum(int(np.prod(shape)) for _, shape in _fields(config, axis))
+    return 8 * sum(math.prod(shape) for _, shape in _fields(config, axis))
 
 
 def unpack(config: PolicyConfig, axis: Axis, blob: bytes | None) -> dict[str, np.ndarray]:
@@ -45,7 +51,7 @@ def unpack(config: PolicyConfig, axis: Axis, blob: bytes | None) -> dict[str, np
     out: dict[str, np.ndarray] = {}
     offset = 0
     for name, shape in fields:
-        count = int(np.prod(shape))
+        count = math.prod(shape)
         out[name] = flat[offset: offset + count].reshape(shape)
         offset += count
     return out
@@ -77,7 +83,7 @@ def assemble_state(
         table = table.astype(np.float64).reshape(len(blobs), size // 8)
         offset = 0
         for name, shape in _fields(config, axis):
-            count = int(np.prod(shape))
+            count = math.prod(shape)
             state[name] = table[None, :, offset: offset + count].reshape(1, len(blobs), *shape)
             offset += count
     return state
