@@ -237,6 +237,43 @@ async def test_a_decision_from_before_delete_and_recreate_does_not_count(
     assert [a.pulls for a in view.arms] == [0, 0]
 
 
+@pytest.mark.parametrize(("setting", "hyperparameters"), [
+    ("stochastic", {}),
+    ("contextual", {"residuals": "observed"}),  # per-arm Gram matrices in the arm blobs
+    ("covariates", {}),
+])
+async def test_many_rewards_add_up_bit_for_bit_to_the_policies_update(
+    service: ExperimentService, redis_db: str, setting: str, hyperparameters: dict[str, str]
+) -> None:
+    """reward.lua's additions, reward after reward, are exactly policies.update's."""
+    rng = np.random.default_rng(11)
+    dim, arm_ids = 4, ["a", "b", "c"]
+    features = rng.normal(size=(3, dim)) if setting == "stochastic" else None
+    arms = tuple(ArmSpec(a, None if features is None else tuple(features[i]))
+                 for i, a in enumerate(arm_ids))
+    await service.create(ExperimentSpec(id="exact", setting=setting, dim=dim, arms=arms,
+                                        hyperparameters=hyperparameters))
+    observations = []
+    for _ in range(40):
+        request = (ChooseRequest() if setting == "stochastic"
+                   else _round_request(setting, arm_ids, rng, dim))
+        decision = await service.choose("exact", request)
+        arm = arm_ids.index(decision.arm_id)
+        if setting == "stochastic":
+            x = features[arm]  # type: ignore[index]
+        elif setting == "contextual":
+            x = np.array(request.arm_contexts[decision.arm_id])  # type: ignore[index]
+        else:
+            x = np.array(request.context)
+        reward = float(rng.normal())
+        assert (await service.reward("exact", [(decision.decision_id, reward)]))[0].status \
+            == "applied"
+        observations.append(Observation(arm, x, reward))
+    config = PolicyConfig(**(await service.get("exact")).config)  # type: ignore[arg-type]
+    assert_stats_equal(config, arm_ids, stored_stats(redis_db, "exact"),
+                       expected_state(config, 3, observations))
+
+
 # -- 2. a lost reply and the client's retry ------------------------------------
 
 

@@ -89,13 +89,17 @@ local function add_observation(v, recipe, x, r)
   local p, d = 0, #x
   for _, kind in ipairs(recipe) do
     if kind == 'outer' then
+      -- x x' is symmetric and x_i x_j == x_j x_i exactly: multiply once, add twice.
       for i = 1, d do
-        local xi = x[i]
-        for j = 1, d do
-          p = p + 1
-          v[p] = v[p] + xi * x[j]
+        local xi, row = x[i], p + (i - 1) * d
+        v[row + i] = v[row + i] + xi * xi
+        for j = i + 1, d do
+          local product, mirror = xi * x[j], p + (j - 1) * d + i
+          v[row + j] = v[row + j] + product
+          v[mirror] = v[mirror] + product
         end
       end
+      p = p + d * d
     elseif kind == 'r_x' then
       for i = 1, d do
         p = p + 1
