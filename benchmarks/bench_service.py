@@ -3,13 +3,16 @@
 Usage::
 
     python -m benchmarks.bench_service [--duration 10] [--connections 32] [--workers 1]
+                                       [--rounds 3]
 
 Starts one embedded Redis, the service and a floor app (a minimal FastAPI
 endpoint doing one Redis round trip) under the same uvicorn settings, then
 drives each with wrk (a C load generator, so the client is not the bottleneck)
-on loopback: floor, /choose, /reward, floor again. The ratio to the mean of
-the two floor runs is what to compare across machines. Stochastic setting,
-K = 100 arms, d = 20, LinReBoot.
+on loopback, in rounds: floor, /choose, /reward, a mixed run in which every
+decision is rewarded, floor again. Each run's ratio to the mean of its
+round's two floor runs is what to compare across machines; the report gives
+the median over rounds (the shared machine drifts by 10-20 % between runs).
+Stochastic setting, K = 100 arms, d = 20, LinReBoot, an unseeded experiment.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -98,7 +102,8 @@ def _experiment(url: str, token: str) -> tuple[str, str]:
     return "bench", r.json()["api_key"]
 
 
-def measure(duration: int, connections: int, workers: int) -> list[WrkResult]:
+def measure(duration: int, connections: int, workers: int, rounds: int) -> list[list[WrkResult]]:
+    """``rounds`` rounds of floor, /choose, /reward, choose+reward, floor."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk")
     token = "bench-token"
@@ -117,43 +122,64 @@ def measure(duration: int, connections: int, workers: int) -> list[WrkResult]:
                                  str(service_port), "--workers", str(workers)],
                          env, service_port, "/readyz")
         experiment, key = _experiment(service, token)
-        ids = tmp / "ids"
-        ids.mkdir()
         floor_lua = tmp / "floor.lua"
         floor_lua.write_text('wrk.method = "POST"\nwrk.body = "{}"\n'
                              'wrk.headers["Content-Type"] = "application/json"\n')
         choose_body = json.dumps({"experiment_id": experiment})
         run_wrk("warm-up", f"{service}/choose", 2, connections, HERE / "wrk_choose.lua",
                 [choose_body, key, str(tmp)])
-        results = [
-            run_wrk("floor", f"{floor}/floor", duration, connections, floor_lua, []),
-            # Twice as long: /reward needs one fresh decision id per request.
-            run_wrk("/choose", f"{service}/choose", 2 * duration, connections,
-                    HERE / "wrk_choose.lua", [choose_body, key, str(ids)]),
-            run_wrk("/reward", f"{service}/reward", duration, connections,
-                    HERE / "wrk_reward.lua", [experiment, key, str(ids), "1"]),
-            # Not in the target: each decision rewarded, so views go stale.
-            run_wrk("choose+reward", f"{service}/choose", duration, connections,
-                    HERE / "wrk_pairs.lua", [experiment, key]),
-            run_wrk("floor", f"{floor}/floor", duration, connections, floor_lua, []),
-        ]
-        return results
+        all_rounds = []
+        for n in range(rounds):
+            ids = tmp / f"ids-{n}"
+            ids.mkdir()
+            all_rounds.append([
+                run_wrk("floor", f"{floor}/floor", duration, connections, floor_lua, []),
+                # Twice as long: /reward needs one fresh decision id per request.
+                run_wrk("/choose", f"{service}/choose", 2 * duration, connections,
+                        HERE / "wrk_choose.lua", [choose_body, key, str(ids)]),
+                run_wrk("/reward", f"{service}/reward", duration, connections,
+                        HERE / "wrk_reward.lua", [experiment, key, str(ids), "1"]),
+                # Not in the target: each decision rewarded, so views go stale.
+                run_wrk("choose+reward", f"{service}/choose", duration, connections,
+                        HERE / "wrk_pairs.lua", [experiment, key]),
+                run_wrk("floor", f"{floor}/floor", duration, connections, floor_lua, []),
+            ])
+        return all_rounds
 
 
-def report(results: list[WrkResult], workers: int) -> str:
-    floors = [r for r in results if r.name == "floor"]
-    floor_rps = sum(r.requests_per_second for r in floors) / len(floors)
+def report(rounds: list[list[WrkResult]], workers: int) -> str:
+    """One row per endpoint: the median over rounds of req/s, ratio, p50, p99.
+
+    A round's ratio divides by the mean of that round's two floor runs, so the
+    machine's drift between rounds cancels.
+    """
+    ratios: dict[str, list[float]] = {}
+    rows: dict[str, list[WrkResult]] = {}
+    floors = []
+    for results in rounds:
+        floor_rps = statistics.mean(r.requests_per_second for r in results if r.name == "floor")
+        floors.append(floor_rps)
+        for r in results:
+            if r.name != "floor":
+                ratios.setdefault(r.name, []).append(r.requests_per_second / floor_rps)
+                rows.setdefault(r.name, []).append(r)
     lines = [
-        f"uvicorn workers: {workers}; floor = mean of {len(floors)} floor runs "
-        f"({floor_rps:.0f} req/s)",
+        f"uvicorn workers: {workers}; {len(rounds)} rounds; floor (median of the rounds' "
+        f"means): {statistics.median(floors):.0f} req/s",
         "",
-        "| endpoint | req/s | ratio to floor | p50 ms | p99 ms | errors |",
-        "|---|---|---|---|---|---|",
+        "| endpoint | req/s | ratio to floor (median) | ratios by round | p50 ms | p99 ms "
+        "| errors |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for r in results:
-        lines.append(f"| {r.name} | {r.requests_per_second:.0f} | "
-                     f"{r.requests_per_second / floor_rps:.2f} | {r.p50_ms:.2f} | "
-                     f"{r.p99_ms:.2f} | {r.errors} |")
+    for name, results in rows.items():
+        by_round = ", ".join(f"{x:.2f}" for x in ratios[name])
+        lines.append(
+            f"| {name} | {statistics.median(r.requests_per_second for r in results):.0f} | "
+            f"**{statistics.median(ratios[name]):.2f}** | {by_round} | "
+            f"{statistics.median(r.p50_ms for r in results):.2f} | "
+            f"{statistics.median(r.p99_ms for r in results):.2f} | "
+            f"{sum(r.errors for r in results)} |"
+        )
     return "\n".join(lines)
 
 
@@ -162,12 +188,14 @@ def main() -> None:
     parser.add_argument("--duration", type=int, default=10, help="seconds per run")
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of every run; the report gives medians")
     parser.add_argument("--json", type=Path, default=None, help="also write raw figures here")
     args = parser.parse_args()
-    results = measure(args.duration, args.connections, args.workers)
-    print(report(results, args.workers))
+    rounds = measure(args.duration, args.connections, args.workers, args.rounds)
+    print(report(rounds, args.workers))
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+        args.json.write_text(json.dumps([[asdict(r) for r in rs] for rs in rounds], indent=2))
 
 
 if __name__ == "__main__":
