@@ -19,7 +19,7 @@ from app.errors import install_error_handlers
 from app.logs import configure_logging
 from app.metrics import Metrics
 from app.middleware import AccessLogMiddleware, BodyLimitMiddleware
-from app.routes import ROUTERS
+from app.routes import FIRST_ROUTERS, ROUTERS
 from service.experiments import ExperimentService
 from service.settings import Settings
 
@@ -49,6 +49,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = Metrics()
     install_error_handlers(app)
+    # Mounted directly and first, as @app.post routes would be: FastAPI matches
+    # an included router's routes twice per request, and the docs routes come
+    # first in the app's own list.
+    for router in FIRST_ROUTERS:
+        app.router.routes[0:0] = router.routes
     for router in ROUTERS:
         app.include_router(router)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
