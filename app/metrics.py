@@ -54,11 +54,13 @@ class Metrics:
         self.errors = Counter(
             "linreboot_errors", "responses with status >= 400", ["status"], registry=self.registry
         )
-        for status in get_args(RewardStatus):
-            self.rewards.labels(status=status)  # exported as 0 before the first reward
         # Labelled children by label values: labels() takes a lock and builds a
         # key on every call, a visible cost at thousands of requests a second.
         self._latency_by_route: dict[tuple[str, str], Any] = {}
+        self._errors_by_status: dict[int, Any] = {}
+        self._rewards_by_status = {  # all exported as 0 before the first reward
+            status: self.rewards.labels(status=status) for status in get_args(RewardStatus)
+        }
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         child = self._latency_by_route.get((method, route))
@@ -66,14 +68,17 @@ class Metrics:
             child = self._latency_by_route[(method, route)] = self.latency.labels(method, route)
         child.observe(seconds)
         if status >= 400:
-            self.errors.labels(status=str(status)).inc()
+            errors = self._errors_by_status.get(status)
+            if errors is None:
+                errors = self._errors_by_status[status] = self.errors.labels(status=str(status))
+            errors.inc()
 
     def record_decision(self) -> None:
         self.decisions.inc()
 
     def record_rewards(self, outcomes: Iterable[RewardOutcome]) -> None:
         for outcome in outcomes:
-            self.rewards.labels(status=outcome.status).inc()
+            self._rewards_by_status[outcome.status].inc()
 
     def exposition(self) -> bytes:
         """The Prometheus text format, summed over workers in multiprocess mode."""
