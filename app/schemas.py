@@ -35,6 +35,7 @@ from service.settings import Settings
 
 DECISION_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
 MAX_SEED = 2**63 - 1
+MAX_STALE_REWARDS = 1_000_000
 
 ExperimentId = Annotated[
     str,
@@ -170,6 +171,12 @@ class CreateExperimentIn(_Request):
     reward_window_seconds: int | None = Field(
         default=None, ge=1, description="how long a decision accepts its reward (default 3600)"
     )
+    max_stale_rewards: int = Field(
+        default=0, ge=0, le=MAX_STALE_REWARDS,
+        description="how many of the latest rewards a decision may not yet reflect: 0 (the "
+        "default) makes every decision see every reward applied before it; more lets a "
+        "worker keep its copy of the statistics longer (faster under heavy reward traffic)",
+    )
 
     @model_validator(mode="after")
     def _distinct_arms(self) -> Self:
@@ -196,6 +203,7 @@ class CreateExperimentIn(_Request):
             hyperparameters=self.hyperparameters.overrides(),
             seed=self.seed,
             reward_window_seconds=window,
+            max_stale_rewards=self.max_stale_rewards,
         )
 
 
@@ -401,6 +409,7 @@ class ExperimentOut(BaseModel):
     dim: int
     seed: int | None
     reward_window_seconds: int
+    max_stale_rewards: int
     hyperparameters: dict[str, float | str] = Field(description="the overrides given at creation")
     config: dict[str, float | str | int] = Field(description="every hyperparameter in force")
     created_at: float = Field(description="Unix time, seconds")
@@ -422,6 +431,7 @@ class ExperimentOut(BaseModel):
             dim=spec.dim,
             seed=spec.seed,
             reward_window_seconds=spec.reward_window_seconds,
+            max_stale_rewards=spec.max_stale_rewards,
             hyperparameters=dict(spec.hyperparameters),
             config=dict(view.config),
             created_at=view.created_at,

@@ -9,9 +9,10 @@ Starts one embedded Redis, the service and a floor app (a minimal FastAPI
 endpoint doing one Redis round trip) under the same uvicorn settings, then
 drives each with wrk (a C load generator, so the client is not the bottleneck)
 on loopback, in rounds: floor, /choose, /reward, a mixed run in which every
-decision is rewarded, floor again. Each run's ratio to the mean of its
-round's two floor runs is what to compare across machines; the report gives
-the median over rounds (the shared machine drifts by 10-20 % between runs).
+decision is rewarded (with max_stale_rewards 0, then 100), floor again. Each
+run's ratio to the mean of its round's two floor runs is what to compare
+across machines; the report gives the median over rounds (the shared machine
+drifts by 10-20 % between runs).
 Stochastic setting, K = 100 arms, d = 20, LinReBoot, an unseeded experiment.
 """
 
@@ -38,6 +39,7 @@ from loadtest.server import free_port
 from service.embedded import EmbeddedRedis
 
 HERE = Path(__file__).resolve().parent
+LAG = 100  # max_stale_rewards of the second mixed run's experiment
 
 
 @dataclass
@@ -88,22 +90,24 @@ def _start(stack: ExitStack, cmd: list[str], env: dict[str, str], port: int, pro
     raise TimeoutError(f"{cmd} did not start")
 
 
-def _experiment(url: str, token: str) -> tuple[str, str]:
+def _experiment(url: str, token: str, experiment_id: str = "bench",
+                max_stale_rewards: int = 0) -> tuple[str, str]:
     rng = np.random.default_rng(0)
     features = rng.random((100, 20))
     features /= np.linalg.norm(features, axis=1, keepdims=True)
     body = {
-        "id": "bench", "setting": "stochastic", "dim": 20, "policy": "linreboot",
+        "id": experiment_id, "setting": "stochastic", "dim": 20, "policy": "linreboot",
         "arms": [{"id": f"a{k}", "features": f.tolist()} for k, f in enumerate(features)],
+        "max_stale_rewards": max_stale_rewards,
     }
     r = httpx.post(f"{url}/experiments", json=body,
                    headers={"Authorization": f"Bearer {token}"}, timeout=30)
     r.raise_for_status()
-    return "bench", r.json()["api_key"]
+    return experiment_id, r.json()["api_key"]
 
 
 def measure(duration: int, connections: int, workers: int, rounds: int) -> list[list[WrkResult]]:
-    """``rounds`` rounds of floor, /choose, /reward, choose+reward, floor."""
+    """``rounds`` rounds of floor, /choose, /reward, the two mixed runs, floor."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk")
     token = "bench-token"
@@ -122,6 +126,7 @@ def measure(duration: int, connections: int, workers: int, rounds: int) -> list[
                                  str(service_port), "--workers", str(workers)],
                          env, service_port, "/readyz")
         experiment, key = _experiment(service, token)
+        lagging, lagging_key = _experiment(service, token, "bench-lag", LAG)
         floor_lua = tmp / "floor.lua"
         floor_lua.write_text('wrk.method = "POST"\nwrk.body = "{}"\n'
                              'wrk.headers["Content-Type"] = "application/json"\n')
@@ -142,6 +147,8 @@ def measure(duration: int, connections: int, workers: int, rounds: int) -> list[
                 # Not in the target: each decision rewarded, so views go stale.
                 run_wrk("choose+reward", f"{service}/choose", duration, connections,
                         HERE / "wrk_pairs.lua", [experiment, key]),
+                run_wrk(f"choose+reward, lag {LAG}", f"{service}/choose", duration, connections,
+                        HERE / "wrk_pairs.lua", [lagging, lagging_key]),
                 run_wrk("floor", f"{floor}/floor", duration, connections, floor_lua, []),
             ])
         return all_rounds

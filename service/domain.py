@@ -43,6 +43,9 @@ class ExperimentSpec:
 
     ``hyperparameters`` override :func:`policies.paper_config` fields
     (e.g. ``sigma_omega``, ``reg``); unknown names are rejected.
+    ``max_stale_rewards``: a worker may decide from statistics that miss up to
+    this many of the latest rewards (0: every decision sees every reward
+    applied before it is recorded).
     """
 
     id: str
@@ -53,6 +56,7 @@ class ExperimentSpec:
     hyperparameters: dict[str, float | str] = field(default_factory=dict)
     seed: int | None = None
     reward_window_seconds: int = 3600
+    max_stale_rewards: int = 0  # rewards a decision's statistics may lag behind
 
 
 @dataclass(frozen=True)

@@ -269,8 +269,9 @@ class ExperimentService:
     ) -> Decision:
         """Choose an arm from this worker's view of the statistics, and record it.
 
-        The decision is recorded only if that view is still current (one round
-        trip when it is); otherwise the store replies with the current
+        The decision is recorded only if that view is still current, or at most
+        the experiment's ``max_stale_rewards`` behind (one round trip then);
+        otherwise the store replies with the current
         statistics and the decision is made again from them. ``decide.lua``
         checks ``api_key``; None is for trusted in-process callers only.
         """
@@ -292,6 +293,7 @@ class ExperimentService:
                 experiment_id, decision_id, key_hash=key_hash,
                 incarnation=definition.incarnation, seen=seen, number=number,
                 reserved=reserved, ttl_seconds=definition.spec.reward_window_seconds,
+                max_lag=definition.spec.max_stale_rewards,
                 fields=_decision_fields(view, arms[picked], contexts[picked]),
             )
             if reply.status == "recorded":
@@ -395,6 +397,8 @@ class ExperimentService:
             raise InvalidInput(
                 f"reward_window_seconds must be between 1 and {s.max_reward_window_seconds}"
             )
+        if spec.max_stale_rewards < 0:
+            raise InvalidInput("max_stale_rewards must be 0 or more")
         self._validate_arms(spec.setting, spec.dim, spec.arms)
         unknown = set(spec.hyperparameters) - _TUNABLE
         if unknown:

@@ -308,12 +308,14 @@ class Store:
         number: int | None,
         reserved: bool,
         ttl_seconds: int,
+        max_lag: int,
         fields: Mapping[str, str | bytes],
     ) -> DecideReply:
         """Record a pending decision if the statistics it was made from are current.
 
         ``seen`` is the (version, rewards) the decision was made at; None records
-        it whatever they are now. ``number`` is the decision number its random
+        it whatever they are now; ``max_lag`` rewards applied since ``seen`` are
+        tolerated. ``number`` is the decision number its random
         draw used (None: the script assigns one); ``reserved`` says an earlier
         stale reply set it aside. ``key_hash`` None skips the key check (trusted
         in-process callers). See ``decide.lua``.
@@ -326,6 +328,7 @@ class Store:
             "" if number is None else str(number),
             "1" if reserved else "0",
             ttl_seconds,
+            max_lag,
         ]
         for pair in fields.items():
             args.extend(pair)

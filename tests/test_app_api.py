@@ -123,6 +123,7 @@ async def test_create_get_list_delete(api: Api) -> None:
     assert experiment["setting"] == "covariates"
     assert experiment["policy"] == "linreboot"
     assert experiment["reward_window_seconds"] == Settings().default_reward_window_seconds
+    assert experiment["max_stale_rewards"] == 0  # every decision sees every reward
     assert [a["id"] for a in experiment["arms"]] == ["a", "b"]
     assert all(a["active"] and a["pulls"] == 0 for a in experiment["arms"])
     assert (experiment["decisions"], experiment["rewards"], experiment["duplicates"]) == (0, 0, 0)

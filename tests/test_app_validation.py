@@ -180,6 +180,8 @@ CREATE_CASES: list[Case] = [
     ("negative regularisation", _create(hyperparameters={"reg": -1.0}), 422, ("reg",), ()),
     ("negative seed", _create(seed=-1), 422, ("greater than",), ()),
     ("reward window above max", _create(reward_window_seconds=10**9), 422, ("at most",), ()),
+    ("negative staleness", _create(max_stale_rewards=-1), 422, ("greater than",), ()),
+    ("boolean staleness", _create(max_stale_rewards=True), 422, ("integer",), ()),
     ("oversized body", _create(pad="x" * _MAX_BODY), 413, ("larger than",), ("xxxx",)),
 ]
 

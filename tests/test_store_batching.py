@@ -7,7 +7,8 @@
 - a caller that is cancelled while its batch is in flight does not disturb
   the others;
 - a worker whose view went stale (a reward through another worker) decides
-  again from the current statistics before anything is recorded.
+  again from the current statistics before anything is recorded, unless the
+  experiment allows its decisions to lag that many rewards behind.
 """
 
 from __future__ import annotations
@@ -54,9 +55,12 @@ def pipelines(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return sizes
 
 
-async def _experiment(service: ExperimentService, experiment_id: str = "sto") -> str:
+async def _experiment(
+    service: ExperimentService, experiment_id: str = "sto", max_stale_rewards: int = 0
+) -> str:
     spec = ExperimentSpec(id=experiment_id, setting="stochastic", dim=2,
-                          arms=tuple(ArmSpec(f"a{i}", f) for i, f in enumerate(FEATURES)))
+                          arms=tuple(ArmSpec(f"a{i}", f) for i, f in enumerate(FEATURES)),
+                          max_stale_rewards=max_stale_rewards)
     _, key = await service.create(spec)
     return key
 
@@ -159,6 +163,43 @@ async def test_a_stale_view_decides_again_from_the_current_statistics(
         finally:
             client.close()
         assert record[b"rewards_seen"] == b"3"
+    finally:
+        await one.close()
+        await two.close()
+
+
+def _rewards_seen(url: str, decision_id: str) -> int:
+    client = redis.Redis.from_url(url)
+    try:
+        return int(client.hget(keys.decision("lag", decision_id), "rewards_seen"))  # type: ignore[arg-type]
+    finally:
+        client.close()
+
+
+async def test_a_view_may_lag_as_many_rewards_as_the_experiment_allows(
+    app_settings: Settings, redis_db: str
+) -> None:
+    one = await ExperimentService.open(app_settings)
+    two = await ExperimentService.open(app_settings)
+    try:
+        key = await _experiment(one, "lag", max_stale_rewards=2)
+        first = await one.choose("lag", ChooseRequest(), key)
+        assert _rewards_seen(redis_db, first.decision_id) == 0
+
+        async def reward_through_two() -> None:
+            decision = await two.choose("lag", ChooseRequest(), key)
+            assert (await two.reward("lag", [(decision.decision_id, 1.0)], key))[0].status \
+                == "applied"
+
+        for _ in range(2):
+            await reward_through_two()
+        lagging = await one.choose("lag", ChooseRequest(), key)
+        assert _rewards_seen(redis_db, lagging.decision_id) == 0  # two behind: allowed
+
+        await reward_through_two()
+        fresh = await one.choose("lag", ChooseRequest(), key)
+        assert _rewards_seen(redis_db, fresh.decision_id) == 3  # three behind: read again
+        assert (await one.get("lag")).spec.max_stale_rewards == 2  # stored with the spec
     finally:
         await one.close()
         await two.close()

@@ -12,7 +12,9 @@
 -- ARGV[6]  '1' when ARGV[5] was reserved by an earlier 'stale' reply, '0' when
 --          it is the worker's prediction (it must then be the next number)
 -- ARGV[7]  time to live in seconds (the reward window)
--- ARGV[8..]  field, value, ... of the decision
+-- ARGV[8]  how many rewards the statistics may lag behind (the experiment's
+--          max_stale_rewards; 0: none)
+-- ARGV[9..]  field, value, ... of the decision
 --
 -- Returns
 --   {'recorded', number}  the decision is pending (also when this same decision
@@ -41,7 +43,8 @@ local number = ARGV[5]
 -- Another incarnation (deleted and created again meanwhile) is always stale.
 local stale = meta[1] ~= ARGV[2]
   or (ARGV[3] ~= '' and ARGV[3] ~= meta[3])
-  or (ARGV[4] ~= '' and ARGV[4] ~= rewards)
+  or (ARGV[4] ~= '' and (tonumber(rewards) < tonumber(ARGV[4])
+                         or tonumber(rewards) - tonumber(ARGV[4]) > tonumber(ARGV[8])))
   or (number ~= '' and ARGV[6] == '0' and tonumber(number) ~= seq + 1)
 if stale then
   local reserved = ''
@@ -61,7 +64,7 @@ if number == '' then
 elseif ARGV[6] == '0' then
   redis.call('HSET', KEYS[2], 'decision_seq', number)
 end
-redis.call('HSET', KEYS[3], 'incarnation', ARGV[2], 'number', number, unpack(ARGV, 8))
+redis.call('HSET', KEYS[3], 'incarnation', ARGV[2], 'number', number, unpack(ARGV, 9))
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[7]))
 redis.call('HINCRBY', KEYS[2], 'decisions', 1)
 return {'recorded', tonumber(number)}
