@@ -349,7 +349,21 @@ class ExperimentService:
         return self._remember(experiment_id, _parse_definition(meta, arms), snapshot)
 
     async def _refresh_view(self, experiment_id: str, view: View, snapshot: Snapshot) -> View:
-        """The view after a stale reply: its statistics, and the definition if arms changed."""
+        """The view after a stale reply: its statistics, and the definition if arms changed.
+
+        Requests that were in flight together get stale replies together; the
+        first one rebuilds the view and the others take it if it is at least
+        as new as their snapshot (same version, no fewer rewards).
+        """
+        latest = self._views.get(experiment_id)
+        if (
+            latest is not None
+            and latest is not view
+            and latest.definition.incarnation == view.definition.incarnation
+            and latest.version == snapshot.version
+            and latest.rewards >= snapshot.rewards
+        ):
+            return latest
         definition = view.definition
         if snapshot.version != definition.version:
             definition = await self._definition(experiment_id)
