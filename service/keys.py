@@ -33,7 +33,7 @@ def decision(experiment_id: str, decision_id: str) -> str:
 # Fields of the stats hash.
 SHARED_MODEL_FIELD = "model"
 DECISIONS = "decisions"  # decisions recorded
-DECISION_SEQUENCE = "decision_seq"  # numbers handed out (may skip after a resent MULTI)
+DECISION_SEQUENCE = "decision_seq"  # last decision number (skips one per unused reservation)
 REWARDS = "rewards"
 DUPLICATES = "duplicates"
 

@@ -15,8 +15,9 @@
 --
 -- The decision's arm and context come from its record, never from the client.
 -- What an observation adds is the recipe stored with the experiment (see
--- policies.state.layout): 'outer' x x', 'r_x' r x, 'r2' r^2, 'one' 1, 'r' r,
--- the same IEEE operations as policies.update, so the sums are bit-identical.
+-- policies.state.layout and service.codec): 'outer_upper' the upper triangle
+-- of x x' (row by row), 'r_x' r x, 'r2' r^2, 'one' 1, 'r' r: the same IEEE
+-- operations as policies.update, so the sums are bit-identical.
 -- The marker and the additions happen in one script, so a client retry after
 -- a lost reply sees 'rewarded' and cannot count the reward twice.
 
@@ -28,10 +29,14 @@ if ARGV[1] ~= '' and meta[2] ~= ARGV[1] then
   return {'forbidden'}
 end
 local incarnation = meta[1]
+local KNOWN = {outer_upper = true, r_x = true, r2 = true, one = true, r = true}
 local recipes = {}
 for i, text in ipairs({meta[3], meta[4]}) do
   recipes[i] = {}
   for kind in string.gmatch(text, '[^,]+') do
+    if not KNOWN[kind] then
+      return redis.error_reply('unknown addition ' .. kind .. ' in the experiment recipe')
+    end
     recipes[i][#recipes[i] + 1] = kind
   end
 end
@@ -88,18 +93,14 @@ end
 local function add_observation(v, recipe, x, r)
   local p, d = 0, #x
   for _, kind in ipairs(recipe) do
-    if kind == 'outer' then
-      -- x x' is symmetric and x_i x_j == x_j x_i exactly: multiply once, add twice.
+    if kind == 'outer_upper' then  -- x x', its upper triangle row by row
       for i = 1, d do
-        local xi, row = x[i], p + (i - 1) * d
-        v[row + i] = v[row + i] + xi * xi
-        for j = i + 1, d do
-          local product, mirror = xi * x[j], p + (j - 1) * d + i
-          v[row + j] = v[row + j] + product
-          v[mirror] = v[mirror] + product
+        local xi = x[i]
+        for j = i, d do
+          p = p + 1
+          v[p] = v[p] + xi * x[j]
         end
       end
-      p = p + d * d
     elseif kind == 'r_x' then
       for i = 1, d do
         p = p + 1
@@ -127,7 +128,7 @@ end
 local function blob_length(recipe, d)
   local n = 0
   for _, kind in ipairs(recipe) do
-    if kind == 'outer' then n = n + d * d
+    if kind == 'outer_upper' then n = n + d * (d + 1) / 2
     elseif kind == 'r_x' then n = n + d
     else n = n + 1 end
   end
