@@ -19,6 +19,8 @@ Stochastic setting, K = 100 arms, d = 20, LinReBoot, an unseeded experiment.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import os
 import re
@@ -28,12 +30,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
 import numpy as np
+import redis
 
 from loadtest.server import free_port
 from service.embedded import EmbeddedRedis
@@ -49,6 +53,8 @@ class WrkResult:
     p50_ms: float
     p99_ms: float
     errors: int
+    requests: int = 0
+    redis_us_per_request: float = 0.0  # Redis server CPU (INFO commandstats)
 
 
 def _unit_ms(value: str) -> float:
@@ -73,7 +79,17 @@ def run_wrk(name: str, url: str, duration: int, connections: int, script: Path,
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
     sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
     errors = (int(bad.group(1)) if bad else 0) + (sum(map(int, sock.groups())) if sock else 0)
-    return WrkResult(name, rps, p50, p99, errors)
+    requests = int(re.search(r"(\d+) requests in", text).group(1))  # type: ignore[union-attr]
+    return WrkResult(name, rps, p50, p99, errors, requests)
+
+
+def with_redis_cost(server: redis.Redis, run: Callable[[], WrkResult]) -> WrkResult:
+    """``run()``, with the Redis server's command time per request during it."""
+    server.config_resetstat()
+    result = run()
+    stats: dict[str, dict[str, float]] = server.info("commandstats")  # type: ignore[assignment]
+    busy_us = sum(s["usec"] for s in stats.values())
+    return dataclasses.replace(result, redis_us_per_request=busy_us / max(result.requests, 1))
 
 
 def _start(stack: ExitStack, cmd: list[str], env: dict[str, str], port: int, probe: str) -> str:
@@ -113,9 +129,11 @@ def measure(duration: int, connections: int, workers: int, rounds: int) -> list[
     token = "bench-token"
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        redis = EmbeddedRedis(tmp / "redis", port=free_port()).start()
-        stack.callback(redis.stop)
-        env = {"LINREBOOT_REDIS_URL": redis.url, "LINREBOOT_ADMIN_TOKEN": token,
+        embedded = EmbeddedRedis(tmp / "redis", port=free_port()).start()
+        stack.callback(embedded.stop)
+        server = redis.Redis.from_url(embedded.url)
+        stack.callback(server.close)
+        env = {"LINREBOOT_REDIS_URL": embedded.url, "LINREBOOT_ADMIN_TOKEN": token,
                "LINREBOOT_LOG_LEVEL": "warning"}
         floor_port, service_port = free_port(), free_port()
         uvicorn_opts = ["--workers", str(workers), "--log-level", "warning", "--no-access-log"]
@@ -137,19 +155,24 @@ def measure(duration: int, connections: int, workers: int, rounds: int) -> list[
         for n in range(rounds):
             ids = tmp / f"ids-{n}"
             ids.mkdir()
-            all_rounds.append([
-                run_wrk("floor", f"{floor}/floor", duration, connections, floor_lua, []),
+            runs: list[tuple[str, str, int, Path, list[str]]] = [
+                ("floor", f"{floor}/floor", duration, floor_lua, []),
                 # Twice as long: /reward needs one fresh decision id per request.
-                run_wrk("/choose", f"{service}/choose", 2 * duration, connections,
-                        HERE / "wrk_choose.lua", [choose_body, key, str(ids)]),
-                run_wrk("/reward", f"{service}/reward", duration, connections,
-                        HERE / "wrk_reward.lua", [experiment, key, str(ids), "1"]),
+                ("/choose", f"{service}/choose", 2 * duration, HERE / "wrk_choose.lua",
+                 [choose_body, key, str(ids)]),
+                ("/reward", f"{service}/reward", duration, HERE / "wrk_reward.lua",
+                 [experiment, key, str(ids), "1"]),
                 # Not in the target: each decision rewarded, so views go stale.
-                run_wrk("choose+reward", f"{service}/choose", duration, connections,
-                        HERE / "wrk_pairs.lua", [experiment, key]),
-                run_wrk(f"choose+reward, lag {LAG}", f"{service}/choose", duration, connections,
-                        HERE / "wrk_pairs.lua", [lagging, lagging_key]),
-                run_wrk("floor", f"{floor}/floor", duration, connections, floor_lua, []),
+                ("choose+reward", f"{service}/choose", duration, HERE / "wrk_pairs.lua",
+                 [experiment, key]),
+                (f"choose+reward, lag {LAG}", f"{service}/choose", duration,
+                 HERE / "wrk_pairs.lua", [lagging, lagging_key]),
+                ("floor", f"{floor}/floor", duration, floor_lua, []),
+            ]
+            all_rounds.append([
+                with_redis_cost(server, functools.partial(
+                    run_wrk, name, url, seconds, connections, script, script_args))
+                for name, url, seconds, script, script_args in runs
             ])
         return all_rounds
 
@@ -175,9 +198,17 @@ def report(rounds: list[list[WrkResult]], workers: int) -> str:
         f"means): {statistics.median(floors):.0f} req/s",
         "",
         "| endpoint | req/s | ratio to floor (median) | ratios by round | p50 ms | p99 ms "
-        "| errors |",
-        "|---|---|---|---|---|---|---|",
+        "| Redis µs/request | errors |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    floor_runs = [r for results in rounds for r in results if r.name == "floor"]
+    lines.append(
+        f"| floor | {statistics.median(floors):.0f} | 1.00 | | "
+        f"{statistics.median(r.p50_ms for r in floor_runs):.2f} | "
+        f"{statistics.median(r.p99_ms for r in floor_runs):.2f} | "
+        f"{statistics.median(r.redis_us_per_request for r in floor_runs):.1f} | "
+        f"{sum(r.errors for r in floor_runs)} |"
+    )
     for name, results in rows.items():
         by_round = ", ".join(f"{x:.2f}" for x in ratios[name])
         lines.append(
@@ -185,6 +216,7 @@ def report(rounds: list[list[WrkResult]], workers: int) -> str:
             f"**{statistics.median(ratios[name]):.2f}** | {by_round} | "
             f"{statistics.median(r.p50_ms for r in results):.2f} | "
             f"{statistics.median(r.p99_ms for r in results):.2f} | "
+            f"{statistics.median(r.redis_us_per_request for r in results):.1f} | "
             f"{sum(r.errors for r in results)} |"
         )
     return "\n".join(lines)
