@@ -14,6 +14,7 @@ import json
 import math
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -112,6 +113,11 @@ class View:
     state: State  # every arm, in registration order (ArmRecord.index)
     _last: tuple[tuple[int, ...], State, Ready | None] | None = field(default=None, repr=False)
 
+    @functools.cached_property
+    def nbytes(self) -> int:
+        """Memory it may hold: the statistics, and as much again for a request's subset."""
+        return 2 * sum(a.nbytes for a in self.state.values())
+
     def ready(
         self, request: ChooseRequest, bound: float
     ) -> tuple[list[ArmRecord], np.ndarray, Ready]:
@@ -159,7 +165,9 @@ class ExperimentService:
         self._store = store
         self._settings = settings
         self._embedded = embedded
-        self._views: dict[str, View] = {}  # per experiment: what this worker last read
+        # Per experiment, what this worker last read; least recently used first.
+        self._views: OrderedDict[str, View] = OrderedDict()
+        self._view_bytes = 0
         self._rng = np.random.default_rng()  # unseeded experiments share one stream
         self.persistence_warnings: list[str] = []
 
@@ -278,7 +286,11 @@ class ExperimentService:
         if not valid_experiment_id(experiment_id):
             raise NotFound("no experiment with this id")
         key_hash = None if api_key is None else _hash_key(api_key)
-        view = self._views.get(experiment_id) or await self._read_view(experiment_id)
+        view = self._views.get(experiment_id)
+        if view is None:
+            view = await self._read_view(experiment_id)
+        else:
+            self._views.move_to_end(experiment_id)
         seeded = view.definition.spec.seed is not None
         seen: tuple[int, int] | None = (view.version, view.rewards)
         number, reserved = (view.last_number + 1 if seeded else None), False
@@ -380,11 +392,19 @@ class ExperimentService:
             last_number=max(last_number, number),
             state=_state_for(definition.config, list(definition.arms), snapshot.stats),
         )
+        self._forget(experiment_id)
         self._views[experiment_id] = view
+        self._view_bytes += view.nbytes
+        # Least recently used first, but never the view just made.
+        while self._view_bytes > self._settings.view_cache_bytes and len(self._views) > 1:
+            _, dropped = self._views.popitem(last=False)
+            self._view_bytes -= dropped.nbytes
         return view
 
     def _forget(self, experiment_id: str) -> None:
-        self._views.pop(experiment_id, None)
+        dropped = self._views.pop(experiment_id, None)
+        if dropped is not None:
+            self._view_bytes -= dropped.nbytes
 
     async def _definition(self, experiment_id: str) -> Definition:
         if not valid_experiment_id(experiment_id):

@@ -40,6 +40,11 @@ class Settings(BaseSettings):
     retry_after_seconds: int = Field(default=1, ge=1)
     default_reward_window_seconds: int = Field(default=3600, ge=1)
     max_reward_window_seconds: int = Field(default=7 * 24 * 3600, ge=1)
+    view_cache_bytes: int = Field(
+        default=256 * 2**20, ge=0,
+        description="per worker: statistics kept in memory for the most recently used "
+        "experiments; the least recently used are read again when needed",
+    )
     log_level: str = "info"
 
     @property

@@ -25,7 +25,7 @@ from service import keys
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.experiments import ExperimentService
 from service.settings import Settings
-from service.store import _ScriptBatcher
+from service.store import Store, _ScriptBatcher
 
 pytestmark = pytest.mark.anyio
 
@@ -203,3 +203,30 @@ async def test_a_view_may_lag_as_many_rewards_as_the_experiment_allows(
     finally:
         await one.close()
         await two.close()
+
+
+@pytest.mark.parametrize(("budget", "reads"), [(256 * 2**20, 2), (1, 3)])
+async def test_views_beyond_the_memory_budget_are_dropped_least_recently_used_first(
+    app_settings: Settings, monkeypatch: pytest.MonkeyPatch, budget: int, reads: int
+) -> None:
+    calls: list[str] = []
+    read = Store.read_experiment
+
+    async def counted(self: Store, experiment_id: str) -> Any:
+        calls.append(experiment_id)
+        return await read(self, experiment_id)
+
+    monkeypatch.setattr(Store, "read_experiment", counted)
+    service = await ExperimentService.open(app_settings.model_copy(
+        update={"view_cache_bytes": budget}))
+    try:
+        keys_by_id = {e: await _experiment(service, e) for e in ("first", "second")}
+        calls.clear()  # creating reads each experiment back once
+        for experiment_id in ("first", "second", "first"):
+            decision = await service.choose(experiment_id, ChooseRequest(),
+                                            keys_by_id[experiment_id])
+            assert decision.decision_number >= 1
+    finally:
+        await service.close()
+    # A budget of one byte keeps only the view just made: "first" is read twice.
+    assert len(calls) == reads
