@@ -94,7 +94,8 @@ def with_redis_cost(server: redis.Redis, run: Callable[[], WrkResult]) -> WrkRes
 
 def _start(stack: ExitStack, cmd: list[str], env: dict[str, str], port: int, probe: str) -> str:
     proc = subprocess.Popen(cmd, env={**os.environ, **env})
-    stack.callback(lambda: (proc.terminate(), proc.wait(timeout=30)))
+    stack.callback(proc.wait, timeout=30)  # callbacks run last-in first-out:
+    stack.callback(proc.terminate)  # terminate, then wait
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -128,20 +129,20 @@ class Api:
     def __init__(self, http: httpx.AsyncClient) -> None:
         self.http = http
 
-    async def create(self, spec: dict[str, object]) -> str:
+    async def create(self, spec: Mapping[str, object]) -> str:
         """Create an experiment; its API key."""
         response = await self.http.post("/experiments", json=spec, headers=ADMIN)
         assert response.status_code == 201, response.text
         key: str = response.json()["api_key"]
         return key
 
-    async def experiment(self, experiment_id: str) -> dict[str, object]:
+    async def experiment(self, experiment_id: str) -> dict[str, Any]:
         response = await self.http.get(f"/experiments/{experiment_id}", headers=ADMIN)
         assert response.status_code == 200, response.text
-        body: dict[str, object] = response.json()
+        body: dict[str, Any] = response.json()
         return body
 
-    async def state(self, experiment_id: str) -> dict[str, object]:
+    async def state(self, experiment_id: str) -> dict[str, Any]:
         """What a request may change: counters, pulls, arms, estimates."""
         view = await self.experiment(experiment_id)
         return {k: view[k] for k in ("decisions", "rewards", "duplicates", "arms", "theta_hat")}
@@ -151,17 +152,17 @@ class Api:
         assert response.status_code == 200, response.text
         return sorted(e["id"] for e in response.json()["experiments"])
 
-    async def choose(self, key: str, body: dict[str, object]) -> httpx.Response:
+    async def choose(self, key: str, body: Mapping[str, object]) -> httpx.Response:
         return await self.http.post("/choose", json=body, headers={"X-API-Key": key})
 
-    async def decide(self, key: str, body: dict[str, object]) -> str:
+    async def decide(self, key: str, body: Mapping[str, object]) -> str:
         """Make a decision; its id."""
         response = await self.choose(key, body)
         assert response.status_code == 200, response.text
         decision_id: str = response.json()["decision_id"]
         return decision_id
 
-    async def reward(self, key: str, body: dict[str, object]) -> httpx.Response:
+    async def reward(self, key: str, body: Mapping[str, object]) -> httpx.Response:
         return await self.http.post("/reward", json=body, headers={"X-API-Key": key})
 
 

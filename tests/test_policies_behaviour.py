@@ -213,7 +213,7 @@ def test_choose_needs_one_generator_per_experiment_and_a_boolean_mask() -> None:
     with pytest.raises(ValueError, match="boolean array"):
         choose(config, state, contexts, rngs, np.ones((1, N_ARMS), dtype=bool))
     with pytest.raises(ValueError, match="boolean array"):
-        choose(config, state, contexts, rngs, np.ones((3, N_ARMS)))
+        choose(config, state, contexts, rngs, np.ones((3, N_ARMS)))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])

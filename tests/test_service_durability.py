@@ -37,7 +37,7 @@ from redis.retry import Retry
 from loadtest.http_driver import HttpDriver
 from loadtest.server import server_process
 from loadtest.simulate import Cell, play
-from policies import PolicyConfig, State, init_state, update
+from policies import PolicyConfig, Setting, State, init_state, update
 from policies.ridge import ridge
 from service import keys
 from service.codec import unpack
@@ -141,16 +141,16 @@ async def test_concurrent_copies_of_a_reward_through_the_app_count_once(
     assert statuses([r.json() for r in responses]) == {"applied": 1, "duplicate": COPIES - 1}
     view = await api.experiment("ctx")
     assert (view["decisions"], view["rewards"], view["duplicates"]) == (1, 1, COPIES - 1)
-    config = PolicyConfig(**view["config"])  # type: ignore[arg-type]
+    config = PolicyConfig(**view["config"])
     arm_ids = ["a", "b", "c"]
     picked = arm_ids.index(chosen["arm_id"])
     once = expected_state(config, 3, [Observation(picked, np.array(arm_contexts[arm_ids[picked]]),
                                                   0.8125)])
-    arms = {a["id"]: a for a in view["arms"]}  # type: ignore[attr-defined]
+    arms = {a["id"]: a for a in view["arms"]}
     assert [arms[i]["pulls"] for i in arm_ids] == once["pulls"][0].tolist()
     assert arms[chosen["arm_id"]]["mean_reward"] == 0.8125
     np.testing.assert_allclose(
-        view["theta_hat"]["shared"], expected_theta(config, once)[0], rtol=1e-12  # type: ignore[index]
+        view["theta_hat"]["shared"], expected_theta(config, once)[0], rtol=1e-12
     )
     assert_stats_equal(config, arm_ids, stored_stats(redis_db, "ctx"), once)
 
@@ -243,7 +243,8 @@ async def test_a_decision_from_before_delete_and_recreate_does_not_count(
     ("covariates", {}),
 ])
 async def test_many_rewards_add_up_bit_for_bit_to_the_policies_update(
-    service: ExperimentService, redis_db: str, setting: str, hyperparameters: dict[str, str]
+    service: ExperimentService, redis_db: str, setting: Setting,
+    hyperparameters: dict[str, float | str],
 ) -> None:
     """reward.lua's additions, reward after reward, are exactly policies.update's."""
     rng = np.random.default_rng(11)

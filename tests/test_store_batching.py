@@ -159,7 +159,8 @@ async def test_a_stale_view_decides_again_from_the_current_statistics(
         assert not after.exploring  # decided from the rewarded state, not its stale view
         client = redis.Redis.from_url(redis_db)
         try:
-            record = client.hgetall(keys.decision("sto", after.decision_id))
+            record: dict[bytes, bytes] = client.hgetall(  # type: ignore[assignment]
+                keys.decision("sto", after.decision_id))
         finally:
             client.close()
         assert record[b"rewards_seen"] == b"3"
