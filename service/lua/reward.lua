@@ -135,31 +135,52 @@ local function blob_length(recipe, d)
   return 8 * n
 end
 
--- Check every pending decision against the stored sums before writing
--- anything: a store that does not match its recipe is refused whole.
-for k = 3, #KEYS do
-  local decision = read_decision(KEYS[k])
-  if decision[1] == 'pending' and decision[2] == incarnation then
-    local d = #decision[4] / 8
-    for i = 1, 2 do
-      local length = redis.call('HSTRLEN', KEYS[2], decision[4 + i])
-      if length ~= 0 and length ~= blob_length(recipes[i], d) then
-        return redis.error_reply('stored statistics do not match field ' .. decision[4 + i])
+-- The decision's two sums as stored (nil when nothing was observed yet), or
+-- an error when their sizes do not match the recipe.
+local function read_sums(decision)
+  local blobs = redis.call('HMGET', KEYS[2], decision[5], decision[6])
+  local d = #decision[4] / 8
+  for i = 1, 2 do
+    local blob = blobs[i]
+    if blob and #blob ~= blob_length(recipes[i], d) then
+      return nil, redis.error_reply('stored statistics do not match field ' .. decision[4 + i])
+    end
+  end
+  return blobs, nil
+end
+
+-- A batch is checked whole before anything is written, so a store that does
+-- not match its recipe refuses it whole. (A single reward is checked by
+-- apply before it writes.)
+if #KEYS > 3 then
+  for k = 3, #KEYS do
+    local decision = read_decision(KEYS[k])
+    if decision[1] == 'pending' and decision[2] == incarnation then
+      local _, refused = read_sums(decision)
+      if refused then
+        return refused
       end
     end
   end
 end
 
+-- Add the reward to the decision's model and arm sums; an error, before any
+-- write, when the stored sums do not match the recipe.
 local function apply(decision, text)
+  local blobs, refused = read_sums(decision)
+  if refused then
+    return refused
+  end
   local x = unpack_doubles(decision[4])
   local r = tonumber(text)
+  local packed = {}
   for i = 1, 2 do
-    local field = decision[4 + i]
-    local sums = unpack_doubles(redis.call('HGET', KEYS[2], field),
-                                blob_length(recipes[i], #x) / 8)
+    local sums = unpack_doubles(blobs[i], blob_length(recipes[i], #x) / 8)
     add_observation(sums, recipes[i], x, r)
-    redis.call('HSET', KEYS[2], field, pack_doubles(sums))
+    packed[i] = pack_doubles(sums)
   end
+  redis.call('HSET', KEYS[2], decision[5], packed[1], decision[6], packed[2])
+  return nil
 end
 
 local statuses = {}
@@ -178,7 +199,10 @@ for k = 3, #KEYS do
       statuses[#statuses + 1] = 'conflict'
     end
   else
-    apply(decision, reward)
+    local refused = apply(decision, reward)
+    if refused then
+      return refused
+    end
     redis.call('HSET', KEYS[k], 'status', 'rewarded', 'reward', reward)
     redis.call('HINCRBY', KEYS[2], 'rewards', 1)
     statuses[#statuses + 1] = 'applied'
