@@ -231,3 +231,26 @@ async def test_views_beyond_the_memory_budget_are_dropped_least_recently_used_fi
         await service.close()
     # A budget of one byte keeps only the view just made: "first" is read twice.
     assert len(calls) == reads
+
+
+async def test_a_batch_meeting_sums_that_do_not_match_the_recipe_writes_nothing(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """A corrupted store: the whole batch is refused before any addition."""
+    spec = ExperimentSpec(id="cov", setting="covariates", dim=2,
+                          arms=(ArmSpec("a"), ArmSpec("b")))
+    _, key = await service.create(spec)
+    first = await service.choose("cov", ChooseRequest(context=(1.0, 2.0), eligible=("a",)), key)
+    second = await service.choose("cov", ChooseRequest(context=(1.0, 2.0), eligible=("b",)), key)
+    client = redis.Redis.from_url(redis_db)
+    try:
+        client.hset(keys.stats("cov"), keys.model_field("b"), "\0" * 8)  # one double
+        with pytest.raises(redis.ResponseError, match="do not match"):
+            await service.reward("cov", [(first.decision_id, 1.0), (second.decision_id, 1.0)],
+                                 key)
+        status = client.hget(keys.decision("cov", first.decision_id), "status")
+        assert status == b"pending"
+        assert client.hget(keys.stats("cov"), keys.model_field("a")) is None
+        assert client.hget(keys.stats("cov"), keys.REWARDS) == b"0"
+    finally:
+        client.close()
