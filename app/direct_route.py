@@ -29,10 +29,11 @@ import typing
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi import Request, Response
+from fastapi import HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.deps import API_KEY_HEADER, experiment_caller
 from app.strict_json import loads_strict
@@ -78,20 +79,30 @@ def _validated(model: type[BaseModel], body: Any) -> BaseModel:
         raise RequestValidationError(errors) from None
 
 
+_MISSING = {"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}
+
+
 async def _body(request: Request) -> Any:
     """The parsed JSON body; the raw bytes if the content type is not JSON."""
-    raw = await request.body()
+    try:
+        raw = await request.body()
+    except StarletteHTTPException:  # e.g. the body limit's 413
+        raise
+    except Exception as exc:  # the client went away mid-body: 400, as FastAPI answers
+        raise HTTPException(400, "There was an error parsing the body") from exc
     if not raw:
-        missing = {"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}
-        raise RequestValidationError([missing])
+        raise RequestValidationError([_MISSING])
     if not _is_json(request.headers.get("content-type")):
         return raw
     try:
-        return loads_strict(raw)
+        body = loads_strict(raw)
     except json.JSONDecodeError as exc:
         invalid = {"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error",
                    "input": {}, "ctx": {"error": exc.msg}}
         raise RequestValidationError([invalid]) from None
+    if body is None:  # a JSON null: FastAPI reports a missing body
+        raise RequestValidationError([_MISSING])
+    return body
 
 
 def _is_json(content_type: str | None) -> bool:

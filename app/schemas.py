@@ -174,7 +174,8 @@ class CreateExperimentIn(_Request):
     max_stale_rewards: int = Field(
         default=0, ge=0, le=MAX_STALE_REWARDS,
         description="how many of the latest rewards a decision may not yet reflect: 0 (the "
-        "default) makes every decision see every reward applied before it; more lets a "
+        "default) makes every decision reflect every reward acknowledged before its request "
+        "arrived; more lets a "
         "worker keep its copy of the statistics longer (faster under heavy reward traffic)",
     )
 

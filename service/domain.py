@@ -44,8 +44,8 @@ class ExperimentSpec:
     ``hyperparameters`` override :func:`policies.paper_config` fields
     (e.g. ``sigma_omega``, ``reg``); unknown names are rejected.
     ``max_stale_rewards``: a worker may decide from statistics that miss up to
-    this many of the latest rewards (0: every decision sees every reward
-    applied before it is recorded).
+    this many of the latest rewards (0: a decision reflects every reward
+    acknowledged before its request arrived).
     """
 
     id: str

@@ -10,6 +10,7 @@ import builtins
 import dataclasses
 import functools
 import hashlib
+import hmac
 import json
 import math
 import secrets
@@ -143,6 +144,10 @@ class View:
             if definition.features is not None:  # contexts follow from the rows
                 self._last = (rows, state, ready)
         return arms, contexts, ready
+
+
+class UnknownArm(InvalidInput):
+    """A request names an arm the definition at hand does not have."""
 
 
 def _rows(arms: Sequence[ArmRecord]) -> tuple[int, ...]:
@@ -279,24 +284,32 @@ class ExperimentService:
 
         The decision is recorded only if that view is still current, or at most
         the experiment's ``max_stale_rewards`` behind (one round trip then);
-        otherwise the store replies with the current
-        statistics and the decision is made again from them. ``decide.lua``
-        checks ``api_key``; None is for trusted in-process callers only.
+        otherwise the store replies with the current statistics, read after
+        the request arrived, and the decision is made again from them. So a
+        decision reflects every reward acknowledged before its request arrived
+        (but the latest ``max_stale_rewards``); rewards that arrive while it is
+        being made may or may not count. ``api_key`` is checked before the
+        request is (403 first) and again by ``decide.lua``; None is for
+        trusted in-process callers only.
         """
         if not valid_experiment_id(experiment_id):
             raise NotFound("no experiment with this id")
         key_hash = None if api_key is None else _hash_key(api_key)
-        view = self._views.get(experiment_id)
-        if view is None:
-            view = await self._read_view(experiment_id)
-        else:
-            self._views.move_to_end(experiment_id)
+        view = await self._view_for(experiment_id, key_hash)
+        bound = self._settings.feature_bound
+        try:
+            candidates = view.ready(request, bound)
+        except UnknownArm:  # perhaps added since this worker read the experiment
+            view = await self._read_view(experiment_id, key_hash)
+            candidates = view.ready(request, bound)
         seeded = view.definition.spec.seed is not None
         seen: tuple[int, int] | None = (view.version, view.rewards)
         number, reserved = (view.last_number + 1 if seeded else None), False
-        for _ in range(_DECIDE_ATTEMPTS):
+        for attempt in range(_DECIDE_ATTEMPTS):
+            if attempt:
+                candidates = view.ready(request, bound)
             definition = view.definition
-            arms, contexts, ready = view.ready(request, self._settings.feature_bound)
+            arms, contexts, ready = candidates
             rng = self._rng if number is None else _decision_rng(definition.spec.seed, number)
             choice = draw(ready, [rng])
             picked = int(choice.arms[0])
@@ -318,7 +331,13 @@ class ExperimentService:
                 raise Forbidden("the API key is not valid for this experiment")
             assert reply.snapshot is not None
             view = await self._refresh_view(experiment_id, view, reply.snapshot)
+            # Decide again from the statistics just read, and record that
+            # decision whatever has changed since: under steady rewards a
+            # check would fail again and again.
             seen, number, reserved = None, reply.snapshot.reserved, True
+            if number is None and view.definition.spec.seed is not None:
+                # Created again, seeded, since this worker's view: predict a number.
+                seen, number, reserved = (view.version, view.rewards), view.last_number + 1, False
         raise StoreUnavailable("the experiment changed while deciding; retry")
 
     async def reward(
@@ -352,12 +371,31 @@ class ExperimentService:
 
     # -- helpers ----------------------------------------------------------
 
-    async def _read_view(self, experiment_id: str) -> View:
+    async def _view_for(self, experiment_id: str, key_hash: str | None) -> View:
+        """This worker's view, read if it has none; 403 unless ``key_hash`` is the key's."""
+        view = self._views.get(experiment_id)
+        if view is None:
+            return await self._read_view(experiment_id, key_hash)
+        if key_hash is None or hmac.compare_digest(key_hash, view.definition.key_hash):
+            self._views.move_to_end(experiment_id)
+            return view
+        # A wrong key, or the experiment was created again (with a new key).
+        stored = await self._store.key_hash(experiment_id)
+        if stored is None:
+            self._forget(experiment_id)
+            raise NotFound("no experiment with this id")
+        if not hmac.compare_digest(key_hash, stored):
+            raise Forbidden("the API key is not valid for this experiment")
+        return await self._read_view(experiment_id, key_hash)
+
+    async def _read_view(self, experiment_id: str, key_hash: str | None = None) -> View:
         read = await self._store.read_experiment(experiment_id)
         if read is None:
             self._forget(experiment_id)
             raise NotFound("no experiment with this id")
         meta, arms, snapshot = read
+        if key_hash is not None and not hmac.compare_digest(key_hash, meta["key_hash"]):
+            raise Forbidden("the API key is not valid for this experiment")  # nothing kept
         return self._remember(experiment_id, _parse_definition(meta, arms), snapshot)
 
     async def _refresh_view(self, experiment_id: str, view: View, snapshot: Snapshot) -> View:
@@ -494,7 +532,7 @@ def _candidates(
     if request.arm_contexts:
         named += list(request.arm_contexts)
     if any(arm_id not in by_id for arm_id in named):
-        raise InvalidInput("the request names an arm this experiment does not have")
+        raise UnknownArm("the request names an arm this experiment does not have")
     if request.eligible is not None:
         pool = [by_id[i] for i in dict.fromkeys(request.eligible)]
         if any(not a.active for a in pool):

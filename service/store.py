@@ -88,8 +88,12 @@ class _ScriptBatcher:
     ``/choose`` and ``/reward`` calls reach the store in the same turn, and one
     pipeline pays the client's per-command cost (pool checkout, socket checks,
     retry and timeout wrappers) once for all of them. A batch that loses its
-    connection is resent whole, as a single command would be; every script
-    here is safe to resend (its marker makes a repeat a no-op).
+    connection is resent whole, as a single command would be, and a timeout
+    fails every call in it. Resending cannot count anything twice: a recorded
+    decision or an applied reward is marked, so its repeat answers "recorded"
+    or "duplicate" (a reward whose first reply was lost is then reported as
+    a duplicate, and counted once); a repeated stale decide only skips a
+    decision number.
     """
 
     def __init__(self, client: aioredis.Redis) -> None:
@@ -246,6 +250,12 @@ class Store:
             return None
         as_text = {_text(k): _text(v) for k, v in meta.items()}
         return as_text, {_text(k): _text(v) for k, v in arms.items()}
+
+    @_translated
+    async def key_hash(self, experiment_id: str) -> str | None:
+        """The stored hash of an experiment's API key; None if it does not exist."""
+        value = await self._client.hget(keys.meta(experiment_id), "key_hash")
+        return None if value is None else _text(value)
 
     @_translated
     async def list_ids(self) -> list[str]:

@@ -251,6 +251,19 @@ async def test_credentials_are_checked_before_the_body_is_validated(api: Api) ->
     assert (await api.http.post("/experiments", json=bad)).status_code == 401
 
 
+async def test_a_wrong_key_is_403_before_the_request_is_checked_against_the_experiment(
+    api: Api,
+) -> None:
+    """A caller without the key learns nothing of the experiment (its dim, its arms)."""
+    key = await api.create(COVARIATES)
+    await api.decide(key, COV_CONTEXT)  # this worker now holds a view of "cov"
+    for body in ({"experiment_id": "cov", "context": [1.0]},  # wrong length
+                 {**COV_CONTEXT, "eligible": ["no-such-arm"]}):
+        wrong = await api.http.post("/choose", json=body, headers={"X-API-Key": "wrong-key"})
+        assert wrong.status_code == 403, wrong.text
+        assert (await api.choose(key, body)).status_code == 422  # with the key: refused
+
+
 # -- decisions ------------------------------------------------------------------
 
 

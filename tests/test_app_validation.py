@@ -75,6 +75,7 @@ CHOOSE_CASES: list[Case] = [
      ("valid string",), ()),
     ("unknown field", _choose("[0.5, 0.5, 0.5]", ', "contxt": [1]'), 422, ("extra",), ()),
     ("not an object", "[1, 2, 3]", 422, ("object",), ()),
+    ("null body", "null", 422, ("required",), ()),
     ("malformed JSON", '{"experiment_id": "cov", "context": [0.5,', 422, ("invalid json",),
      ()),
     ("deeply nested", "[" * 100_000 + "]" * 100_000, 422, ("invalid json",), ()),

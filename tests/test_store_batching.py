@@ -254,3 +254,22 @@ async def test_a_batch_meeting_sums_that_do_not_match_the_recipe_writes_nothing(
         assert client.hget(keys.stats("cov"), keys.REWARDS) == b"0"
     finally:
         client.close()
+
+
+async def test_an_arm_added_through_another_worker_can_be_named_at_once(
+    app_settings: Settings,
+) -> None:
+    one = await ExperimentService.open(app_settings)
+    two = await ExperimentService.open(app_settings)
+    try:
+        _, key = await one.create(ExperimentSpec(id="grow", setting="covariates", dim=2,
+                                                 arms=(ArmSpec("a"), ArmSpec("b"))))
+        await one.choose("grow", ChooseRequest(context=(1.0, 0.5)), key)  # one's view: a, b
+        await two.add_arms("grow", [ArmSpec("c")])
+
+        decision = await one.choose("grow", ChooseRequest(context=(1.0, 0.5),
+                                                          eligible=("c",)), key)
+        assert decision.arm_id == "c"
+    finally:
+        await one.close()
+        await two.close()
