@@ -83,6 +83,29 @@ def unpack(config: PolicyConfig, axis: Axis, blob: bytes | None) -> dict[str, np
     return {name: value[0] for name, value in _columns(config, axis, flat[None]).items()}
 
 
+def upgrade_blob(config: PolicyConfig, axis: Axis, blob: bytes) -> bytes:
+    """A blob written before Gram matrices were stored as their upper triangle.
+
+    The earlier format held every field whole, in layout order. Returns the
+    blob in the current format; a blob already in it is returned unchanged.
+    """
+    if len(blob) == blob_size(config, axis):
+        return blob
+    fields = _fields(config, axis)
+    legacy_size = 8 * sum(math.prod(f.shape) for f in fields)
+    if len(blob) != legacy_size:
+        raise ValueError(f"stored {axis} blob has {len(blob)} bytes, expected {legacy_size}")
+    flat = np.frombuffer(blob, dtype=_FLOAT)
+    parts, offset = [], 0
+    for f in fields:
+        value = flat[offset: offset + math.prod(f.shape)]
+        offset += value.size
+        if f.expand is not None:
+            value = value.reshape(f.shape)[np.triu_indices(f.shape[0])]
+        parts.append(value)
+    return np.concatenate(parts).astype(_FLOAT).tobytes()
+
+
 def _columns(config: PolicyConfig, axis: Axis, table: np.ndarray) -> dict[str, np.ndarray]:
     """Split a (slots, values) table into fields of shape (slots, *field shape)."""
     out: dict[str, np.ndarray] = {}

@@ -35,7 +35,7 @@ from policies import (
 )
 from policies.ridge import ridge
 from service import keys
-from service.codec import assemble_state, recipe, unpack
+from service.codec import assemble_state, recipe, unpack, upgrade_blob
 from service.domain import (
     ArmSpec,
     ArmState,
@@ -175,6 +175,7 @@ class ExperimentService:
         self._view_bytes = 0
         self._rng = np.random.default_rng()  # unseeded experiments share one stream
         self.persistence_warnings: list[str] = []
+        self.upgraded: list[str] = []  # experiments brought up to date at start-up
 
     @classmethod
     async def open(cls, settings: Settings) -> ExperimentService:
@@ -188,6 +189,7 @@ class ExperimentService:
         service = cls(store, settings, embedded)
         await store.ping()
         service.persistence_warnings = await store.persistence_warnings()
+        service.upgraded = await service._upgrade_stored()
         return service
 
     async def close(self) -> None:
@@ -274,6 +276,29 @@ class ExperimentService:
         if result < 0:
             raise NotFound("unknown arm id")
         return await self.get(experiment_id)
+
+    async def _upgrade_stored(self) -> builtins.list[str]:
+        """Experiments written by an earlier version, brought up to date.
+
+        Before the reward script computed its own additions, experiments had
+        no recipes, pending decisions no field names, and Gram matrices were
+        stored whole. Each worker runs this at start-up; the store makes it
+        happen once.
+        """
+        upgraded = []
+        for experiment_id in await self._store.list_ids():
+            raw = await self._store.read_definition(experiment_id)
+            if raw is None:
+                continue
+            config = PolicyConfig(**json.loads(raw[0]["config"]))
+            if await self._store.upgrade(
+                experiment_id,
+                {"model_recipe": recipe(config, "model"), "arm_recipe": recipe(config, "arm")},
+                functools.partial(_upgraded_stats, config),
+                functools.partial(_field_names, config.shared),
+            ):
+                upgraded.append(experiment_id)
+        return upgraded
 
     # -- decisions --------------------------------------------------------
 
@@ -602,13 +627,30 @@ def _decision_rng(seed: int | None, number: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, number]))
 
 
+def _field_names(shared: bool, arm_id: str) -> dict[str, str]:
+    """The stats fields a reward of ``arm_id`` adds to (kept with each decision)."""
+    return {
+        "model_field": keys.model_field(None if shared else arm_id),
+        "arm_field": keys.arm_field(arm_id),
+    }
+
+
+def _upgraded_stats(config: PolicyConfig, stats: dict[str, bytes]) -> dict[str, bytes]:
+    """The statistics' blobs in the current format (counters unchanged)."""
+    out = {}
+    for name, blob in stats.items():
+        if name == keys.SHARED_MODEL_FIELD or name.startswith("model:"):
+            out[name] = upgrade_blob(config, "model", blob)
+        elif name.startswith("arm:"):
+            out[name] = upgrade_blob(config, "arm", blob)
+    return out
+
+
 def _decision_fields(view: View, arm: ArmRecord, x: np.ndarray) -> dict[str, str | bytes]:
     """The pending decision: what reward.lua needs, and the state it was made from."""
-    shared = view.definition.config.shared
     return {
         "arm": arm.id,
-        "model_field": keys.model_field(None if shared else arm.id),
-        "arm_field": keys.arm_field(arm.id),
+        **_field_names(view.definition.config.shared, arm.id),
         "x": np.ascontiguousarray(x, dtype="<f8").tobytes(),
         "version": str(view.version),
         "rewards_seen": str(view.rewards),

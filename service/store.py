@@ -25,6 +25,7 @@ from redis.exceptions import (
     DataError,
     NoScriptError,
     ResponseError,
+    WatchError,
 )
 from redis.exceptions import (
     ConnectionError as RedisConnectionError,
@@ -256,6 +257,46 @@ class Store:
         """The stored hash of an experiment's API key; None if it does not exist."""
         value = await self._client.hget(keys.meta(experiment_id), "key_hash")
         return None if value is None else _text(value)
+
+    @_translated
+    async def upgrade(
+        self,
+        experiment_id: str,
+        meta_fields: Mapping[str, str],
+        stats_of: Callable[[dict[str, bytes]], dict[str, bytes]],
+        decision_fields_of: Callable[[str], dict[str, str]],
+    ) -> bool:
+        """Bring an experiment written by an earlier version up to date, once.
+
+        Does nothing (False) unless its meta lacks one of ``meta_fields``.
+        Pending decisions get ``decision_fields_of(arm)`` where they lack them;
+        then, in one transaction that fails if the statistics changed meanwhile
+        (another worker upgrading too), the stats hash is replaced by
+        ``stats_of(stats)`` and ``meta_fields`` are set.
+        """
+        meta_key, stats_key = keys.meta(experiment_id), keys.stats(experiment_id)
+        if all(await self._client.hmget(meta_key, list(meta_fields))):
+            return False
+        pattern = keys.decision(experiment_id, "*")
+        async for key in self._client.scan_iter(match=pattern, count=1000):
+            record = await self._client.hgetall(key)
+            missing = {k: v for k, v in decision_fields_of(_text(record.get(b"arm", b""))).items()
+                       if k.encode() not in record}
+            if record and missing:
+                await self._client.hset(key, mapping=missing)
+        async with self._client.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(meta_key, stats_key)
+                stats = {_text(k): v for k, v in (await pipe.hgetall(stats_key)).items()}
+                if all(await pipe.hmget(meta_key, list(meta_fields))):
+                    return False
+                pipe.multi()
+                pipe.hset(stats_key, mapping=stats_of(stats))
+                pipe.hset(meta_key, mapping=dict(meta_fields))
+                await pipe.execute()
+            except WatchError:
+                return False  # changed meanwhile: whoever changed it upgraded it
+        return True
 
     @_translated
     async def list_ids(self) -> list[str]:

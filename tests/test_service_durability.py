@@ -679,3 +679,56 @@ async def test_service_decides_like_the_simulator_with_per_decision_rngs(
     mismatch = np.argwhere(arms != simulated.arms)
     assert mismatch.size == 0, f"first differing (rep, round): {mismatch[:3].tolist()}"
     np.testing.assert_array_equal(cumulative, simulated.cumulative)
+
+
+# -- upgrading what an earlier version stored ------------------------------------
+
+
+def _legacy_blob(config: PolicyConfig, axis: str, blob: bytes) -> bytes:
+    """The earlier format: every field whole (Gram matrices full), in layout order."""
+    fields = unpack(config, axis, blob)  # type: ignore[arg-type]
+    return np.concatenate([np.ravel(v) for v in fields.values()]).astype("<f8").tobytes()
+
+
+async def test_an_experiment_stored_by_the_earlier_version_is_upgraded_at_start_up(
+    app_settings: Settings, redis_db: str
+) -> None:
+    spec = ExperimentSpec(id="legacy", setting="covariates", dim=3,
+                          arms=(ArmSpec("a"), ArmSpec("b")), seed=2)
+    service = await ExperimentService.open(app_settings)
+    try:
+        _, key = await service.create(spec)
+        for context in ((1.0, 0.5, -0.25), (0.5, 2.0, 1.0), (-1.0, 0.0, 3.0)):
+            decision = await service.choose("legacy", ChooseRequest(context=context), key)
+            await service.reward("legacy", [(decision.decision_id, sum(context))], key)
+        pending = await service.choose("legacy", ChooseRequest(context=(0.25, 0.5, 1.0)), key)
+        config = PolicyConfig(**(await service.get("legacy")).config)  # type: ignore[arg-type]
+    finally:
+        await service.close()
+    current = stored_stats(redis_db, "legacy")
+
+    # What the earlier version left: no recipes, no field names, full Gram matrices.
+    client = redis.Redis.from_url(redis_db)
+    try:
+        client.hdel(keys.meta("legacy"), "model_recipe", "arm_recipe")
+        client.hdel(keys.decision("legacy", pending.decision_id), "model_field", "arm_field")
+        for name, blob in current.items():
+            axis = "model" if name.startswith("model") else "arm" if name.startswith("arm:") else ""
+            if axis:
+                legacy = _legacy_blob(config, axis, blob)
+                client.hset(keys.stats("legacy"), mapping={name: legacy})
+    finally:
+        client.close()
+
+    upgraded = await ExperimentService.open(app_settings)
+    again = await ExperimentService.open(app_settings)  # a second worker: nothing left to do
+    try:
+        assert upgraded.upgraded == ["legacy"] and again.upgraded == []
+        assert stored_stats(redis_db, "legacy") == current  # bit for bit
+        outcome = await upgraded.reward("legacy", [(pending.decision_id, 0.5)], key)
+        assert outcome[0].status == "applied"
+        assert (await upgraded.choose("legacy", ChooseRequest(context=(1.0, 1.0, 1.0)), key))
+        assert (await upgraded.get("legacy")).rewards == 4
+    finally:
+        await upgraded.close()
+        await again.close()

@@ -28,6 +28,9 @@ end
 if ARGV[1] ~= '' and meta[2] ~= ARGV[1] then
   return {'forbidden'}
 end
+if not meta[3] or not meta[4] then
+  return redis.error_reply('experiment stored by an earlier version: restart the service to upgrade it')
+end
 local incarnation = meta[1]
 local KNOWN = {outer_upper = true, r_x = true, r2 = true, one = true, r = true}
 local recipes = {}
