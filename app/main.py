@@ -76,6 +76,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             warning,
             extra={"fields": {"persistence_warning": warning}},
         )
+    if service.upgraded:
+        logger.warning(
+            "upgraded %d experiment(s) stored by an earlier version", len(service.upgraded),
+            extra={"fields": {"upgraded": service.upgraded}},
+        )
     app.state.service = service
     try:
         yield
