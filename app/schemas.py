@@ -453,7 +453,10 @@ class ExperimentCreatedOut(BaseModel):
 
 
 class ExperimentListOut(BaseModel):
-    experiments: list[ExperimentOut]
+    experiments: list[ExperimentOut] = Field(description="in id order")
+    next_after: str | None = Field(
+        description="pass as ?after= for the next page; null on the last page"
+    )
 
 
 class DecisionOut(BaseModel):

@@ -235,14 +235,22 @@ class ExperimentService:
         meta, arms, snapshot = read
         return _view(_parse_definition(meta, arms), snapshot.stats)
 
-    async def list(self) -> builtins.list[ExperimentView]:
+    async def list(
+        self, limit: int = 100, after: str | None = None
+    ) -> tuple[builtins.list[ExperimentView], str | None]:
+        """Up to ``limit`` experiments in id order, after ``after``; and the id to go on from.
+
+        The second value is None on the last page.
+        """
+        ids = [i for i in await self._store.list_ids() if after is None or i > after]
         views = []
-        for experiment_id in await self._store.list_ids():
+        for experiment_id in ids[:limit]:
             try:
                 views.append(await self.get(experiment_id))
             except NotFound:
                 await self._store.forget_id(experiment_id)
-        return views
+        more = len(ids) > limit
+        return views, (ids[limit - 1] if more else None)
 
     async def delete(self, experiment_id: str) -> None:
         self._forget(experiment_id)

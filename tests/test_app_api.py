@@ -468,3 +468,22 @@ def test_create_app_opens_nothing_and_validates_the_log_level() -> None:
     assert not hasattr(app.state, "service")
     with pytest.raises(ValueError, match="log_level"):
         create_app(Settings(redis_url="redis://127.0.0.1:1/0", log_level="chatty"))
+
+
+async def test_list_pages_through_experiments_in_id_order(api: Api) -> None:
+    for experiment_id in ("e3", "e1", "e5", "e2", "e4"):
+        await api.create({**COVARIATES, "id": experiment_id})
+    pages, after = [], None
+    while True:
+        params = {"limit": "2", **({"after": after} if after else {})}
+        response = await api.http.get("/experiments", params=params, headers=ADMIN)
+        assert response.status_code == 200, response.text
+        page = response.json()
+        pages.append([e["id"] for e in page["experiments"]])
+        after = page["next_after"]
+        if after is None:
+            break
+    assert pages == [["e1", "e2"], ["e3", "e4"], ["e5"]]
+    for params in ({"limit": "0"}, {"limit": "1001"}, {"after": "ev{il}"}):
+        refused = await api.http.get("/experiments", params=params, headers=ADMIN)
+        assert refused.status_code == 422, (params, refused.text)

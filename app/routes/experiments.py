@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
 
 from app.deps import AdminDep, ExperimentIdPath, ServiceDep, SettingsDep
 from app.responses import ADMIN_ERRORS
@@ -15,6 +17,7 @@ from app.schemas import (
     RetireArmsIn,
 )
 from app.strict_json import StrictJSONRoute
+from service.domain import EXPERIMENT_ID_PATTERN
 
 router = APIRouter(
     prefix="/experiments",
@@ -33,10 +36,19 @@ async def create_experiment(
     return ExperimentCreatedOut(api_key=api_key, experiment=ExperimentOut.from_domain(view))
 
 
-@router.get("", summary="List experiments")
-async def list_experiments(service: ServiceDep) -> ExperimentListOut:
-    views = await service.list()
-    return ExperimentListOut(experiments=[ExperimentOut.from_domain(v) for v in views])
+@router.get("", summary="List experiments, a page at a time")
+async def list_experiments(
+    service: ServiceDep,
+    limit: Annotated[int, Query(ge=1, le=1000, description="experiments per page")] = 100,
+    after: Annotated[
+        str | None,
+        Query(pattern=EXPERIMENT_ID_PATTERN, description="the previous page's next_after"),
+    ] = None,
+) -> ExperimentListOut:
+    views, next_after = await service.list(limit, after)
+    return ExperimentListOut(
+        experiments=[ExperimentOut.from_domain(v) for v in views], next_after=next_after
+    )
 
 
 @router.get("/{experiment_id}", summary="An experiment and what it has learnt")
