@@ -76,6 +76,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             warning,
             extra={"fields": {"persistence_warning": warning}},
         )
+    for failure in service.upgrade_failures:
+        logger.error("EXPERIMENT NOT UPGRADED: %s", failure,
+                     extra={"fields": {"upgrade_failure": failure}})
     if service.upgraded:
         logger.warning(
             "upgraded %d experiment(s) stored by an earlier version", len(service.upgraded),

@@ -176,6 +176,7 @@ class ExperimentService:
         self._rng = np.random.default_rng()  # unseeded experiments share one stream
         self.persistence_warnings: list[str] = []
         self.upgraded: list[str] = []  # experiments brought up to date at start-up
+        self.upgrade_failures: list[str] = []  # "id: reason" for those that could not be
 
     @classmethod
     async def open(cls, settings: Settings) -> ExperimentService:
@@ -288,24 +289,30 @@ class ExperimentService:
     async def _upgrade_stored(self) -> builtins.list[str]:
         """Experiments written by an earlier version, brought up to date.
 
-        Before the reward script computed its own additions, experiments had
-        no recipes, pending decisions no field names, and Gram matrices were
-        stored whole. Each worker runs this at start-up; the store makes it
-        happen once.
+        Earlier versions stored no recipes (or the recipe of whole Gram
+        matrices), pending decisions without field names, and Gram matrices
+        whole. Each worker runs this at start-up; the store makes it happen
+        once. An experiment that cannot be upgraded is reported in
+        ``upgrade_failures`` (and answers 5xx until it is fixed or deleted);
+        it does not stop the service.
         """
         upgraded = []
         for experiment_id in await self._store.list_ids():
             raw = await self._store.read_definition(experiment_id)
             if raw is None:
                 continue
-            config = PolicyConfig(**json.loads(raw[0]["config"]))
-            if await self._store.upgrade(
-                experiment_id,
-                {"model_recipe": recipe(config, "model"), "arm_recipe": recipe(config, "arm")},
-                functools.partial(_upgraded_stats, config),
-                functools.partial(_field_names, config.shared),
-            ):
-                upgraded.append(experiment_id)
+            try:
+                config = PolicyConfig(**json.loads(raw[0]["config"]))
+                if await self._store.upgrade(
+                    experiment_id,
+                    {"model_recipe": recipe(config, "model"),
+                     "arm_recipe": recipe(config, "arm")},
+                    functools.partial(_upgraded_stats, config),
+                    functools.partial(_field_names, config.shared),
+                ):
+                    upgraded.append(experiment_id)
+            except (ValueError, TypeError, KeyError, RuntimeError) as exc:
+                self.upgrade_failures.append(f"{experiment_id}: {exc}")
         return upgraded
 
     # -- decisions --------------------------------------------------------
@@ -450,7 +457,9 @@ class ExperimentService:
         definition = view.definition
         if snapshot.version != definition.version:
             definition = await self._definition(experiment_id)
-        return self._remember(experiment_id, definition, snapshot, view.last_number)
+        # Decision numbers start again when the experiment is created again.
+        same = definition.incarnation == view.definition.incarnation
+        return self._remember(experiment_id, definition, snapshot, view.last_number if same else 0)
 
     def _remember(
         self, experiment_id: str, definition: Definition, snapshot: Snapshot, last_number: int = 0

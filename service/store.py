@@ -64,6 +64,17 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+_UPGRADE_ATTEMPTS = 50
+
+
+def _needs_upgrade(stored: Sequence[Any], meta_fields: Mapping[str, str]) -> bool:
+    """From HMGET of incarnation and ``meta_fields``: exists, and differs from them."""
+    incarnation, *values = stored
+    return incarnation is not None and [
+        None if v is None else _text(v) for v in values
+    ] != list(meta_fields.values())
+
+
 class _HiredisPackedConnection(Connection):
     """A connection that packs commands in C (hiredis), as redis-py's sync client does.
 
@@ -178,6 +189,7 @@ class Store:
         self._add_arms = client.register_script(_script("add_arms"))
         self._retire_arms = client.register_script(_script("retire_arms"))
         self._decide = client.register_script(_script("decide"))
+        self._upgrade_decision = client.register_script(_script("upgrade_decision"))
         self._batcher = _ScriptBatcher(client)
 
     @classmethod
@@ -268,35 +280,46 @@ class Store:
     ) -> bool:
         """Bring an experiment written by an earlier version up to date, once.
 
-        Does nothing (False) unless its meta lacks one of ``meta_fields``.
-        Pending decisions get ``decision_fields_of(arm)`` where they lack them;
-        then, in one transaction that fails if the statistics changed meanwhile
-        (another worker upgrading too), the stats hash is replaced by
-        ``stats_of(stats)`` and ``meta_fields`` are set.
+        Nothing to do (False) when its meta already holds ``meta_fields`` or it
+        no longer exists. Otherwise its pending decisions get
+        ``decision_fields_of(arm)`` where they lack them, and then, in one
+        transaction (retried while other clients change the experiment), its
+        stats blobs are replaced by ``stats_of(stats)`` and ``meta_fields`` are
+        set. Several workers may run this at once: one of them upgrades.
+
+        Raises
+        ------
+        RuntimeError
+            If the experiment kept changing through every attempt.
         """
         meta_key, stats_key = keys.meta(experiment_id), keys.stats(experiment_id)
-        if all(await self._client.hmget(meta_key, list(meta_fields))):
+        wanted = ["incarnation", *meta_fields]
+        if not _needs_upgrade(await self._client.hmget(meta_key, wanted), meta_fields):
             return False
-        pattern = keys.decision(experiment_id, "*")
-        async for key in self._client.scan_iter(match=pattern, count=1000):
-            record = await self._client.hgetall(key)
-            missing = {k: v for k, v in decision_fields_of(_text(record.get(b"arm", b""))).items()
-                       if k.encode() not in record}
-            if record and missing:
-                await self._client.hset(key, mapping=missing)
-        async with self._client.pipeline(transaction=True) as pipe:
-            try:
-                await pipe.watch(meta_key, stats_key)
-                stats = {_text(k): v for k, v in (await pipe.hgetall(stats_key)).items()}
-                if all(await pipe.hmget(meta_key, list(meta_fields))):
-                    return False
-                pipe.multi()
-                pipe.hset(stats_key, mapping=stats_of(stats))
-                pipe.hset(meta_key, mapping=dict(meta_fields))
-                await pipe.execute()
-            except WatchError:
-                return False  # changed meanwhile: whoever changed it upgraded it
-        return True
+        # SCAN walks the whole keyspace; an upgrade happens once per experiment.
+        async for key in self._client.scan_iter(match=keys.decision(experiment_id, "*")):
+            arm = await self._client.hget(key, "arm")
+            if arm is not None:
+                fields = decision_fields_of(_text(arm))
+                args = [item for pair in fields.items() for item in pair]
+                await self._upgrade_decision(keys=[key], args=args)
+        for _ in range(_UPGRADE_ATTEMPTS):
+            async with self._client.pipeline(transaction=True) as pipe:
+                try:
+                    await pipe.watch(meta_key, stats_key)
+                    if not _needs_upgrade(await pipe.hmget(meta_key, wanted), meta_fields):
+                        return False
+                    stats = {_text(k): v for k, v in (await pipe.hgetall(stats_key)).items()}
+                    blobs = stats_of(stats)
+                    pipe.multi()
+                    if blobs:  # none before the first reward
+                        pipe.hset(stats_key, mapping=blobs)
+                    pipe.hset(meta_key, mapping=dict(meta_fields))
+                    await pipe.execute()
+                    return True
+                except WatchError:
+                    continue  # changed meanwhile: read it again
+        raise RuntimeError(f"experiment {experiment_id} kept changing during its upgrade")
 
     @_translated
     async def list_ids(self) -> list[str]:

@@ -690,14 +690,18 @@ def _legacy_blob(config: PolicyConfig, axis: str, blob: bytes) -> bytes:
     return np.concatenate([np.ravel(v) for v in fields.values()]).astype("<f8").tobytes()
 
 
-async def test_an_experiment_stored_by_the_earlier_version_is_upgraded_at_start_up(
-    app_settings: Settings, redis_db: str
+@pytest.mark.parametrize("recipes", ["absent", "whole Gram"])
+async def test_experiments_stored_by_earlier_versions_are_upgraded_at_start_up(
+    app_settings: Settings, redis_db: str, recipes: str
 ) -> None:
+    """The first version stored no recipes; the next one recipes of whole Gram matrices."""
     spec = ExperimentSpec(id="legacy", setting="covariates", dim=3,
                           arms=(ArmSpec("a"), ArmSpec("b")), seed=2)
     service = await ExperimentService.open(app_settings)
     try:
         _, key = await service.create(spec)
+        _, fresh_key = await service.create(dataclasses.replace(spec, id="fresh"))  # no reward
+        await service.create(dataclasses.replace(spec, id="broken"))
         for context in ((1.0, 0.5, -0.25), (0.5, 2.0, 1.0), (-1.0, 0.0, 3.0)):
             decision = await service.choose("legacy", ChooseRequest(context=context), key)
             await service.reward("legacy", [(decision.decision_id, sum(context))], key)
@@ -707,28 +711,38 @@ async def test_an_experiment_stored_by_the_earlier_version_is_upgraded_at_start_
         await service.close()
     current = stored_stats(redis_db, "legacy")
 
-    # What the earlier version left: no recipes, no field names, full Gram matrices.
+    # What an earlier version left: old recipes, no field names, whole Gram matrices.
     client = redis.Redis.from_url(redis_db)
     try:
-        client.hdel(keys.meta("legacy"), "model_recipe", "arm_recipe")
+        for experiment_id in ("legacy", "fresh", "broken"):
+            if recipes == "absent":
+                client.hdel(keys.meta(experiment_id), "model_recipe", "arm_recipe")
+            else:
+                client.hset(keys.meta(experiment_id), mapping={
+                    "model_recipe": "outer,r_x,r2,one,r", "arm_recipe": "one,r,r2"})
         client.hdel(keys.decision("legacy", pending.decision_id), "model_field", "arm_field")
         for name, blob in current.items():
             axis = "model" if name.startswith("model") else "arm" if name.startswith("arm:") else ""
             if axis:
                 legacy = _legacy_blob(config, axis, blob)
                 client.hset(keys.stats("legacy"), mapping={name: legacy})
+        client.hset(keys.stats("broken"), mapping={keys.model_field("a"): "\0" * 8})
     finally:
         client.close()
 
     upgraded = await ExperimentService.open(app_settings)
     again = await ExperimentService.open(app_settings)  # a second worker: nothing left to do
     try:
-        assert upgraded.upgraded == ["legacy"] and again.upgraded == []
+        assert upgraded.upgraded == ["fresh", "legacy"] and again.upgraded == []
+        assert [f.split(":")[0] for f in upgraded.upgrade_failures] == ["broken"]
         assert stored_stats(redis_db, "legacy") == current  # bit for bit
         outcome = await upgraded.reward("legacy", [(pending.decision_id, 0.5)], key)
         assert outcome[0].status == "applied"
         assert (await upgraded.choose("legacy", ChooseRequest(context=(1.0, 1.0, 1.0)), key))
         assert (await upgraded.get("legacy")).rewards == 4
+        fresh = await upgraded.choose("fresh", ChooseRequest(context=(1.0, 1.0, 1.0)), fresh_key)
+        assert (await upgraded.reward("fresh", [(fresh.decision_id, 1.0)], fresh_key))[0].status \
+            == "applied"
     finally:
         await upgraded.close()
         await again.close()

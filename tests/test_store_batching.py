@@ -273,3 +273,24 @@ async def test_an_arm_added_through_another_worker_can_be_named_at_once(
     finally:
         await one.close()
         await two.close()
+
+
+async def test_patching_a_decision_that_expired_does_not_create_it_again(redis_db: str) -> None:
+    """upgrade_decision.lua: a key without TTL would never expire."""
+    store = Store.from_url(redis_db, 2.0)
+    client = redis.Redis.from_url(redis_db)
+    try:
+        gone, live = keys.decision("up", "gone"), keys.decision("up", "live")
+        client.hset(live, mapping={"arm": "a", "model_field": "kept"})
+        client.expire(live, 600)
+        fields = ["model_field", "model", "arm_field", "arm:a"]
+        assert await store._upgrade_decision(keys=[gone], args=fields) == 0
+        assert await store._upgrade_decision(keys=[live], args=fields) == 1
+        assert not client.exists(gone)
+        assert client.hgetall(live) == {b"arm": b"a", b"model_field": b"kept",
+                                        b"arm_field": b"arm:a"}  # only what was missing
+        ttl: int = client.ttl(live)  # type: ignore[assignment]
+        assert 0 < ttl <= 600
+    finally:
+        client.close()
+        await store.close()
