@@ -663,12 +663,24 @@ def _upgraded_stats(config: PolicyConfig, stats: dict[str, bytes]) -> dict[str, 
     return out
 
 
+# Redis keeps a hash compact (a listpack) while every value is at most 64 bytes
+# (hash-max-ziplist-value); one 160-byte context (d = 20) would more than
+# double a pending decision's memory.
+_CHUNK_BYTES = 64
+
+
+def _context_chunks(packed: bytes) -> dict[str, str | bytes]:
+    """The packed context as fields x:1, x:2, ... of at most 64 bytes (reward.lua joins them)."""
+    chunks = [packed[i: i + _CHUNK_BYTES] for i in range(0, len(packed), _CHUNK_BYTES)]
+    return {"x_chunks": str(len(chunks)), **{f"x:{i}": c for i, c in enumerate(chunks, 1)}}
+
+
 def _decision_fields(view: View, arm: ArmRecord, x: np.ndarray) -> dict[str, str | bytes]:
     """The pending decision: what reward.lua needs, and the state it was made from."""
     return {
         "arm": arm.id,
         **_field_names(view.definition.config.shared, arm.id),
-        "x": np.ascontiguousarray(x, dtype="<f8").tobytes(),
+        **_context_chunks(np.ascontiguousarray(x, dtype="<f8").tobytes()),
         "version": str(view.version),
         "rewards_seen": str(view.rewards),
         "status": "pending",

@@ -248,7 +248,7 @@ async def test_many_rewards_add_up_bit_for_bit_to_the_policies_update(
 ) -> None:
     """reward.lua's additions, reward after reward, are exactly policies.update's."""
     rng = np.random.default_rng(11)
-    dim, arm_ids = 4, ["a", "b", "c"]
+    dim, arm_ids = 10, ["a", "b", "c"]  # 80 bytes of context: two chunks
     features = rng.normal(size=(3, dim)) if setting == "stochastic" else None
     arms = tuple(ArmSpec(a, None if features is None else tuple(features[i]))
                  for i, a in enumerate(arm_ids))
@@ -720,7 +720,12 @@ async def test_experiments_stored_by_earlier_versions_are_upgraded_at_start_up(
             else:
                 client.hset(keys.meta(experiment_id), mapping={
                     "model_recipe": "outer,r_x,r2,one,r", "arm_recipe": "one,r,r2"})
-        client.hdel(keys.decision("legacy", pending.decision_id), "model_field", "arm_field")
+        record_key = keys.decision("legacy", pending.decision_id)
+        client.hdel(record_key, "model_field", "arm_field")
+        chunks = [f"x:{i}" for i in range(1, int(client.hget(record_key, "x_chunks")) + 1)]  # type: ignore[arg-type]
+        whole = b"".join(client.hmget(record_key, chunks))  # type: ignore[arg-type]
+        client.hdel(record_key, "x_chunks", *chunks)
+        client.hset(record_key, mapping={"x": whole})  # the context whole, in one field
         for name, blob in current.items():
             axis = "model" if name.startswith("model") else "arm" if name.startswith("arm:") else ""
             if axis:

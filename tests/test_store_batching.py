@@ -294,3 +294,27 @@ async def test_patching_a_decision_that_expired_does_not_create_it_again(redis_d
     finally:
         client.close()
         await store.close()
+
+
+async def test_a_pending_decision_keeps_every_value_within_64_bytes(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """So Redis keeps the hash compact (hash-max-ziplist-value 64): a third of the memory."""
+    features = tuple(tuple(float(i + j) for j in range(20)) for i in range(3))
+    _, key = await service.create(ExperimentSpec(
+        id="wide", setting="stochastic", dim=20,
+        arms=tuple(ArmSpec(f"a{i}", f) for i, f in enumerate(features))))
+    decision = await service.choose("wide", ChooseRequest(), key)
+    client = redis.Redis.from_url(redis_db)
+    try:
+        record: dict[bytes, bytes] = client.hgetall(  # type: ignore[assignment]
+            keys.decision("wide", decision.decision_id))
+    finally:
+        client.close()
+    assert max(len(v) for v in record.values()) <= 64
+    assert int(record[b"x_chunks"]) == 3  # 160 bytes of context
+    # and the reward reads the context back whole: the arm's features
+    assert (await service.reward("wide", [(decision.decision_id, 2.0)], key))[0].status \
+        == "applied"
+    view = await service.get("wide")
+    assert view.theta_hat["shared"] != [0.0] * 20

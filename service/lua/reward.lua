@@ -122,10 +122,24 @@ local function add_observation(v, recipe, x, r)
   end
 end
 
-local DECISION_FIELDS = {'status', 'incarnation', 'reward', 'x', 'model_field', 'arm_field'}
+local DECISION_FIELDS = {'status', 'incarnation', 'reward', 'x', 'model_field', 'arm_field',
+                         'x_chunks'}
 
+-- status, incarnation, reward, x (packed float64), model field, arm field.
+-- The context is kept in chunks of at most 64 bytes ('x:1', 'x:2', ...), so
+-- Redis keeps the decision hash in its compact encoding; a decision of an
+-- earlier version has it whole in 'x'.
 local function read_decision(key)
-  return redis.call('HMGET', key, unpack(DECISION_FIELDS))
+  local decision = redis.call('HMGET', key, unpack(DECISION_FIELDS))
+  local chunks = tonumber(decision[7])
+  if not decision[4] and chunks then
+    local names = {}
+    for i = 1, chunks do
+      names[i] = 'x:' .. i
+    end
+    decision[4] = table.concat(redis.call('HMGET', key, unpack(names)))
+  end
+  return decision
 end
 
 local function blob_length(recipe, d)
