@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import redis
 
+from policies import PolicyConfig
 from service import keys
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.experiments import ExperimentService
@@ -318,3 +319,34 @@ async def test_a_pending_decision_keeps_every_value_within_64_bytes(
         == "applied"
     view = await service.get("wide")
     assert view.theta_hat["shared"] != [0.0] * 20
+
+
+async def test_a_context_of_more_than_eight_chunks_is_read_back_whole(
+    app_settings: Settings, redis_db: str
+) -> None:
+    """d = 72: nine 64-byte chunks, the ninth read by a second HMGET in reward.lua."""
+    from tests.test_service_durability import (
+        Observation,
+        assert_stats_equal,
+        expected_state,
+        stored_stats,
+    )
+
+    service = await ExperimentService.open(app_settings.model_copy(update={"max_dim": 256}))
+    try:
+        _, key = await service.create(ExperimentSpec(id="big", setting="covariates", dim=72,
+                                                     arms=(ArmSpec("a"), ArmSpec("b"))))
+        rng = np.random.default_rng(5)
+        observations = []
+        for _ in range(4):
+            context = tuple(float(v) for v in rng.normal(size=72))
+            decision = await service.choose("big", ChooseRequest(context=context), key)
+            reward = float(rng.normal())
+            await service.reward("big", [(decision.decision_id, reward)], key)
+            observations.append(Observation(["a", "b"].index(decision.arm_id),
+                                            np.array(context), reward))
+        config = PolicyConfig(**(await service.get("big")).config)  # type: ignore[arg-type]
+    finally:
+        await service.close()
+    assert_stats_equal(config, ["a", "b"], stored_stats(redis_db, "big"),
+                       expected_state(config, 2, observations))

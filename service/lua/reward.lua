@@ -122,22 +122,36 @@ local function add_observation(v, recipe, x, r)
   end
 end
 
+-- The context is kept in chunks of at most 64 bytes ('x:1', 'x:2', ...), so
+-- Redis keeps the decision hash in its compact encoding; the first eight
+-- chunks (d <= 64) come with the other fields in one HMGET. A decision of an
+-- earlier version has the context whole in 'x'.
+local FIRST_CHUNKS = 8
 local DECISION_FIELDS = {'status', 'incarnation', 'reward', 'x', 'model_field', 'arm_field',
                          'x_chunks'}
+for i = 1, FIRST_CHUNKS do
+  DECISION_FIELDS[#DECISION_FIELDS + 1] = 'x:' .. i
+end
 
 -- status, incarnation, reward, x (packed float64), model field, arm field.
--- The context is kept in chunks of at most 64 bytes ('x:1', 'x:2', ...), so
--- Redis keeps the decision hash in its compact encoding; a decision of an
--- earlier version has it whole in 'x'.
 local function read_decision(key)
   local decision = redis.call('HMGET', key, unpack(DECISION_FIELDS))
   local chunks = tonumber(decision[7])
   if not decision[4] and chunks then
-    local names = {}
-    for i = 1, chunks do
-      names[i] = 'x:' .. i
+    local parts = {}
+    for i = 1, math.min(chunks, FIRST_CHUNKS) do
+      parts[i] = decision[7 + i]
     end
-    decision[4] = table.concat(redis.call('HMGET', key, unpack(names)))
+    if chunks > FIRST_CHUNKS then
+      local names = {}
+      for i = FIRST_CHUNKS + 1, chunks do
+        names[#names + 1] = 'x:' .. i
+      end
+      for _, part in ipairs(redis.call('HMGET', key, unpack(names))) do
+        parts[#parts + 1] = part
+      end
+    end
+    decision[4] = table.concat(parts)
   end
   return decision
 end
