@@ -23,6 +23,7 @@ from pydantic import SecretStr
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from service.experiments import ExperimentService
 from service.settings import Settings
 
 TEST_REDIS_ENV = "LINREBOOT_TEST_REDIS_URL"
@@ -94,6 +95,26 @@ def redis_db(redis_url: str) -> Iterator[str]:
 @pytest.fixture
 def app_settings(redis_db: str) -> Settings:
     return Settings(redis_url=redis_db, admin_token=SecretStr(ADMIN_TOKEN))
+
+
+@pytest.fixture
+async def service(app_settings: Settings) -> AsyncIterator[ExperimentService]:
+    """An ExperimentService on the (flushed) session Redis: one worker."""
+    opened = await ExperimentService.open(app_settings)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@pytest.fixture
+async def other_service(app_settings: Settings) -> AsyncIterator[ExperimentService]:
+    """A second worker on the same Redis, with views of its own."""
+    opened = await ExperimentService.open(app_settings)
+    try:
+        yield opened
+    finally:
+        await opened.close()
 
 
 @pytest.fixture

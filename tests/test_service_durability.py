@@ -56,16 +56,6 @@ COPIES = 50  # concurrent copies of one reward
 # -- helpers ------------------------------------------------------------------
 
 
-@pytest.fixture
-async def service(app_settings: Settings) -> AsyncIterator[ExperimentService]:
-    """An ExperimentService on the (flushed) session Redis."""
-    opened = await ExperimentService.open(app_settings)
-    try:
-        yield opened
-    finally:
-        await opened.close()
-
-
 @dataclass(frozen=True)
 class Observation:
     arm: int  # index in registration order

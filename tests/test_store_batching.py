@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -31,15 +30,6 @@ from service.store import Store, _ScriptBatcher
 pytestmark = pytest.mark.anyio
 
 FEATURES = ((1.0, 0.0), (0.0, 1.0), (0.6, 0.8))
-
-
-@pytest.fixture
-async def service(app_settings: Settings) -> AsyncIterator[ExperimentService]:
-    opened = await ExperimentService.open(app_settings)
-    try:
-        yield opened
-    finally:
-        await opened.close()
 
 
 @pytest.fixture
@@ -140,34 +130,29 @@ async def test_a_cancelled_caller_leaves_the_rest_of_its_batch_alone(
 
 
 async def test_a_stale_view_decides_again_from_the_current_statistics(
-    app_settings: Settings, redis_db: str
+    service: ExperimentService, other_service: ExperimentService, redis_db: str
 ) -> None:
-    one = await ExperimentService.open(app_settings)
-    two = await ExperimentService.open(app_settings)
+    one, two = service, other_service
+    key = await _experiment(one)
+    seen = await one.choose("sto", ChooseRequest(), key)  # one's view: pulls all 0
+    assert seen.exploring
+
+    # Through the other worker: each arm pulled and rewarded once (an
+    # unexplored arm goes first), so no arm is left to explore.
+    for _ in FEATURES:
+        decision = await two.choose("sto", ChooseRequest(), key)
+        assert decision.exploring
+        await two.reward("sto", [(decision.decision_id, 1.0)], key)
+
+    after = await one.choose("sto", ChooseRequest(), key)
+    assert not after.exploring  # decided from the rewarded state, not its stale view
+    client = redis.Redis.from_url(redis_db)
     try:
-        key = await _experiment(one)
-        seen = await one.choose("sto", ChooseRequest(), key)  # one's view: pulls all 0
-        assert seen.exploring
-
-        # Through the other worker: each arm pulled and rewarded once (an
-        # unexplored arm goes first), so no arm is left to explore.
-        for _ in FEATURES:
-            decision = await two.choose("sto", ChooseRequest(), key)
-            assert decision.exploring
-            await two.reward("sto", [(decision.decision_id, 1.0)], key)
-
-        after = await one.choose("sto", ChooseRequest(), key)
-        assert not after.exploring  # decided from the rewarded state, not its stale view
-        client = redis.Redis.from_url(redis_db)
-        try:
-            record: dict[bytes, bytes] = client.hgetall(  # type: ignore[assignment]
-                keys.decision("sto", after.decision_id))
-        finally:
-            client.close()
-        assert record[b"rewards_seen"] == b"3"
+        record: dict[bytes, bytes] = client.hgetall(  # type: ignore[assignment]
+            keys.decision("sto", after.decision_id))
     finally:
-        await one.close()
-        await two.close()
+        client.close()
+    assert record[b"rewards_seen"] == b"3"
 
 
 def _rewards_seen(url: str, decision_id: str) -> int:
@@ -179,32 +164,27 @@ def _rewards_seen(url: str, decision_id: str) -> int:
 
 
 async def test_a_view_may_lag_as_many_rewards_as_the_experiment_allows(
-    app_settings: Settings, redis_db: str
+    service: ExperimentService, other_service: ExperimentService, redis_db: str
 ) -> None:
-    one = await ExperimentService.open(app_settings)
-    two = await ExperimentService.open(app_settings)
-    try:
-        key = await _experiment(one, "lag", max_stale_rewards=2)
-        first = await one.choose("lag", ChooseRequest(), key)
-        assert _rewards_seen(redis_db, first.decision_id) == 0
+    one, two = service, other_service
+    key = await _experiment(one, "lag", max_stale_rewards=2)
+    first = await one.choose("lag", ChooseRequest(), key)
+    assert _rewards_seen(redis_db, first.decision_id) == 0
 
-        async def reward_through_two() -> None:
-            decision = await two.choose("lag", ChooseRequest(), key)
-            assert (await two.reward("lag", [(decision.decision_id, 1.0)], key))[0].status \
-                == "applied"
+    async def reward_through_two() -> None:
+        decision = await two.choose("lag", ChooseRequest(), key)
+        assert (await two.reward("lag", [(decision.decision_id, 1.0)], key))[0].status \
+            == "applied"
 
-        for _ in range(2):
-            await reward_through_two()
-        lagging = await one.choose("lag", ChooseRequest(), key)
-        assert _rewards_seen(redis_db, lagging.decision_id) == 0  # two behind: allowed
-
+    for _ in range(2):
         await reward_through_two()
-        fresh = await one.choose("lag", ChooseRequest(), key)
-        assert _rewards_seen(redis_db, fresh.decision_id) == 3  # three behind: read again
-        assert (await one.get("lag")).spec.max_stale_rewards == 2  # stored with the spec
-    finally:
-        await one.close()
-        await two.close()
+    lagging = await one.choose("lag", ChooseRequest(), key)
+    assert _rewards_seen(redis_db, lagging.decision_id) == 0  # two behind: allowed
+
+    await reward_through_two()
+    fresh = await one.choose("lag", ChooseRequest(), key)
+    assert _rewards_seen(redis_db, fresh.decision_id) == 3  # three behind: read again
+    assert (await one.get("lag")).spec.max_stale_rewards == 2  # stored with the spec
 
 
 @pytest.mark.parametrize(("budget", "reads"), [(256 * 2**20, 2), (1, 3)])
@@ -258,22 +238,17 @@ async def test_a_batch_meeting_sums_that_do_not_match_the_recipe_writes_nothing(
 
 
 async def test_an_arm_added_through_another_worker_can_be_named_at_once(
-    app_settings: Settings,
+    service: ExperimentService, other_service: ExperimentService
 ) -> None:
-    one = await ExperimentService.open(app_settings)
-    two = await ExperimentService.open(app_settings)
-    try:
-        _, key = await one.create(ExperimentSpec(id="grow", setting="covariates", dim=2,
-                                                 arms=(ArmSpec("a"), ArmSpec("b"))))
-        await one.choose("grow", ChooseRequest(context=(1.0, 0.5)), key)  # one's view: a, b
-        await two.add_arms("grow", [ArmSpec("c")])
+    one, two = service, other_service
+    _, key = await one.create(ExperimentSpec(id="grow", setting="covariates", dim=2,
+                                             arms=(ArmSpec("a"), ArmSpec("b"))))
+    await one.choose("grow", ChooseRequest(context=(1.0, 0.5)), key)  # one's view: a, b
+    await two.add_arms("grow", [ArmSpec("c")])
 
-        decision = await one.choose("grow", ChooseRequest(context=(1.0, 0.5),
-                                                          eligible=("c",)), key)
-        assert decision.arm_id == "c"
-    finally:
-        await one.close()
-        await two.close()
+    decision = await one.choose("grow", ChooseRequest(context=(1.0, 0.5),
+                                                      eligible=("c",)), key)
+    assert decision.arm_id == "c"
 
 
 async def test_patching_a_decision_that_expired_does_not_create_it_again(redis_db: str) -> None:
