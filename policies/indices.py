@@ -27,9 +27,8 @@ import numpy as np
 from policies.config import PolicyConfig, PolicyName
 from policies.ridge import (
     Array,
-    cho_solve,
-    cholesky,
-    gaussian_direction,
+    Factor,
+    factorise,
     inverse_norms,
     predict,
     quadratic,
@@ -44,8 +43,13 @@ Prepared = dict[str, Array]
 PrepareFn = Callable[[PolicyConfig, State, Array], Prepared]
 DrawFn = Callable[[PolicyConfig, Prepared, Rngs], Array]
 
-# Relative jitter that keeps the Cholesky factor of a (possibly singular) X'X defined.
-_JITTER = 1e-10
+def _stored(name: str, factor: Factor) -> Prepared:
+    """A factor as two named arrays of a :data:`Prepared` dict."""
+    return {f"{name}.scale": factor.scale, f"{name}.root": factor.root}
+
+
+def _factor(prepared: Prepared, name: str) -> Factor:
+    return Factor(prepared[f"{name}.scale"], prepared[f"{name}.root"])
 
 
 def per_arm(values: Array, n_arms: int) -> Array:
@@ -85,7 +89,7 @@ def prepare_linreboot(config: PolicyConfig, state: State, contexts: Array) -> Pr
     ``N(mu_hat_k, sigma_omega^2 RSS_k / s_k^2)``, so one normal per arm replaces
     the inner loop over residual weights.
     """
-    theta, _ = ridge(state["xtx"], state["xty"], config.reg)
+    theta = ridge(state["xtx"], state["xty"], config.reg)
     mu_hat = predict(theta, contexts)
     rss = residual_sum_of_squares(config, state, mu_hat, theta)
     pulls = state["pulls"]
@@ -117,15 +121,16 @@ def prepare_lints_gaussian(config: PolicyConfig, state: State, contexts: Array) 
     variance of the rewards seen so far (here the unbiased n-1 form; 1 before
     two rewards).
     """
-    theta, chol = ridge(state["xtx"], state["xty"], config.reg)
+    theta = ridge(state["xtx"], state["xty"], config.reg)
     scale = np.sqrt(reward_variance(state))[..., None]
-    return {"theta": theta, "chol": chol, "scale": scale, "contexts": contexts}
+    return {"theta": theta, **_stored("posterior", factorise(state["xtx"], config.reg)),
+            "scale": scale, "contexts": contexts}
 
 
 def draw_lints_gaussian(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Array:
-    theta, chol = prepared["theta"], prepared["chol"]
+    theta = prepared["theta"]
     z = standard_normals(rngs, theta.shape[1:])
-    direction = gaussian_direction(chol, z)
+    direction = _factor(prepared, "posterior").colour(z)
     return predict(theta + prepared["scale"] * direction, prepared["contexts"])
 
 
@@ -136,19 +141,22 @@ def prepare_lints_inverse_gamma(config: PolicyConfig, state: State, contexts: Ar
     with ``alpha = beta = 2`` (prior mean of sigma^2 is 2) and ``p = 0.2``, so the
     prior variance of theta is ``2 / 0.2 = 10 = 1 / lambda`` as in the appendix.
     """
-    theta, chol = ridge(state["xtx"], state["xty"], config.ig_prior_precision)
-    precision = regularised(state["xtx"], config.ig_prior_precision)
+    precision = config.ig_prior_precision
+    theta = ridge(state["xtx"], state["xty"], precision)
     shape = config.ig_alpha + 0.5 * state["n"]
-    rate = config.ig_beta + 0.5 * np.maximum(state["yty"] - quadratic(theta, precision), 0.0)
-    return {"theta": theta, "chol": chol, "shape": shape, "rate": rate, "contexts": contexts}
+    fit = quadratic(theta, regularised(state["xtx"], precision))
+    rate = config.ig_beta + 0.5 * np.maximum(state["yty"] - fit, 0.0)
+    return {"theta": theta, **_stored("posterior", factorise(state["xtx"], precision)),
+            "shape": shape, "rate": rate, "contexts": contexts}
 
 
 def draw_lints_inverse_gamma(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Array:
-    theta, chol, shape = prepared["theta"], prepared["chol"], prepared["shape"]
+    theta, shape = prepared["theta"], prepared["shape"]
     gammas = np.stack([rng.standard_gamma(s) for rng, s in zip(rngs, shape, strict=True)])
     sigma = np.sqrt(prepared["rate"] / gammas)[..., None]
     z = standard_normals(rngs, theta.shape[1:])
-    return predict(theta + sigma * gaussian_direction(chol, z), prepared["contexts"])
+    direction = _factor(prepared, "posterior").colour(z)
+    return predict(theta + sigma * direction, prepared["contexts"])
 
 
 def _prepare_perturbed_ridge(
@@ -161,21 +169,17 @@ def _prepare_perturbed_ridge(
     Gaussian with covariance proportional to ``X'X`` (central limit theorem).
     """
     xtx = state["xtx"]
-    d = xtx.shape[-1]
-    trace = np.trace(xtx, axis1=-2, axis2=-1)[..., None, None]
-    root = cholesky(xtx + (_JITTER * trace / d + _JITTER) * np.eye(d))
-    gram = cholesky(regularised(np.asarray(gram_weight)[..., None, None] * xtx, reg))
-    return {"root": root, "gram": gram, "xty": state["xty"], "noise_scale": noise_scale,
-            "contexts": contexts}
+    weighted = np.asarray(gram_weight)[..., None, None] * xtx
+    return {**_stored("root", factorise(xtx)), **_stored("gram", factorise(weighted, reg)),
+            "xty": state["xty"], "noise_scale": noise_scale, "contexts": contexts}
 
 
 def draw_perturbed_ridge(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Array:
     """Scores ``x_k' theta`` for one perturbed ridge estimate ``theta``, shape (B, K)."""
-    root = prepared["root"]
-    z = standard_normals(rngs, root.shape[1:-1])
-    perturbation = np.matmul(root, z[..., None])[..., 0]
-    noise = prepared["noise_scale"][..., None] * perturbation
-    theta = cho_solve(prepared["gram"], prepared["xty"] + noise)
+    xty = prepared["xty"]
+    z = standard_normals(rngs, xty.shape[1:])
+    noise = prepared["noise_scale"][..., None] * _factor(prepared, "root").times_root(z)
+    theta = _factor(prepared, "gram").solve(xty + noise)
     return predict(theta, prepared["contexts"])
 
 
@@ -213,7 +217,7 @@ def prepare_lingiro(config: PolicyConfig, state: State, contexts: Array) -> Prep
     """
     weight = 1.0 + 2.0 * config.giro_a
     xtx, xty = state["xtx"], state["xty"]
-    theta_bar, _ = ridge(weight * xtx, xty, config.reg)
+    theta_bar = ridge(weight * xtx, xty, config.reg)
     fit = quadratic(theta_bar, xtx)
     cross = np.einsum("bmd,bmd->bm", theta_bar, xty)
     rss = np.maximum(state["yty"] - 2.0 * cross + fit, 0.0)
@@ -236,8 +240,8 @@ def ucb_radius(config: PolicyConfig, n_obs: Array) -> Array:
 
 
 def _linucb_with(radius: Array, state: State, contexts: Array, reg: float) -> Prepared:
-    theta, chol = ridge(state["xtx"], state["xty"], reg)
-    width = np.sqrt(inverse_norms(chol, contexts))
+    theta = ridge(state["xtx"], state["xty"], reg)
+    width = np.sqrt(inverse_norms(factorise(state["xtx"], reg), contexts))
     return {"scores": predict(theta, contexts) + per_arm(radius, contexts.shape[1]) * width}
 
 

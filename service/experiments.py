@@ -742,12 +742,12 @@ def _view(definition: Definition, stats: dict[str, bytes]) -> ExperimentView:
     arm_states = []
     shared = unpack(config, "model", stats.get(keys.model_field(None))) if config.shared else None
     if shared is not None:
-        theta["shared"] = ridge(shared["xtx"], shared["xty"], config.reg)[0].tolist()
+        theta["shared"] = ridge(shared["xtx"], shared["xty"], config.reg).tolist()
     for arm in definition.arms:
         sums = unpack(config, "arm", stats.get(keys.arm_field(arm.id)))
         model = shared or unpack(config, "model", stats.get(keys.model_field(arm.id)))
         if not config.shared:
-            theta[arm.id] = ridge(model["xtx"], model["xty"], config.reg)[0].tolist()
+            theta[arm.id] = ridge(model["xtx"], model["xty"], config.reg).tolist()
         arm_states.append(_arm_state(arm, sums, theta.get("shared") or theta[arm.id]))
     return ExperimentView(
         spec=definition.spec,

@@ -104,7 +104,7 @@ def assert_stats_equal(
 
 def expected_theta(config: PolicyConfig, state: State) -> np.ndarray:
     """Ridge estimates, shape (M, d): one shared model or one per arm."""
-    theta, _ = ridge(state["xtx"][0], state["xty"][0], config.reg)
+    theta = ridge(state["xtx"][0], state["xty"][0], config.reg)
     return np.asarray(theta)
 
 

@@ -1,0 +1,180 @@
+"""Numeric torture: ill-conditioned statistics keep every policy serving.
+
+Issue 8, finding 1: with raw contexts of 1e6 (inside the documented bound)
+repeated a few hundred times, ``X'X + lambda I`` had a condition number near
+1e16 and Cholesky failed: every ``/choose`` and ``GET`` of the experiment
+answered 500 for good. ``policies.ridge`` now solves the equilibrated system
+with a relative floor (module notes there); these tests hold it to a
+high-precision reference (mpmath, 60 digits, on the same float64 sums).
+
+Tolerances. The floored, equilibrated system has condition number at most
+``kappa = (d + JITTER) / JITTER`` (unit diagonal, so lambda_max <= d;
+lambda_min >= JITTER). A backward-stable solve (LU with partial pivoting,
+backward error about ``d * eps`` relative) is then accurate to
+``tol = 8 d eps kappa`` relative, with a factor 8 for the growth and the
+scaling's own rounding. Predictions for the contexts that were observed must
+match the *exact* ridge fit (no floor) to the same ``tol``: along
+well-determined directions the floor moves them by about ``JITTER``, far below it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mpmath
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from policies import POLICIES, PolicyConfig, State, choose, init_state, paper_config, update
+from policies.ridge import JITTER, factorise, inverse_norms, ridge
+from tests.conftest import Api
+
+Array = NDArray[Any]
+EPS = float(np.finfo(np.float64).eps)
+REG = 0.1
+
+
+def tolerance(d: int) -> float:
+    return 8 * d * EPS * (d + JITTER) / JITTER
+
+
+def reference(gram: Array, xty: Array, reg: float, floor: bool) -> Array:
+    """High-precision ridge estimate from the float64 sums (with ``floor``: the floored system)."""
+    with mpmath.workdps(60):
+        d = gram.shape[0]
+        a = mpmath.matrix(d, d)
+        for i in range(d):
+            for j in range(d):
+                a[i, j] = mpmath.mpf(float(gram[i, j]))
+            a[i, i] += reg
+            if floor:
+                a[i, i] *= 1 + mpmath.mpf(JITTER)
+        b = mpmath.matrix([mpmath.mpf(float(v)) for v in xty])
+        return np.array([float(v) for v in mpmath.lu_solve(a, b)])
+
+
+def repeated_context(d: int, n: int) -> Array:
+    """The issue's case: the context [1e6, ..., 1e6] every time."""
+    return np.full((n, d), 1e6)
+
+
+def collinear_raw_features(d: int, n: int) -> Array:
+    """Prices, counts, a constant column, and scaled copies of them."""
+    rng = np.random.default_rng(d)
+    price = rng.uniform(1e5, 1e6, n)
+    base = [price, rng.poisson(1e3, n).astype(float), np.ones(n), 2.0 * price]
+    columns = [base[i % 4] * (1 + i // 4) if i % 5 else rng.uniform(0, 1e6, n) for i in range(d)]
+    return np.column_stack(columns)
+
+
+CASES = [
+    ("repeated", 3, 399),  # the issue's reproduction
+    ("repeated", 3, 100_000),
+    ("repeated", 64, 71),  # the issue's reproduction at dim 64
+    ("repeated", 64, 100_000),
+    ("collinear", 20, 100_000),
+    ("collinear", 64, 20_000),
+]
+
+
+def sums(kind: str, d: int, n: int) -> tuple[Array, Array, Array]:
+    x = repeated_context(d, n) if kind == "repeated" else collinear_raw_features(d, n)
+    rewards = np.random.default_rng(n).normal(1.0, 1.0, n)
+    return x, x.T @ x, x.T @ rewards
+
+
+@pytest.mark.parametrize(("kind", "d", "n"), CASES)
+def test_ridge_matches_a_high_precision_reference(kind: str, d: int, n: int) -> None:
+    x, gram, xty = sums(kind, d, n)
+    theta = ridge(gram[None], xty[None], REG)[0]
+    assert np.isfinite(theta).all()
+    floored = reference(gram, xty, REG, floor=True)
+    error = np.linalg.norm(theta - floored) / np.linalg.norm(floored)
+    assert error <= tolerance(d)
+    exact = reference(gram, xty, REG, floor=False)
+    observed = np.unique(x[:200], axis=0)
+    scale = np.abs(observed) @ np.abs(exact)
+    assert np.all(np.abs(observed @ theta - observed @ exact) <= tolerance(d) * scale)
+
+
+@pytest.mark.parametrize(("kind", "d", "n"), CASES)
+def test_factor_solves_and_draws_stay_finite(kind: str, d: int, n: int) -> None:
+    x, gram, xty = sums(kind, d, n)
+    factor = factorise(gram[None, None], REG)
+    z = np.random.default_rng(0).standard_normal((1, 1, d))
+    assert np.isfinite(factor.colour(z)).all()
+    assert np.isfinite(factor.times_root(z)).all()
+    probes = np.vstack([x[:1] / 1e6, np.eye(d)[:3]])[None]
+    norms = inverse_norms(factor, probes)
+    assert np.isfinite(norms).all() and (norms >= 0).all()
+    # A^-1 b by the factor agrees with the solve (same floored system).
+    theta = ridge(gram[None, None], xty[None, None], REG)
+    np.testing.assert_allclose(factor.solve(xty[None, None]), theta, rtol=tolerance(d))
+
+
+def torture_state(name: str, setting: str, d: int, n: int) -> tuple[PolicyConfig, State]:
+    """Every one of 3 arms rewarded n times with the context [1e6, ...] (as the service would)."""
+    config = paper_config(name, setting, d)  # type: ignore[arg-type]
+    state = init_state(config, 3)
+    rewards = np.random.default_rng(1).normal(1.0, 1.0, 3 * n)
+    x = np.full((1, d), 1e6)
+    for i, reward in enumerate(rewards):
+        update(config, state, np.array([i % 3]), x, np.array([reward]))
+    return config, state
+
+
+@pytest.mark.parametrize("name", POLICIES)
+@pytest.mark.parametrize("setting", ["stochastic", "contextual", "covariates"])
+def test_every_policy_decides_on_ill_conditioned_statistics(name: str, setting: str) -> None:
+    d = 3
+    config, state = torture_state(name, setting, d, 399)
+    contexts = np.tile(np.array([1.0, -2.0, 0.5]), (1, 3, 1))
+    for seed in range(5):
+        choice = choose(config, state, contexts, [np.random.default_rng(seed)])
+        assert np.isfinite(choice.scores).all()
+
+
+def test_an_indefinite_row_is_redone_alone_and_does_not_disturb_the_batch() -> None:
+    d = 4
+    rng = np.random.default_rng(3)
+    good = rng.normal(size=(50, d))
+    good_gram = good.T @ good
+    # Far more indefinite than rounding could make it: only the spectral path copes.
+    v = np.ones(d) / 2
+    bad_gram = 1e3 * np.outer(v, v) - 5.0 * np.eye(d)
+    xty = rng.normal(size=(2, d))
+    stack = np.stack([good_gram, bad_gram])
+    together = ridge(stack, xty, REG)
+    for row in range(2):
+        alone = ridge(stack[row: row + 1], xty[row: row + 1], REG)
+        np.testing.assert_array_equal(together[row], alone[0])
+    assert np.isfinite(together).all()
+    # The fallback clips the negative eigenvalues: the floored estimate of the PSD part.
+    factor = factorise(stack, REG)
+    assert np.isfinite(factor.solve(xty)).all()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("d", "n"), [(3, 399), (64, 71)])
+async def test_the_service_keeps_serving_an_ill_conditioned_experiment(
+    api: Api, d: int, n: int
+) -> None:
+    # The issue's reproduction: these n rewards made /choose, GET and the list 500.
+    spec = {"id": "big", "setting": "covariates", "dim": d, "seed": 5,
+            "arms": [{"id": "only"}]}
+    key = await api.create(spec)
+    context = {"experiment_id": "big", "context": [1e6] * d}
+    rewards = np.random.default_rng(2).normal(1.0, 1.0, n)
+    for reward in rewards:
+        decision_id = await api.decide(key, context)
+        response = await api.reward(
+            key, {"experiment_id": "big", "decision_id": decision_id, "reward": float(reward)})
+        assert response.status_code == 200, response.text
+    other = {"experiment_id": "big", "context": [1.0] + [0.0] * (d - 1)}
+    assert (await api.choose(key, other)).status_code == 200
+    assert await api.ids() == ["big"]
+    theta = np.array((await api.experiment("big"))["theta_hat"]["only"])
+    x = np.full(d, 1e6)
+    exact = reference(n * np.outer(x, x), rewards.sum() * x, REG, floor=False)
+    np.testing.assert_allclose(x @ theta, x @ exact, rtol=tolerance(d))
