@@ -2,7 +2,7 @@
 
 Public surface: :class:`PolicyConfig`, :func:`paper_config`, :func:`init_state`,
 :func:`choose` (or its two halves :func:`prepare` and :func:`draw`), :func:`update`,
-:func:`layout`, :func:`observation_delta`.
+:func:`layout`, :func:`raw_reward_sums`.
 """
 
 from policies.config import (
@@ -17,7 +17,7 @@ from policies.config import (
     paper_sigma_omega,
 )
 from policies.policy import Choice, Ready, choose, draw, prepare, update
-from policies.state import FieldSpec, State, init_state, layout, observation_delta
+from policies.state import FieldSpec, State, init_state, layout, raw_reward_sums
 
 __all__ = [
     "PAPER_POLICIES",
@@ -35,9 +35,9 @@ __all__ = [
     "draw",
     "init_state",
     "layout",
-    "observation_delta",
     "paper_config",
     "paper_sigma_omega",
     "prepare",
+    "raw_reward_sums",
     "update",
 ]

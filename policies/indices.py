@@ -36,7 +36,7 @@ from policies.ridge import (
     ridge,
     standard_normals,
 )
-from policies.state import State
+from policies.state import State, raw_reward_sums
 
 Rngs = Sequence[np.random.Generator]
 Prepared = dict[str, Array]
@@ -63,13 +63,18 @@ def residual_sum_of_squares(
     """RSS_k of Section 3.3 from the incremental sums, shape (B, K).
 
     ``current`` residuals (Algorithms 1-3) use the decomposition
-    ``RSS_k = sum r^2 - 2 mu_k sum r + s_k mu_k^2`` with this round's ``mu_k``.
+    ``RSS_k = sum r^2 - 2 mu_k sum r + s_k mu_k^2`` with this round's ``mu_k``,
+    written about the arm's first reward ``c_k`` (``policies.state``):
+    ``sum (r - c)^2 - 2 (mu_k - c) sum (r - c) + s_k (mu_k - c)^2``, whose terms
+    are of the size of the rewards' spread, not of their mean.
     ``observed`` residuals use each reward's own context:
     ``RSS_k = sum r^2 - 2 theta' sum(x r) + theta' sum(x x') theta``.
     """
     n_arms = mu_hat.shape[1]
+    pulls, shift = state["pulls"], state["shift_r"]
     if config.residuals == "current" or config.setting == "stochastic":
-        rss = state["sum_r2"] - 2.0 * mu_hat * state["sum_r"] + state["pulls"] * mu_hat**2
+        centre = mu_hat - shift
+        rss = state["sum_dr2"] - 2.0 * centre * state["sum_dr"] + pulls * centre**2
     else:
         theta_k = per_arm(theta, n_arms)
         if config.shared:
@@ -77,8 +82,9 @@ def residual_sum_of_squares(
         else:
             gram, xty = state["xtx"], state["xty"]
         fitted = np.einsum("bkd,bkd->bk", theta_k, xty)
-        rss = state["sum_r2"] - 2.0 * fitted + quadratic(theta_k, gram)
-    # Cancellation in the decomposition can leave tiny negative values.
+        _, squares = raw_reward_sums(pulls, shift, state["sum_dr"], state["sum_dr2"])
+        rss = squares - 2.0 * fitted + quadratic(theta_k, gram)
+    # Rounding can leave tiny negative values.
     return np.maximum(rss, 0.0)
 
 
@@ -106,11 +112,19 @@ def draw_linreboot(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Arra
 
 
 def reward_variance(state: State) -> Array:
-    """Sample variance of each model's rewards so far (1 before two rewards), (B, M)."""
-    n, total, squares = state["n"], state["sum_y"], state["yty"]
+    """Sample variance of each model's rewards so far (1 before two rewards), (B, M).
+
+    From the sums about the first reward, so no digit is lost to a large mean.
+    """
+    n, total, squares = state["n"], state["sum_dy"], state["sum_dy2"]
     mean = np.divide(total, n, out=np.zeros_like(total), where=n > 0)
-    var = np.divide(squares - n * mean**2, n - 1.0, out=np.ones_like(total), where=n > 1)
+    var = np.divide(squares - total * mean, n - 1.0, out=np.ones_like(total), where=n > 1)
     return np.maximum(var, 0.0)
+
+
+def reward_squares(state: State) -> Array:
+    """``y'y`` of each model, (B, M)."""
+    return raw_reward_sums(state["n"], state["shift_y"], state["sum_dy"], state["sum_dy2"])[1]
 
 
 def prepare_lints_gaussian(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
@@ -145,7 +159,7 @@ def prepare_lints_inverse_gamma(config: PolicyConfig, state: State, contexts: Ar
     theta = ridge(state["xtx"], state["xty"], precision)
     shape = config.ig_alpha + 0.5 * state["n"]
     fit = quadratic(theta, regularised(state["xtx"], precision))
-    rate = config.ig_beta + 0.5 * np.maximum(state["yty"] - fit, 0.0)
+    rate = config.ig_beta + 0.5 * np.maximum(reward_squares(state) - fit, 0.0)
     return {"theta": theta, **_stored("posterior", factorise(state["xtx"], precision)),
             "shape": shape, "rate": rate, "contexts": contexts}
 
@@ -220,7 +234,7 @@ def prepare_lingiro(config: PolicyConfig, state: State, contexts: Array) -> Prep
     theta_bar = ridge(weight * xtx, xty, config.reg)
     fit = quadratic(theta_bar, xtx)
     cross = np.einsum("bmd,bmd->bm", theta_bar, xty)
-    rss = np.maximum(state["yty"] - 2.0 * cross + fit, 0.0)
+    rss = np.maximum(reward_squares(state) - 2.0 * cross + fit, 0.0)
     n = np.maximum(state["n"], 1.0)
     a, bound = config.giro_a, config.reward_bound
     mean_square = 2.0 * a * bound**2 + (rss + 2.0 * a * fit) / n

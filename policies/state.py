@@ -13,10 +13,20 @@ Two kinds of field:
 * **arm** fields hold the per-arm reward sums of Section 3.3, shape ``(B, K, ...)``.
 
 Field names follow the paper: ``xtx`` = X'X (the Gram matrix *without* the
-ridge term, so each policy adds its own regulariser), ``xty`` = X'y,
-``yty`` = y'y, ``n`` observations, ``sum_y``; per arm ``pulls`` (s_k),
-``sum_r``, ``sum_r2``, and for residuals against observed contexts
-``arm_xtx`` and ``arm_xty``.
+ridge term, so each policy adds its own regulariser), ``xty`` = X'y, ``n``
+observations; per arm ``pulls`` (s_k), and for residuals against observed
+contexts ``arm_xtx`` and ``arm_xty``.
+
+Reward sums are kept **shifted**: ``shift_r`` is the arm's first reward, and
+``sum_dr``, ``sum_dr2`` sum ``r - shift_r`` and its square (likewise
+``shift_y``, ``sum_dy``, ``sum_dy2`` per model). The RSS of Section 3.3,
+``sum r^2 - 2 mu sum r + s mu^2``, loses every digit when rewards are large
+against their spread (mean 1e6 and sd 1: 8.8% error; mean/sd near 1e8: a
+negative RSS, clamped to 0, which silently stops the arm's exploration);
+about the first reward its terms are of the spread's size. The shift is set
+once, by the slot's first observation, so the state stays a sum that one
+atomic script can add to (``service/lua/reward.lua`` does the same IEEE
+operations).
 """
 
 from __future__ import annotations
@@ -32,8 +42,10 @@ from policies.config import PolicyConfig
 Array = NDArray[np.floating[Any]]
 State = dict[str, Array]
 Axis = Literal["model", "arm"]
-# What one observation (context x, reward r) adds to a field: x x', r x, r^2, 1 or r.
-Addition = Literal["outer", "r_x", "r2", "one", "r"]
+# What one observation (context x, reward r) does to a field: add x x', r x or 1;
+# hold the slot's first reward c ("first_r", set when the slot's count is 0);
+# add r - c ("dr") or (r - c)^2 ("dr2").
+Addition = Literal["outer", "r_x", "one", "first_r", "dr", "dr2"]
 
 
 @dataclass(frozen=True)
@@ -52,15 +64,19 @@ class FieldSpec:
 def layout(config: PolicyConfig) -> dict[str, FieldSpec]:
     """The fields a policy's state is made of, in a fixed order."""
     d = config.dim
+    # Each blob's count ("one") comes before its shift, the shift before the
+    # shifted sums: the order reward.lua applies them in.
     fields = {
         "xtx": FieldSpec("model", (d, d), "outer"),
         "xty": FieldSpec("model", (d,), "r_x"),
-        "yty": FieldSpec("model", (), "r2"),
         "n": FieldSpec("model", (), "one"),
-        "sum_y": FieldSpec("model", (), "r"),
+        "shift_y": FieldSpec("model", (), "first_r"),
+        "sum_dy": FieldSpec("model", (), "dr"),
+        "sum_dy2": FieldSpec("model", (), "dr2"),
         "pulls": FieldSpec("arm", (), "one"),
-        "sum_r": FieldSpec("arm", (), "r"),
-        "sum_r2": FieldSpec("arm", (), "r2"),
+        "shift_r": FieldSpec("arm", (), "first_r"),
+        "sum_dr": FieldSpec("arm", (), "dr"),
+        "sum_dr2": FieldSpec("arm", (), "dr2"),
     }
     if needs_arm_gram(config):
         fields["arm_xtx"] = FieldSpec("arm", (d, d), "outer")
@@ -93,27 +109,11 @@ def init_state(config: PolicyConfig, n_arms: int, batch: int = 1) -> State:
     }
 
 
-def observation_delta(config: PolicyConfig, x: Array, reward: float) -> dict[str, Array]:
-    """What one observation adds to each field of the chosen arm (and its model).
-
-    Parameters
-    ----------
-    x : ndarray, shape (d,)
-        The context the reward was observed with.
-    reward : float
-
-    Returns
-    -------
-    dict of ndarray, each of the slot shape given by :func:`layout`.
-    """
-    r = float(reward)
-    additions: dict[Addition, Array | float] = {
-        "outer": np.outer(x, x), "r_x": r * x, "r2": r * r, "one": 1.0, "r": r,
-    }
-    return {
-        name: np.asarray(additions[spec.adds], dtype=np.float64)
-        for name, spec in layout(config).items()
-    }
+def raw_reward_sums(count: Array, shift: Array, sum_d: Array, sum_d2: Array
+                    ) -> tuple[Array, Array]:
+    """``sum r`` and ``sum r^2`` from shifted sums (as precise as keeping them raw)."""
+    total = sum_d + count * shift
+    return total, sum_d2 + shift * (2.0 * sum_d + count * shift)
 
 
 def apply_observations(
@@ -135,21 +135,29 @@ def apply_observations(
 
     Notes
     -----
-    The same additions as :func:`observation_delta`, vectorised over the batch.
+    The additions of :func:`layout`'s fields, vectorised over the batch.
     """
     rows = np.arange(arms.shape[0])
     outer = x[:, :, None] * x[:, None, :]
-    r2 = rewards * rewards
     # A shared model is slot 0 of every row: a plain slice, no fancy indexing.
     model = (slice(None), 0) if config.shared else (rows, arms)
     state["xtx"][model] += outer
     state["xty"][model] += rewards[:, None] * x
-    state["yty"][model] += r2
-    state["n"][model] += 1.0
-    state["sum_y"][model] += rewards
-    state["pulls"][rows, arms] += 1.0
-    state["sum_r"][rows, arms] += rewards
-    state["sum_r2"][rows, arms] += r2
+    _add_shifted(state, model, ("n", "shift_y", "sum_dy", "sum_dy2"), rewards)
+    _add_shifted(state, (rows, arms), ("pulls", "shift_r", "sum_dr", "sum_dr2"), rewards)
     if "arm_xtx" in state:
         state["arm_xtx"][rows, arms] += outer
         state["arm_xty"][rows, arms] += rewards[:, None] * x
+
+
+def _add_shifted(
+    state: State, slots: Any, names: tuple[str, str, str, str], rewards: Array
+) -> None:
+    """Count, shift and shifted sums of one observation per row, in place."""
+    count, shift, sum_d, sum_d2 = names
+    first = np.where(state[count][slots] == 0.0, rewards, state[shift][slots])
+    state[shift][slots] = first
+    deviation = rewards - first
+    state[count][slots] += 1.0
+    state[sum_d][slots] += deviation
+    state[sum_d2][slots] += deviation * deviation

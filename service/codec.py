@@ -1,7 +1,7 @@
 """Policy statistics <-> Redis hash fields, as explicit little-endian float64.
 
-A model's fields (``xtx``, ``xty``, ``yty``, ``n``, ``sum_y``) are packed into one
-blob and an arm's fields (``pulls``, ``sum_r``, ``sum_r2``, ...) into another, in
+A model's fields (``xtx``, ``xty``, ``n``, ``shift_y``, ...) are packed into one
+blob and an arm's fields (``pulls``, ``shift_r``, ``sum_dr``, ...) into another, in
 the order of :func:`policies.layout`, so one reward adds to exactly two blobs;
 :func:`recipe` tells ``reward.lua`` what it adds to each. A Gram matrix
 (``xtx``, ``arm_xtx``) is stored as its upper triangle, row by row: half the
@@ -83,27 +83,58 @@ def unpack(config: PolicyConfig, axis: Axis, blob: bytes | None) -> dict[str, np
     return {name: value[0] for name, value in _columns(config, axis, flat[None]).items()}
 
 
-def upgrade_blob(config: PolicyConfig, axis: Axis, blob: bytes) -> bytes:
-    """A blob written before Gram matrices were stored as their upper triangle.
+def legacy_recipe(config: PolicyConfig, axis: Axis) -> str:
+    """The recipe of the first version, which stored none: whole Gram matrices, raw sums."""
+    if axis == "model":
+        return "outer,r_x,r2,one,r"
+    return "one,r,r2" + (",outer,r_x" if "arm_xtx" in layout(config) else "")
 
-    The earlier format held every field whole, in layout order. Returns the
-    blob in the current format; a blob already in it is returned unchanged.
+
+def upgrade_blob(config: PolicyConfig, axis: Axis, blob: bytes, stored_recipe: str) -> bytes:
+    """A blob stored under ``stored_recipe``, in the current format.
+
+    Earlier formats held Gram matrices whole (``outer``) and raw reward sums
+    (``r`` = sum r, ``r2`` = sum r^2); the current one holds upper triangles
+    and sums about a shift (``policies.state``). Raw sums become sums about
+    the mean reward (any constant serves as the shift; the mean keeps the
+    shifted sums smallest), so the digits that the raw sums still hold are
+    kept and later rewards add about that shift. A blob already in the
+    current format is returned unchanged.
+
+    Raises
+    ------
+    ValueError
+        If the blob does not have the size ``stored_recipe`` implies.
     """
-    if len(blob) == blob_size(config, axis):
+    if stored_recipe == recipe(config, axis):
+        if len(blob) != blob_size(config, axis):
+            raise ValueError(f"stored {axis} blob has {len(blob)} bytes, expected "
+                             f"{blob_size(config, axis)}")
         return blob
-    fields = _fields(config, axis)
-    legacy_size = 8 * sum(math.prod(f.shape) for f in fields)
-    if len(blob) != legacy_size:
-        raise ValueError(f"stored {axis} blob has {len(blob)} bytes, expected {legacy_size}")
-    flat = np.frombuffer(blob, dtype=_FLOAT)
-    parts, offset = [], 0
-    for f in fields:
-        value = flat[offset: offset + math.prod(f.shape)]
-        offset += value.size
-        if f.expand is not None:
-            value = value.reshape(f.shape)[np.triu_indices(f.shape[0])]
-        parts.append(value)
-    return np.concatenate(parts).astype(_FLOAT).tobytes()
+    d = config.dim
+    sizes = {"outer": d * d, "outer_upper": d * (d + 1) // 2, "r_x": d}
+    kinds = stored_recipe.split(",")
+    expected = 8 * sum(sizes.get(kind, 1) for kind in kinds)
+    if len(blob) != expected:
+        raise ValueError(f"stored {axis} blob has {len(blob)} bytes, expected {expected}")
+    flat = np.frombuffer(blob, dtype=_FLOAT).astype(np.float64)
+    old: dict[str, np.ndarray] = {}
+    offset = 0
+    for kind in kinds:
+        size = sizes.get(kind, 1)
+        value = flat[offset: offset + size]
+        offset += size
+        old[kind] = value.reshape(d, d)[np.triu_indices(d)] if kind == "outer" else value
+    if "outer" in old:
+        old["outer_upper"] = old.pop("outer")
+    if "r" in old:
+        count, total, squares = old["one"], old.pop("r"), old.pop("r2")
+        shift = np.divide(total, count, out=np.zeros_like(total), where=count > 0)
+        old["first_r"] = shift
+        old["dr"] = total - count * shift
+        old["dr2"] = np.maximum(squares - shift * (2.0 * total - count * shift), 0.0)
+    new = recipe(config, axis).split(",")
+    return np.concatenate([old[kind] for kind in new]).astype(_FLOAT).tobytes()
 
 
 def _columns(config: PolicyConfig, axis: Axis, table: np.ndarray) -> dict[str, np.ndarray]:

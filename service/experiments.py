@@ -16,7 +16,7 @@ import math
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,8 +34,9 @@ from policies import (
     prepare,
 )
 from policies.ridge import ridge
+from policies.state import Axis
 from service import keys
-from service.codec import assemble_state, recipe, unpack, upgrade_blob
+from service.codec import assemble_state, legacy_recipe, recipe, unpack, upgrade_blob
 from service.domain import (
     ArmSpec,
     ArmState,
@@ -652,14 +653,23 @@ def _field_names(shared: bool, arm_id: str) -> dict[str, str]:
     }
 
 
-def _upgraded_stats(config: PolicyConfig, stats: dict[str, bytes]) -> dict[str, bytes]:
-    """The statistics' blobs in the current format (counters unchanged)."""
+def _upgraded_stats(
+    config: PolicyConfig, stats: dict[str, bytes], stored: Mapping[str, str | None]
+) -> dict[str, bytes]:
+    """The statistics' blobs in the current format (counters unchanged).
+
+    ``stored`` holds the recipes the blobs were written under (None: the
+    first version's, which stored none).
+    """
+    axes: tuple[Axis, ...] = ("model", "arm")
+    recipes = {axis: stored.get(f"{axis}_recipe") or legacy_recipe(config, axis)
+               for axis in axes}
     out = {}
     for name, blob in stats.items():
         if name == keys.SHARED_MODEL_FIELD or name.startswith("model:"):
-            out[name] = upgrade_blob(config, "model", blob)
+            out[name] = upgrade_blob(config, "model", blob, recipes["model"])
         elif name.startswith("arm:"):
-            out[name] = upgrade_blob(config, "arm", blob)
+            out[name] = upgrade_blob(config, "arm", blob, recipes["arm"])
     return out
 
 
@@ -765,9 +775,13 @@ def _arm_state(arm: ArmRecord, sums: dict[str, np.ndarray], theta: list[float]) 
     pulls = float(sums["pulls"])
     if pulls == 0:
         return ArmState(arm.id, arm.active, 0, None, None, arm.features)
-    mean = float(sums["sum_r"]) / pulls
+    shift, total, squares = float(sums["shift_r"]), float(sums["sum_dr"]), float(sums["sum_dr2"])
+    mean_deviation = total / pulls
     # RSS about the model's prediction where the arm has one fixed feature vector
-    # (stochastic, as in Section 3.3), else about the arm's mean reward.
-    centre = float(np.dot(arm.features, theta)) if arm.features is not None else mean
-    rss = float(sums["sum_r2"]) - 2 * centre * float(sums["sum_r"]) + pulls * centre**2
-    return ArmState(arm.id, arm.active, int(pulls), mean, max(rss, 0.0), arm.features)
+    # (stochastic, as in Section 3.3), else about the arm's mean reward; both
+    # about the arm's first reward (policies.state), so no digit is lost.
+    centre = (float(np.dot(arm.features, theta)) - shift if arm.features is not None
+              else mean_deviation)
+    rss = squares - 2 * centre * total + pulls * centre**2
+    return ArmState(arm.id, arm.active, int(pulls), shift + mean_deviation, max(rss, 0.0),
+                    arm.features)

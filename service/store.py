@@ -275,7 +275,7 @@ class Store:
         self,
         experiment_id: str,
         meta_fields: Mapping[str, str],
-        stats_of: Callable[[dict[str, bytes]], dict[str, bytes]],
+        stats_of: Callable[[dict[str, bytes], dict[str, str | None]], dict[str, bytes]],
         decision_fields_of: Callable[[str], dict[str, str]],
     ) -> bool:
         """Bring an experiment written by an earlier version up to date, once.
@@ -284,7 +284,8 @@ class Store:
         no longer exists. Otherwise its pending decisions get
         ``decision_fields_of(arm)`` where they lack them, and then, in one
         transaction (retried while other clients change the experiment), its
-        stats blobs are replaced by ``stats_of(stats)`` and ``meta_fields`` are
+        stats blobs are replaced by ``stats_of(stats, stored)`` (``stored``: the
+        values of ``meta_fields`` as they were, None where absent) and ``meta_fields`` are
         set. Several workers may run this at once: one of them upgrades.
 
         Raises
@@ -307,10 +308,13 @@ class Store:
             async with self._client.pipeline(transaction=True) as pipe:
                 try:
                     await pipe.watch(meta_key, stats_key)
-                    if not _needs_upgrade(await pipe.hmget(meta_key, wanted), meta_fields):
+                    found = await pipe.hmget(meta_key, wanted)
+                    if not _needs_upgrade(found, meta_fields):
                         return False
+                    stored = {name: None if value is None else _text(value)
+                              for name, value in zip(meta_fields, found[1:], strict=True)}
                     stats = {_text(k): v for k, v in (await pipe.hgetall(stats_key)).items()}
-                    blobs = stats_of(stats)
+                    blobs = stats_of(stats, stored)
                     pipe.multi()
                     if blobs:  # none before the first reward
                         pipe.hset(stats_key, mapping=blobs)

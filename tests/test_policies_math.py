@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from policies import PolicyConfig, State, init_state, layout, observation_delta, update
+from policies import PolicyConfig, State, init_state, layout, update
 from policies.config import Residuals, Setting
 from policies.explicit import (
     Weights,
@@ -214,41 +214,39 @@ def test_update_equals_sums_over_the_history(setting: Setting, residuals: Residu
             x, y = h.x[rows], h.rewards[rows]
             np.testing.assert_allclose(state["xtx"][b, m], x.T @ x, rtol=RTOL)
             np.testing.assert_allclose(state["xty"][b, m], x.T @ y, rtol=RTOL)
-            assert state["yty"][b, m] == pytest.approx(y @ y, rel=RTOL)
             assert state["n"][b, m] == rows.sum()
-            assert state["sum_y"][b, m] == pytest.approx(y.sum(), rel=RTOL)
+            assert_shifted(state, ("shift_y", "sum_dy", "sum_dy2"), (b, m), y)
         for k in range(n_arms):
             rows = h.arms == k
             r = h.rewards[rows]
             assert state["pulls"][b, k] == rows.sum()
-            assert state["sum_r"][b, k] == pytest.approx(r.sum(), rel=RTOL)
-            assert state["sum_r2"][b, k] == pytest.approx(r @ r, rel=RTOL)
+            assert_shifted(state, ("shift_r", "sum_dr", "sum_dr2"), (b, k), r)
             if has_arm_gram:
                 x = h.x[rows]
                 np.testing.assert_allclose(state["arm_xtx"][b, k], x.T @ x, rtol=RTOL)
                 np.testing.assert_allclose(state["arm_xty"][b, k], x.T @ r, rtol=RTOL)
 
 
-@pytest.mark.parametrize(("setting", "residuals"), STATE_CASES)
-def test_observation_deltas_add_up_to_update(setting: Setting, residuals: Residuals) -> None:
-    # The store applies observation_delta to the chosen arm's slot (or the one
-    # shared model slot); summing the deltas must rebuild the state ``update`` builds.
-    n_arms, dim = 3, 3
-    config = config_for(setting, residuals)
-    history = make_history(setting, n_arms, dim, 25, seed=6)
-    expected = build_state(config, [history], n_arms)
-    specs = layout(config)
-    summed = init_state(config, n_arms, batch=1)
-    assert set(summed) == set(specs) == set(expected)
-    for arm, x, reward in zip(history.arms, history.x, history.rewards, strict=True):
-        delta = observation_delta(config, x, float(reward))
-        assert set(delta) == set(specs)
-        for name, spec in specs.items():
-            assert delta[name].shape == spec.shape
-            slot = int(arm) if spec.per_arm(config) else 0
-            summed[name][0, slot] += delta[name]
-    for name in specs:
-        np.testing.assert_allclose(summed[name], expected[name], rtol=RTOL, err_msg=name)
+def assert_shifted(state: State, names: tuple[str, str, str], slot: tuple[int, int],
+                   rewards: Array) -> None:
+    """The slot's sums about its first reward (all zero before one)."""
+    shift, sum_d, sum_d2 = (state[name][slot] for name in names)
+    first = rewards[0] if rewards.size else 0.0
+    assert shift == first
+    assert sum_d == pytest.approx((rewards - first).sum(), rel=RTOL, abs=ATOL)
+    assert sum_d2 == pytest.approx(((rewards - first) ** 2).sum(), rel=RTOL)
+
+
+def test_layout_orders_each_blob_count_shift_then_shifted_sums() -> None:
+    # reward.lua applies a blob's recipe in layout order and needs the count
+    # (whether the slot is new) and the shift before the shifted sums.
+    residual_kinds: tuple[Residuals, ...] = ("current", "observed")
+    for residuals in residual_kinds:
+        config = config_for("contextual", residuals)
+        for axis in ("model", "arm"):
+            kinds = [spec.adds for spec in layout(config).values() if spec.axis == axis]
+            assert kinds.index("one") < kinds.index("first_r") < kinds.index("dr")
+            assert kinds.index("first_r") < kinds.index("dr2")
 
 
 # --------------------------------------------------------------------------- RSS

@@ -37,10 +37,10 @@ from redis.retry import Retry
 from loadtest.http_driver import HttpDriver
 from loadtest.server import server_process
 from loadtest.simulate import Cell, play
-from policies import PolicyConfig, Setting, State, init_state, update
+from policies import PolicyConfig, Setting, State, init_state, raw_reward_sums, update
 from policies.ridge import ridge
 from service import keys
-from service.codec import unpack
+from service.codec import assemble_state, unpack
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.embedded import EmbeddedRedis
 from service.experiments import ExperimentService
@@ -80,11 +80,30 @@ def stored_stats(url: str, experiment_id: str) -> dict[str, bytes]:
     return {k.decode(): v for k, v in raw.items()}
 
 
+SHIFTED = (("pulls", "shift_r", "sum_dr", "sum_dr2"), ("n", "shift_y", "sum_dy", "sum_dy2"))
+
+
+def order_free(fields: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Fields whose values do not depend on the order of the rewards: raw sums for shifted ones."""
+    out = dict(fields)
+    for count, shift, sum_d, sum_d2 in SHIFTED:
+        if count in out:
+            total, squares = raw_reward_sums(out[count], out.pop(shift), out.pop(sum_d),
+                                             out.pop(sum_d2))
+            out[f"raw {sum_d}"], out[f"raw {sum_d2}"] = total, squares
+    return out
+
+
 def assert_stats_equal(
     config: PolicyConfig, arm_ids: Sequence[str], stats: dict[str, bytes], expected: State,
     rtol: float = 0.0,
 ) -> None:
-    """Every stored blob equals the policies' state (exactly unless ``rtol``)."""
+    """Every stored blob equals the policies' state (exactly unless ``rtol``).
+
+    With ``rtol`` the rewards may have been applied in another order, so each
+    blob's shift (its first reward) may differ: the shifted sums are compared
+    as the raw sums they stand for.
+    """
     for k, arm_id in enumerate(arm_ids):
         slot = 0 if config.shared else k
         blobs = [("arm", keys.arm_field(arm_id), k)]
@@ -92,8 +111,11 @@ def assert_stats_equal(
             blobs.append(("model", keys.model_field(None if config.shared else arm_id), slot))
         for axis, name, index in blobs:
             stored = unpack(config, axis, stats.get(name))  # type: ignore[arg-type]
+            wanted = {f: v[0, index] for f, v in expected.items() if f in stored}
+            if rtol:
+                stored, wanted = order_free(stored), order_free(wanted)
             for field_name, value in stored.items():
-                want = expected[field_name][0, index]
+                want = wanted[field_name]
                 if rtol:
                     scale = max(float(np.max(np.abs(want))), 1e-300)
                     err = float(np.max(np.abs(value - want))) / scale
@@ -674,17 +696,36 @@ async def test_service_decides_like_the_simulator_with_per_decision_rngs(
 # -- upgrading what an earlier version stored ------------------------------------
 
 
-def _legacy_blob(config: PolicyConfig, axis: str, blob: bytes) -> bytes:
-    """The earlier format: every field whole (Gram matrices full), in layout order."""
-    fields = unpack(config, axis, blob)  # type: ignore[arg-type]
-    return np.concatenate([np.ravel(v) for v in fields.values()]).astype("<f8").tobytes()
+def _unpacked(config: PolicyConfig, stats: dict[str, bytes]) -> State:
+    """A covariates experiment's stored blobs of arms a and b as a state (batch of one)."""
+    return assemble_state(config, [stats.get(keys.model_field(a)) for a in "ab"],
+                          [stats.get(keys.arm_field(a)) for a in "ab"])
 
 
-@pytest.mark.parametrize("recipes", ["absent", "whole Gram"])
+# What earlier versions stored: raw reward sums, Gram matrices whole (the first
+# two) or as their upper triangle (the third), in their layout's order.
+_LEGACY_RECIPES = {
+    "absent": None,
+    "whole Gram": {"model_recipe": "outer,r_x,r2,one,r", "arm_recipe": "one,r,r2"},
+    "raw sums": {"model_recipe": "outer_upper,r_x,r2,one,r", "arm_recipe": "one,r,r2"},
+}
+
+
+def _legacy_blob(config: PolicyConfig, axis: str, blob: bytes, whole_gram: bool) -> bytes:
+    fields = order_free(unpack(config, axis, blob))  # type: ignore[arg-type]
+    if axis == "model":
+        gram = fields["xtx"] if whole_gram else fields["xtx"][np.triu_indices(config.dim)]
+        parts = [gram, fields["xty"], fields["raw sum_dy2"], fields["n"], fields["raw sum_dy"]]
+    else:
+        parts = [fields["pulls"], fields["raw sum_dr"], fields["raw sum_dr2"]]
+    return np.concatenate([np.ravel(v) for v in parts]).astype("<f8").tobytes()
+
+
+@pytest.mark.parametrize("recipes", list(_LEGACY_RECIPES))
 async def test_experiments_stored_by_earlier_versions_are_upgraded_at_start_up(
     app_settings: Settings, redis_db: str, recipes: str
 ) -> None:
-    """The first version stored no recipes; the next one recipes of whole Gram matrices."""
+    """The first version stored no recipes, the next ones whole Gram matrices or raw sums."""
     spec = ExperimentSpec(id="legacy", setting="covariates", dim=3,
                           arms=(ArmSpec("a"), ArmSpec("b")), seed=2)
     service = await ExperimentService.open(app_settings)
@@ -701,15 +742,15 @@ async def test_experiments_stored_by_earlier_versions_are_upgraded_at_start_up(
         await service.close()
     current = stored_stats(redis_db, "legacy")
 
-    # What an earlier version left: old recipes, no field names, whole Gram matrices.
+    # What an earlier version left: old recipes, no field names, old blobs.
     client = redis.Redis.from_url(redis_db)
+    legacy_recipes = _LEGACY_RECIPES[recipes]
     try:
         for experiment_id in ("legacy", "fresh", "broken"):
-            if recipes == "absent":
+            if legacy_recipes is None:
                 client.hdel(keys.meta(experiment_id), "model_recipe", "arm_recipe")
             else:
-                client.hset(keys.meta(experiment_id), mapping={
-                    "model_recipe": "outer,r_x,r2,one,r", "arm_recipe": "one,r,r2"})
+                client.hset(keys.meta(experiment_id), mapping=legacy_recipes)
         record_key = keys.decision("legacy", pending.decision_id)
         client.hdel(record_key, "model_field", "arm_field")
         chunks = [f"x:{i}" for i in range(1, int(client.hget(record_key, "x_chunks")) + 1)]  # type: ignore[arg-type]
@@ -719,7 +760,7 @@ async def test_experiments_stored_by_earlier_versions_are_upgraded_at_start_up(
         for name, blob in current.items():
             axis = "model" if name.startswith("model") else "arm" if name.startswith("arm:") else ""
             if axis:
-                legacy = _legacy_blob(config, axis, blob)
+                legacy = _legacy_blob(config, axis, blob, whole_gram=recipes != "raw sums")
                 client.hset(keys.stats("legacy"), mapping={name: legacy})
         client.hset(keys.stats("broken"), mapping={keys.model_field("a"): "\0" * 8})
     finally:
@@ -730,7 +771,9 @@ async def test_experiments_stored_by_earlier_versions_are_upgraded_at_start_up(
     try:
         assert upgraded.upgraded == ["fresh", "legacy"] and again.upgraded == []
         assert [f.split(":")[0] for f in upgraded.upgrade_failures] == ["broken"]
-        assert stored_stats(redis_db, "legacy") == current  # bit for bit
+        # The same sums, now about each blob's mean reward instead of its first.
+        assert_stats_equal(config, ["a", "b"], stored_stats(redis_db, "legacy"),
+                           _unpacked(config, current), rtol=1e-12)
         outcome = await upgraded.reward("legacy", [(pending.decision_id, 0.5)], key)
         assert outcome[0].status == "applied"
         assert (await upgraded.choose("legacy", ChooseRequest(context=(1.0, 1.0, 1.0)), key))

@@ -14,9 +14,11 @@
 -- (a different reward was applied) or 'not_found'.
 --
 -- The decision's arm and context come from its record, never from the client.
--- What an observation adds is the recipe stored with the experiment (see
--- policies.state.layout and service.codec): 'outer_upper' the upper triangle
--- of x x' (row by row), 'r_x' r x, 'r2' r^2, 'one' 1, 'r' r: the same IEEE
+-- What an observation does to each field is the recipe stored with the
+-- experiment (see policies.state.layout and service.codec): add the upper
+-- triangle of x x' ('outer_upper', row by row), r x ('r_x') or 1 ('one');
+-- hold the blob's first reward c ('first_r', set while the blob's count is
+-- 0); add r - c ('dr') or (r - c)^2 ('dr2'). These are the same IEEE
 -- operations as policies.update, so the sums are bit-identical.
 -- The marker and the additions happen in one script, so a client retry after
 -- a lost reply sees 'rewarded' and cannot count the reward twice.
@@ -32,7 +34,7 @@ if not meta[3] or not meta[4] then
   return redis.error_reply('experiment stored by an earlier version: restart the service to upgrade it')
 end
 local incarnation = meta[1]
-local KNOWN = {outer_upper = true, r_x = true, r2 = true, one = true, r = true}
+local KNOWN = {outer_upper = true, r_x = true, one = true, first_r = true, dr = true, dr2 = true}
 local recipes = {}
 for i, text in ipairs({meta[3], meta[4]}) do
   recipes[i] = {}
@@ -93,8 +95,11 @@ end
 
 -- Add one observation (context x, reward r) to the sums v in place, field by
 -- field as the recipe says: the same products and sums as policies.update.
+-- The recipe holds the count ('one') before the shift ('first_r') and the
+-- shift before the shifted sums (policies.state.layout's order).
 local function add_observation(v, recipe, x, r)
   local p, d = 0, #x
+  local fresh, first = false, 0.0
   for _, kind in ipairs(recipe) do
     if kind == 'outer_upper' then  -- x x', its upper triangle row by row
       for i = 1, d do
@@ -109,15 +114,23 @@ local function add_observation(v, recipe, x, r)
         p = p + 1
         v[p] = v[p] + r * x[i]
       end
-    elseif kind == 'r2' then
-      p = p + 1
-      v[p] = v[p] + r * r
     elseif kind == 'one' then
       p = p + 1
+      fresh = v[p] == 0.0
       v[p] = v[p] + 1.0
-    else  -- 'r'
+    elseif kind == 'first_r' then
       p = p + 1
-      v[p] = v[p] + r
+      if fresh then
+        v[p] = r
+      end
+      first = v[p]
+    elseif kind == 'dr' then
+      p = p + 1
+      v[p] = v[p] + (r - first)
+    else  -- 'dr2'
+      p = p + 1
+      local deviation = r - first
+      v[p] = v[p] + deviation * deviation
     end
   end
 end
