@@ -3,6 +3,11 @@
 Nothing above ``service/`` imports ``redis``: every Redis failure leaves this
 module as :class:`service.errors.StoreUnavailable`. Multi-key changes are Lua
 scripts (``service/lua``); reads that must be consistent are one MULTI/EXEC.
+
+Each call has one deadline, retries and reconnections included: the store's
+timeout. A call that misses it may still have happened in Redis; every write
+is safe to repeat (a resent reward answers "duplicate", a resent decision
+"recorded"), so the caller may retry.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import hiredis
 import redis.asyncio as aioredis
@@ -40,20 +45,34 @@ from service.errors import StoreUnavailable
 P = ParamSpec("P")
 T = TypeVar("T")
 
+# OSError covers TimeoutError, which asyncio.timeout raises at a deadline.
 _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, OSError)
+_UNAVAILABLE_MESSAGE = "the state store is unavailable; retry shortly"
 
 
-def _translated(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
-    """Turn Redis transport failures into :class:`StoreUnavailable`."""
+StoreMethod = Callable[Concatenate["Store", P], Awaitable[T]]
 
+
+def _call(fn: StoreMethod[P, T], *, bounded: bool) -> StoreMethod[P, T]:
     @functools.wraps(fn)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+    async def wrapper(self: Store, /, *args: P.args, **kwargs: P.kwargs) -> T:
         try:
-            return await fn(*args, **kwargs)
+            async with asyncio.timeout(self.deadline_seconds if bounded else None):
+                return await fn(self, *args, **kwargs)
         except _UNAVAILABLE as exc:
-            raise StoreUnavailable("the state store is unavailable; retry shortly") from exc
+            raise StoreUnavailable(_UNAVAILABLE_MESSAGE) from exc
 
     return wrapper
+
+
+def _translated(fn: StoreMethod[P, T]) -> StoreMethod[P, T]:
+    """One deadline for the call, and Redis failures as :class:`StoreUnavailable`."""
+    return _call(fn, bounded=True)
+
+
+def _translated_unbounded(fn: StoreMethod[P, T]) -> StoreMethod[P, T]:
+    """As :func:`_translated`, without the deadline (start-up work that may take long)."""
+    return _call(fn, bounded=False)
 
 
 def _script(name: str) -> str:
@@ -101,15 +120,20 @@ class _ScriptBatcher:
     pipeline pays the client's per-command cost (pool checkout, socket checks,
     retry and timeout wrappers) once for all of them. A batch that loses its
     connection is resent whole, as a single command would be, and a timeout
-    fails every call in it. Resending cannot count anything twice: a recorded
-    decision or an applied reward is marked, so its repeat answers "recorded"
-    or "duplicate" (a reward whose first reply was lost is then reported as
-    a duplicate, and counted once); a repeated stale decide only skips a
-    decision number.
+    fails every call in it. A caller whose deadline passes stops waiting (its
+    reply, if one comes, is dropped); the batch itself is abandoned at the
+    store's deadline, so a stalled Redis holds no connection longer.
+    Resending cannot count anything twice: a recorded decision or an applied
+    reward is marked, so its repeat answers "recorded" or "duplicate" (a
+    reward whose first reply was lost is then reported as a duplicate, and
+    counted once); a repeated stale decide only skips a decision number.
     """
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: aioredis.Redis, deadline_seconds: float | None = None) -> None:
         self._client = client
+        # A batch that outlives its callers' deadlines is abandoned: its
+        # connection is dropped rather than held through Redis's stall.
+        self._deadline = deadline_seconds
         self._queue: list[tuple[AsyncScript, list[Any], asyncio.Future[Any]]] = []
         self._flushes: set[asyncio.Task[None]] = set()  # held until done (no early GC)
 
@@ -126,7 +150,8 @@ class _ScriptBatcher:
     async def _flush(self) -> None:
         batch, self._queue = self._queue, []
         try:
-            replies = await self._execute([(script, argv) for script, argv, _ in batch])
+            async with asyncio.timeout(self._deadline):
+                replies = await self._execute([(script, argv) for script, argv, _ in batch])
         except BaseException as exc:
             for _, _, future in batch:
                 if not future.done():
@@ -182,20 +207,28 @@ class DecideReply:
 class Store:
     """Async access to experiments, statistics and decisions in Redis."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: aioredis.Redis, deadline_seconds: float | None = None) -> None:
         self._client = client
+        self.deadline_seconds = deadline_seconds  # per call, retries included; None: none
         self._reward = client.register_script(_script("reward"))
         self._create = client.register_script(_script("create"))
         self._add_arms = client.register_script(_script("add_arms"))
         self._retire_arms = client.register_script(_script("retire_arms"))
         self._decide = client.register_script(_script("decide"))
         self._upgrade_decision = client.register_script(_script("upgrade_decision"))
-        self._batcher = _ScriptBatcher(client)
+        self._batcher = _ScriptBatcher(client, deadline_seconds)
 
     @classmethod
     def from_url(cls, url: str, timeout_seconds: float) -> Store:
-        # Retries are safe: every write is idempotent (the decision marker
-        # makes a repeated reward a no-op), so a timed-out script may be resent.
+        """A store whose every call gets ``timeout_seconds``, retries included.
+
+        redis-py retries a failed command on a new connection (after a Redis
+        restart the pooled connections are dead); the deadline bounds the
+        whole, where the socket timeouts alone bound each attempt and each
+        reconnection, which the retries multiply. Retries are safe: every
+        write is idempotent (the decision marker makes a repeated reward a
+        no-op), so a timed-out script may be resent.
+        """
         client = aioredis.Redis.from_url(
             url,
             socket_timeout=timeout_seconds,
@@ -206,7 +239,7 @@ class Store:
             max_connections=256,
             connection_class=_HiredisPackedConnection,  # rediss:// keeps SSLConnection
         )
-        return cls(client)
+        return cls(client, timeout_seconds)
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -270,7 +303,7 @@ class Store:
         value = await self._client.hget(keys.meta(experiment_id), "key_hash")
         return None if value is None else _text(value)
 
-    @_translated
+    @_translated_unbounded  # once at start-up; it walks every pending decision
     async def upgrade(
         self,
         experiment_id: str,
