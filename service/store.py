@@ -1,19 +1,25 @@
 """The one narrow interface between the service and Redis.
 
 Nothing above ``service/`` imports ``redis``: every Redis failure leaves this
-module as :class:`service.errors.StoreUnavailable`. Multi-key changes are Lua
-scripts (``service/lua``); reads that must be consistent are one MULTI/EXEC.
+module as :class:`service.errors.StoreUnavailable` (:class:`StoreFull` when
+Redis is out of memory and refuses writes). Multi-key changes are Lua scripts
+(``service/lua``); reads that must be consistent are one MULTI/EXEC.
 
 Each call has one deadline, retries and reconnections included: the store's
 timeout. A call that misses it may still have happened in Redis; every write
 is safe to repeat (a resent reward answers "duplicate", a resent decision
 "recorded"), so the caller may retry.
+
+Redis refuses a Lua script out of memory at its first write only (one that has
+written runs to its end), so a refused script has changed nothing: each
+script checks before it writes, and a refused creation is undone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -29,6 +35,7 @@ from redis.exceptions import (
     BusyLoadingError,
     DataError,
     NoScriptError,
+    OutOfMemoryError,
     ResponseError,
     WatchError,
 )
@@ -40,7 +47,7 @@ from redis.exceptions import (
 )
 
 from service import keys
-from service.errors import StoreUnavailable
+from service.errors import StoreFull, StoreUnavailable
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -48,6 +55,16 @@ T = TypeVar("T")
 # OSError covers TimeoutError, which asyncio.timeout raises at a deadline.
 _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, OSError)
 _UNAVAILABLE_MESSAGE = "the state store is unavailable; retry shortly"
+_FULL_MESSAGE = "the state store is out of memory and refuses changes; retry later"
+
+
+def _out_of_memory(exc: ResponseError) -> bool:
+    """Redis refused a write for lack of memory (maxmemory reached, noeviction).
+
+    A command gets an ``-OOM`` reply (OutOfMemoryError); Redis 6.2 wraps the
+    refusal of a write inside a script in a plain script error.
+    """
+    return isinstance(exc, OutOfMemoryError) or "OOM command not allowed" in str(exc)
 
 
 StoreMethod = Callable[Concatenate["Store", P], Awaitable[T]]
@@ -61,6 +78,11 @@ def _call(fn: StoreMethod[P, T], *, bounded: bool) -> StoreMethod[P, T]:
                 return await fn(self, *args, **kwargs)
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(_UNAVAILABLE_MESSAGE) from exc
+        except ResponseError as exc:
+            if _out_of_memory(exc):
+                self.refused_at = time.monotonic()
+                raise StoreFull(_FULL_MESSAGE) from exc
+            raise
 
     return wrapper
 
@@ -84,6 +106,29 @@ def _text(value: bytes | str) -> str:
 
 
 _UPGRADE_ATTEMPTS = 50
+
+
+# How long a refused write keeps readiness at 503 while Redis is near its limit.
+REFUSALS_REMEMBERED_SECONDS = 5.0
+_NEAR_LIMIT = 0.95
+
+
+def _refuses_writes(memory: Mapping[str, Any], refused_recently: bool) -> bool:
+    """From INFO memory: whether Redis refuses writes for lack of memory.
+
+    Redis compares the memory it uses, less its AOF and replication buffers,
+    with maxmemory; under ``noeviction`` (the policy the service needs) it
+    refuses every write while that is over. The figure counts the buffers of
+    the command being run, so near the limit Redis refuses a decision or a
+    reward (a kilobyte or more of arguments) while INFO, a few bytes, still
+    reads under it: a write refused lately decides there. With no limit (or
+    a limit raised well above the use) Redis is ready at once.
+    """
+    limit = int(memory.get("maxmemory", 0))
+    if limit <= 0 or memory.get("maxmemory_policy") != "noeviction":
+        return False
+    used = int(memory.get("used_memory", 0)) - int(memory.get("mem_not_counted_for_evict", 0))
+    return used > limit or (refused_recently and used > _NEAR_LIMIT * limit)
 
 
 def _needs_upgrade(stored: Sequence[Any], meta_fields: Mapping[str, str]) -> bool:
@@ -210,6 +255,7 @@ class Store:
     def __init__(self, client: aioredis.Redis, deadline_seconds: float | None = None) -> None:
         self._client = client
         self.deadline_seconds = deadline_seconds  # per call, retries included; None: none
+        self.refused_at: float | None = None  # time.monotonic() of the last write refused
         self._reward = client.register_script(_script("reward"))
         self._create = client.register_script(_script("create"))
         self._add_arms = client.register_script(_script("add_arms"))
@@ -249,6 +295,29 @@ class Store:
         await self._client.ping()
 
     @_translated
+    async def ready(self) -> None:
+        """Redis answers and accepts writes.
+
+        Raises
+        ------
+        StoreFull
+            While Redis is out of memory (maxmemory reached, noeviction) and
+            refuses writes: over its limit now, or at it and a write was
+            refused in the last ``REFUSALS_REMEMBERED_SECONDS``.
+        StoreUnavailable
+            If Redis does not answer.
+        """
+        try:
+            memory = await self._client.info("memory")
+        except ResponseError:
+            await self._client.ping()  # INFO refused (ACL, renamed): answering must do
+            return
+        refused_recently = (self.refused_at is not None and
+                            time.monotonic() - self.refused_at < REFUSALS_REMEMBERED_SECONDS)
+        if _refuses_writes(memory, refused_recently):
+            raise StoreFull(_FULL_MESSAGE)
+
+    @_translated
     async def persistence_warnings(self) -> list[str]:
         """What in the server's configuration could lose acknowledged state."""
         warnings = []
@@ -280,7 +349,14 @@ class Store:
         keyset = [keys.meta(experiment_id), keys.arms(experiment_id), keys.stats(experiment_id)]
         created = await self._create(keys=keyset, args=args)
         if created:
-            await self._client.sadd(keys.EXPERIMENT_INDEX, experiment_id)
+            try:
+                await self._client.sadd(keys.EXPERIMENT_INDEX, experiment_id)
+            except ResponseError as exc:
+                # The script's writes took the last memory: undo them (DEL is
+                # allowed out of memory), as nobody has the key to use them.
+                if _out_of_memory(exc):
+                    await self._client.delete(*keyset)
+                raise
         return bool(created)
 
     @_translated
