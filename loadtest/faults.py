@@ -182,10 +182,14 @@ def _restart_and_flush_scripts(server: RedisProcess) -> None:
 
 
 def _fill_memory(server: RedisProcess) -> None:
-    """maxmemory at what Redis uses now: the next writes that need memory are refused."""
+    """maxmemory at half what Redis uses now: every write is refused until it is raised.
+
+    (At exactly the memory in use, whether Redis refuses a write depends on
+    the buffers of the moment: the fault would come and go.)
+    """
     with server.client() as client:
         used = int(client.info("memory")["used_memory"])
-        client.config_set("maxmemory", used)
+        client.config_set("maxmemory", used // 2)
 
 
 def _free_memory(server: RedisProcess) -> None:
@@ -201,7 +205,7 @@ def faults(stall_seconds: float) -> list[Fault]:
               stall_seconds),
         Fault("clean restart, SCRIPT FLUSH", RedisProcess.shutdown, _restart_and_flush_scripts,
               0.3),
-        Fault("maxmemory reached, then raised", _fill_memory, _free_memory, 1.5),
+        Fault("maxmemory under the use, then raised", _fill_memory, _free_memory, 1.5),
     ]
 
 
@@ -301,7 +305,7 @@ class Outcome:
     fault_at: float
     cleared_at: float
     recovered_at: float | None = None
-    resent: int = 0  # rewards resent after recovery (their first reply was a 503)
+    resent: Counter[str] = field(default_factory=Counter)  # 503'd rewards resent: their answers
     unresolved: int = 0  # of those, still without an applied/duplicate answer
     acknowledged: int = 0
     stored_rewards: int = 0
@@ -323,6 +327,11 @@ class Outcome:
     @property
     def refused_without_retry_after(self) -> int:
         return sum(1 for r in self.ledger.replies if r.status == 503 and not r.retry_after)
+
+    @property
+    def slowest_seconds(self) -> float:
+        """The longest any client waited for a reply (or for its connection to fail)."""
+        return max((r.received - r.sent for r in self.ledger.replies), default=0.0)
 
     @property
     def first_503_seconds(self) -> float | None:
@@ -420,7 +429,6 @@ async def _resend_unknown(http: httpx.AsyncClient, experiment_id: str, key: str,
     """Resend each reward whose reply was a 503 or a dropped connection, until answered."""
     ledger = outcome.ledger
     pending = [d for d, status in ledger.outcomes.items() if status == "unknown"]
-    outcome.resent = len(pending)
     deadline = time.monotonic() + timeout_seconds
     for decision_id in pending:
         _, reward = ledger.decisions[decision_id]
@@ -431,8 +439,9 @@ async def _resend_unknown(http: httpx.AsyncClient, experiment_id: str, key: str,
             if ledger.outcomes[decision_id] != "unknown":
                 break
             await asyncio.sleep(BACKOFF_SECONDS)
-    outcome.unresolved = sum(1 for d in pending
-                             if ledger.outcomes[d] not in ("applied", "duplicate"))
+    outcome.resent = Counter(ledger.outcomes[d] for d in pending)
+    outcome.unresolved = sum(n for s, n in outcome.resent.items()
+                             if s not in ("applied", "duplicate"))
 
 
 async def _audit(http: httpx.AsyncClient, experiment_id: str, key: str,
@@ -480,6 +489,11 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f} s"
 
 
+def _counts(counter: Counter[Any]) -> str:
+    return ", ".join(f"{'no answer' if k == 0 else k}: {n}" for k, n in sorted(counter.items(),
+                                                                               key=str)) or "-"
+
+
 def table(outcomes: list[Outcome]) -> str:
     """The fault table of RELIABILITY.md, in Markdown."""
     lines = [
@@ -488,9 +502,20 @@ def table(outcomes: list[Outcome]) -> str:
         "|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     for o in outcomes:
-        seen = ", ".join(f"{'no answer' if s == 0 else s}: {n}"
-                         for s, n in sorted(o.statuses.items()))
-        lines.append(f"| {o.fault} | {o.requests} | {seen} | {o.acknowledged} | {o.lost} "
-                     f"| {o.counted_twice} | {_seconds(o.first_503_seconds)} "
+        lines.append(f"| {o.fault} | {o.requests} | {_counts(o.statuses)} | {o.acknowledged} "
+                     f"| {o.lost} | {o.counted_twice} | {_seconds(o.first_503_seconds)} "
                      f"| {_seconds(o.recovery_seconds)} |")
+    return "\n".join(lines)
+
+
+def details(outcomes: list[Outcome]) -> str:
+    """What the table leaves out: the slowest reply, readiness, the rewards resent."""
+    lines = [
+        "| scenario | slowest reply | /readyz while the fault held "
+        "| 503'd rewards resent after recovery |",
+        "|---|---:|---|---|",
+    ]
+    for o in outcomes:
+        lines.append(f"| {o.fault} | {_seconds(o.slowest_seconds)} "
+                     f"| {_counts(o.readiness_during())} | {_counts(o.resent)} |")
     return "\n".join(lines)

@@ -108,9 +108,12 @@ def _text(value: bytes | str) -> str:
 _UPGRADE_ATTEMPTS = 50
 
 
-# How long a refused write keeps readiness at 503 while Redis is near its limit.
+# How long a refused write keeps readiness at 503 while Redis is near its limit,
+# and what near is: within 5 % of maxmemory, or 1 MiB (what a few hundred
+# connections' buffers come and go by).
 REFUSALS_REMEMBERED_SECONDS = 5.0
-_NEAR_LIMIT = 0.95
+_NEAR_LIMIT_FRACTION = 0.05
+_NEAR_LIMIT_BYTES = 2**20
 
 
 def _refuses_writes(memory: Mapping[str, Any], refused_recently: bool) -> bool:
@@ -121,14 +124,15 @@ def _refuses_writes(memory: Mapping[str, Any], refused_recently: bool) -> bool:
     refuses every write while that is over. The figure counts the buffers of
     the command being run, so near the limit Redis refuses a decision or a
     reward (a kilobyte or more of arguments) while INFO, a few bytes, still
-    reads under it: a write refused lately decides there. With no limit (or
-    a limit raised well above the use) Redis is ready at once.
+    reads under it: a write refused lately decides there. With no limit, or
+    a limit raised well above the use, Redis is ready at once.
     """
     limit = int(memory.get("maxmemory", 0))
     if limit <= 0 or memory.get("maxmemory_policy") != "noeviction":
         return False
     used = int(memory.get("used_memory", 0)) - int(memory.get("mem_not_counted_for_evict", 0))
-    return used > limit or (refused_recently and used > _NEAR_LIMIT * limit)
+    near = max(_NEAR_LIMIT_FRACTION * limit, _NEAR_LIMIT_BYTES)
+    return used > limit or (refused_recently and used > limit - near)
 
 
 def _needs_upgrade(stored: Sequence[Any], meta_fields: Mapping[str, str]) -> bool:

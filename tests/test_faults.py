@@ -108,7 +108,7 @@ async def test_the_service_survives_the_fault_without_losing_or_doubling_a_rewar
         assert first_503 is not None, "a fault held past the deadline gave no 503"
     if first_503 is not None:
         assert first_503 <= DEADLINE_SECONDS + FIRST_503_SLACK_SECONDS
-    if fault.name.startswith("maxmemory"):
+    if fault.name.startswith("maxmemory"):  # every write refused while it held
         refused = {r.error for r in outcome.ledger.replies if r.status == 503}
         assert refused == {"store_full"}
         assert outcome.readiness_during()["503 store_full"] > 0
@@ -234,6 +234,26 @@ async def test_at_the_memory_limit_each_write_is_whole_or_refused_whole(
         existing = {k.decode().split("{")[1].split("}")[0] for k in client.keys("lrb:{*}:meta")}
     assert listed == stored == existing  # listed if and only if it exists
     assert outcomes == {"rewards": {"whole", "refused"}, "create": {"whole", "refused"}}
+
+
+async def test_readiness_says_full_while_writes_are_refused_near_the_limit(
+    service_on: ExperimentService, memory_limit: RedisProcess
+) -> None:
+    """INFO reads just under the limit, but writes were refused just now: not ready.
+
+    Near the limit a write's own arguments tip Redis over while INFO, a few
+    bytes, reads under it; a refusal of the last seconds decides there.
+    """
+    service = service_on
+    await service.create(SPEC)
+    _set_maxmemory(memory_limit, 1)
+    with pytest.raises(StoreFull):
+        await service.choose("mem", ChooseRequest(context=(1.0, 2.0, 3.0)))
+    _set_maxmemory(memory_limit, _used_memory(memory_limit) + 100_000)  # 100 kB to spare
+    with pytest.raises(StoreFull):
+        await service.ready()
+    _set_maxmemory(memory_limit, _used_memory(memory_limit) + 2**22)  # 4 MiB to spare
+    await service.ready()
 
 
 async def test_a_creation_whose_index_write_is_refused_is_undone(
