@@ -25,6 +25,7 @@ from service.errors import (
     Forbidden,
     InvalidInput,
     NotFound,
+    StoreFull,
     StoreUnavailable,
 )
 
@@ -37,6 +38,7 @@ _DOMAIN_STATUS: dict[type[DomainError], tuple[int, str]] = {
     NotFound: (404, "not_found"),
     Forbidden: (403, "forbidden"),
     Conflict: (409, "conflict"),
+    StoreFull: (503, "store_full"),
     StoreUnavailable: (503, "store_unavailable"),
 }
 _HTTP_CODES = {401: "unauthorized", 403: "forbidden", 404: "not_found", 413: "too_large"}
@@ -72,6 +74,8 @@ async def _domain_error(request: Request, exc: DomainError) -> JSONResponse:
         retry_after = request.app.state.settings.retry_after_seconds
         headers = {"Retry-After": str(retry_after)}
         logger.warning("store unavailable: %s", exc)
+        if isinstance(exc, StoreFull):
+            request.app.state.metrics.set_store_full(True)
     return error_response(status, error, str(exc), headers=headers)
 
 

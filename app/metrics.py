@@ -17,6 +17,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
 )
@@ -54,6 +55,14 @@ class Metrics:
         self.errors = Counter(
             "linreboot_errors", "responses with status >= 400", ["status"], registry=self.registry
         )
+        # Set by a write refused for lack of memory, cleared by a ready /readyz;
+        # across workers the latest of their values.
+        self.store_full = Gauge(
+            "linreboot_store_full",
+            "1 while Redis is out of memory and refuses writes (as last seen), else 0",
+            multiprocess_mode="mostrecent",
+            registry=self.registry,
+        )
         # Labelled children by label values: labels() takes a lock and builds a
         # key on every call, a visible cost at thousands of requests a second.
         self._latency_by_route: dict[tuple[str, str], Any] = {}
@@ -72,6 +81,9 @@ class Metrics:
             if errors is None:
                 errors = self._errors_by_status[status] = self.errors.labels(status=str(status))
             errors.inc()
+
+    def set_store_full(self, full: bool) -> None:
+        self.store_full.set(1 if full else 0)
 
     def record_decision(self) -> None:
         self.decisions.inc()

@@ -16,7 +16,8 @@ def _error(description: str) -> dict[str, Any]:
 
 
 STORE_ERRORS: Responses = {
-    503: _error("Redis is unavailable; retry after the Retry-After header's seconds"),
+    503: _error("Redis is unavailable (store_unavailable) or out of memory (store_full); "
+                "retry after the Retry-After header's seconds"),
 }
 _BODY_ERRORS: Responses = {
     413: _error("the body is larger than max_body_bytes"),

@@ -32,3 +32,7 @@ class Conflict(DomainError):
 
 class StoreUnavailable(DomainError):
     """Redis is unreachable or timed out (503 with Retry-After)."""
+
+
+class StoreFull(StoreUnavailable):
+    """Redis is out of memory and refuses writes (503 with Retry-After)."""

@@ -202,6 +202,10 @@ class ExperimentService:
     async def ping(self) -> None:
         await self._store.ping()
 
+    async def ready(self) -> None:
+        """Redis answers and accepts writes; StoreFull while it is out of memory."""
+        await self._store.ready()
+
     # -- management -------------------------------------------------------
 
     async def create(self, spec: ExperimentSpec) -> tuple[ExperimentView, str]:
@@ -226,7 +230,9 @@ class ExperimentService:
         }
         if not await self._store.create(spec.id, meta, arms):
             raise Conflict("an experiment with this id already exists")
-        return await self.get(spec.id), api_key
+        # From what was written, not read back: a read that failed now (Redis
+        # just out of memory, say) would leave the experiment without its key.
+        return _view(_parse_definition(meta, arms), {}), api_key
 
     async def get(self, experiment_id: str) -> ExperimentView:
         if not valid_experiment_id(experiment_id):

@@ -1,18 +1,29 @@
 """The one narrow interface between the service and Redis.
 
 Nothing above ``service/`` imports ``redis``: every Redis failure leaves this
-module as :class:`service.errors.StoreUnavailable`. Multi-key changes are Lua
-scripts (``service/lua``); reads that must be consistent are one MULTI/EXEC.
+module as :class:`service.errors.StoreUnavailable` (:class:`StoreFull` when
+Redis is out of memory and refuses writes). Multi-key changes are Lua scripts
+(``service/lua``); reads that must be consistent are one MULTI/EXEC.
+
+Each call has one deadline, retries and reconnections included: the store's
+timeout. A call that misses it may still have happened in Redis; every write
+is safe to repeat (a resent reward answers "duplicate", a resent decision
+"recorded"), so the caller may retry.
+
+Redis refuses a Lua script out of memory at its first write only (one that has
+written runs to its end), so a refused script has changed nothing: each
+script checks before it writes, and a refused creation is undone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import hiredis
 import redis.asyncio as aioredis
@@ -24,6 +35,7 @@ from redis.exceptions import (
     BusyLoadingError,
     DataError,
     NoScriptError,
+    OutOfMemoryError,
     ResponseError,
     WatchError,
 )
@@ -35,25 +47,54 @@ from redis.exceptions import (
 )
 
 from service import keys
-from service.errors import StoreUnavailable
+from service.errors import StoreFull, StoreUnavailable
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
+# OSError covers TimeoutError, which asyncio.timeout raises at a deadline.
 _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, OSError)
+_UNAVAILABLE_MESSAGE = "the state store is unavailable; retry shortly"
+_FULL_MESSAGE = "the state store is out of memory and refuses changes; retry later"
 
 
-def _translated(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
-    """Turn Redis transport failures into :class:`StoreUnavailable`."""
+def _out_of_memory(exc: ResponseError) -> bool:
+    """Redis refused a write for lack of memory (maxmemory reached, noeviction).
 
+    A command gets an ``-OOM`` reply (OutOfMemoryError); Redis 6.2 wraps the
+    refusal of a write inside a script in a plain script error.
+    """
+    return isinstance(exc, OutOfMemoryError) or "OOM command not allowed" in str(exc)
+
+
+StoreMethod = Callable[Concatenate["Store", P], Awaitable[T]]
+
+
+def _call(fn: StoreMethod[P, T], *, bounded: bool) -> StoreMethod[P, T]:
     @functools.wraps(fn)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+    async def wrapper(self: Store, /, *args: P.args, **kwargs: P.kwargs) -> T:
         try:
-            return await fn(*args, **kwargs)
+            async with asyncio.timeout(self.deadline_seconds if bounded else None):
+                return await fn(self, *args, **kwargs)
         except _UNAVAILABLE as exc:
-            raise StoreUnavailable("the state store is unavailable; retry shortly") from exc
+            raise StoreUnavailable(_UNAVAILABLE_MESSAGE) from exc
+        except ResponseError as exc:
+            if _out_of_memory(exc):
+                self.refused_at = time.monotonic()
+                raise StoreFull(_FULL_MESSAGE) from exc
+            raise
 
     return wrapper
+
+
+def _translated(fn: StoreMethod[P, T]) -> StoreMethod[P, T]:
+    """One deadline for the call, and Redis failures as :class:`StoreUnavailable`."""
+    return _call(fn, bounded=True)
+
+
+def _translated_unbounded(fn: StoreMethod[P, T]) -> StoreMethod[P, T]:
+    """As :func:`_translated`, without the deadline (start-up work that may take long)."""
+    return _call(fn, bounded=False)
 
 
 def _script(name: str) -> str:
@@ -65,6 +106,33 @@ def _text(value: bytes | str) -> str:
 
 
 _UPGRADE_ATTEMPTS = 50
+
+
+# How long a refused write keeps readiness at 503 while Redis is near its limit,
+# and what near is: within 5 % of maxmemory, or 1 MiB (what a few hundred
+# connections' buffers come and go by).
+REFUSALS_REMEMBERED_SECONDS = 5.0
+_NEAR_LIMIT_FRACTION = 0.05
+_NEAR_LIMIT_BYTES = 2**20
+
+
+def _refuses_writes(memory: Mapping[str, Any], refused_recently: bool) -> bool:
+    """From INFO memory: whether Redis refuses writes for lack of memory.
+
+    Redis compares the memory it uses, less its AOF and replication buffers,
+    with maxmemory; under ``noeviction`` (the policy the service needs) it
+    refuses every write while that is over. The figure counts the buffers of
+    the command being run, so near the limit Redis refuses a decision or a
+    reward (a kilobyte or more of arguments) while INFO, a few bytes, still
+    reads under it: a write refused lately decides there. With no limit, or
+    a limit raised well above the use, Redis is ready at once.
+    """
+    limit = int(memory.get("maxmemory", 0))
+    if limit <= 0 or memory.get("maxmemory_policy") != "noeviction":
+        return False
+    used = int(memory.get("used_memory", 0)) - int(memory.get("mem_not_counted_for_evict", 0))
+    near = max(_NEAR_LIMIT_FRACTION * limit, _NEAR_LIMIT_BYTES)
+    return used > limit or (refused_recently and used > limit - near)
 
 
 def _needs_upgrade(stored: Sequence[Any], meta_fields: Mapping[str, str]) -> bool:
@@ -101,15 +169,20 @@ class _ScriptBatcher:
     pipeline pays the client's per-command cost (pool checkout, socket checks,
     retry and timeout wrappers) once for all of them. A batch that loses its
     connection is resent whole, as a single command would be, and a timeout
-    fails every call in it. Resending cannot count anything twice: a recorded
-    decision or an applied reward is marked, so its repeat answers "recorded"
-    or "duplicate" (a reward whose first reply was lost is then reported as
-    a duplicate, and counted once); a repeated stale decide only skips a
-    decision number.
+    fails every call in it. A caller whose deadline passes stops waiting (its
+    reply, if one comes, is dropped); the batch itself is abandoned at the
+    store's deadline, so a stalled Redis holds no connection longer.
+    Resending cannot count anything twice: a recorded decision or an applied
+    reward is marked, so its repeat answers "recorded" or "duplicate" (a
+    reward whose first reply was lost is then reported as a duplicate, and
+    counted once); a repeated stale decide only skips a decision number.
     """
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: aioredis.Redis, deadline_seconds: float | None = None) -> None:
         self._client = client
+        # A batch that outlives its callers' deadlines is abandoned: its
+        # connection is dropped rather than held through Redis's stall.
+        self._deadline = deadline_seconds
         self._queue: list[tuple[AsyncScript, list[Any], asyncio.Future[Any]]] = []
         self._flushes: set[asyncio.Task[None]] = set()  # held until done (no early GC)
 
@@ -126,7 +199,8 @@ class _ScriptBatcher:
     async def _flush(self) -> None:
         batch, self._queue = self._queue, []
         try:
-            replies = await self._execute([(script, argv) for script, argv, _ in batch])
+            async with asyncio.timeout(self._deadline):
+                replies = await self._execute([(script, argv) for script, argv, _ in batch])
         except BaseException as exc:
             for _, _, future in batch:
                 if not future.done():
@@ -182,20 +256,29 @@ class DecideReply:
 class Store:
     """Async access to experiments, statistics and decisions in Redis."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: aioredis.Redis, deadline_seconds: float | None = None) -> None:
         self._client = client
+        self.deadline_seconds = deadline_seconds  # per call, retries included; None: none
+        self.refused_at: float | None = None  # time.monotonic() of the last write refused
         self._reward = client.register_script(_script("reward"))
         self._create = client.register_script(_script("create"))
         self._add_arms = client.register_script(_script("add_arms"))
         self._retire_arms = client.register_script(_script("retire_arms"))
         self._decide = client.register_script(_script("decide"))
         self._upgrade_decision = client.register_script(_script("upgrade_decision"))
-        self._batcher = _ScriptBatcher(client)
+        self._batcher = _ScriptBatcher(client, deadline_seconds)
 
     @classmethod
     def from_url(cls, url: str, timeout_seconds: float) -> Store:
-        # Retries are safe: every write is idempotent (the decision marker
-        # makes a repeated reward a no-op), so a timed-out script may be resent.
+        """A store whose every call gets ``timeout_seconds``, retries included.
+
+        redis-py retries a failed command on a new connection (after a Redis
+        restart the pooled connections are dead); the deadline bounds the
+        whole, where the socket timeouts alone bound each attempt and each
+        reconnection, which the retries multiply. Retries are safe: every
+        write is idempotent (the decision marker makes a repeated reward a
+        no-op), so a timed-out script may be resent.
+        """
         client = aioredis.Redis.from_url(
             url,
             socket_timeout=timeout_seconds,
@@ -206,7 +289,7 @@ class Store:
             max_connections=256,
             connection_class=_HiredisPackedConnection,  # rediss:// keeps SSLConnection
         )
-        return cls(client)
+        return cls(client, timeout_seconds)
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -214,6 +297,29 @@ class Store:
     @_translated
     async def ping(self) -> None:
         await self._client.ping()
+
+    @_translated
+    async def ready(self) -> None:
+        """Redis answers and accepts writes.
+
+        Raises
+        ------
+        StoreFull
+            While Redis is out of memory (maxmemory reached, noeviction) and
+            refuses writes: over its limit now, or at it and a write was
+            refused in the last ``REFUSALS_REMEMBERED_SECONDS``.
+        StoreUnavailable
+            If Redis does not answer.
+        """
+        try:
+            memory = await self._client.info("memory")
+        except ResponseError:
+            await self._client.ping()  # INFO refused (ACL, renamed): answering must do
+            return
+        refused_recently = (self.refused_at is not None and
+                            time.monotonic() - self.refused_at < REFUSALS_REMEMBERED_SECONDS)
+        if _refuses_writes(memory, refused_recently):
+            raise StoreFull(_FULL_MESSAGE)
 
     @_translated
     async def persistence_warnings(self) -> list[str]:
@@ -247,7 +353,14 @@ class Store:
         keyset = [keys.meta(experiment_id), keys.arms(experiment_id), keys.stats(experiment_id)]
         created = await self._create(keys=keyset, args=args)
         if created:
-            await self._client.sadd(keys.EXPERIMENT_INDEX, experiment_id)
+            try:
+                await self._client.sadd(keys.EXPERIMENT_INDEX, experiment_id)
+            except ResponseError as exc:
+                # The script's writes took the last memory: undo them (DEL is
+                # allowed out of memory), as nobody has the key to use them.
+                if _out_of_memory(exc):
+                    await self._client.delete(*keyset)
+                raise
         return bool(created)
 
     @_translated
@@ -270,7 +383,7 @@ class Store:
         value = await self._client.hget(keys.meta(experiment_id), "key_hash")
         return None if value is None else _text(value)
 
-    @_translated
+    @_translated_unbounded  # once at start-up; it walks every pending decision
     async def upgrade(
         self,
         experiment_id: str,

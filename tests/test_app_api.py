@@ -44,7 +44,7 @@ async def test_readyz_is_503_with_retry_after_when_redis_fails(
     async def down() -> None:
         raise StoreUnavailable("Redis did not answer")
 
-    monkeypatch.setattr(app.state.service, "ping", down)
+    monkeypatch.setattr(app.state.service, "ready", down)
     response = await client.get("/readyz")
     assert response.status_code == 503
     assert response.headers["Retry-After"] == "1"

@@ -17,9 +17,12 @@ async def healthz() -> StatusOut:
     return StatusOut(status="ok")
 
 
-@router.get("/readyz", summary="Redis answers (else 503)", responses=STORE_ERRORS)
-async def readyz(service: ServiceDep) -> StatusOut:
-    await service.ping()
+@router.get(
+    "/readyz", summary="Redis answers and accepts writes (else 503)", responses=STORE_ERRORS
+)
+async def readyz(service: ServiceDep, metrics: MetricsDep) -> StatusOut:
+    await service.ready()  # 503 store_full while Redis is out of memory
+    metrics.set_store_full(False)
     return StatusOut(status="ready")
 
 
