@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, Self
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from policies import HYPERPARAMETERS, RANGES
 from service.domain import (
     ARM_ID_PATTERN,
     EXPERIMENT_ID_PATTERN,
@@ -118,23 +119,43 @@ def _arms_to_domain(arms: Sequence[ArmIn], problems: _Problems) -> tuple[ArmSpec
     return tuple(arm.to_domain(problems, ("arms", i)) for i, arm in enumerate(arms))
 
 
-class Hyperparameters(_Request):
-    """Overrides of the paper's defaults (see ``policies.PolicyConfig``); omit to keep them."""
+def _policies_taking(name: str) -> str:
+    return ", ".join(p for p, names in HYPERPARAMETERS.items() if name in names)
 
-    reg: float | None = Field(default=None, description="ridge regularisation lambda")
-    sigma_omega: float | None = Field(default=None, description="LinReBoot bootstrap-weight sd")
-    residuals: Literal["current", "observed"] | None = None
-    ig_alpha: float | None = None
-    ig_beta: float | None = None
-    ig_prior_precision: float | None = None
-    phe_a: float | None = None
-    giro_a: float | None = None
-    reward_bound: float | None = None
-    ucb_delta: float | None = None
-    noise_sd: float | None = None
-    theta_bound: float | None = None
-    context_bound: float | None = None
-    ucb_alpha: float | None = None
+
+def _hyperparameter(name: str) -> Any:
+    """An optional float field with the range and meaning of ``policies.RANGES``."""
+    bounds = RANGES[name]
+    return Field(
+        default=None, ge=bounds.low, le=bounds.high,
+        description=f"{bounds.meaning} ({_policies_taking(name)})",
+    )
+
+
+class Hyperparameters(_Request):
+    """Overrides of the paper's defaults; omit to keep them.
+
+    Each policy takes only its own (``policies.HYPERPARAMETERS``); another
+    policy's is refused at creation.
+    """
+
+    reg: float | None = _hyperparameter("reg")
+    sigma_omega: float | None = _hyperparameter("sigma_omega")
+    residuals: Literal["current", "observed"] | None = Field(
+        default=None, description="LinReBoot residuals against the current or the observed "
+        f"contexts ({_policies_taking('residuals')})",
+    )
+    ig_alpha: float | None = _hyperparameter("ig_alpha")
+    ig_beta: float | None = _hyperparameter("ig_beta")
+    ig_prior_precision: float | None = _hyperparameter("ig_prior_precision")
+    phe_a: float | None = _hyperparameter("phe_a")
+    giro_a: float | None = _hyperparameter("giro_a")
+    reward_bound: float | None = _hyperparameter("reward_bound")
+    ucb_delta: float | None = _hyperparameter("ucb_delta")
+    noise_sd: float | None = _hyperparameter("noise_sd")
+    theta_bound: float | None = _hyperparameter("theta_bound")
+    context_bound: float | None = _hyperparameter("context_bound")
+    ucb_alpha: float | None = _hyperparameter("ucb_alpha")
 
     def overrides(self) -> dict[str, float | str]:
         return self.model_dump(exclude_none=True)

@@ -16,7 +16,16 @@ from numpy.typing import NDArray
 
 from loadtest.environments import Environment, Reading, make_spec, split_rngs
 from loadtest.results import Array, Curve, recorded_rounds, summarise
-from policies import PolicyConfig, PolicyName, Setting, choose, init_state, paper_config, update
+from policies import (
+    HYPERPARAMETERS,
+    PolicyConfig,
+    PolicyName,
+    Setting,
+    choose,
+    init_state,
+    paper_config,
+    update,
+)
 from policies.ridge import BufferedStreams
 
 Progress = Callable[[int], None]
@@ -169,7 +178,10 @@ def grid(
     reading: Reading = "authors",
     overrides: tuple[tuple[str, object], ...] = (),
 ) -> list[Cell]:
-    """Every cell of settings x dims x policies; LinReBoot once per sigma_omega."""
+    """Every cell of settings x dims x policies; LinReBoot once per sigma_omega.
+
+    Each policy gets the ``overrides`` it takes (``policies.HYPERPARAMETERS``).
+    """
     cells = []
     for setting in settings:
         for dim in dims:
@@ -177,6 +189,7 @@ def grid(
                 sweep: Sequence[float | None] = (
                     sigma_omegas if sigma_omegas and policy == "linreboot" else [None]
                 )
+                own = tuple((k, v) for k, v in overrides if k in HYPERPARAMETERS[policy])
                 for sigma in sweep:
-                    cells.append(Cell(setting, dim, policy, sigma, reading, overrides))
+                    cells.append(Cell(setting, dim, policy, sigma, reading, own))
     return cells

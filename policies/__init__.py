@@ -6,13 +6,17 @@ Public surface: :class:`PolicyConfig`, :func:`paper_config`, :func:`init_state`,
 """
 
 from policies.config import (
+    HYPERPARAMETERS,
     PAPER_POLICIES,
     POLICIES,
+    RANGES,
     SETTINGS,
     PolicyConfig,
     PolicyName,
+    Range,
     Residuals,
     Setting,
+    check_hyperparameters,
     paper_config,
     paper_sigma_omega,
 )
@@ -20,17 +24,21 @@ from policies.policy import Choice, Ready, choose, draw, prepare, update
 from policies.state import FieldSpec, State, init_state, layout, raw_reward_sums
 
 __all__ = [
+    "HYPERPARAMETERS",
     "PAPER_POLICIES",
     "POLICIES",
+    "RANGES",
     "SETTINGS",
     "Choice",
     "FieldSpec",
     "PolicyConfig",
     "PolicyName",
+    "Range",
     "Ready",
     "Residuals",
     "Setting",
     "State",
+    "check_hyperparameters",
     "choose",
     "draw",
     "init_state",

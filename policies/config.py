@@ -7,6 +7,7 @@ The paper's defaults live here, per setting and dimension (appendix
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
@@ -44,6 +45,64 @@ _NOISE_SD: dict[Setting, float] = {
     "contextual": math.sqrt(0.5),
     "covariates": 0.1,
 }
+
+
+@dataclass(frozen=True)
+class Range:
+    """The closed interval a hyperparameter must lie in, and what it means."""
+
+    low: float
+    high: float
+    meaning: str
+
+    def holds(self, value: float) -> bool:
+        return math.isfinite(value) and self.low <= value <= self.high
+
+
+# Every range keeps each policy's arithmetic finite for features and rewards up
+# to 1e6 and d up to 256: e.g. LinGIRO squares reward_bound, LinUCB divides by
+# reg inside a logarithm, and LinTS-IG draws a Gamma(ig_alpha + n/2) variate
+# that it divides by (below shape 0.5 it can underflow to 0).
+RANGES: dict[str, Range] = {
+    "reg": Range(1e-6, 1e6, "ridge regularisation lambda"),
+    "sigma_omega": Range(0.0, 100.0, "LinReBoot bootstrap-weight standard deviation"),
+    "ig_alpha": Range(0.5, 1e6, "LinTS-IG prior shape alpha of sigma^2"),
+    "ig_beta": Range(1e-6, 1e6, "LinTS-IG prior rate beta of sigma^2"),
+    "ig_prior_precision": Range(1e-6, 1e6, "LinTS-IG prior precision of theta (its ridge)"),
+    "phe_a": Range(0.0, 100.0, "LinPHE pseudo-rewards per past round"),
+    "giro_a": Range(0.0, 100.0, "LinGIRO pseudo-rounds at each bound per past round"),
+    "reward_bound": Range(1e-6, 1e7, "LinPHE/LinGIRO bound U on the absolute reward"),
+    "ucb_delta": Range(1e-12, 0.5, "LinUCB confidence level delta"),
+    "noise_sd": Range(1e-6, 1e6, "LinUCB noise scale R"),
+    "theta_bound": Range(1e-6, 1e6, "LinUCB bound S on the norm of theta"),
+    "context_bound": Range(1e-6, 1e7, "LinUCB bound L on the norm of a context"),
+    "ucb_alpha": Range(0.0, 1e6, "linucb-const width alpha"),
+}
+
+# The hyperparameters each policy reads; ``residuals`` is "current" or "observed".
+HYPERPARAMETERS: dict[PolicyName, tuple[str, ...]] = {
+    "linreboot": ("reg", "sigma_omega", "residuals"),
+    "greedy": ("reg", "residuals"),
+    "lints-g": ("reg",),
+    "lints-ig": ("ig_alpha", "ig_beta", "ig_prior_precision"),
+    "linphe": ("reg", "phe_a", "reward_bound"),
+    "lingiro": ("reg", "giro_a", "reward_bound"),
+    "linucb": ("reg", "ucb_delta", "noise_sd", "theta_bound", "context_bound"),
+    "linucb-const": ("reg", "ucb_alpha"),
+}
+
+
+def check_hyperparameters(name: PolicyName, names: Iterable[str]) -> None:
+    """Refuse hyperparameters that ``name`` does not read.
+
+    Raises
+    ------
+    ValueError
+        Naming the policy's own hyperparameters (never echoing the others).
+    """
+    own = HYPERPARAMETERS[name]
+    if any(given not in own for given in names):
+        raise ValueError(f"{name} takes only these hyperparameters: {', '.join(own)}")
 
 
 def shared_model(setting: Setting) -> bool:
@@ -99,24 +158,12 @@ class PolicyConfig:
             raise ValueError("residuals must be 'current' or 'observed'")
         if not 1 <= self.dim <= 256:
             raise ValueError("dim must be between 1 and 256")
-        positive = {
-            "reg": self.reg, "ig_alpha": self.ig_alpha, "ig_beta": self.ig_beta,
-            "ig_prior_precision": self.ig_prior_precision, "reward_bound": self.reward_bound,
-            "noise_sd": self.noise_sd, "theta_bound": self.theta_bound,
-            "context_bound": self.context_bound,
-        }
-        non_negative = {
-            "sigma_omega": self.sigma_omega, "phe_a": self.phe_a, "giro_a": self.giro_a,
-            "ucb_alpha": self.ucb_alpha,
-        }
-        for field, value in positive.items():
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{field} must be a positive finite number")
-        for field, value in non_negative.items():
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{field} must be a non-negative finite number")
-        if not 0 < self.ucb_delta < 1:
-            raise ValueError("ucb_delta must lie in (0, 1)")
+        for field, bounds in RANGES.items():
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not bounds.holds(
+                float(value)
+            ):
+                raise ValueError(f"{field} must be a number from {bounds.low:g} to {bounds.high:g}")
 
     @property
     def shared(self) -> bool:

@@ -28,6 +28,7 @@ from policies import (
     PolicyConfig,
     Ready,
     State,
+    check_hyperparameters,
     draw,
     layout,
     paper_config,
@@ -54,8 +55,6 @@ from service.errors import Conflict, Forbidden, InvalidInput, NotFound, StoreUna
 from service.settings import Settings
 from service.store import Snapshot, Store
 
-_FIXED_CONFIG_FIELDS = {"name", "setting", "dim"}
-_TUNABLE = {f.name for f in dataclasses.fields(PolicyConfig)} - _FIXED_CONFIG_FIELDS
 # A stale view costs one more attempt; a third means the experiment is being redefined.
 _DECIDE_ATTEMPTS = 3
 
@@ -521,12 +520,8 @@ class ExperimentService:
         if spec.max_stale_rewards < 0:
             raise InvalidInput("max_stale_rewards must be 0 or more")
         self._validate_arms(spec.setting, spec.dim, spec.arms)
-        unknown = set(spec.hyperparameters) - _TUNABLE
-        if unknown:
-            raise InvalidInput(
-                f"unknown hyperparameters; allowed: {', '.join(sorted(_TUNABLE))}"
-            )
         try:
+            check_hyperparameters(spec.policy, spec.hyperparameters)
             return paper_config(spec.policy, spec.setting, spec.dim, **spec.hyperparameters)
         except (ValueError, TypeError) as exc:
             raise InvalidInput(f"invalid hyperparameters: {exc}") from None

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from fastapi import FastAPI
 from app.logs import JsonFormatter
 from app.main import create_app
 from app.schemas import Hyperparameters
-from policies import PolicyConfig
+from policies import HYPERPARAMETERS, RANGES, PolicyConfig
 from service.errors import StoreUnavailable
 from service.settings import Settings
 from tests.conftest import ADMIN, ADMIN_TOKEN, CONTEXTUAL, COVARIATES, STOCHASTIC, Api
@@ -108,6 +109,36 @@ async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
 def test_wire_hyperparameters_are_the_policy_config_fields() -> None:
     tunable = {f.name for f in dataclasses.fields(PolicyConfig)} - {"name", "setting", "dim"}
     assert set(Hyperparameters.model_fields) == tunable
+    assert {n for names in HYPERPARAMETERS.values() for n in names} == tunable
+
+
+def _doc_table(text: str, header: str) -> list[list[str]]:
+    lines = text[text.index(header):].splitlines()[2:]
+    rows = []
+    for line in lines:
+        if not line.strip().startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def test_api_docs_list_each_policys_hyperparameters_and_their_ranges() -> None:
+    text = (Path(__file__).parents[1] / "docs" / "API.md").read_text()
+    takes = {row[0].strip("`"): re.findall(r"`([a-z_]+)`", row[1])
+             for row in _doc_table(text, "| policy | takes |")}
+    assert {policy: [n for n in names if n in HYPERPARAMETERS[policy]]  # type: ignore[index]
+            for policy, names in takes.items()} == {p: list(n) for p, n in HYPERPARAMETERS.items()}
+    ranges = {row[0].strip("`"): (row[1], row[2])
+              for row in _doc_table(text, "| hyperparameter | range | meaning |")}
+    assert ranges == {name: (f"{r.low:g} to {r.high:g}", r.meaning) for name, r in RANGES.items()}
+
+
+async def test_openapi_publishes_the_hyperparameter_ranges(client: httpx.AsyncClient) -> None:
+    schema = (await client.get("/openapi.json")).json()["components"]["schemas"]
+    fields = schema["Hyperparameters"]["properties"]
+    for name, bounds in RANGES.items():
+        number = next(option for option in fields[name]["anyOf"] if option["type"] == "number")
+        assert (number["minimum"], number["maximum"]) == (bounds.low, bounds.high)
 
 
 # -- experiments ------------------------------------------------------------

@@ -27,7 +27,18 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from policies import POLICIES, PolicyConfig, State, choose, init_state, paper_config, update
+from policies import (
+    HYPERPARAMETERS,
+    POLICIES,
+    RANGES,
+    PolicyConfig,
+    PolicyName,
+    State,
+    choose,
+    init_state,
+    paper_config,
+    update,
+)
 from policies.indices import residual_sum_of_squares, reward_variance
 from policies.ridge import JITTER, factorise, inverse_norms, ridge
 from tests.conftest import Api
@@ -257,3 +268,37 @@ async def test_the_api_reports_mean_and_rss_of_large_rewards_precisely(api: Api)
     exact = math.fsum((float(r) - mean) ** 2 for r in rewards)
     assert arm["mean_reward"] == pytest.approx(mean, rel=1e-15)
     assert arm["rss"] == pytest.approx(exact, rel=1e-9)  # the raw formula: 4e-4
+
+
+# -- finding 3: every hyperparameter at either end of its range ---------------------
+
+
+def corner(policy: PolicyName, end: str) -> dict[str, float]:
+    """Every hyperparameter the policy takes at the low or the high end of its range."""
+    return {name: getattr(RANGES[name], end) for name in HYPERPARAMETERS[policy]
+            if name in RANGES}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("end", ["low", "high"])
+@pytest.mark.parametrize("policy", POLICIES)
+async def test_hyperparameters_at_their_extremes_keep_every_policy_serving(
+    api: Api, policy: PolicyName, end: str
+) -> None:
+    spec = {"id": "edge", "setting": "covariates", "dim": 3, "seed": 9, "policy": policy,
+            "arms": [{"id": "a"}, {"id": "b"}], "hyperparameters": corner(policy, end)}
+    key = await api.create(spec)
+    rng = np.random.default_rng(3)
+    for i in range(24):
+        context = [1e6, -1e6, 1e6] if i % 3 else rng.normal(size=3).tolist()
+        response = await api.choose(key, {"experiment_id": "edge", "context": context})
+        assert response.status_code == 200, response.text
+        decision = response.json()
+        if i >= 2:  # both arms pulled: every index is a number
+            assert decision["exploring"] is False and math.isfinite(decision["index"])
+        reward = float(rng.choice([-1e6, 1e6, 0.5]))
+        assert (await api.reward(key, {"experiment_id": "edge", "reward": reward,
+                                       "decision_id": decision["decision_id"]})).status_code \
+            == 200
+    view = await api.experiment("edge")
+    assert all(math.isfinite(v) for theta in view["theta_hat"].values() for v in theta)
