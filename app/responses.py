@@ -20,6 +20,7 @@ STORE_ERRORS: Responses = {
 }
 _BODY_ERRORS: Responses = {
     413: _error("the body is larger than max_body_bytes"),
+    415: _error("the body is not declared as JSON: send Content-Type: application/json"),
     422: _error("the request is invalid; details says where and why, without echoing it"),
 }
 ADMIN_ERRORS: Responses = {

@@ -360,13 +360,56 @@ async def test_body_at_the_limit_is_accepted(api: Api, cov: tuple[str, str]) -> 
     assert response.status_code == 200, response.text
 
 
-async def test_non_json_content_type_is_422(api: Api, cov: tuple[str, str]) -> None:
-    key, _ = cov
+_GOOD_BODIES = {
+    "/choose": '{"experiment_id": "cov", "context": [1, 2, 3]}',
+    "/reward": '{"experiment_id": "cov", "decision_id": "DECISION", "reward": 1.0}',
+    "/experiments": _create(),
+    "/experiments/cov/arms": '{"arms": [{"id": "c"}]}',
+    "/experiments/cov/arms/retire": '{"arm_ids": ["a"]}',
+}
+_NOT_JSON_TYPES = [
+    "application/x-www-form-urlencoded",  # what curl -d sends
+    "text/plain",
+    "multipart/form-data; boundary=x",
+    "application/jsonp",
+    None,  # no Content-Type at all
+]
+
+
+@pytest.mark.parametrize("content_type", _NOT_JSON_TYPES)
+@pytest.mark.parametrize("path", list(_GOOD_BODIES))
+async def test_a_body_not_declared_as_json_is_415_saying_so(
+    api: Api, cov: tuple[str, str], path: str, content_type: str | None
+) -> None:
+    """A valid JSON body with another content type: 415 naming the header, nothing changed."""
+    key, pending = cov
+    headers = {"X-API-Key": key} if path in ("/choose", "/reward") else dict(ADMIN)
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    before = (await api.ids(), await api.state("cov"))
     response = await api.http.post(
-        "/choose", content=b'{"experiment_id": "cov", "context": [1, 2, 3]}',
-        headers={"X-API-Key": key, "Content-Type": "text/plain"},
+        path, content=_GOOD_BODIES[path].replace("DECISION", pending).encode(), headers=headers
     )
-    assert response.status_code == 422, response.text
+    assert "content-type" not in response.request.headers or content_type is not None
+    _assert_refused(response, 415, ("Content-Type: application/json",), ())
+    assert response.json()["error"] == "unsupported_media_type"
+    assert (await api.ids(), await api.state("cov")) == before
+    # Credentials still come first: without them, 401.
+    no_credentials = {k: v for k, v in headers.items() if k == "Content-Type"}
+    assert (await api.http.post(path, content=b"{}", headers=no_credentials)).status_code == 401
+
+
+@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8",
+                                          "Application/JSON", "application/vnd.api+json"])
+@pytest.mark.parametrize("path", ["/choose", "/experiments"])
+async def test_json_content_types_are_accepted(
+    api: Api, cov: tuple[str, str], path: str, content_type: str
+) -> None:
+    key, _ = cov
+    headers = {"X-API-Key": key} if path == "/choose" else dict(ADMIN)
+    response = await api.http.post(path, content=_GOOD_BODIES[path].encode(),
+                                   headers={**headers, "Content-Type": content_type})
+    assert response.status_code in (200, 201), response.text
 
 
 async def test_error_lists_every_problem(api: Api, cov: tuple[str, str]) -> None:
