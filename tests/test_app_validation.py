@@ -79,6 +79,12 @@ CHOOSE_CASES: list[Case] = [
     ("malformed JSON", '{"experiment_id": "cov", "context": [0.5,', 422, ("invalid json",),
      ()),
     ("deeply nested", "[" * 100_000 + "]" * 100_000, 422, ("invalid json",), ()),
+    ("5,001-digit integer", _choose(f"[0.5, {'7' * 5001}, 0.25]"), 422,
+     ("more than 4300 digits",), ("UTF-8", "7" * 20)),
+    ("5,001-digit seed in a field of ints", _choose("[0.5, 0.5, 0.5]", f', "seed": -{"7" * 5001}'),
+     422, ("more than 4300 digits",), ("UTF-8", "7" * 20)),
+    ("not UTF-8", '{"experiment_id": "cov", "context": [0.5, 0.5, 0.5], "x": "\udcff"}', 422,
+     ("UTF-8",), ()),
     ("oversized body", _choose("[0.5, 0.5, 0.5]", f', "pad": "{"x" * _MAX_BODY}"'), 413,
      ("larger than",), ("xxxx",)),
 ]
@@ -238,7 +244,8 @@ async def cov(api: Api) -> AsyncIterator[tuple[str, str]]:
 async def _post(client: httpx.AsyncClient, path: str, body: str, headers: dict[str, str]
                 ) -> httpx.Response:
     return await client.post(
-        path, content=body.encode(), headers={**headers, "Content-Type": "application/json"}
+        path, content=body.encode(errors="surrogateescape"),  # "\udcff": the byte 0xff
+        headers={**headers, "Content-Type": "application/json"},
     )
 
 
