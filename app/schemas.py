@@ -59,6 +59,17 @@ class _Request(BaseModel):
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
 
 
+def request_models() -> list[type[BaseModel]]:
+    """Every request model: what a client's body is validated against."""
+    found: list[type[BaseModel]] = []
+    pending: list[type[BaseModel]] = [_Request]
+    while pending:
+        for sub in pending.pop().__subclasses__():
+            found.append(sub)
+            pending.append(sub)
+    return found
+
+
 class _Problems:
     """Collects limit violations as pydantic-style errors, raised together."""
 

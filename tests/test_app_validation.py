@@ -63,6 +63,16 @@ CHOOSE_CASES: list[Case] = [
      ("distinct",), ()),
     ("everything excluded", _choose("[0.5, 0.5, 0.5]", ', "excluded": ["a", "b"]'), 422,
      ("eligible",), ()),
+    ("arm_contexts key with a bad value", '{"experiment_id": "cov", "arm_contexts": '
+     '{"evil-key": ["x", 2, 3]}}', 422, _NOT_A_NUMBER, ("evil-key",)),
+    ("arm_contexts key with markup and a bad value", '{"experiment_id": "cov", "arm_contexts": '
+     '{"<script>alert(1)</script>": [true]}}', 422, _PATTERN, ("script", "alert")),
+    ("arm_contexts key over the bound", '{"experiment_id": "ctx", "arm_contexts": '
+     '{"evil-key": [1e7, 0]}}', 422, _BOUND, ("evil-key",)),
+    ("unknown field with markup", _choose("[0.5, 0.5, 0.5]", ', "<img src=x onerror=1>": 1'),
+     422, ("extra",), ("img", "onerror")),
+    ("unknown field with control chars", _choose("[0.5, 0.5, 0.5]", ', "\\u001b[31mRED\\u0007": 1'),
+     422, ("extra",), ("\\u001b", "\\u0007", "31mRED")),
     ("arm_contexts key with braces", '{"experiment_id": "cov", "arm_contexts": '
      '{"ev{il}": [1, 2, 3]}}', 422, _PATTERN, ("ev{il}",)),
     ("experiment id with control char", _choose("[0.5, 0.5, 0.5]", "", '"evil\\u0001id"'), 422,
@@ -128,6 +138,9 @@ REWARD_CASES: list[Case] = [
     ("batch too large", _batch(*[_GOOD_ITEM] * (_MAX_BATCH + 1)), 422, ("at most",), ()),
     ("batch item with extra field",
      _batch('{"decision_id": "DECISION", "reward": 1.0, "weight": 2}'), 422, ("extra",), ()),
+    ("batch item with a marked-up field",
+     _batch('{"decision_id": "DECISION", "reward": 1.0, "<b>bold</b>": 2}'), 422, ("extra",),
+     ("<b>", "bold", "\\u003c")),
     ("oversized body", _reward("1.0").rstrip("}") + f', "pad": "{"x" * _MAX_BODY}"}}', 413,
      ("larger than",), ("xxxx",)),
 ]
