@@ -159,8 +159,13 @@ def _hash_key(api_key: str) -> str:
 
 
 def _reward_text(reward: float) -> str:
-    """The shortest decimal that round-trips: equal floats give equal strings."""
-    return repr(float(reward))
+    """The shortest decimal that round-trips: equal floats give equal strings.
+
+    ``-0.0 + 0.0`` is ``0.0``: the one pair of equal floats with two spellings
+    gets one (reward.lua compares the texts). The sums do not change: they
+    start at +0.0, and adding -0.0 or +0.0 to a sum gives the same bits.
+    """
+    return repr(float(reward) + 0.0)
 
 
 class ExperimentService:

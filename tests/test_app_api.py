@@ -346,6 +346,31 @@ async def test_reward_statuses(api: Api) -> None:
     assert (await api.experiment("other"))["rewards"] == 0
 
 
+@pytest.mark.parametrize(
+    ("first", "second", "status"),
+    [
+        ("0.0", "-0.0", "duplicate"),  # the same number: IEEE -0.0 == 0.0
+        ("-0.0", "0.0", "duplicate"),
+        ("-0.0", "-0", "duplicate"),
+        ("0", "-0.0", "duplicate"),
+        ("0.5", "5e-1", "duplicate"),
+        ("0.0", "5e-324", "conflict"),  # the smallest float above zero is another reward
+        ("-0.0", "-5e-324", "conflict"),
+    ],
+)
+async def test_equal_rewards_are_duplicates_however_written(
+    api: Api, first: str, second: str, status: str
+) -> None:
+    key = await api.create(COVARIATES)
+    decision = await api.decide(key, COV_CONTEXT)
+    for text, expected in ((first, "applied"), (second, status)):
+        body = f'{{"experiment_id": "cov", "decision_id": "{decision}", "reward": {text}}}'
+        response = await api.http.post("/reward", content=body.encode(), headers={
+            "X-API-Key": key, "Content-Type": "application/json"})
+        assert response.json()["status"] == expected, (text, response.text)
+    assert (await api.experiment("cov"))["rewards"] == 1
+
+
 async def test_reward_batch_reports_each_item(api: Api) -> None:
     key = await api.create(COVARIATES)
     first, second, third = [await api.decide(key, COV_CONTEXT) for _ in range(3)]
