@@ -381,7 +381,9 @@ class ExperimentService:
             # check would fail again and again.
             seen, number, reserved = None, reply.snapshot.reserved, True
             if number is None and view.definition.spec.seed is not None:
-                # Created again, seeded, since this worker's view: predict a number.
+                # No number set aside: the definition changed (arms, or created
+                # again) since the request was checked. Check it again (the next
+                # attempt's ready()), so a refusal takes no number; then predict one.
                 seen, number, reserved = (view.version, view.rewards), view.last_number + 1, False
         raise StoreUnavailable("the experiment changed while deciding; retry")
 

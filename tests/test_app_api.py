@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -19,6 +20,7 @@ from app.main import create_app
 from app.schemas import Hyperparameters
 from policies import PolicyConfig
 from service.errors import StoreUnavailable
+from service.experiments import ExperimentService
 from service.settings import Settings
 from tests.conftest import ADMIN, ADMIN_TOKEN, CONTEXTUAL, COVARIATES, STOCHASTIC, Api
 
@@ -306,6 +308,44 @@ async def test_choose_respects_eligible_and_excluded(api: Api) -> None:
         eligible = await api.choose(key, {**COV_CONTEXT, "eligible": ["c", "d"],
                                           "excluded": ["d"]})
         assert eligible.json()["arm_id"] == "c"
+
+
+_ABC = {**COVARIATES, "arms": [{"id": "a"}, {"id": "b"}, {"id": "c"}]}
+_AB_CONTEXTS = {"a": [1.0, 0.0], "b": [0.0, 1.0]}
+
+
+async def _retire_c(worker: ExperimentService, experiment_id: str) -> None:
+    await worker.retire_arms(experiment_id, ["c"])
+
+
+@pytest.mark.parametrize(
+    ("spec", "change", "refused", "good"),
+    [
+        (_ABC, _retire_c, {**COV_CONTEXT, "eligible": ["c"]}, COV_CONTEXT),
+        (_ABC, _retire_c, {**COV_CONTEXT, "excluded": ["a", "b"]}, COV_CONTEXT),
+        (CONTEXTUAL, _retire_c,
+         {"experiment_id": "ctx", "arm_contexts": {**_AB_CONTEXTS, "c": [0.5, 0.5]}},
+         {"experiment_id": "ctx", "arm_contexts": _AB_CONTEXTS}),
+    ],
+    ids=["eligible names an arm retired since", "excluded leaves only an arm retired since",
+         "arm_contexts names an arm retired since"],
+)
+async def test_a_refused_choose_on_a_seeded_experiment_takes_no_decision_number(
+    api: Api, other_service: ExperimentService, spec: dict[str, object],
+    change: Callable[[ExperimentService, str], Awaitable[None]],
+    refused: dict[str, object], good: dict[str, object],
+) -> None:
+    """This worker's view predates an arms change that makes the request invalid."""
+    experiment_id = str(spec["id"])
+    key = await api.create(spec)
+    first = await api.choose(key, refused)  # valid before the change
+    assert first.json()["decision_number"] == 1  # and this worker now holds a view
+    await change(other_service, experiment_id)  # another worker changes its arms
+    before = await api.state(experiment_id)
+    response = await api.choose(key, refused)
+    assert response.status_code == 422, response.text
+    assert await api.state(experiment_id) == before
+    assert (await api.choose(key, good)).json()["decision_number"] == 2
 
 
 # -- rewards -------------------------------------------------------------------

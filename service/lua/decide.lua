@@ -23,6 +23,10 @@
 --                         nothing recorded (also when the experiment is another
 --                         incarnation than ARGV[2]): the current statistics
 --                         (HGETALL), and for a seeded experiment a reserved number
+--                         if its definition (incarnation, version) is the one the
+--                         worker checked the request against; after a change the
+--                         worker checks the request again first, so that a
+--                         request it then refuses takes no number
 --   {'missing'}           no such experiment
 --   {'forbidden'}         the key is not the experiment's
 
@@ -41,14 +45,14 @@ local counters = redis.call('HMGET', KEYS[2], 'rewards', 'decision_seq')
 local rewards, seq = counters[1] or '0', tonumber(counters[2] or '0')
 local number = ARGV[5]
 -- Another incarnation (deleted and created again meanwhile) is always stale.
-local stale = meta[1] ~= ARGV[2]
-  or (ARGV[3] ~= '' and ARGV[3] ~= meta[3])
+local redefined = meta[1] ~= ARGV[2] or (ARGV[3] ~= '' and ARGV[3] ~= meta[3])
+local stale = redefined
   or (ARGV[4] ~= '' and (tonumber(rewards) < tonumber(ARGV[4])
                          or tonumber(rewards) - tonumber(ARGV[4]) > tonumber(ARGV[8])))
   or (number ~= '' and ARGV[6] == '0' and tonumber(number) ~= seq + 1)
 if stale then
   local reserved = ''
-  if number ~= '' then
+  if number ~= '' and not redefined then
     reserved = redis.call('HINCRBY', KEYS[2], 'decision_seq', 1)
   end
   local reply = {'stale', meta[3], rewards, reserved}
