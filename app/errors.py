@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from app.schemas import ErrorDetail, ErrorOut, request_models
 from service.errors import (
@@ -87,9 +88,31 @@ async def _validation_error(_request: Request, exc: RequestValidationError) -> J
     return error_response(422, "invalid_input", message, details)
 
 
-async def _http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     error = _HTTP_CODES.get(exc.status_code) or _phrase_code(exc.status_code)
+    if exc.status_code == 405:
+        allow = ", ".join(_allowed_methods(request))
+        return error_response(405, error, f"this path takes {allow}", headers={"Allow": allow})
     return error_response(exc.status_code, error, str(exc.detail), headers=exc.headers)
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route takes at the request's path.
+
+    Starlette's 405 names only the methods of the first route whose path
+    matches, but ``GET /experiments`` and ``POST /experiments`` are two
+    routes. Each method is tried against every route (included routers
+    match their own routes), which needs nothing but ``BaseRoute.matches``.
+    """
+    routes = request.app.router.routes
+    return [
+        method for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] == Match.FULL
+               for route in routes)
+    ]
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:

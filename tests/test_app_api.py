@@ -95,6 +95,22 @@ async def test_unknown_route_and_method_are_json(client: httpx.AsyncClient) -> N
     assert set(wrong_method.json()) == {"error", "message"}
 
 
+async def test_405_allow_lists_every_method_of_the_path(client: httpx.AsyncClient) -> None:
+    """Allow is what the OpenAPI document says the path takes."""
+    spec = (await client.get("/openapi.json")).json()
+    assert len(spec["paths"]) >= 9
+    for template, operations in spec["paths"].items():
+        path = template.replace("{experiment_id}", "cov")
+        allowed = {m.upper() for m in operations}
+        for method in sorted({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
+                             - allowed):
+            response = await client.request(method, path, headers=ADMIN)
+            assert response.status_code == 405, (method, path)
+            assert set(response.headers["Allow"].split(", ")) == allowed, (method, path)
+            if method != "HEAD":
+                assert response.json()["error"] == "method_not_allowed"
+
+
 async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
     spec = (await client.get("/openapi.json")).json()
     for path in ("/experiments", "/experiments/{experiment_id}",
