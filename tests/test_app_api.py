@@ -257,8 +257,30 @@ async def test_choose_and_reward_need_the_experiments_key(api: Api) -> None:
             assert response.status_code == status, (path, headers, response.text)
             assert cov_key not in response.text
     assert await api.state("cov") == before
-    missing = await api.choose(cov_key, {**COV_CONTEXT, "experiment_id": "ghost"})
-    assert missing.status_code == 404
+
+
+@pytest.mark.parametrize("path", ["/choose", "/reward"])
+async def test_a_missing_experiment_answers_as_a_wrong_key_does(api: Api, path: str) -> None:
+    """Without the key, nobody learns which experiment ids exist."""
+    key = await api.create(COVARIATES)
+    gone_key = await api.create({**COVARIATES, "id": "gone"})
+    decision = await api.decide(key, COV_CONTEXT)
+    await api.decide(gone_key, {**COV_CONTEXT, "experiment_id": "gone"})  # a view of "gone"
+    assert (await api.http.delete("/experiments/gone", headers=ADMIN)).status_code == 204
+
+    async def call(experiment_id: str, api_key: str) -> tuple[int, object]:
+        body = ({**COV_CONTEXT, "experiment_id": experiment_id} if path == "/choose" else
+                {"experiment_id": experiment_id, "decision_id": decision, "reward": 1.0})
+        response = await api.http.post(path, json=body, headers={"X-API-Key": api_key})
+        return response.status_code, response.json()
+
+    wrong_key = await call("cov", "wrong-key")
+    assert wrong_key == (403, {"error": "forbidden",
+                               "message": "the API key is not valid for this experiment"})
+    for experiment_id, api_key in [("ghost", "wrong-key"), ("ghost", key), ("gone", gone_key),
+                                   ("gone", "wrong-key")]:
+        assert await call(experiment_id, api_key) == wrong_key, (experiment_id, api_key)
+    assert (await api.experiment("cov"))["rewards"] == 0
 
 
 async def test_credentials_are_checked_before_the_body_is_validated(api: Api) -> None:
