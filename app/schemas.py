@@ -597,12 +597,12 @@ class ErrorOut(BaseModel):
     model_config = ConfigDict(
         json_schema_extra={
             "examples": [
-                {
+                {  # what /choose answers to "context": ["0.2", -1.0, 0.5] (a test sends it)
                     "error": "invalid_input",
-                    "message": "invalid request: body.context.0: Input should be a finite number",
+                    "message": "invalid request: body.context.0: Input should be a valid number",
                     "details": [
-                        {"loc": ["body", "context", 0], "msg": "Input should be a finite number",
-                         "type": "finite_number"}
+                        {"loc": ["body", "context", 0], "msg": "Input should be a valid number",
+                         "type": "float_type"}
                     ],
                 }
             ]

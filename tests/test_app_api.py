@@ -123,6 +123,19 @@ async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
     assert spec["paths"]["/choose"]["post"]["responses"]["422"]["content"]
 
 
+async def test_the_documented_error_example_is_what_the_service_answers(api: Api) -> None:
+    """ErrorOut's OpenAPI example and docs/API.md's are this request's real answer."""
+    response = await api.http.post(
+        "/choose", json={"experiment_id": "homepage", "context": ["0.2", -1.0, 0.5]},
+        headers={"X-API-Key": "any-key"},
+    )
+    spec = (await api.http.get("/openapi.json")).json()
+    assert response.json() == spec["components"]["schemas"]["ErrorOut"]["examples"][0]
+    docs = (_REPO / "docs" / "API.md").read_text()
+    example = docs.split("Every error has the same shape", 1)[1].split("```json\n", 1)[1]
+    assert response.json() == json.loads(example.split("```", 1)[0])
+
+
 def test_wire_hyperparameters_are_the_policy_config_fields() -> None:
     tunable = {f.name for f in dataclasses.fields(PolicyConfig)} - {"name", "setting", "dim"}
     assert set(Hyperparameters.model_fields) == tunable
