@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 from fastapi import FastAPI
 
 from app.logs import JsonFormatter
@@ -173,6 +174,71 @@ async def test_create_get_list_delete(api: Api) -> None:
     assert (await api.http.get("/experiments/cov", headers=ADMIN)).status_code == 404
     assert (await api.http.delete("/experiments/cov", headers=ADMIN)).status_code == 404
     assert await api.ids() == ["sto"]
+
+
+def _keys_of(url: str, experiment_id: str) -> set[bytes]:
+    client = redis.Redis.from_url(url)
+    try:
+        return set(client.scan_iter(match=f"lrb:{{{experiment_id}}}:*"))
+    finally:
+        client.close()
+
+
+async def test_delete_removes_the_experiments_decisions_too(api: Api, redis_db: str) -> None:
+    """Pending and rewarded decisions (their contexts) go with the experiment, in Redis."""
+    key = await api.create(COVARIATES)
+    other_key = await api.create({**COVARIATES, "id": "other"})
+    decisions = [await api.decide(key, COV_CONTEXT) for _ in range(3)]
+    assert (await api.reward(key, {"experiment_id": "cov", "decision_id": decisions[0],
+                                   "reward": 1.0})).status_code == 200
+    await api.decide(other_key, {**COV_CONTEXT, "experiment_id": "other"})
+    before = _keys_of(redis_db, "cov")
+    assert {f"lrb:{{cov}}:decision:{d}".encode() for d in decisions} <= before
+    others = _keys_of(redis_db, "other")
+
+    assert (await api.http.delete("/experiments/cov", headers=ADMIN)).status_code == 204
+    assert _keys_of(redis_db, "cov") == set()
+    assert _keys_of(redis_db, "other") == others
+    # Created again, its decisions are its own, and they go with it in turn.
+    key = await api.create(COVARIATES)
+    await api.decide(key, COV_CONTEXT)
+    assert (await api.http.delete("/experiments/cov", headers=ADMIN)).status_code == 204
+    assert _keys_of(redis_db, "cov") == set()
+
+
+async def test_delete_removes_more_decisions_than_one_round_trip_takes(
+    api: Api, redis_db: str
+) -> None:
+    key = await api.create(COVARIATES)
+    await api.decide(key, COV_CONTEXT)
+    client = redis.Redis.from_url(redis_db)
+    try:  # 2,500 more listed decisions, as decide.lua lists them
+        with client.pipeline(transaction=False) as pipe:
+            for i in range(2_500):
+                pipe.hset(f"lrb:{{cov}}:decision:d{i}", "status", "pending")
+                pipe.rpush("lrb:{cov}:pending", f"9999999999 d{i}")
+            pipe.execute()
+        assert len(_keys_of(redis_db, "cov")) > 2_500
+        assert (await api.http.delete("/experiments/cov", headers=ADMIN)).status_code == 204
+        assert _keys_of(redis_db, "cov") == set()
+    finally:
+        client.close()
+
+
+async def test_the_list_of_decisions_drops_expired_ones(api: Api, redis_db: str) -> None:
+    """Each decision drops up to two expired entries: the list stays the live decisions."""
+    key = await api.create(COVARIATES)
+    await api.decide(key, COV_CONTEXT)
+    client = redis.Redis.from_url(redis_db)
+    try:
+        client.lpush("lrb:{cov}:pending", *(f"{1_000 + i} expired{i}" for i in range(5)))
+        for _ in range(3):
+            await api.decide(key, COV_CONTEXT)
+        entries = [e.decode() for e in client.lrange("lrb:{cov}:pending", 0, -1)]
+        assert len(entries) == 4 and not any("expired" in e for e in entries), entries
+        assert 0 < client.ttl("lrb:{cov}:pending") <= Settings().default_reward_window_seconds + 1
+    finally:
+        client.close()
 
 
 async def test_create_twice_is_409(api: Api) -> None:

@@ -3,6 +3,7 @@
 -- KEYS[1]  meta hash      lrb:{exp}:meta   (incarnation, key_hash, version)
 -- KEYS[2]  stats hash     lrb:{exp}:stats  (packed sums; counters rewards, decision_seq, decisions)
 -- KEYS[3]  decision hash  lrb:{exp}:decision:<id>  (a fresh id per attempt)
+-- KEYS[4]  pending list   lrb:{exp}:pending  ("<expiry> <id>" per decision, oldest first)
 -- ARGV[1]  SHA-256 (hex) of the caller's API key; '' for a trusted in-process caller
 -- ARGV[2]  the incarnation the worker's definition belongs to
 -- ARGV[3]  the meta version the worker's statistics were read at; '' accepts any
@@ -68,7 +69,23 @@ if number == '' then
 elseif ARGV[6] == '0' then
   redis.call('HSET', KEYS[2], 'decision_seq', number)
 end
+local ttl = tonumber(ARGV[7])
 redis.call('HSET', KEYS[3], 'incarnation', ARGV[2], 'number', number, unpack(ARGV, 9))
-redis.call('EXPIRE', KEYS[3], tonumber(ARGV[7]))
+redis.call('EXPIRE', KEYS[3], ttl)
 redis.call('HINCRBY', KEYS[2], 'decisions', 1)
+
+-- List the decision, so that deleting the experiment deletes it too. An
+-- experiment's decisions all live ttl seconds, so the list is in expiry order:
+-- drop (up to two) expired entries from its head, and let the list itself
+-- expire with its newest decision. The entry's expiry errs a second late.
+local now = tonumber(redis.call('TIME')[1])
+redis.call('RPUSH', KEYS[4], (now + ttl + 1) .. ' ' .. string.match(KEYS[3], ':decision:(.*)$'))
+redis.call('EXPIRE', KEYS[4], ttl + 1)
+for _ = 1, 2 do
+  local head = redis.call('LINDEX', KEYS[4], 0)
+  if tonumber(string.match(head, '^%d+')) > now then
+    break
+  end
+  redis.call('LPOP', KEYS[4])
+end
 return {'recorded', tonumber(number)}
