@@ -185,8 +185,10 @@ def _flattened(annotation: Any) -> Iterator[Any]:
 
 
 def _is_dict(annotation: Any) -> bool:
-    """A dict, or a union with a dict in it (``dict[...] | None``)."""
+    """A dict, or a union with a dict in it (``dict[...] | None``), annotated or not."""
     origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _is_dict(typing.get_args(annotation)[0])
     if origin in (typing.Union, types.UnionType):
         return any(_is_dict(arg) for arg in typing.get_args(annotation))
     return origin is dict

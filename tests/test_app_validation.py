@@ -72,6 +72,8 @@ CHOOSE_CASES: list[Case] = [
      ("eligible",), ()),
     ("arm_contexts key with a bad value", '{"experiment_id": "cov", "arm_contexts": '
      '{"evil-key": ["x", 2, 3]}}', 422, _NOT_A_NUMBER, ("evil-key",)),
+    ("arm_contexts key that is a field name", '{"experiment_id": "cov", "arm_contexts": '
+     '{"eligible": ["x", 2, 3]}}', 422, _NOT_A_NUMBER, ("eligible",)),
     ("arm_contexts key with markup and a bad value", '{"experiment_id": "cov", "arm_contexts": '
      '{"<script>alert(1)</script>": [true]}}', 422, _PATTERN, ("script", "alert")),
     ("arm_contexts key over the bound", '{"experiment_id": "ctx", "arm_contexts": '
