@@ -179,7 +179,8 @@ async def test_create_get_list_delete(api: Api) -> None:
 def _keys_of(url: str, experiment_id: str) -> set[bytes]:
     client = redis.Redis.from_url(url)
     try:
-        return set(client.scan_iter(match=f"lrb:{{{experiment_id}}}:*"))
+        found: set[bytes] = set(client.scan_iter(match=f"lrb:{{{experiment_id}}}:*"))
+        return found
     finally:
         client.close()
 
@@ -226,17 +227,21 @@ async def test_delete_removes_more_decisions_than_one_round_trip_takes(
 
 
 async def test_the_list_of_decisions_drops_expired_ones(api: Api, redis_db: str) -> None:
-    """Each decision drops up to two expired entries: the list stays the live decisions."""
+    """Every 64th decision drops the expired entries at the list's head (up to 128)."""
     key = await api.create(COVARIATES)
     await api.decide(key, COV_CONTEXT)
     client = redis.Redis.from_url(redis_db)
     try:
-        client.lpush("lrb:{cov}:pending", *(f"{1_000 + i} expired{i}" for i in range(5)))
-        for _ in range(3):
+        client.lpush("lrb:{cov}:pending", *(f"{1_000 + i} expired{i}" for i in range(130)))
+        assert client.llen("lrb:{cov}:pending") == 131
+        for _ in range(60):  # the list reaches 192 entries with the 61st decision
             await api.decide(key, COV_CONTEXT)
-        entries = [e.decode() for e in client.lrange("lrb:{cov}:pending", 0, -1)]
-        assert len(entries) == 4 and not any("expired" in e for e in entries), entries
-        assert 0 < client.ttl("lrb:{cov}:pending") <= Settings().default_reward_window_seconds + 1
+        assert client.llen("lrb:{cov}:pending") == 191
+        await api.decide(key, COV_CONTEXT)
+        listed: list[bytes] = client.lrange("lrb:{cov}:pending", 0, -1)  # type: ignore[assignment]
+        assert len(listed) == 192 - 128 and sum(b"expired" in e for e in listed) == 2
+        ttl: int = client.ttl("lrb:{cov}:pending")  # type: ignore[assignment]
+        assert 0 < ttl <= Settings().default_reward_window_seconds + 1
     finally:
         client.close()
 

@@ -74,18 +74,25 @@ redis.call('HSET', KEYS[3], 'incarnation', ARGV[2], 'number', number, unpack(ARG
 redis.call('EXPIRE', KEYS[3], ttl)
 redis.call('HINCRBY', KEYS[2], 'decisions', 1)
 
--- List the decision, so that deleting the experiment deletes it too. An
--- experiment's decisions all live ttl seconds, so the list is in expiry order:
--- drop (up to two) expired entries from its head, and let the list itself
--- expire with its newest decision. The entry's expiry errs a second late.
+-- List the decision, so that deleting the experiment deletes it too. All of an
+-- experiment's decisions live ttl seconds, so the list is in expiry order (an
+-- entry errs a second late); the list expires with its newest decision, and
+-- every 64th decision drops the expired entries (up to 128) from its head, so
+-- it holds the live decisions and a few more, at three calls per decision.
 local now = tonumber(redis.call('TIME')[1])
-redis.call('RPUSH', KEYS[4], (now + ttl + 1) .. ' ' .. string.match(KEYS[3], ':decision:(.*)$'))
+local entry = (now + ttl + 1) .. ' ' .. string.match(KEYS[3], ':decision:(.*)$')
+local listed = redis.call('RPUSH', KEYS[4], entry)
 redis.call('EXPIRE', KEYS[4], ttl + 1)
-for _ = 1, 2 do
-  local head = redis.call('LINDEX', KEYS[4], 0)
-  if tonumber(string.match(head, '^%d+')) > now then
-    break
+if listed % 64 == 0 then
+  local expired = 0
+  for _, head in ipairs(redis.call('LRANGE', KEYS[4], 0, 127)) do
+    if tonumber(string.match(head, '^%d+')) > now then
+      break
+    end
+    expired = expired + 1
   end
-  redis.call('LPOP', KEYS[4])
+  if expired > 0 then
+    redis.call('LTRIM', KEYS[4], expired, -1)
+  end
 end
 return {'recorded', tonumber(number)}
