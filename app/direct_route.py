@@ -8,11 +8,11 @@ routes run the same steps directly, in FastAPI's order and with its error
 format:
 
 1. no ``X-API-Key``: 401 (as the declared caller dependency would);
-2. the body: strict JSON (:func:`app.strict_json.loads_strict`) when the
-   content type is JSON, else the raw bytes, which the model refuses;
-   JSON errors, a missing body and model errors are a
-   :class:`RequestValidationError` located under ``body``, as FastAPI
-   reports them;
+2. the body: strict JSON (:func:`app.strict_json.loads_strict`); a body
+   whose content type is not JSON is a 415, as on the management routes
+   (:class:`app.strict_json.StrictJSONRoute`); JSON errors, a missing body
+   and model errors are a :class:`RequestValidationError` located under
+   ``body``, as FastAPI reports them;
 3. the endpoint, called with ``body``, ``caller`` and, if it declares one,
    ``response`` (whose status code it may set);
 4. its return value (a pydantic model) serialised as JSON.
@@ -36,7 +36,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.deps import API_KEY_HEADER, experiment_caller
-from app.strict_json import loads_strict
+from app.strict_json import is_json, loads_strict, not_json
 
 __all__ = ["DirectRoute"]
 
@@ -83,7 +83,7 @@ _MISSING = {"type": "missing", "loc": ("body",), "msg": "Field required", "input
 
 
 async def _body(request: Request) -> Any:
-    """The parsed JSON body; the raw bytes if the content type is not JSON."""
+    """The parsed JSON body; 415 if the content type is not JSON."""
     try:
         raw = await request.body()
     except StarletteHTTPException:  # e.g. the body limit's 413
@@ -92,8 +92,8 @@ async def _body(request: Request) -> Any:
         raise HTTPException(400, "There was an error parsing the body") from exc
     if not raw:
         raise RequestValidationError([_MISSING])
-    if not _is_json(request.headers.get("content-type")):
-        return raw
+    if not is_json(request.headers.get("content-type")):
+        raise not_json()
     try:
         body = loads_strict(raw)
     except json.JSONDecodeError as exc:
@@ -104,11 +104,3 @@ async def _body(request: Request) -> Any:
         raise RequestValidationError([_MISSING])
     return body
 
-
-def _is_json(content_type: str | None) -> bool:
-    """``application/json`` or ``application/*+json``, parameters ignored (as FastAPI)."""
-    if not content_type:
-        return False
-    media_type = content_type.split(";", 1)[0].strip().lower()
-    maintype, _, subtype = media_type.partition("/")
-    return maintype == "application" and (subtype == "json" or subtype.endswith("+json"))

@@ -2,23 +2,28 @@
 
 Every error body is :class:`app.schemas.ErrorOut`: ``{"error", "message",
 "details"?}``. Nothing here echoes what the client sent: pydantic's ``input``
-and ``ctx`` are dropped, and a dictionary key that failed validation is shown
-as ``<key>``.
+and ``ctx`` are dropped, and a body location names only what the request
+models name (their fields) and list positions: a dictionary key
+(``arm_contexts``) or an unknown field is shown as ``<key>``, whatever it is.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Mapping, Sequence
+import types
+import typing
+from collections.abc import Iterator, Mapping, Sequence
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
-from app.schemas import ErrorDetail, ErrorOut
+from app.schemas import ErrorDetail, ErrorOut, request_models
 from service.errors import (
     Conflict,
     DomainError,
@@ -43,7 +48,7 @@ _DOMAIN_STATUS: dict[type[DomainError], tuple[int, str]] = {
 }
 _HTTP_CODES = {401: "unauthorized", 403: "forbidden", 404: "not_found", 413: "too_large"}
 _MAX_LISTED = 5
-_MAX_LOC_TEXT = 64
+_KEY = "<key>"  # stands for a name the client chose
 
 
 def error_response(
@@ -87,9 +92,31 @@ async def _validation_error(_request: Request, exc: RequestValidationError) -> J
     return error_response(422, "invalid_input", message, details)
 
 
-async def _http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     error = _HTTP_CODES.get(exc.status_code) or _phrase_code(exc.status_code)
+    if exc.status_code == 405:
+        allow = ", ".join(_allowed_methods(request))
+        return error_response(405, error, f"this path takes {allow}", headers={"Allow": allow})
     return error_response(exc.status_code, error, str(exc.detail), headers=exc.headers)
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route takes at the request's path.
+
+    Starlette's 405 names only the methods of the first route whose path
+    matches, but ``GET /experiments`` and ``POST /experiments`` are two
+    routes. Each method is tried against every route (included routers
+    match their own routes), which needs nothing but ``BaseRoute.matches``.
+    """
+    routes = request.app.router.routes
+    return [
+        method for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] == Match.FULL
+               for route in routes)
+    ]
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
@@ -108,18 +135,67 @@ def _detail(error: dict[str, Any]) -> ErrorDetail:
 
 
 def _safe_loc(loc: Sequence[Any]) -> list[str | int]:
-    parts: list[str | int] = []
-    for i, part in enumerate(loc):
+    """``loc`` with every name the client chose replaced by ``<key>``.
+
+    Path, query and header locations name declared parameters. In the body,
+    a part is kept if it is a list position or a name of the request models;
+    the part after a dictionary field is its key, and pydantic's ``[key]``
+    marker (the key itself failed) adds nothing.
+    """
+    if not loc or loc[0] != "body":
+        return [p if isinstance(p, int) else str(p) for p in loc]
+    names, dict_fields = _wire_names()
+    parts: list[str | int] = ["body"]
+    key_next = False
+    for part in loc[1:]:
         if part == "[key]":
             continue
-        if i + 1 < len(loc) and loc[i + 1] == "[key]":
-            parts.append("<key>")  # the key itself is the bad value
-        elif isinstance(part, int):
-            parts.append(part)
+        if key_next or not (isinstance(part, int) or part in names):
+            parts.append(_KEY)
+            key_next = False
         else:
-            text = str(part)
-            parts.append(text if len(text) <= _MAX_LOC_TEXT else text[:_MAX_LOC_TEXT] + "...")
+            parts.append(part)
+            key_next = part in dict_fields
     return parts
+
+
+@functools.cache
+def _wire_names() -> tuple[frozenset[str], frozenset[str]]:
+    """The names the request models use, and those of their dictionary fields.
+
+    Names are field names and aliases, model names and literal values (the
+    last two are the tags pydantic puts in the location of a union member).
+    """
+    names: set[str] = set()
+    dict_fields: set[str] = set()
+    for model in request_models():
+        names.add(model.__name__)
+        for name, field in model.model_fields.items():
+            wire_name = field.alias or name
+            names.update({name, wire_name})
+            if _is_dict(field.annotation):
+                dict_fields.add(wire_name)
+            for inner in _flattened(field.annotation):
+                if typing.get_origin(inner) is Literal:
+                    names.update(str(v) for v in typing.get_args(inner))
+    return frozenset(names), frozenset(dict_fields)
+
+
+def _flattened(annotation: Any) -> Iterator[Any]:
+    """The annotation and every type inside it."""
+    yield annotation
+    for arg in typing.get_args(annotation):
+        yield from _flattened(arg)
+
+
+def _is_dict(annotation: Any) -> bool:
+    """A dict, or a union with a dict in it (``dict[...] | None``), annotated or not."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _is_dict(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return any(_is_dict(arg) for arg in typing.get_args(annotation))
+    return origin is dict
 
 
 def _dotted(loc: Sequence[str | int]) -> str:

@@ -19,6 +19,7 @@ from app.errors import install_error_handlers
 from app.logs import configure_logging
 from app.metrics import Metrics
 from app.middleware import AccessLogMiddleware, BodyLimitMiddleware
+from app.openapi import publish_limits
 from app.routes import FIRST_ROUTERS, ROUTERS
 from service.experiments import ExperimentService
 from service.settings import Settings
@@ -49,6 +50,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = Metrics()
     install_error_handlers(app)
+    publish_limits(app, settings)
     # Mounted directly and first, as @app.post routes would be: FastAPI matches
     # an included router's routes twice per request, and the docs routes come
     # first in the app's own list.

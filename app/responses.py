@@ -21,6 +21,7 @@ STORE_ERRORS: Responses = {
 }
 _BODY_ERRORS: Responses = {
     413: _error("the body is larger than max_body_bytes"),
+    415: _error("the body is not declared as JSON: send Content-Type: application/json"),
     422: _error("the request is invalid; details says where and why, without echoing it"),
 }
 ADMIN_ERRORS: Responses = {
@@ -33,16 +34,16 @@ ADMIN_ERRORS: Responses = {
 }
 KEY_ERRORS: Responses = {
     401: _error("no X-API-Key header"),
-    403: _error("the key is not this experiment's"),
-    404: _error("no such experiment"),
+    403: _error("the key is not this experiment's, or there is no such experiment (the same "
+                "answer, so that ids cannot be probed without a key)"),
     **_BODY_ERRORS,
     **STORE_ERRORS,
 }
 REWARD_RESPONSES: Responses = {
     404: {
-        "model": RewardOut | ErrorOut,
+        "model": RewardOut,
         "description": "single reward: no pending decision with this id in this experiment "
-        "(unknown, expired or another experiment's), status not_found; or no such experiment",
+        "(unknown, expired or another experiment's), status not_found",
     },
     409: {
         "model": RewardOut,

@@ -53,11 +53,50 @@ DecisionId = Annotated[
     StringConstraints(pattern=DECISION_ID_PATTERN),
     Field(description="as returned by /choose", examples=["3f1c9a0e8b7d4c2a9e6f5b4a3c2d1e0f"]),
 ]
-Vector = Annotated[list[float], Field(description="finite numbers, |x| <= feature bound")]
+# Constraints whose values are settings carry the setting's name under this key
+# ("-name" for its negative); app.openapi publishes the running values.
+SETTINGS_LIMITS = "x-settings-limits"
+
+
+def _limits(**settings: str) -> dict[str, Any]:
+    return {SETTINGS_LIMITS: settings}
+
+
+Feature = Annotated[
+    float, Field(json_schema_extra=_limits(minimum="-feature_bound", maximum="feature_bound"))
+]
+Vector = Annotated[
+    list[Feature],
+    Field(description="finite numbers, |x| <= feature bound",
+          json_schema_extra=_limits(maxItems="max_dim")),
+]
+
+
+def _keys_are_arm_ids(schema: dict[str, Any]) -> None:
+    """A dict keyed by arm ids: pydantic publishes the key pattern as patternProperties,
+    which leaves other keys allowed; say that every key must match it."""
+    ((pattern, values),) = schema.pop("patternProperties").items()
+    schema["propertyNames"] = {**schema.get("propertyNames", {}), "pattern": pattern}
+    schema["additionalProperties"] = values
+    schema.update(_limits(maxProperties="max_arms"))
+
+
+ArmContexts = Annotated[dict[ArmId, Vector], Field(json_schema_extra=_keys_are_arm_ids)]
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
+
+
+def request_models() -> list[type[BaseModel]]:
+    """Every request model: what a client's body is validated against."""
+    found: list[type[BaseModel]] = []
+    pending: list[type[BaseModel]] = [_Request]
+    while pending:
+        for sub in pending.pop().__subclasses__():
+            found.append(sub)
+            pending.append(sub)
+    return found
 
 
 class _Problems:
@@ -112,6 +151,12 @@ class ArmIn(_Request):
     def to_domain(self, problems: _Problems, loc: tuple[str | int, ...]) -> ArmSpec:
         problems.vector((*loc, "features"), self.features)
         return ArmSpec(self.id, tuple(self.features) if self.features is not None else None)
+
+
+ArmsIn = Annotated[
+    list[ArmIn], Field(min_length=1, json_schema_extra=_limits(maxItems="max_arms"))
+]
+ArmIds = Annotated[list[ArmId], Field(json_schema_extra=_limits(maxItems="max_arms"))]
 
 
 def _arms_to_domain(arms: Sequence[ArmIn], problems: _Problems) -> tuple[ArmSpec, ...]:
@@ -184,14 +229,16 @@ class CreateExperimentIn(_Request):
         description="stochastic: fixed arm features; contextual: one context per arm per "
         "decision; covariates: one context per decision, one model per arm"
     )
-    dim: int = Field(ge=1, le=256, description="context dimension d (at most max_dim)")
-    arms: list[ArmIn] = Field(min_length=1)
+    dim: int = Field(ge=1, description="context dimension d (at most max_dim)",
+                     json_schema_extra=_limits(maximum="max_dim"))
+    arms: ArmsIn
     policy: PolicyName = "linreboot"
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
-    reward_window_seconds: int | None = Field(
-        default=None, ge=1, description="how long a decision accepts its reward (default 3600)"
-    )
+    reward_window_seconds: (
+        Annotated[int, Field(ge=1, json_schema_extra=_limits(maximum="max_reward_window_seconds"))]
+        | None
+    ) = Field(default=None, description="how long a decision accepts its reward (default 3600)")
     max_stale_rewards: int = Field(
         default=0, ge=0, le=MAX_STALE_REWARDS,
         description="how many of the latest rewards a decision may not yet reflect: 0 (the "
@@ -232,7 +279,7 @@ class CreateExperimentIn(_Request):
 class AddArmsIn(_Request):
     model_config = ConfigDict(json_schema_extra={"examples": [{"arms": [{"id": "travel"}]}]})
 
-    arms: list[ArmIn] = Field(min_length=1)
+    arms: ArmsIn
 
     @model_validator(mode="after")
     def _distinct_arms(self) -> Self:
@@ -249,7 +296,7 @@ class AddArmsIn(_Request):
 class RetireArmsIn(_Request):
     model_config = ConfigDict(json_schema_extra={"examples": [{"arm_ids": ["weather"]}]})
 
-    arm_ids: list[ArmId] = Field(min_length=1)
+    arm_ids: ArmIds = Field(min_length=1)
 
     @model_validator(mode="after")
     def _distinct_arms(self) -> Self:
@@ -281,13 +328,13 @@ class ChooseIn(_Request):
 
     experiment_id: ExperimentId
     context: Vector | None = Field(default=None, description="covariates setting: d numbers")
-    arm_contexts: dict[ArmId, Vector] | None = Field(
+    arm_contexts: ArmContexts | None = Field(
         default=None, description="contextual setting: d numbers for every eligible arm"
     )
-    eligible: list[ArmId] | None = Field(
+    eligible: ArmIds | None = Field(
         default=None, description="choose among these active arms only"
     )
-    excluded: list[ArmId] = Field(default_factory=list, description="never choose these arms")
+    excluded: ArmIds = Field(default_factory=list, description="never choose these arms")
 
     @model_validator(mode="after")
     def _distinct_arms(self) -> Self:
@@ -319,7 +366,7 @@ class ChooseIn(_Request):
 
 class RewardItemIn(_Request):
     decision_id: DecisionId
-    reward: float
+    reward: Feature
 
 
 class RewardIn(_Request):
@@ -342,8 +389,14 @@ class RewardIn(_Request):
 
     experiment_id: ExperimentId
     decision_id: DecisionId | None = None
-    reward: float | None = None
-    rewards: list[RewardItemIn] | None = Field(default=None, min_length=1)
+    reward: Feature | None = None
+    rewards: (
+        Annotated[
+            list[RewardItemIn],
+            Field(min_length=1, json_schema_extra=_limits(maxItems="max_batch_rewards")),
+        ]
+        | None
+    ) = None
 
     @model_validator(mode="after")
     def _one_form(self) -> Self:
@@ -565,12 +618,12 @@ class ErrorOut(BaseModel):
     model_config = ConfigDict(
         json_schema_extra={
             "examples": [
-                {
+                {  # what /choose answers to "context": ["0.2", -1.0, 0.5] (a test sends it)
                     "error": "invalid_input",
-                    "message": "invalid request: body.context.0: Input should be a finite number",
+                    "message": "invalid request: body.context.0: Input should be a valid number",
                     "details": [
-                        {"loc": ["body", "context", 0], "msg": "Input should be a finite number",
-                         "type": "finite_number"}
+                        {"loc": ["body", "context", 0], "msg": "Input should be a valid number",
+                         "type": "float_type"}
                     ],
                 }
             ]

@@ -1,28 +1,47 @@
-"""JSON request bodies parsed strictly: only finite numbers, as JSON itself says.
+"""JSON request bodies: declared as JSON, and parsed strictly (only finite numbers).
 
 Python's :func:`json.loads` accepts the non-standard tokens ``NaN``,
 ``Infinity`` and ``-Infinity`` and turns ``1e309`` into ``inf``. Pydantic's
 ``allow_inf_nan=False`` would catch those in ``float`` fields, but refusing
 them while parsing keeps them out of every field, whatever its type. Routes
 opt in with ``APIRouter(route_class=StrictJSONRoute)``.
+
+A body must say it is JSON (``Content-Type: application/json`` or
+``application/*+json``); any other type, or none, is a 415 that says so.
+Reading JSON whatever the declared type would accept what ``curl -d`` sends
+by default, but it would also turn a cross-site form post (``text/plain``,
+``application/x-www-form-urlencoded``: no CORS preflight) into a valid call.
+The credentials are headers today, which a browser does not add on its own;
+the content type keeps that second guard. :mod:`app.direct_route` applies
+the same rule to ``/choose`` and ``/reward``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi import Request, Response
+from fastapi import HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 
-__all__ = ["StrictJSONRoute", "loads_strict"]
+__all__ = ["StrictJSONRoute", "is_json", "loads_strict", "not_json"]
 
 _NON_FINITE = "non-finite numbers are not allowed; send finite JSON numbers"
+_TOO_MANY_DIGITS = (
+    f"an integer has more than {sys.get_int_max_str_digits()} digits; no field takes one that long"
+)
+_NOT_JSON = "the body must be JSON: send it with Content-Type: application/json"
 
 
 class _NonFinite(ValueError):
+    pass
+
+
+class _TooManyDigits(ValueError):
     pass
 
 
@@ -37,6 +56,13 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _bounded_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:  # longer than sys.get_int_max_str_digits() (4300 by default)
+        raise _TooManyDigits from None
+
+
 def loads_strict(data: bytes | str) -> Any:
     """Parse a JSON document, refusing NaN, Infinity and numbers that overflow.
 
@@ -47,15 +73,34 @@ def loads_strict(data: bytes | str) -> Any:
         document (FastAPI turns this error into a 422 listing what is wrong).
     """
     try:
-        return json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float)
+        return json.loads(
+            data, parse_constant=_reject_constant, parse_float=_finite_float,
+            parse_int=_bounded_int,
+        )
     except _NonFinite:
         raise json.JSONDecodeError(_NON_FINITE, "", 0) from None
     except json.JSONDecodeError as exc:
         raise json.JSONDecodeError(exc.msg, "", exc.pos) from None
     except RecursionError:
         raise json.JSONDecodeError("the document is nested too deeply", "", 0) from None
-    except ValueError:  # undecodable bytes, or an integer with thousands of digits
+    except _TooManyDigits:
+        raise json.JSONDecodeError(_TOO_MANY_DIGITS, "", 0) from None
+    except ValueError:  # bytes that are not UTF-8 (nor UTF-16/32)
         raise json.JSONDecodeError("not valid UTF-8 JSON", "", 0) from None
+
+
+def is_json(content_type: str | None) -> bool:
+    """``application/json`` or ``application/*+json``, parameters ignored (as FastAPI)."""
+    if not content_type:
+        return False
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    maintype, _, subtype = media_type.partition("/")
+    return maintype == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
+def not_json() -> HTTPException:
+    """The 415 for a body whose content type is not JSON."""
+    return HTTPException(415, _NOT_JSON)
 
 
 class StrictJSONRequest(Request):
@@ -68,12 +113,27 @@ class StrictJSONRequest(Request):
 
 
 class StrictJSONRoute(APIRoute):
-    """An ``APIRoute`` that hands its endpoint a :class:`StrictJSONRequest`."""
+    """An ``APIRoute`` that hands its endpoint a :class:`StrictJSONRequest`.
+
+    FastAPI hands the body model the raw bytes when the content type is not
+    JSON, and the model refuses them ("Input should be a valid dictionary"):
+    that refusal becomes the 415 that names the content type. Credentials
+    are checked first (FastAPI solves the dependencies before it reports
+    the body's errors), as on ``/choose``.
+    """
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        takes_body = self.body_field is not None
 
         async def strict_handler(request: Request) -> Response:
-            return await handler(StrictJSONRequest(request.scope, request.receive))
+            strict = StrictJSONRequest(request.scope, request.receive)
+            try:
+                return await handler(strict)
+            except RequestValidationError:
+                content_type = strict.headers.get("content-type")
+                if takes_body and not is_json(content_type) and await strict.body():
+                    raise not_json() from None
+                raise
 
         return strict_handler

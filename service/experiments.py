@@ -51,7 +51,14 @@ from service.domain import (
     valid_experiment_id,
 )
 from service.embedded import EmbeddedRedis
-from service.errors import Conflict, Forbidden, InvalidInput, NotFound, StoreUnavailable
+from service.errors import (
+    Conflict,
+    DomainError,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    StoreUnavailable,
+)
 from service.settings import Settings
 from service.store import Snapshot, Store
 
@@ -154,13 +161,28 @@ def _rows(arms: Sequence[ArmRecord]) -> tuple[int, ...]:
     return tuple(a.index for a in arms)
 
 
+_WRONG_KEY = "the API key is not valid for this experiment"
+
+
+def _missing(key: str | None) -> DomainError:
+    """No such experiment. A caller with a key is told what a wrong key is told
+    (no key fits a missing experiment), so ids cannot be probed without one;
+    ``key`` None is a trusted in-process caller."""
+    return NotFound("no experiment with this id") if key is None else Forbidden(_WRONG_KEY)
+
+
 def _hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
 
 
 def _reward_text(reward: float) -> str:
-    """The shortest decimal that round-trips: equal floats give equal strings."""
-    return repr(float(reward))
+    """The shortest decimal that round-trips: equal floats give equal strings.
+
+    ``-0.0 + 0.0`` is ``0.0``: the one pair of equal floats with two spellings
+    gets one (reward.lua compares the texts). The sums do not change: they
+    start at +0.0, and adding -0.0 or +0.0 to a sum gives the same bits.
+    """
+    return repr(float(reward) + 0.0)
 
 
 class ExperimentService:
@@ -335,11 +357,12 @@ class ExperimentService:
         decision reflects every reward acknowledged before its request arrived
         (but the latest ``max_stale_rewards``); rewards that arrive while it is
         being made may or may not count. ``api_key`` is checked before the
-        request is (403 first) and again by ``decide.lua``; None is for
-        trusted in-process callers only.
+        request is (403 first) and again by ``decide.lua``; a missing
+        experiment is the same 403 (see :func:`_missing`). None is for
+        trusted in-process callers only (a missing experiment is then 404).
         """
         if not valid_experiment_id(experiment_id):
-            raise NotFound("no experiment with this id")
+            raise _missing(api_key)
         key_hash = None if api_key is None else _hash_key(api_key)
         view = await self._view_for(experiment_id, key_hash)
         bound = self._settings.feature_bound
@@ -372,9 +395,9 @@ class ExperimentService:
                 return _decision(definition, decision_id, arms[picked], choice, reply.number)
             if reply.status == "missing":
                 self._forget(experiment_id)
-                raise NotFound("no experiment with this id")
+                raise _missing(api_key)
             if reply.status == "forbidden":
-                raise Forbidden("the API key is not valid for this experiment")
+                raise Forbidden(_WRONG_KEY)
             assert reply.snapshot is not None
             view = await self._refresh_view(experiment_id, view, reply.snapshot)
             # Decide again from the statistics just read, and record that
@@ -382,7 +405,9 @@ class ExperimentService:
             # check would fail again and again.
             seen, number, reserved = None, reply.snapshot.reserved, True
             if number is None and view.definition.spec.seed is not None:
-                # Created again, seeded, since this worker's view: predict a number.
+                # No number set aside: the definition changed (arms, or created
+                # again) since the request was checked. Check it again (the next
+                # attempt's ready()), so a refusal takes no number; then predict one.
                 seen, number, reserved = (view.version, view.rewards), view.last_number + 1, False
         raise StoreUnavailable("the experiment changed while deciding; retry")
 
@@ -391,7 +416,8 @@ class ExperimentService:
     ) -> builtins.list[RewardOutcome]:
         """Apply rewards exactly once, in one script that also checks ``api_key``.
 
-        ``api_key=None`` is for trusted in-process callers only.
+        A missing experiment is the 403 of a wrong key. ``api_key=None`` is for
+        trusted in-process callers only (a missing experiment is then 404).
         """
         if not items:
             raise InvalidInput("give at least one reward")
@@ -400,15 +426,15 @@ class ExperimentService:
             if not (math.isfinite(value) and abs(value) <= bound):
                 raise InvalidInput(f"rewards must be finite numbers with |reward| <= {bound:g}")
         if not valid_experiment_id(experiment_id):
-            raise NotFound("no experiment with this id")
+            raise _missing(api_key)
         key_hash = None if api_key is None else _hash_key(api_key)
         texts = [(decision_id, _reward_text(value)) for decision_id, value in items]
         replies = await self._store.apply_rewards(experiment_id, key_hash, texts)
         if replies == ["missing"]:
             self._forget(experiment_id)
-            raise NotFound("no experiment with this id")
+            raise _missing(api_key)
         if replies == ["forbidden"]:
-            raise Forbidden("the API key is not valid for this experiment")
+            raise Forbidden(_WRONG_KEY)
         outcomes = []
         for (decision_id, _), reply in zip(items, replies, strict=True):
             status = _status(reply)
@@ -429,19 +455,19 @@ class ExperimentService:
         stored = await self._store.key_hash(experiment_id)
         if stored is None:
             self._forget(experiment_id)
-            raise NotFound("no experiment with this id")
+            raise _missing(key_hash)
         if not hmac.compare_digest(key_hash, stored):
-            raise Forbidden("the API key is not valid for this experiment")
+            raise Forbidden(_WRONG_KEY)
         return await self._read_view(experiment_id, key_hash)
 
     async def _read_view(self, experiment_id: str, key_hash: str | None = None) -> View:
         read = await self._store.read_experiment(experiment_id)
         if read is None:
             self._forget(experiment_id)
-            raise NotFound("no experiment with this id")
+            raise _missing(key_hash)
         meta, arms, snapshot = read
         if key_hash is not None and not hmac.compare_digest(key_hash, meta["key_hash"]):
-            raise Forbidden("the API key is not valid for this experiment")  # nothing kept
+            raise Forbidden(_WRONG_KEY)  # nothing kept
         return self._remember(experiment_id, _parse_definition(meta, arms), snapshot)
 
     async def _refresh_view(self, experiment_id: str, view: View, snapshot: Snapshot) -> View:

@@ -30,6 +30,20 @@ def decision(experiment_id: str, decision_id: str) -> str:
     return f"{PREFIX}:{{{experiment_id}}}:decision:{decision_id}"
 
 
+def pending(experiment_id: str) -> str:
+    """List: "<expiry> <decision id>" of every decision not yet expired, oldest first.
+
+    decide.lua appends to it and drops expired entries from its head; DELETE
+    reads it to delete the decisions (and their contexts) with the experiment.
+    """
+    return f"{PREFIX}:{{{experiment_id}}}:pending"
+
+
+def deleted_pending(experiment_id: str, token: str) -> str:
+    """List: the pending list of a deleted experiment, while its decisions are deleted."""
+    return f"{PREFIX}:{{{experiment_id}}}:deleted-pending:{token}"
+
+
 # Fields of the stats hash.
 SHARED_MODEL_FIELD = "model"
 DECISIONS = "decisions"  # decisions recorded

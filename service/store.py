@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -106,6 +107,7 @@ def _text(value: bytes | str) -> str:
 
 
 _UPGRADE_ATTEMPTS = 50
+_DELETE_CHUNK = 1000  # decisions deleted per round trip
 
 
 # How long a refused write keeps readiness at 503 while Redis is near its limit,
@@ -266,6 +268,7 @@ class Store:
         self._retire_arms = client.register_script(_script("retire_arms"))
         self._decide = client.register_script(_script("decide"))
         self._upgrade_decision = client.register_script(_script("upgrade_decision"))
+        self._delete = client.register_script(_script("delete"))
         self._batcher = _ScriptBatcher(client, deadline_seconds)
 
     @classmethod
@@ -444,12 +447,32 @@ class Store:
 
     @_translated
     async def delete(self, experiment_id: str) -> bool:
-        """Delete an experiment; its pending decisions expire on their own."""
-        removed = await self._client.delete(
-            keys.meta(experiment_id), keys.arms(experiment_id), keys.stats(experiment_id)
-        )
+        """Delete an experiment and its decisions (pending or rewarded, contexts included).
+
+        ``delete.lua`` removes the experiment and sets its list of decisions
+        aside in one step; the decisions are then deleted a chunk at a time,
+        so that a large experiment does not hold Redis up. False if there
+        was no such experiment.
+        """
+        aside = keys.deleted_pending(experiment_id, secrets.token_hex(8))
+        keyset = [keys.meta(experiment_id), keys.arms(experiment_id),
+                  keys.stats(experiment_id), keys.pending(experiment_id), aside]
+        removed = await self._delete(keys=keyset)
         await self._client.srem(keys.EXPERIMENT_INDEX, experiment_id)
+        await self._delete_listed(experiment_id, aside)
         return bool(removed)
+
+    async def _delete_listed(self, experiment_id: str, listed: str) -> None:
+        """Delete the decisions on a list set aside by ``delete.lua``, then the list."""
+        while entries := await self._client.lrange(listed, 0, _DELETE_CHUNK - 1):
+            decision_keys = [keys.decision(experiment_id, _text(e).split(" ", 1)[1])
+                             for e in entries]
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.delete(*decision_keys)
+                pipe.ltrim(listed, len(entries), -1)  # all keys share the hash tag
+                await pipe.execute()
+            if len(entries) < _DELETE_CHUNK:
+                break
 
     @_translated
     async def forget_id(self, experiment_id: str) -> None:
@@ -527,6 +550,7 @@ class Store:
             keys.meta(experiment_id),
             keys.stats(experiment_id),
             keys.decision(experiment_id, decision_id),
+            keys.pending(experiment_id),
         ]
         reply = await self._batcher.run(self._decide, keyset, args)
         status = _text(reply[0])

@@ -9,10 +9,12 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
 import pytest
+import redis
 from fastapi import FastAPI
 
 from app.logs import JsonFormatter
@@ -20,6 +22,7 @@ from app.main import create_app
 from app.schemas import Hyperparameters
 from policies import HYPERPARAMETERS, RANGES, PolicyConfig
 from service.errors import StoreUnavailable
+from service.experiments import ExperimentService
 from service.settings import Settings
 from tests.conftest import ADMIN, ADMIN_TOKEN, CONTEXTUAL, COVARIATES, STOCHASTIC, Api
 
@@ -94,6 +97,22 @@ async def test_unknown_route_and_method_are_json(client: httpx.AsyncClient) -> N
     assert set(wrong_method.json()) == {"error", "message"}
 
 
+async def test_405_allow_lists_every_method_of_the_path(client: httpx.AsyncClient) -> None:
+    """Allow is what the OpenAPI document says the path takes."""
+    spec = (await client.get("/openapi.json")).json()
+    assert len(spec["paths"]) >= 9
+    for template, operations in spec["paths"].items():
+        path = template.replace("{experiment_id}", "cov")
+        allowed = {m.upper() for m in operations}
+        for method in sorted({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
+                             - allowed):
+            response = await client.request(method, path, headers=ADMIN)
+            assert response.status_code == 405, (method, path)
+            assert set(response.headers["Allow"].split(", ")) == allowed, (method, path)
+            if method != "HEAD":
+                assert response.json()["error"] == "method_not_allowed"
+
+
 async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
     spec = (await client.get("/openapi.json")).json()
     for path in ("/experiments", "/experiments/{experiment_id}",
@@ -104,6 +123,19 @@ async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
     assert schemas["DecisionOut"]["examples"]
     assert schemas["ChooseIn"]["examples"]
     assert spec["paths"]["/choose"]["post"]["responses"]["422"]["content"]
+
+
+async def test_the_documented_error_example_is_what_the_service_answers(api: Api) -> None:
+    """ErrorOut's OpenAPI example and docs/API.md's are this request's real answer."""
+    response = await api.http.post(
+        "/choose", json={"experiment_id": "homepage", "context": ["0.2", -1.0, 0.5]},
+        headers={"X-API-Key": "any-key"},
+    )
+    spec = (await api.http.get("/openapi.json")).json()
+    assert response.json() == spec["components"]["schemas"]["ErrorOut"]["examples"][0]
+    docs = (_REPO / "docs" / "API.md").read_text()
+    example = docs.split("Every error has the same shape", 1)[1].split("```json\n", 1)[1]
+    assert response.json() == json.loads(example.split("```", 1)[0])
 
 
 def test_wire_hyperparameters_are_the_policy_config_fields() -> None:
@@ -173,6 +205,76 @@ async def test_create_get_list_delete(api: Api) -> None:
     assert (await api.http.get("/experiments/cov", headers=ADMIN)).status_code == 404
     assert (await api.http.delete("/experiments/cov", headers=ADMIN)).status_code == 404
     assert await api.ids() == ["sto"]
+
+
+def _keys_of(url: str, experiment_id: str) -> set[bytes]:
+    client = redis.Redis.from_url(url)
+    try:
+        found: set[bytes] = set(client.scan_iter(match=f"lrb:{{{experiment_id}}}:*"))
+        return found
+    finally:
+        client.close()
+
+
+async def test_delete_removes_the_experiments_decisions_too(api: Api, redis_db: str) -> None:
+    """Pending and rewarded decisions (their contexts) go with the experiment, in Redis."""
+    key = await api.create(COVARIATES)
+    other_key = await api.create({**COVARIATES, "id": "other"})
+    decisions = [await api.decide(key, COV_CONTEXT) for _ in range(3)]
+    assert (await api.reward(key, {"experiment_id": "cov", "decision_id": decisions[0],
+                                   "reward": 1.0})).status_code == 200
+    await api.decide(other_key, {**COV_CONTEXT, "experiment_id": "other"})
+    before = _keys_of(redis_db, "cov")
+    assert {f"lrb:{{cov}}:decision:{d}".encode() for d in decisions} <= before
+    others = _keys_of(redis_db, "other")
+
+    assert (await api.http.delete("/experiments/cov", headers=ADMIN)).status_code == 204
+    assert _keys_of(redis_db, "cov") == set()
+    assert _keys_of(redis_db, "other") == others
+    # Created again, its decisions are its own, and they go with it in turn.
+    key = await api.create(COVARIATES)
+    await api.decide(key, COV_CONTEXT)
+    assert (await api.http.delete("/experiments/cov", headers=ADMIN)).status_code == 204
+    assert _keys_of(redis_db, "cov") == set()
+
+
+async def test_delete_removes_more_decisions_than_one_round_trip_takes(
+    api: Api, redis_db: str
+) -> None:
+    key = await api.create(COVARIATES)
+    await api.decide(key, COV_CONTEXT)
+    client = redis.Redis.from_url(redis_db)
+    try:  # 2,500 more listed decisions, as decide.lua lists them
+        with client.pipeline(transaction=False) as pipe:
+            for i in range(2_500):
+                pipe.hset(f"lrb:{{cov}}:decision:d{i}", "status", "pending")
+                pipe.rpush("lrb:{cov}:pending", f"9999999999 d{i}")
+            pipe.execute()
+        assert len(_keys_of(redis_db, "cov")) > 2_500
+        assert (await api.http.delete("/experiments/cov", headers=ADMIN)).status_code == 204
+        assert _keys_of(redis_db, "cov") == set()
+    finally:
+        client.close()
+
+
+async def test_the_list_of_decisions_drops_expired_ones(api: Api, redis_db: str) -> None:
+    """Every 64th decision drops the expired entries at the list's head (up to 128)."""
+    key = await api.create(COVARIATES)
+    await api.decide(key, COV_CONTEXT)
+    client = redis.Redis.from_url(redis_db)
+    try:
+        client.lpush("lrb:{cov}:pending", *(f"{1_000 + i} expired{i}" for i in range(130)))
+        assert client.llen("lrb:{cov}:pending") == 131
+        for _ in range(60):  # the list reaches 192 entries with the 61st decision
+            await api.decide(key, COV_CONTEXT)
+        assert client.llen("lrb:{cov}:pending") == 191
+        await api.decide(key, COV_CONTEXT)
+        listed: list[bytes] = client.lrange("lrb:{cov}:pending", 0, -1)  # type: ignore[assignment]
+        assert len(listed) == 192 - 128 and sum(b"expired" in e for e in listed) == 2
+        ttl: int = client.ttl("lrb:{cov}:pending")  # type: ignore[assignment]
+        assert 0 < ttl <= Settings().default_reward_window_seconds + 1
+    finally:
+        client.close()
 
 
 async def test_create_twice_is_409(api: Api) -> None:
@@ -270,8 +372,30 @@ async def test_choose_and_reward_need_the_experiments_key(api: Api) -> None:
             assert response.status_code == status, (path, headers, response.text)
             assert cov_key not in response.text
     assert await api.state("cov") == before
-    missing = await api.choose(cov_key, {**COV_CONTEXT, "experiment_id": "ghost"})
-    assert missing.status_code == 404
+
+
+@pytest.mark.parametrize("path", ["/choose", "/reward"])
+async def test_a_missing_experiment_answers_as_a_wrong_key_does(api: Api, path: str) -> None:
+    """Without the key, nobody learns which experiment ids exist."""
+    key = await api.create(COVARIATES)
+    gone_key = await api.create({**COVARIATES, "id": "gone"})
+    decision = await api.decide(key, COV_CONTEXT)
+    await api.decide(gone_key, {**COV_CONTEXT, "experiment_id": "gone"})  # a view of "gone"
+    assert (await api.http.delete("/experiments/gone", headers=ADMIN)).status_code == 204
+
+    async def call(experiment_id: str, api_key: str) -> tuple[int, object]:
+        body = ({**COV_CONTEXT, "experiment_id": experiment_id} if path == "/choose" else
+                {"experiment_id": experiment_id, "decision_id": decision, "reward": 1.0})
+        response = await api.http.post(path, json=body, headers={"X-API-Key": api_key})
+        return response.status_code, response.json()
+
+    wrong_key = await call("cov", "wrong-key")
+    assert wrong_key == (403, {"error": "forbidden",
+                               "message": "the API key is not valid for this experiment"})
+    for experiment_id, api_key in [("ghost", "wrong-key"), ("ghost", key), ("gone", gone_key),
+                                   ("gone", "wrong-key")]:
+        assert await call(experiment_id, api_key) == wrong_key, (experiment_id, api_key)
+    assert (await api.experiment("cov"))["rewards"] == 0
 
 
 async def test_credentials_are_checked_before_the_body_is_validated(api: Api) -> None:
@@ -339,6 +463,44 @@ async def test_choose_respects_eligible_and_excluded(api: Api) -> None:
         assert eligible.json()["arm_id"] == "c"
 
 
+_ABC = {**COVARIATES, "arms": [{"id": "a"}, {"id": "b"}, {"id": "c"}]}
+_AB_CONTEXTS = {"a": [1.0, 0.0], "b": [0.0, 1.0]}
+
+
+async def _retire_c(worker: ExperimentService, experiment_id: str) -> None:
+    await worker.retire_arms(experiment_id, ["c"])
+
+
+@pytest.mark.parametrize(
+    ("spec", "change", "refused", "good"),
+    [
+        (_ABC, _retire_c, {**COV_CONTEXT, "eligible": ["c"]}, COV_CONTEXT),
+        (_ABC, _retire_c, {**COV_CONTEXT, "excluded": ["a", "b"]}, COV_CONTEXT),
+        (CONTEXTUAL, _retire_c,
+         {"experiment_id": "ctx", "arm_contexts": {**_AB_CONTEXTS, "c": [0.5, 0.5]}},
+         {"experiment_id": "ctx", "arm_contexts": _AB_CONTEXTS}),
+    ],
+    ids=["eligible names an arm retired since", "excluded leaves only an arm retired since",
+         "arm_contexts names an arm retired since"],
+)
+async def test_a_refused_choose_on_a_seeded_experiment_takes_no_decision_number(
+    api: Api, other_service: ExperimentService, spec: dict[str, object],
+    change: Callable[[ExperimentService, str], Awaitable[None]],
+    refused: dict[str, object], good: dict[str, object],
+) -> None:
+    """This worker's view predates an arms change that makes the request invalid."""
+    experiment_id = str(spec["id"])
+    key = await api.create(spec)
+    first = await api.choose(key, refused)  # valid before the change
+    assert first.json()["decision_number"] == 1  # and this worker now holds a view
+    await change(other_service, experiment_id)  # another worker changes its arms
+    before = await api.state(experiment_id)
+    response = await api.choose(key, refused)
+    assert response.status_code == 422, response.text
+    assert await api.state(experiment_id) == before
+    assert (await api.choose(key, good)).json()["decision_number"] == 2
+
+
 # -- rewards -------------------------------------------------------------------
 
 
@@ -375,6 +537,31 @@ async def test_reward_statuses(api: Api) -> None:
     assert state["duplicates"] == 1
     assert state["arms"] == after_first["arms"]
     assert (await api.experiment("other"))["rewards"] == 0
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "status"),
+    [
+        ("0.0", "-0.0", "duplicate"),  # the same number: IEEE -0.0 == 0.0
+        ("-0.0", "0.0", "duplicate"),
+        ("-0.0", "-0", "duplicate"),
+        ("0", "-0.0", "duplicate"),
+        ("0.5", "5e-1", "duplicate"),
+        ("0.0", "5e-324", "conflict"),  # the smallest float above zero is another reward
+        ("-0.0", "-5e-324", "conflict"),
+    ],
+)
+async def test_equal_rewards_are_duplicates_however_written(
+    api: Api, first: str, second: str, status: str
+) -> None:
+    key = await api.create(COVARIATES)
+    decision = await api.decide(key, COV_CONTEXT)
+    for text, expected in ((first, "applied"), (second, status)):
+        body = f'{{"experiment_id": "cov", "decision_id": "{decision}", "reward": {text}}}'
+        response = await api.http.post("/reward", content=body.encode(), headers={
+            "X-API-Key": key, "Content-Type": "application/json"})
+        assert response.json()["status"] == expected, (text, response.text)
+    assert (await api.experiment("cov"))["rewards"] == 1
 
 
 async def test_reward_batch_reports_each_item(api: Api) -> None:

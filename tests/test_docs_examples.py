@@ -1,0 +1,93 @@
+"""The README's and docs/API.md's curl examples, run as written against a real server.
+
+Every ```bash block that holds ``curl`` is split into its commands, which run
+in order with bash, as a reader pastes them, after doing what the docs tell
+the reader to do: ``TOKEN`` is the admin token, ``KEY`` the ``api_key`` that
+creating the experiment returned, and ``<from /choose>`` the ``decision_id``
+that the last ``/choose`` returned. Only the address differs (the server
+listens on a free port, not 8000).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadtest.server import server_process
+from tests.conftest import ADMIN_TOKEN
+
+_REPO = Path(__file__).resolve().parents[1]
+_DOCS = ["README.md", "docs/API.md"]
+_BLOCK = re.compile(r"^```bash\n(.*?)^```", re.S | re.M)
+_ADDRESS = "localhost:8000"
+
+pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl on PATH")
+
+
+def curl_commands(text: str) -> list[str]:
+    """The curl commands of the text's bash blocks, each with its continuation lines."""
+    commands: list[list[str]] = []
+    for block in _BLOCK.findall(text):
+        if "curl " not in block:
+            continue
+        for line in block.splitlines():
+            if line.startswith("curl "):
+                commands.append([line])
+            elif line.startswith(" ") and commands:  # a continuation, indented
+                commands[-1].append(line)
+            elif line.strip() and not line.startswith("#"):
+                raise AssertionError(f"a line this test cannot run as the docs mean: {line!r}")
+    return ["\n".join(lines) for lines in commands]
+
+
+def test_curl_commands_are_split_as_a_reader_pastes_them() -> None:
+    text = "```bash\n# a comment\ncurl -s a \\\n  -d '{\"x\":\n    1}'\ncurl b\n```\n"
+    assert curl_commands(text) == ["curl -s a \\\n  -d '{\"x\":\n    1}'", "curl b"]
+    assert curl_commands("```bash\n./dev test\n```\n") == []
+
+
+@pytest.fixture(scope="module")
+def base_url(redis_url: str) -> Iterator[str]:
+    env = {"REDIS_URL": redis_url, "LINREBOOT_ADMIN_TOKEN": ADMIN_TOKEN,
+           "LINREBOOT_LOG_LEVEL": "warning"}
+    with server_process(env) as url:
+        yield url
+
+
+@pytest.mark.parametrize("doc", _DOCS)
+def test_the_docs_curl_examples_work_as_written(redis_db: str, base_url: str, doc: str) -> None:
+    commands = curl_commands((_REPO / doc).read_text())
+    assert any("/choose" in c for c in commands) and any("/reward" in c for c in commands)
+    env = {**os.environ, "TOKEN": ADMIN_TOKEN, "KEY": ""}
+    decision_id = None
+    for command in commands:
+        assert _ADDRESS in command, command
+        if "<from /choose>" in command:
+            assert decision_id is not None, f"{doc}: a reward before any /choose"
+            command = command.replace("<from /choose>", decision_id)
+        command = command.replace(_ADDRESS, base_url.removeprefix("http://"))
+        body = _run(command, env, doc)
+        path = command.split(base_url.removeprefix("http://"), 1)[1].split()[0]
+        if path == "/experiments":
+            env["KEY"] = body["api_key"]
+        elif path == "/choose":
+            decision_id = body["decision_id"]
+        elif path == "/reward":
+            assert body["status"] == "applied", (doc, body)
+
+
+def _run(command: str, env: dict[str, str], doc: str) -> Any:
+    done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert done.returncode == 0, (doc, command, done.stderr)
+    body = json.loads(done.stdout)
+    assert isinstance(body, dict) and "error" not in body, (doc, command, body)
+    return body
