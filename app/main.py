@@ -20,12 +20,14 @@ from app.logs import configure_logging
 from app.metrics import Metrics
 from app.middleware import AccessLogMiddleware, BodyLimitMiddleware
 from app.routes import FIRST_ROUTERS, ROUTERS
+from service.errors import StartupError
 from service.experiments import ExperimentService
 from service.settings import Settings
 
 __all__ = ["create_app"]
 
 logger = logging.getLogger("linreboot.app")
+_UVICORN_STARTUP_FAILURE = 3
 
 _DESCRIPTION = """\
 Online recommendations with the LinReBoot contextual bandit (Wu et al., UAI 2022).
@@ -37,8 +39,13 @@ experiment's `X-API-Key`. Each reward counts exactly once: repeating it is safe.
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    """The app for ``settings`` (read from the environment when not given)."""
-    settings = settings if settings is not None else Settings()
+    """The app for ``settings`` (read from the environment when not given).
+
+    As uvicorn's factory, a wrong setting in the environment is one log line and
+    exit code 3, uvicorn's for a failed start (its supervisor then stops rather
+    than restarting the worker).
+    """
+    settings = settings if settings is not None else _settings_or_exit()
     configure_logging(settings.log_level)
     app = FastAPI(
         title="LinReBoot recommendations",
@@ -90,6 +97,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         del app.state.service
         await service.close()
+
+
+def _settings_or_exit() -> Settings:
+    try:
+        return Settings.load()
+    except StartupError as exc:
+        configure_logging("error")
+        logger.error("cannot start: %s", exc)
+        raise SystemExit(_UVICORN_STARTUP_FAILURE) from None
 
 
 def _version() -> str:

@@ -18,7 +18,7 @@ from app.logs import JsonFormatter
 from app.main import create_app
 from app.schemas import Hyperparameters
 from policies import PolicyConfig
-from service.errors import StoreUnavailable
+from service.errors import StartupError, StoreUnavailable
 from service.settings import Settings
 from tests.conftest import ADMIN, ADMIN_TOKEN, CONTEXTUAL, COVARIATES, STOCHASTIC, Api
 
@@ -511,11 +511,12 @@ async def test_persistence_warnings_are_logged_at_start(
     assert not hasattr(app.state, "service")  # closed and released at shutdown
 
 
-def test_create_app_opens_nothing_and_validates_the_log_level() -> None:
+def test_create_app_opens_nothing_and_settings_validate_the_log_level() -> None:
     app = create_app(Settings(redis_url="redis://127.0.0.1:1/0"))  # nothing listens there
     assert not hasattr(app.state, "service")
-    with pytest.raises(ValueError, match="log_level"):
-        create_app(Settings(redis_url="redis://127.0.0.1:1/0", log_level="chatty"))
+    with pytest.raises(StartupError, match=r"^--log-level: "):
+        Settings.load({"redis_url": "redis://127.0.0.1:1/0", "log_level": "chatty"})
+    assert Settings.load({"log_level": "WARNING"}).log_level == "warning"
 
 
 async def test_list_pages_through_experiments_in_id_order(api: Api) -> None:
