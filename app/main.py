@@ -20,6 +20,7 @@ from app.logs import configure_logging
 from app.metrics import Metrics
 from app.middleware import AccessLogMiddleware, BodyLimitMiddleware
 from app.routes import FIRST_ROUTERS, ROUTERS
+from app.routes.docs import install_docs
 from service.errors import StartupError
 from service.experiments import ExperimentService
 from service.settings import Settings
@@ -52,17 +53,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=_version(),
         description=_DESCRIPTION,
         lifespan=_lifespan,
+        docs_url=None,  # served from the package instead of a CDN: app.routes.docs
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = Metrics()
     install_error_handlers(app)
     # Mounted directly and first, as @app.post routes would be: FastAPI matches
-    # an included router's routes twice per request, and the docs routes come
-    # first in the app's own list.
+    # an included router's routes twice per request, and its own /openapi.json
+    # comes first in the app's list.
     for router in FIRST_ROUTERS:
         app.router.routes[0:0] = router.routes
     for router in ROUTERS:
         app.include_router(router)
+    install_docs(app)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(AccessLogMiddleware, metrics=app.state.metrics)  # outermost: sees 413s
     return app

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -537,3 +538,25 @@ async def test_list_pages_through_experiments_in_id_order(api: Api) -> None:
         refused = await api.http.get("/experiments", params=params, headers=ADMIN)
         assert refused.status_code == 422, (params, refused.text)
 
+
+# -- the interactive docs -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+async def test_docs_pages_use_only_assets_the_app_serves(api: Api, page: str) -> None:
+    """Without internet the pages still work: nothing is loaded from another host."""
+    response = await api.http.get(page)
+    assert response.status_code == 200
+    html = response.text
+    urls = re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)["']""", html)
+    urls += re.findall(r"""(?:url|spec-url)\s*[:=]\s*["']([^"']+)["']""", html)
+    assert not re.search(r"https?://|//cdn|googleapis", html), "an external reference"
+    assets = [u for u in urls if u.startswith("/static/")]
+    assert len(assets) >= (3 if page == "/docs" else 2), urls  # script (+ css) + favicon
+    assert "/openapi.json" in urls
+    for url in assets:
+        asset = await api.http.get(url)
+        assert asset.status_code == 200, url
+        assert len(asset.content) > 500, url
+    script = next(u for u in assets if u.endswith(".js"))
+    assert "javascript" in (await api.http.get(script)).headers["content-type"]
