@@ -17,7 +17,9 @@ server's pid and its runtime directory. So:
   behind but the data directory's own files;
 - a server that a killed owner left running is stopped (it saves first) and
   replaced, if nothing uses it any more; else :class:`OrphanedRedisInUse`
-  names the processes that still do.
+  names the processes that still do;
+- a ``redis-server`` running in the directory that no record names is never
+  joined by a second one (two servers on one AOF would corrupt it).
 """
 
 from __future__ import annotations
