@@ -15,7 +15,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from app.logs import JsonFormatter
+from app.logs import JsonFormatter, request_id
 from app.main import create_app
 from app.schemas import Hyperparameters
 from policies import PolicyConfig
@@ -475,6 +475,17 @@ async def test_every_request_has_an_id_in_its_response_and_its_log_lines(
     logged = [json.loads(JsonFormatter().format(r))["request_id"] for r in caplog.records
               if r.name == "linreboot.access"]
     assert logged == ["edge-7f3a:1", *ids]
+
+
+def test_lines_logged_while_a_request_runs_carry_its_id() -> None:
+    """Not only the access log: an error logged by a route names the request too."""
+    record = logging.LogRecord("linreboot.app", logging.ERROR, __file__, 1, "boom", None, None)
+    assert "request_id" not in json.loads(JsonFormatter().format(record))
+    token = request_id.set("req-42")
+    try:
+        assert json.loads(JsonFormatter().format(record))["request_id"] == "req-42"
+    finally:
+        request_id.reset(token)
 
 
 async def test_choose_and_reward_log_lines_name_their_decisions(
