@@ -1,32 +1,41 @@
 # syntax=docker/dockerfile:1
-# The LinReBoot decision service. Redis runs elsewhere (see docker-compose.yml);
-# without REDIS_URL the service starts an embedded Redis in /srv/linreboot/data.
+# The LinReBoot decision service. Redis runs elsewhere (see docker-compose.yml):
+# set REDIS_URL and LINREBOOT_ADMIN_TOKEN. The image has no embedded Redis and
+# no plotting (the [embedded] and [plots] extras are for development).
 
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# The dependencies from pyproject.toml alone: a change to the code reuses this layer.
+COPY pyproject.toml ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > requirements.txt \
+    && pip wheel --no-cache-dir --wheel-dir /wheels/deps -r requirements.txt
+COPY README.md ./
 COPY policies ./policies
 COPY service ./service
 COPY app ./app
 COPY loadtest ./loadtest
 COPY linreboot ./linreboot
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels/app .
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    LINREBOOT_DATA_DIR=/srv/linreboot/data
-COPY --from=build /wheels /wheels
-RUN pip install /wheels/*.whl && rm -rf /wheels
-RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin linreboot \
-    && mkdir -p /srv/linreboot/data \
-    && chown -R linreboot:linreboot /srv/linreboot
-WORKDIR /srv/linreboot
-USER linreboot
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin linreboot
+# Dependencies, then the service: each layer changes only when what it installs does.
+RUN --mount=type=bind,from=build,source=/wheels/deps,target=/tmp/wheels \
+    pip install --no-index /tmp/wheels/*.whl
+RUN --mount=type=bind,from=build,source=/wheels/app,target=/tmp/wheels \
+    pip install --no-index --no-deps /tmp/wheels/*.whl
+WORKDIR /home/linreboot
+# Numeric, so that a runtime that refuses root (Kubernetes runAsNonRoot) can check it.
+USER 10001:10001
 
 EXPOSE 8000
+# Healthy once Redis answers: /readyz is 503 while it does not (/healthz only says
+# the process is up), so Compose's depends_on and orchestrators wait for a serving
+# service; Docker itself never restarts an unhealthy container.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=20s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/readyz', timeout=2)"]
 CMD ["linreboot", "serve", "--host", "0.0.0.0", "--port", "8000"]

@@ -111,6 +111,13 @@ class ExperimentCaller:
         """The experiment the call is for, for the access log."""
         self.request.state.experiment_id = experiment_id
 
+    def traces(self, decision_ids: list[str]) -> None:
+        """The decision (or a batch's decisions) the call made or rewarded, for the access log."""
+        if len(decision_ids) == 1:
+            self.request.state.decision_id = decision_ids[0]
+        else:
+            self.request.state.decision_ids = decision_ids
+
 
 def experiment_caller(request: Request, key: str | None) -> ExperimentCaller:
     """The caller of a decision route; 401 without a key."""

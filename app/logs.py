@@ -1,7 +1,8 @@
 """Structured logs: one JSON object per line on stderr.
 
 Records carry their structured part in ``extra={"fields": {...}}``; the
-formatter merges it into the line.
+formatter merges it into the line, with the id of the HTTP request being
+served, if any (:data:`request_id`, set by the access-log middleware).
 """
 
 from __future__ import annotations
@@ -9,10 +10,13 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import TextIO
 
-__all__ = ["JsonFormatter", "configure_logging"]
+__all__ = ["JsonFormatter", "configure_logging", "request_id"]
+
+request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
 
 
 class JsonFormatter(logging.Formatter):
@@ -23,6 +27,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        rid = request_id.get()  # the request this line is written for, if any
+        if rid is not None:
+            line["request_id"] = rid
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
             line.update(fields)

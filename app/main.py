@@ -21,12 +21,15 @@ from app.metrics import Metrics
 from app.middleware import AccessLogMiddleware, BodyLimitMiddleware
 from app.openapi import publish_limits
 from app.routes import FIRST_ROUTERS, ROUTERS
+from app.routes.docs import install_docs
+from service.errors import StartupError
 from service.experiments import ExperimentService
 from service.settings import Settings
 
 __all__ = ["create_app"]
 
 logger = logging.getLogger("linreboot.app")
+_UVICORN_STARTUP_FAILURE = 3
 
 _DESCRIPTION = """\
 Online recommendations with the LinReBoot contextual bandit (Wu et al., UAI 2022).
@@ -38,26 +41,34 @@ experiment's `X-API-Key`. Each reward counts exactly once: repeating it is safe.
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    """The app for ``settings`` (read from the environment when not given)."""
-    settings = settings if settings is not None else Settings()
+    """The app for ``settings`` (read from the environment when not given).
+
+    As uvicorn's factory, a wrong setting in the environment is one log line and
+    exit code 3, uvicorn's for a failed start (its supervisor then stops rather
+    than restarting the worker).
+    """
+    settings = settings if settings is not None else _settings_or_exit()
     configure_logging(settings.log_level)
     app = FastAPI(
         title="LinReBoot recommendations",
         version=_version(),
         description=_DESCRIPTION,
         lifespan=_lifespan,
+        docs_url=None,  # served from the package instead of a CDN: app.routes.docs
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = Metrics()
     install_error_handlers(app)
     publish_limits(app, settings)
     # Mounted directly and first, as @app.post routes would be: FastAPI matches
-    # an included router's routes twice per request, and the docs routes come
-    # first in the app's own list.
+    # an included router's routes twice per request, and its own /openapi.json
+    # comes first in the app's list.
     for router in FIRST_ROUTERS:
         app.router.routes[0:0] = router.routes
     for router in ROUTERS:
         app.include_router(router)
+    install_docs(app)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(AccessLogMiddleware, metrics=app.state.metrics)  # outermost: sees 413s
     return app
@@ -92,6 +103,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         del app.state.service
         await service.close()
+
+
+def _settings_or_exit() -> Settings:
+    try:
+        return Settings.load()
+    except StartupError as exc:
+        configure_logging("error")
+        logger.error("cannot start: %s", exc)
+        raise SystemExit(_UVICORN_STARTUP_FAILURE) from None
 
 
 def _version() -> str:

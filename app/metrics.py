@@ -39,10 +39,11 @@ class Metrics:
         if self.multiproc_dir is not None and not Path(self.multiproc_dir).is_dir():
             raise ValueError(f"{MULTIPROC_ENV} must name an existing directory")
         self.registry = CollectorRegistry()
+        # "code" is an HTTP status code wherever it appears; a reward's fate is its "outcome".
         self.latency = Histogram(
             "linreboot_request_duration_seconds",
-            "HTTP request latency by route template",
-            ["method", "route"],
+            "HTTP request latency by method, route template and status code",
+            ["method", "route", "code"],
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
@@ -50,10 +51,11 @@ class Metrics:
             "linreboot_decisions", "decisions returned by /choose", registry=self.registry
         )
         self.rewards = Counter(
-            "linreboot_rewards", "reward items by outcome", ["status"], registry=self.registry
+            "linreboot_rewards", "reward items by outcome", ["outcome"], registry=self.registry
         )
         self.errors = Counter(
-            "linreboot_errors", "responses with status >= 400", ["status"], registry=self.registry
+            "linreboot_errors", "responses with status >= 400 by route template and status code",
+            ["route", "code"], registry=self.registry,
         )
         # Set by a write refused for lack of memory, cleared by a ready /readyz;
         # across workers the latest of their values.
@@ -65,21 +67,23 @@ class Metrics:
         )
         # Labelled children by label values: labels() takes a lock and builds a
         # key on every call, a visible cost at thousands of requests a second.
-        self._latency_by_route: dict[tuple[str, str], Any] = {}
-        self._errors_by_status: dict[int, Any] = {}
-        self._rewards_by_status = {  # all exported as 0 before the first reward
-            status: self.rewards.labels(status=status) for status in get_args(RewardStatus)
+        self._latency_children: dict[tuple[str, str, int], Any] = {}
+        self._error_children: dict[tuple[str, int], Any] = {}
+        self._rewards_by_outcome = {  # all exported as 0 before the first reward
+            outcome: self.rewards.labels(outcome=outcome) for outcome in get_args(RewardStatus)
         }
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
-        child = self._latency_by_route.get((method, route))
+        key = (method, route, status)
+        child = self._latency_children.get(key)
         if child is None:
-            child = self._latency_by_route[(method, route)] = self.latency.labels(method, route)
+            child = self._latency_children[key] = self.latency.labels(method, route, str(status))
         child.observe(seconds)
         if status >= 400:
-            errors = self._errors_by_status.get(status)
+            errors = self._error_children.get((route, status))
             if errors is None:
-                errors = self._errors_by_status[status] = self.errors.labels(status=str(status))
+                errors = self._error_children[(route, status)] = self.errors.labels(
+                    route, str(status))
             errors.inc()
 
     def set_store_full(self, full: bool) -> None:
@@ -90,7 +94,7 @@ class Metrics:
 
     def record_rewards(self, outcomes: Iterable[RewardOutcome]) -> None:
         for outcome in outcomes:
-            self._rewards_by_status[outcome.status].inc()
+            self._rewards_by_outcome[outcome.status].inc()
 
     def exposition(self) -> bytes:
         """The Prometheus text format, summed over workers in multiprocess mode."""

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from policies import PAPER_POLICIES, POLICIES, SETTINGS
+from service.errors import StartupError
 
 if TYPE_CHECKING:
     from loadtest.results import Curve
@@ -18,7 +20,14 @@ if TYPE_CHECKING:
 _PAPER_DIMS = (5, 10, 20)
 
 
-def _add_simulate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+class _Parser(argparse.ArgumentParser):
+    """Reports a wrong argument in one line (argparse prints the whole usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _add_simulate(sub: argparse._SubParsersAction[_Parser]) -> None:
     p = sub.add_parser(
         "simulate",
         help="replay the paper's environments in-process (batched) and plot regret",
@@ -68,7 +77,7 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_serve(sub: argparse._SubParsersAction[_Parser]) -> None:
     p = sub.add_parser(
         "serve",
         help="run the HTTP service (uvicorn); embedded Redis unless REDIS_URL is set",
@@ -108,7 +117,7 @@ def _add_http_args(p: argparse.ArgumentParser) -> None:
                    help="allow a non-loopback --url (replays send many requests)")
 
 
-def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_replay(sub: argparse._SubParsersAction[_Parser]) -> None:
     p = sub.add_parser(
         "replay",
         help="replay the paper's environments over HTTP and compute regret",
@@ -123,7 +132,7 @@ def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--out", type=Path, default=Path("results/replay"))
 
 
-def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_demo(sub: argparse._SubParsersAction[_Parser]) -> None:
     p = sub.add_parser(
         "demo",
         help="the main job: start the service, replay the stochastic environment over HTTP, "
@@ -173,7 +182,7 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_loadtest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_loadtest(sub: argparse._SubParsersAction[_Parser]) -> None:
     p = sub.add_parser(
         "loadtest",
         help="load replay: drive many experiments with delayed, dropped and duplicated "
@@ -273,7 +282,7 @@ def _write_http(curves: list[Curve], out: Path, title: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="linreboot",
         description="LinReBoot recommendation service: simulator, server and load replays.",
     )
@@ -292,9 +301,28 @@ _COMMANDS = {
 }
 
 
+_PLOTTING = {"simulate", "replay", "demo"}
+_STARTING_A_SERVICE = {"replay", "demo", "loadtest"}  # unless given --url
+
+
+def _require_extras(args: argparse.Namespace) -> None:
+    """Refuse at once, in one line, a command whose optional dependencies are missing."""
+    if args.command in _PLOTTING and importlib.util.find_spec("matplotlib") is None:
+        raise StartupError("the plots need matplotlib: pip install 'linreboot[plots]'")
+    if args.command in _STARTING_A_SERVICE and not args.url:
+        from service.embedded import find_redis_server
+
+        find_redis_server()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return _COMMANDS[args.command](args)
+    try:
+        _require_extras(args)
+        return _COMMANDS[args.command](args)
+    except StartupError as exc:
+        print(f"linreboot {args.command}: {exc}", file=sys.stderr)
+        return exc.exit_code
 
 
 if __name__ == "__main__":

@@ -36,3 +36,17 @@ class StoreUnavailable(DomainError):
 
 class StoreFull(StoreUnavailable):
     """Redis is out of memory and refuses writes (503 with Retry-After)."""
+
+
+class StartupError(Exception):
+    """The service cannot start. Not a client's error: for the operator.
+
+    The message is one line naming the setting or resource at fault and what
+    to do. ``exit_code`` is 2 for a wrong setting and 3 for something in the
+    way (a data directory or port in use, a Redis that does not answer), as
+    uvicorn exits 3 when it cannot start.
+    """
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -18,6 +18,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -57,6 +58,7 @@ from service.errors import (
     Forbidden,
     InvalidInput,
     NotFound,
+    StartupError,
     StoreUnavailable,
 )
 from service.settings import Settings
@@ -171,6 +173,29 @@ def _missing(key: str | None) -> DomainError:
     return NotFound("no experiment with this id") if key is None else Forbidden(_WRONG_KEY)
 
 
+async def _connect(url: str, settings: Settings) -> Store:
+    """A store on ``url`` that has answered a PING; else one line naming REDIS_URL."""
+    store = Store.from_url(url, settings.redis_timeout_seconds)
+    try:
+        await store.ping()
+    except StoreUnavailable as exc:
+        await store.close()
+        reason = str(exc.__cause__ or exc).strip().splitlines()[0]
+        raise StartupError(
+            f"REDIS_URL: Redis at {_public_url(url)} does not answer ({reason}): start it, "
+            "or fix REDIS_URL", exit_code=3,
+        ) from None
+    return store
+
+
+def _public_url(url: str) -> str:
+    """``url`` without its credentials, for messages."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}"
+    return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}{parts.path}"
+
+
 def _hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
 
@@ -202,23 +227,50 @@ class ExperimentService:
 
     @classmethod
     async def open(cls, settings: Settings) -> ExperimentService:
-        """Connect to ``settings.redis_url``, or start an embedded Redis without one."""
+        """Connect to ``settings.redis_url``, or start an embedded Redis without one.
+
+        Raises
+        ------
+        StartupError
+            One line, when the embedded Redis cannot start or Redis does not answer.
+        """
         embedded = None
         url = settings.redis_url
         if url is None:
-            embedded = EmbeddedRedis(settings.data_dir).start()
+            embedded = EmbeddedRedis(settings.data_dir).start()  # this process owns it
             url = embedded.url
-        store = Store.from_url(url, settings.redis_timeout_seconds)
+        try:
+            store = await _connect(url, settings)
+        except BaseException:
+            if embedded is not None:
+                embedded.stop()
+            raise
         service = cls(store, settings, embedded)
-        await store.ping()
-        service.persistence_warnings = await store.persistence_warnings()
-        service.upgraded = await service._upgrade_stored()
+        try:
+            service.persistence_warnings = await service._store.persistence_warnings()
+            service.upgraded = await service._upgrade_stored()
+        except StoreUnavailable as exc:  # e.g. out of memory while upgrading
+            await service.close()
+            raise StartupError(f"REDIS_URL: Redis at {_public_url(url)} failed during start-up "
+                               f"({exc}): fix Redis, then start again", exit_code=3) from None
+        except BaseException:
+            await service.close()
+            raise
         return service
 
+    @staticmethod
+    async def check_store(settings: Settings) -> None:
+        """Start-up check of ``settings.redis_url``: :class:`StartupError` unless Redis answers."""
+        assert settings.redis_url is not None
+        await (await _connect(settings.redis_url, settings)).close()
+
     async def close(self) -> None:
-        await self._store.close()
-        if self._embedded is not None:
-            self._embedded.stop()
+        """Close the connections; stop the embedded Redis if this service started it."""
+        try:
+            await self._store.close()
+        finally:
+            if self._embedded is not None:
+                self._embedded.stop()
 
     async def ping(self) -> None:
         await self._store.ping()

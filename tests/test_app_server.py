@@ -38,4 +38,4 @@ def test_two_workers_share_state_and_metrics(redis_db: str) -> None:
         for _ in range(4):
             text = http.get("/metrics").text
             assert _counter(text, "linreboot_decisions_total") == decisions
-            assert _counter(text, 'linreboot_rewards_total{status="applied"}') == decisions
+            assert _counter(text, 'linreboot_rewards_total{outcome="applied"}') == decisions

