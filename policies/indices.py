@@ -29,11 +29,11 @@ from policies.ridge import (
     Array,
     Factor,
     factorise,
-    inverse_norms,
     predict,
     quadratic,
     regularised,
     ridge,
+    solve,
     standard_normals,
 )
 from policies.state import State, raw_reward_sums
@@ -254,9 +254,20 @@ def ucb_radius(config: PolicyConfig, n_obs: Array) -> Array:
 
 
 def _linucb_with(radius: Array, state: State, contexts: Array, reg: float) -> Prepared:
-    theta = ridge(state["xtx"], state["xty"], reg)
-    width = np.sqrt(inverse_norms(factorise(state["xtx"], reg), contexts))
-    return {"scores": predict(theta, contexts) + per_arm(radius, contexts.shape[1]) * width}
+    """Scores ``x_k' theta_hat + radius ||x_k||_(A^-1)``, from one solve for both terms."""
+    xtx, xty = state["xtx"], state["xty"]
+    n_arms = contexts.shape[1]
+    if xtx.shape[1] == 1:  # one model: theta and every arm's A^-1 x_k together
+        rhs = np.concatenate([xty[..., None], np.swapaxes(contexts, 1, 2)[:, None]], axis=-1)
+        solved = solve(xtx, reg, rhs)[:, 0]  # (B, d, 1 + K)
+        theta, lifted = solved[:, None, :, 0], solved[..., 1:]
+        squares = np.einsum("bdk,bkd->bk", lifted, contexts)
+    else:  # a model per arm, each with its arm's context
+        solved = solve(xtx, reg, np.stack([xty, contexts], axis=-1))  # (B, K, d, 2)
+        theta = solved[..., 0]
+        squares = np.einsum("bkd,bkd->bk", solved[..., 1], contexts)
+    width = np.sqrt(np.maximum(squares, 0.0))
+    return {"scores": predict(theta, contexts) + per_arm(radius, n_arms) * width}
 
 
 def prepare_linucb(config: PolicyConfig, state: State, contexts: Array) -> Prepared:

@@ -83,10 +83,10 @@ def _spectral(matrix: Array) -> tuple[Array, Array]:
 
 
 def _spectral_solve(matrix: Array, rhs: Array) -> Array:
-    """``matrix^-1 rhs`` through :func:`_spectral`, for a stack; rhs shape (..., d)."""
+    """``matrix^-1 rhs`` through :func:`_spectral`, for a stack; rhs shape (..., d, m)."""
     values, vectors = _spectral(matrix)
-    coefficients = np.einsum("...ji,...j->...i", vectors, rhs) / values
-    return np.einsum("...ij,...j->...i", vectors, coefficients)
+    coefficients = np.matmul(np.swapaxes(vectors, -1, -2), rhs) / values[..., :, None]
+    return np.matmul(vectors, coefficients)
 
 
 def _spectral_root(matrix: Array) -> Array:
@@ -97,10 +97,6 @@ def _spectral_root(matrix: Array) -> Array:
 
 def ridge(xtx: Array, xty: Array, reg: float) -> Array:
     """Ridge estimate ``theta_hat = (X'X + reg I)^-1 X'y`` (paper eq. 3b), floored.
-
-    One LAPACK solve of the equilibrated system (module notes); a row whose
-    solve fails, or whose solution is larger than the floor allows (the mark
-    of a system that rounding left indefinite), is redone spectrally.
 
     Parameters
     ----------
@@ -113,24 +109,47 @@ def ridge(xtx: Array, xty: Array, reg: float) -> Array:
     -------
     theta_hat : ndarray, shape (..., d)
     """
+    return solve(xtx, reg, xty[..., None])[..., 0]
+
+
+def solve(xtx: Array, reg: float, rhs: Array) -> Array:
+    """``(X'X + reg I)^-1 rhs``, floored, for several right-hand sides at once.
+
+    One LAPACK solve of the equilibrated system (module notes); a row whose
+    solve fails, or whose solution is larger than the floor allows (the mark
+    of a system that rounding left indefinite), is redone spectrally.
+
+    Parameters
+    ----------
+    xtx : ndarray, shape (..., d, d)
+    reg : float, non-negative
+    rhs : ndarray, shape (..., d, m)
+
+    Returns
+    -------
+    ndarray, shape (..., d, m)
+    """
     system, scale = _equilibrate(xtx, reg)
-    rhs = scale * xty
+    # C order: a broadcast product may come out in another, which LAPACK must copy.
+    scaled = np.multiply(scale[..., None], rhs, order="C")
     try:
-        solution = np.linalg.solve(system, rhs[..., None])[..., 0]
+        solution = np.linalg.solve(system, scaled)
     except np.linalg.LinAlgError:  # an exactly singular row: the others keep the fast path
+        flat_rhs = np.broadcast_to(scaled, (*system.shape[:-2], *scaled.shape[-2:]))
         solution = np.stack([
             _solve_one(m, b) for m, b in zip(
-                system.reshape(-1, *system.shape[-2:]), rhs.reshape(-1, rhs.shape[-1]),
-                strict=True,
+                system.reshape(-1, *system.shape[-2:]),
+                flat_rhs.reshape(-1, *scaled.shape[-2:]), strict=True,
             )
-        ]).reshape(rhs.shape)
-    # On the floored system ||solution|| <= ||rhs|| / JITTER; twice that (or a
-    # NaN) means rounding made it indefinite.
-    squares = np.einsum("...i,...i->...", solution, solution) * JITTER**2
-    suspect = ~(squares <= 4.0 * np.einsum("...i,...i->...", rhs, rhs))
+        ]).reshape(flat_rhs.shape)
+    # On the floored system ||column|| <= ||rhs column|| / JITTER; twice that
+    # (or a NaN) means rounding made it indefinite.
+    squares = np.einsum("...ij,...ij->...j", solution, solution) * JITTER**2
+    suspect = ~(squares <= 4.0 * np.einsum("...ij,...ij->...j", scaled, scaled)).all(axis=-1)
     if suspect.any():
-        solution[suspect] = _spectral_solve(system[suspect], rhs[suspect])
-    return scale * solution
+        solution[suspect] = _spectral_solve(system[suspect], scaled[suspect])
+    solution *= scale[..., None]  # in place: a fresh array of this size costs page faults
+    return solution
 
 
 def _solve_one(matrix: Array, rhs: Array) -> Array:
@@ -199,27 +218,6 @@ def _cholesky_one(matrix: Array) -> Array:
         return np.linalg.cholesky(matrix)
     except np.linalg.LinAlgError:
         return _spectral_root(matrix)
-
-
-def inverse_norms(factor: Factor, contexts: Array) -> Array:
-    """``||x_k||^2`` in the metric ``A^-1`` for every arm.
-
-    Parameters
-    ----------
-    factor : Factor of shape (B, M, d, d), M in {1, K}
-    contexts : ndarray, shape (B, K, d)
-
-    Returns
-    -------
-    ndarray, shape (B, K)
-    """
-    root, scale = factor.root, factor.scale
-    if root.shape[1] == 1:
-        scaled = np.swapaxes(contexts * scale, 1, 2)  # (B, d, K)
-        w = np.linalg.solve(root[:, 0], scaled)
-        return np.einsum("bdk,bdk->bk", w, w)
-    w = np.linalg.solve(root, (contexts * scale)[..., None])[..., 0]  # (B, K, d)
-    return np.einsum("bkd,bkd->bk", w, w)
 
 
 def predict(theta: Array, contexts: Array) -> Array:

@@ -40,7 +40,7 @@ from policies import (
     update,
 )
 from policies.indices import residual_sum_of_squares, reward_variance
-from policies.ridge import JITTER, factorise, inverse_norms, ridge
+from policies.ridge import JITTER, factorise, ridge, solve
 from tests.conftest import Api
 
 Array = NDArray[Any]
@@ -118,8 +118,8 @@ def test_factor_solves_and_draws_stay_finite(kind: str, d: int, n: int) -> None:
     z = np.random.default_rng(0).standard_normal((1, 1, d))
     assert np.isfinite(factor.colour(z)).all()
     assert np.isfinite(factor.times_root(z)).all()
-    probes = np.vstack([x[:1] / 1e6, np.eye(d)[:3]])[None]
-    norms = inverse_norms(factor, probes)
+    probes = np.vstack([x[:1] / 1e6, np.eye(d)[:3]]).T  # (d, 4)
+    norms = np.einsum("ij,ij->j", probes, solve(gram, REG, probes))  # x' A^-1 x, as LinUCB
     assert np.isfinite(norms).all() and (norms >= 0).all()
     # A^-1 b by the factor agrees with the solve (same floored system).
     theta = ridge(gram[None, None], xty[None, None], REG)
