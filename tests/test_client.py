@@ -182,6 +182,13 @@ def test_attempts_are_bounded() -> None:
     assert raised.value.attempts == 3
 
 
+def test_no_retry_makes_one_attempt() -> None:
+    attempts = _attempts(Retryable.ALWAYS, NO_RETRY)
+    attempts.next_timeout()
+    with pytest.raises(TransportError):
+        FAILURES["refused"](attempts)
+
+
 def test_the_deadline_bounds_waits_and_timeouts() -> None:
     clock = FakeClock()
     retry = Retry(attempts=100, deadline_seconds=5.0, backoff_seconds=0.4,
@@ -548,23 +555,41 @@ def _stalled(redis_server: RedisProcess, seconds: float) -> Iterator[None]:
         timer.join()
 
 
-def _recorded_client(kind: str, url: str, requests: Requests, **kwargs: Any) -> Any:
-    kwargs.setdefault("admin_token", ADMIN_TOKEN)
-    if kind == "sync":
-        http = httpx.Client(base_url=url, timeout=10.0, event_hooks=requests.sync_hooks())
-        return Threaded(Client(http=http, **kwargs))
-    http_async = httpx.AsyncClient(base_url=url, timeout=10.0,
-                                   event_hooks=requests.async_hooks())
-    return AsyncClient(http=http_async, **kwargs)
+Opener = Callable[..., Any]
+
+
+@pytest.fixture
+async def recorded() -> AsyncIterator[Opener]:
+    """Opens clients of a URL that record their requests (sync ones threaded), with the
+    admin token; closes them after the test."""
+    opened: list[httpx.Client | httpx.AsyncClient] = []
+
+    def open_client(kind: str, url: str, requests: Requests, **kwargs: Any) -> Any:
+        kwargs.setdefault("admin_token", ADMIN_TOKEN)
+        if kind == "sync":
+            http = httpx.Client(base_url=url, timeout=10.0, event_hooks=requests.sync_hooks())
+            opened.append(http)
+            return Threaded(Client(http=http, **kwargs))
+        http_async = httpx.AsyncClient(base_url=url, timeout=10.0,
+                                       event_hooks=requests.async_hooks())
+        opened.append(http_async)
+        return AsyncClient(http=http_async, **kwargs)
+
+    yield open_client
+    for http in opened:
+        if isinstance(http, httpx.AsyncClient):
+            await http.aclose()
+        else:
+            http.close()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sync", "async"])
 async def test_a_reward_gets_through_a_redis_stall_and_counts_once(
-    served: str, redis_server: RedisProcess, kind: str
+    served: str, redis_server: RedisProcess, recorded: Opener, kind: str
 ) -> None:
     requests = Requests()
-    lrb = _recorded_client(kind, served, requests, retry=PATIENT)
+    lrb = recorded(kind, served, requests, retry=PATIENT)
     key = await _covariates(lrb)
     decided = await lrb.choose("cov", context=[0.1, 0.2], api_key=key)
     requests.clear()
@@ -590,29 +615,27 @@ async def test_a_reward_gets_through_a_redis_stall_and_counts_once(
 
 @pytest.mark.slow
 async def test_choose_is_not_retried_after_an_ambiguous_failure_unless_asked(
-    served: str, redis_server: RedisProcess
+    served: str, redis_server: RedisProcess, recorded: Opener
 ) -> None:
-    requests = {name: Requests() for name in ("default", "opted in", "timed out")}
-    default = _recorded_client("async", served, requests["default"], retry=PATIENT)
-    opted_in = _recorded_client("async", served, requests["opted in"],
+    requests = {name: Requests() for name in ("default", "opted in")}
+    default = recorded("async", served, requests["default"], retry=PATIENT)
+    opted_in = recorded("async", served, requests["opted in"],
                                 retry=dataclasses.replace(PATIENT, retry_choose=True))
-    impatient = AsyncClient(http=httpx.AsyncClient(
-        base_url=served, timeout=DEADLINE_SECONDS / 2,
-        event_hooks=requests["timed out"].async_hooks()), retry=PATIENT)
     key = await _covariates(default)
     await default.choose("cov", context=[0.1, 0.2], api_key=key)  # the worker's view is fresh
     for r in requests.values():
         r.clear()
-    with _stalled(redis_server, STALL_SECONDS):
-        outcomes = await asyncio.gather(*(
-            lrb.choose("cov", context=[0.3, 0.4], api_key=key)
-            for lrb in (default, opted_in, impatient)), return_exceptions=True)
+    async with AsyncClient(served, timeout=DEADLINE_SECONDS / 2, retry=PATIENT) as impatient:
+        with _stalled(redis_server, STALL_SECONDS):
+            outcomes = await asyncio.gather(*(
+                lrb.choose("cov", context=[0.3, 0.4], api_key=key)
+                for lrb in (default, opted_in, impatient)), return_exceptions=True)
     unavailable, decision, timed_out = outcomes
     assert isinstance(unavailable, Unavailable) and unavailable.error == "store_unavailable"
     assert unavailable.retry_after == RETRY_AFTER_SECONDS and unavailable.attempts == 1
     assert isinstance(timed_out, TransportError) and timed_out.sent
-    assert isinstance(timed_out.__cause__, httpx.ReadTimeout)
-    assert len(requests["default"].sent) == len(requests["timed out"].sent) == 1
+    assert isinstance(timed_out.__cause__, httpx.ReadTimeout) and timed_out.attempts == 1
+    assert len(requests["default"].sent) == 1
     assert isinstance(decision, Decision)
     assert requests["opted in"].statuses[0] == 503 and len(requests["opted in"].sent) >= 2
     # The one before the stall and the opted-in retry's; a stalled attempt may also
@@ -622,10 +645,10 @@ async def test_choose_is_not_retried_after_an_ambiguous_failure_unless_asked(
 
 
 @pytest.mark.slow
-async def test_delete_is_retried_through_a_stall(served: str, redis_server: RedisProcess
-                                                  ) -> None:
+async def test_delete_is_retried_through_a_stall(served: str, redis_server: RedisProcess,
+                                                  recorded: Opener) -> None:
     requests = Requests()
-    lrb = _recorded_client("async", served, requests, retry=PATIENT)
+    lrb = recorded("async", served, requests, retry=PATIENT)
     await _covariates(lrb)
     requests.clear()
     with _stalled(redis_server, STALL_SECONDS):
@@ -639,16 +662,15 @@ async def test_delete_is_retried_through_a_stall(served: str, redis_server: Redi
 
 @pytest.mark.slow
 async def test_a_refused_connection_is_retried_even_for_choose(
-    served: str, redis_server: RedisProcess
+    served: str, redis_server: RedisProcess, recorded: Opener
 ) -> None:
     async with AsyncClient(served, admin_token=ADMIN_TOKEN) as admin:
         key = await _covariates(admin)
     port = free_port()  # nothing listens there yet
     requests = Requests()
-    lrb = AsyncClient(http=httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
-                                             event_hooks=requests.async_hooks()),
-                      retry=Retry(attempts=1000, deadline_seconds=60.0, backoff_seconds=0.05,
-                                  max_backoff_seconds=0.2))
+    lrb = recorded("async", f"http://127.0.0.1:{port}", requests,
+                   retry=Retry(attempts=1000, deadline_seconds=60.0, backoff_seconds=0.05,
+                               max_backoff_seconds=0.2))
     up, done = threading.Event(), threading.Event()
 
     def serve_later() -> None:
@@ -680,16 +702,17 @@ async def test_nothing_listening_is_a_transport_error_that_was_not_sent() -> Non
 
 @pytest.mark.slow
 async def test_store_full_refuses_the_write_whole_so_every_call_is_retried(
-    served: str, redis_server: RedisProcess
+    served: str, redis_server: RedisProcess, recorded: Opener
 ) -> None:
     requests = Requests()
-    lrb = _recorded_client("async", served, requests, retry=PATIENT)
+    lrb = recorded("async", served, requests, retry=PATIENT)
     key = await _covariates(lrb)
     decided = await lrb.choose("cov", context=[0.1, 0.2], api_key=key)
     with redis_server.client() as client:
         client.config_set("maxmemory", 1)  # far below the use: every write is refused
     with pytest.raises(StoreFull) as full:
-        await AsyncClient(served, retry=NO_RETRY).readyz()  # a probe: one attempt
+        await lrb.readyz()  # a probe: one attempt, whatever the retries
+    assert full.value.attempts == 1
     assert (full.value.status, full.value.error) == (503, "store_full")
     requests.clear()
 
