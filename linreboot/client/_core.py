@@ -5,8 +5,19 @@ successful answer; :class:`Core` builds one per route and turns each answer
 into a result, an exception, or a :class:`~linreboot.client._retry.Wait`. The
 two clients only send calls and sleep (``_sync.py``, ``_async.py``).
 
-To add a route: a builder here returning a ``Call`` (with a parser, usually a
-model's ``model_validate_json``), then a one-line method in each client.
+To add a route:
+
+1. a model of its answer in ``_models.py`` (a subclass of ``_Answer``, so that
+   fields it does not know are ignored), exported from ``__init__.py``;
+2. a builder on :class:`Core` returning a ``Call``: method, path (through
+   ``_experiment_path`` for an id in it), the model's ``model_validate_json``,
+   the credentials (``self._admin`` or ``self._key(api_key)``) and how safe
+   it is to repeat: ``ALWAYS`` for reads and writes a repeat does not change,
+   ``IF_NOT_APPLIED`` for writes it would, ``NEVER`` for probes;
+3. a one-line method in ``Client`` (``_sync.py``, with the docstring) and in
+   ``AsyncClient`` (``_async.py``); a paged listing also gets an ``iter_``
+   method like ``iter_experiments``;
+4. a call in ``tests/test_client.py::test_every_method`` (run with both clients).
 """
 
 from __future__ import annotations
