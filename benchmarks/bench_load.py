@@ -7,9 +7,11 @@ Usage::
 Starts one embedded Redis on a loopback TCP port; then, for each uvicorn worker
 count, the floor app (``benchmarks/floor_app.py``: one FastAPI endpoint, one
 Redis round trip) and the service (``linreboot serve``), both with that many
-workers and the same Redis. Each is driven by the same ``httpx.AsyncClient``
-code at the same concurrency (:func:`loadtest.load.post_timed`, latency with
-``time.perf_counter`` around each request): floor, load replay, floor again.
+workers and the same Redis. Each is driven through the same pool of
+``httpx.AsyncClient`` at the same concurrency, latency with
+``time.perf_counter`` around each request (the floor with
+:func:`loadtest.load.post_timed`, the service through :mod:`linreboot.client`
+with :func:`loadtest.load.timed`): floor, load replay, floor again.
 The service run is ``linreboot loadtest`` in closed loop: 20 experiments,
 stochastic K = 100, d = 20, LinReBoot, realistic feedback (delays, drops,
 duplicates), and its counter check must pass. The ratio to the mean of the two
@@ -108,7 +110,7 @@ async def floor_run(url: str, concurrency: int, seconds: float) -> RouteStats:
 
         async def worker() -> None:
             while time.perf_counter() < deadline:
-                await post_timed(pool.next(), stats, "/floor", {}, {})
+                await post_timed(pool.next().http, stats, "/floor", {}, {})
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return stats

@@ -1,7 +1,8 @@
 """Replay the paper's environments against a running service over HTTP.
 
 One experiment per repetition; every round each repetition asks ``/choose``
-and reports the environment's reward to ``/reward``. The environments and
+and reports the environment's reward to ``/reward``, through
+:class:`linreboot.client.AsyncClient`. The environments and
 seeds are those of the in-process simulator, and regret comes from the
 environment's true means, so both drivers write the same results format.
 """
@@ -16,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import numpy as np
 
+from linreboot.client import AsyncClient, Decision
 from loadtest.environments import Environment, make_spec, split_rngs
 from loadtest.simulate import Cell, Played, cell_seed, decision_seed
 
@@ -53,16 +54,14 @@ class _Experiment:
     api_key: str
 
 
-def experiment_body(cell: Cell, env: Environment, rep: int, experiment_id: str, seed: int
-                    ) -> dict[str, Any]:
-    """The ``POST /experiments`` body for repetition ``rep`` of ``cell``."""
+def experiment_spec(cell: Cell, env: Environment, rep: int, seed: int) -> dict[str, Any]:
+    """``create_experiment``'s keyword arguments for repetition ``rep`` of ``cell``."""
     n_arms = env.spec.n_arms
     features = env.arm_features if cell.setting == "stochastic" else None
     hyper: dict[str, Any] = dict(cell.overrides)
     if cell.sigma_omega is not None:
         hyper["sigma_omega"] = cell.sigma_omega
     return {
-        "id": experiment_id,
         "setting": cell.setting,
         "dim": cell.dim,
         "policy": cell.policy,
@@ -76,38 +75,29 @@ def experiment_body(cell: Cell, env: Environment, rep: int, experiment_id: str, 
     }
 
 
-def choose_body(cell: Cell, experiment_id: str, contexts: np.ndarray) -> dict[str, Any]:
-    """The ``POST /choose`` body for one repetition's contexts, shape (K, d)."""
-    body: dict[str, Any] = {"experiment_id": experiment_id}
+def choose_args(cell: Cell, contexts: np.ndarray) -> dict[str, Any]:
+    """``choose``'s keyword arguments for one repetition's contexts, shape (K, d)."""
     if cell.setting == "contextual":
-        body["arm_contexts"] = {f"a{k}": row.tolist() for k, row in enumerate(contexts)}
-    elif cell.setting == "covariates":
-        body["context"] = contexts[0].tolist()
-    return body
+        return {"arm_contexts": {f"a{k}": row.tolist() for k, row in enumerate(contexts)}}
+    if cell.setting == "covariates":
+        return {"context": contexts[0].tolist()}
+    return {}
 
 
 class HttpDriver:
-    """Replays cells against the service at ``client.base_url``."""
+    """Replays cells against the service behind ``client`` (which holds the admin token).
 
-    def __init__(self, client: httpx.AsyncClient, admin_token: str, limits: Limits = Limits()):
+    The client retries as it does for any application: rewards after a 503 or
+    a lost reply (a retry whose first attempt got through answers
+    ``duplicate``, which counts as applied), ``/choose`` only when it surely
+    recorded nothing; the counter check after each cell shows that every
+    decision and reward counted exactly once.
+    """
+
+    def __init__(self, client: AsyncClient, limits: Limits = Limits()):
         self._client = client
-        self._admin = {"Authorization": f"Bearer {admin_token}"}
         self._limits = limits
         self._gate = asyncio.Semaphore(limits.concurrency)
-
-    async def _post(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
-        async with self._gate:
-            response = await self._client.post(path, json=body, headers=headers)
-        if response.status_code >= 300:
-            raise ReplayError(f"POST {path} answered {response.status_code}: {response.text}")
-        return response.json()
-
-    async def _get(self, path: str) -> Any:
-        async with self._gate:
-            response = await self._client.get(path, headers=self._admin)
-        if response.status_code != 200:
-            raise ReplayError(f"GET {path} answered {response.status_code}: {response.text}")
-        return response.json()
 
     async def replay(
         self, cell: Cell, reps: int, horizon: int, seed: int, progress: Progress | None = None
@@ -122,7 +112,7 @@ class HttpDriver:
         env = Environment(spec, env_rngs)
         tag = uuid.uuid4().hex[:8]
         experiments = await asyncio.gather(*(
-            self._create(experiment_body(cell, env, rep, f"replay-{tag}-{rep}", seed))
+            self._create(f"replay-{tag}-{rep}", experiment_spec(cell, env, rep, seed))
             for rep in range(reps)
         ))
         rows = np.arange(reps)
@@ -136,13 +126,13 @@ class HttpDriver:
             decisions = await asyncio.gather(*(
                 self._choose(cell, e, contexts[i]) for i, e in enumerate(experiments)
             ))
-            arms = np.array([int(d["arm_id"][1:]) for d in decisions])
+            arms = np.array([int(d.arm_id[1:]) for d in decisions])
             means = env.means(contexts)
             regret[:, t] = means.max(axis=1) - means[rows, arms]
             chosen[:, t] = arms
             rewards = env.rewards(contexts, arms)
             await asyncio.gather(*(
-                self._reward(e, d["decision_id"], float(r))
+                self._reward(e, d.decision_id, float(r))
                 for e, d, r in zip(experiments, decisions, rewards, strict=True)
             ))
             if progress is not None:
@@ -151,31 +141,36 @@ class HttpDriver:
         await self._check_counters(experiments, horizon)
         return Played(np.cumsum(regret, axis=1), chosen, seconds)
 
-    async def _choose(self, cell: Cell, experiment: _Experiment, contexts: np.ndarray) -> Any:
-        body = choose_body(cell, experiment.id, contexts)
-        return await self._post("/choose", body, {"X-API-Key": experiment.api_key})
+    async def _choose(self, cell: Cell, experiment: _Experiment, contexts: np.ndarray
+                      ) -> Decision:
+        async with self._gate:
+            return await self._client.choose(experiment.id, **choose_args(cell, contexts),
+                                             api_key=experiment.api_key)
 
-    async def _create(self, body: dict[str, Any]) -> _Experiment:
-        created = await self._post("/experiments", body, self._admin)
-        return _Experiment(body["id"], created["api_key"])
+    async def _create(self, experiment_id: str, spec: dict[str, Any]) -> _Experiment:
+        async with self._gate:
+            created = await self._client.create_experiment(experiment_id, **spec)
+        return _Experiment(experiment_id, created.api_key)
 
     async def _reward(self, experiment: _Experiment, decision_id: str, reward: float) -> None:
-        body = {"experiment_id": experiment.id, "decision_id": decision_id, "reward": reward}
-        result = await self._post("/reward", body, {"X-API-Key": experiment.api_key})
-        if result.get("status") != "applied":
-            raise ReplayError(f"reward not applied: {result}")
+        async with self._gate:
+            result = await self._client.reward(experiment.id, decision_id, reward,
+                                               api_key=experiment.api_key)
+        if not result.counted:
+            raise ReplayError(f"reward not counted: {result}")
 
     async def _check_counters(self, experiments: Sequence[_Experiment], horizon: int) -> None:
         """The service counted exactly what was sent: one decision and reward per round."""
         for e in experiments:
-            view = await self._get(f"/experiments/{e.id}")
-            if (view["decisions"], view["rewards"]) != (horizon, horizon):
+            async with self._gate:
+                view = await self._client.get_experiment(e.id)
+            if (view.decisions, view.rewards) != (horizon, horizon):
                 raise ReplayError(
-                    f"experiment {e.id}: service counted {view['decisions']} decisions and "
-                    f"{view['rewards']} rewards, the driver sent {horizon} of each"
+                    f"experiment {e.id}: service counted {view.decisions} decisions and "
+                    f"{view.rewards} rewards, the driver sent {horizon} of each"
                 )
 
     async def delete(self, experiment_ids: Sequence[str]) -> None:
         for experiment_id in experiment_ids:
             async with self._gate:
-                await self._client.delete(f"/experiments/{experiment_id}", headers=self._admin)
+                await self._client.delete_experiment(experiment_id)

@@ -10,9 +10,11 @@ would. At the end it waits (bounded) for the outstanding rewards and checks the
 service's counters against what it sent and what the service acknowledged (see
 `ExperimentCheck`).
 
-Latency is measured client-side around each request with ``time.perf_counter``;
-the client is a Python ``httpx.AsyncClient`` on the same machine as the service,
-so the figures include its overhead and its share of the CPUs.
+Requests go through :class:`linreboot.client.AsyncClient` without retries, so
+that each call is one request, measured and tallied as such. Latency is
+measured client-side around each call with ``time.perf_counter``; the client
+runs in Python on the same machine as the service, so the figures include its
+overhead and its share of the CPUs.
 """
 
 from __future__ import annotations
@@ -27,14 +29,23 @@ from collections import Counter
 from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import httpx
 import numpy as np
 from tqdm import tqdm
 
+from linreboot.client import (
+    NO_RETRY,
+    ApiError,
+    AsyncClient,
+    Conflict,
+    NotFound,
+    TransportError,
+    Unavailable,
+)
 from loadtest.environments import Environment, Setting, make_spec, split_rngs
-from loadtest.http_driver import choose_body, experiment_body
+from loadtest.http_driver import choose_args, experiment_spec
 from loadtest.simulate import Cell, cell_seed, decision_seed
 from policies import PolicyName
 
@@ -58,8 +69,11 @@ __all__ = [
     "poisson_arrivals",
     "post_timed",
     "run_load",
+    "timed",
     "write_report",
 ]
+
+T = TypeVar("T")
 
 Mode = Literal["open", "closed"]
 ADMIN_TIMEOUT = 60.0  # set-up, check and clean-up: not what --timeout is about
@@ -332,7 +346,8 @@ async def post_timed(
     client: httpx.AsyncClient, stats: RouteStats, path: str, body: dict[str, Any],
     headers: dict[str, str],
 ) -> httpx.Response | None:
-    """POST and record it in ``stats``; None when no response came (timeout, reset).
+    """POST with a bare httpx client and record it in ``stats``; None when no response
+    came (timeout, reset). For routes the service client does not know (the floor's).
 
     Latency is ``time.perf_counter`` around the call, so it includes waiting for a
     connection from the client's pool.
@@ -347,8 +362,31 @@ async def post_timed(
     return response
 
 
+async def timed(stats: RouteStats, call: Awaitable[T]) -> T:
+    """Await one call of the service client and record it in ``stats``, as
+    :func:`post_timed` does: "200", the error's HTTP status, or the name of the httpx
+    exception when no answer came (not timed). Exceptions are raised on.
+    """
+    start = time.perf_counter()
+    try:
+        result = await call
+    except ApiError as exc:
+        stats.record(str(exc.status), start, time.perf_counter(), timed=True)
+        raise
+    except TransportError as exc:
+        stats.record(type(exc.__cause__).__name__, start, time.perf_counter(), timed=False)
+        raise
+    stats.record("200", start, time.perf_counter(), timed=True)
+    return result
+
+
 class ClientPool:
-    """Several ``httpx.AsyncClient`` used in turn, sharing ``connections`` between them.
+    """Several service clients used in turn, sharing ``connections`` between them.
+
+    Each :class:`linreboot.client.AsyncClient` has its own ``httpx.AsyncClient``
+    (its ``http``) and no retries: a call is one request. ``admin`` is one more,
+    with the admin token, a long timeout and the default retries, for set-up,
+    the check and clean-up.
 
     One client with one large pool slows down sharply under concurrency (a known
     limitation, encode/httpx#3215): driving the floor app on loopback with 32
@@ -364,17 +402,24 @@ class ClientPool:
         httpx timeout of each phase of a request (connect, write, read, pool), seconds.
     clients : int
         Number of clients.
+    admin_token : str, optional
+        The service's ``LINREBOOT_ADMIN_TOKEN``, for ``admin``.
     """
 
-    def __init__(self, base_url: str, connections: int, timeout: float, clients: int = 16):
+    def __init__(self, base_url: str, connections: int, timeout: float, clients: int = 16,
+                 admin_token: str | None = None):
         per = max(1, math.ceil(connections / clients))
         pool = httpx.Limits(max_connections=per, max_keepalive_connections=per)
-        self.clients = [httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout),
-                                          limits=pool) for _ in range(clients)]
+        self.clients = [
+            AsyncClient(http=httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout),
+                                               limits=pool), retry=NO_RETRY)
+            for _ in range(clients)
+        ]
+        self.admin = AsyncClient(base_url, admin_token=admin_token, timeout=ADMIN_TIMEOUT)
         self.base_url = base_url
         self._turn = itertools.cycle(self.clients)
 
-    def next(self) -> httpx.AsyncClient:
+    def next(self) -> AsyncClient:
         """The client whose turn it is (round robin)."""
         return next(self._turn)
 
@@ -382,7 +427,8 @@ class ClientPool:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await asyncio.gather(*(client.aclose() for client in self.clients))
+        await asyncio.gather(self.admin.aclose(),
+                             *(client.http.aclose() for client in self.clients))
 
 
 @dataclass
@@ -549,7 +595,7 @@ class LoadReport:
             "counter_check": {"passed": self.check.passed, "exact": self.check.exact,
                               "totals": self.check.totals(), "problems": self.check.problems,
                               "experiments": [asdict(e) for e in self.check.experiments]},
-            "client": {"library": f"httpx {httpx.__version__}",
+            "client": {"library": f"linreboot.client on httpx {httpx.__version__}",
                        "max_arrival_lag_ms": self.max_arrival_lag_ms, "note": CLIENT_NOTE},
         }
 
@@ -597,18 +643,14 @@ class LoadRunner:
     Parameters
     ----------
     clients : ClientPool
-        Clients of the service.
-    admin_token : str
-        The service's ``LINREBOOT_ADMIN_TOKEN``.
+        Clients of the service (its ``admin`` with the admin token).
     config : LoadConfig
     progress : bool
         Show a tqdm bar over the duration.
     """
 
-    def __init__(self, clients: ClientPool, admin_token: str, config: LoadConfig,
-                 progress: bool = True) -> None:
+    def __init__(self, clients: ClientPool, config: LoadConfig, progress: bool = True) -> None:
         self._clients = clients
-        self._admin = {"Authorization": f"Bearer {admin_token}"}
         self.config = config
         self._progress = progress
         root = np.random.SeedSequence([config.seed, 0x10AD])
@@ -635,20 +677,15 @@ class LoadRunner:
         )))
 
     async def _create(self, experiment_id: str, rep: int, env: Environment) -> _Target:
-        body = experiment_body(self.config.cell, env, 0, experiment_id, self.config.seed)
-        body["seed"] = decision_seed(self.config.seed, self.config.cell, rep)
-        response = await self._clients.next().post("/experiments", json=body,
-                                                   headers=self._admin, timeout=ADMIN_TIMEOUT)
-        if response.status_code != 201:
-            raise RuntimeError(f"creating {experiment_id} answered {response.status_code}: "
-                               f"{response.text}")
-        return _Target(experiment_id, response.json()["api_key"], env)
+        spec = experiment_spec(self.config.cell, env, 0, self.config.seed)
+        spec["seed"] = decision_seed(self.config.seed, self.config.cell, rep)
+        created = await self._clients.admin.create_experiment(experiment_id, **spec)
+        return _Target(experiment_id, created.api_key, env)
 
     async def delete(self) -> None:
         """Delete the experiments this run created."""
         for target in self.targets:
-            await self._clients.next().delete(f"/experiments/{target.id}", headers=self._admin,
-                                              timeout=ADMIN_TIMEOUT)
+            await self._clients.admin.delete_experiment(target.id)
 
     # -- one decision and its feedback
 
@@ -666,24 +703,22 @@ class LoadRunner:
     async def _decide(self) -> None:
         target = self.targets[int(self._rng.integers(len(self.targets)))]
         contexts = target.env.contexts()
-        body = choose_body(self.config.cell, target.id, contexts[0])
+        choose = self._clients.next().choose(
+            target.id, **choose_args(self.config.cell, contexts[0]), api_key=target.api_key)
         try:
-            response = await post_timed(self._clients.next(), self.routes[CHOOSE], CHOOSE, body,
-                                        {"X-API-Key": target.api_key})
-        except asyncio.CancelledError:
-            target.tally.choose_unknown += 1
-            raise
-        if response is None or response.status_code == 503:
+            decision = await timed(self.routes[CHOOSE], choose)
+        except (asyncio.CancelledError, TransportError, Unavailable) as exc:
             # No answer, or "outcome unknown" (docs/API.md): may have been recorded.
             target.tally.choose_unknown += 1
+            if isinstance(exc, asyncio.CancelledError):
+                raise
             return
-        if response.status_code != 200:
+        except ApiError:
             return
         target.tally.choose_ok += 1
-        decision = response.json()
-        arm = np.array([int(decision["arm_id"][1:])])
+        arm = np.array([int(decision.arm_id[1:])])
         reward = float(target.env.rewards(contexts, arm)[0])
-        self._schedule_feedback(target, decision["decision_id"], reward)
+        self._schedule_feedback(target, decision.decision_id, reward)
 
     def _schedule_feedback(self, target: _Target, decision_id: str, reward: float) -> None:
         plan = self.config.feedback.draw(self._rng)
@@ -700,17 +735,20 @@ class LoadRunner:
     async def _send_reward(self, target: _Target, decision_id: str, reward: float,
                            delay: float) -> None:
         await asyncio.sleep(delay)
-        body = {"experiment_id": target.id, "decision_id": decision_id, "reward": reward}
+        send = self._clients.next().reward(target.id, decision_id, reward,
+                                           api_key=target.api_key)
         try:
-            response = await post_timed(self._clients.next(), self.routes[REWARD], REWARD, body,
-                                        {"X-API-Key": target.api_key})
-        except asyncio.CancelledError:
+            result = await timed(self.routes[REWARD], send)
+        except (asyncio.CancelledError, TransportError, Unavailable) as exc:
             target.tally.reward_unknown.add(decision_id)
-            raise
-        if response is None or response.status_code == 503:
-            target.tally.reward_unknown.add(decision_id)
-        elif response.status_code in (200, 404, 409):
-            target.tally.acknowledge(decision_id, str(response.json().get("status")))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        except (NotFound, Conflict) as exc:  # the single reward's not_found and conflict
+            target.tally.acknowledge(decision_id, exc.error)
+        except ApiError:
+            pass
+        else:
+            target.tally.acknowledge(decision_id, result.status)
 
     # -- the two loops
 
@@ -774,13 +812,12 @@ class LoadRunner:
     async def _check(self) -> CounterCheck:
         checks, problems = [], list(dict.fromkeys(self._failures))
         for target in self.targets:
-            path = f"/experiments/{target.id}"
-            response = await self._clients.next().get(path, headers=self._admin,
-                                                      timeout=ADMIN_TIMEOUT)
-            if response.status_code != 200:
-                problems.append(f"GET /experiments/{target.id} answered {response.status_code}")
+            try:
+                view = await self._clients.admin.get_experiment(target.id)
+            except ApiError as exc:
+                problems.append(f"GET /experiments/{target.id} answered {exc.status}")
                 continue
-            checks.append(expected_counters(target.id, target.tally, response.json()))
+            checks.append(expected_counters(target.id, target.tally, view.model_dump()))
         return CounterCheck(checks, problems)
 
     async def run(self) -> LoadReport:
@@ -821,9 +858,9 @@ async def run_load(base_url: str, admin_token: str, config: LoadConfig, *,
     -------
     LoadReport
     """
-    pool = ClientPool(base_url, config.connections, config.timeout, config.clients)
+    pool = ClientPool(base_url, config.connections, config.timeout, config.clients, admin_token)
     async with pool:
-        runner = LoadRunner(pool, admin_token, config, progress)
+        runner = LoadRunner(pool, config, progress)
         try:
             return await runner.run()
         finally:

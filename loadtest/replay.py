@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 from tqdm import tqdm
 
+from linreboot.client import AsyncClient
 from loadtest.http_driver import HttpDriver, Limits
 from loadtest.results import Curve
 from loadtest.server import server_process
@@ -64,8 +65,8 @@ async def replay_cells(
     pool = httpx.Limits(max_connections=limits.concurrency,
                         max_keepalive_connections=limits.concurrency)
     played = []
-    async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=pool) as client:
-        driver = HttpDriver(client, admin_token, limits)
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=pool) as http:
+        driver = HttpDriver(AsyncClient(http=http, admin_token=admin_token), limits)
         with tqdm(total=len(cells) * horizon, desc="replay over HTTP", unit="round") as bar:
             for cell in cells:
                 bar.set_postfix_str(f"{cell.setting} d={cell.dim} {cell.label}")

@@ -24,10 +24,12 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def server_process(
-    env: dict[str, str], workers: int = 1, timeout_seconds: float = 60.0
+    env: dict[str, str], workers: int = 1, timeout_seconds: float = 60.0,
+    port: int | None = None,
 ) -> Iterator[str]:
-    """Run ``linreboot serve`` in a subprocess on a free port; yields its base URL."""
-    port = free_port()
+    """Run ``linreboot serve`` in a subprocess on ``port`` (default: a free one); yields
+    its base URL."""
+    port = port or free_port()
     cmd = [sys.executable, "-m", "linreboot", "serve", "--host", "127.0.0.1",
            "--port", str(port), "--workers", str(workers)]
     proc = subprocess.Popen(cmd, env={**os.environ, **env})

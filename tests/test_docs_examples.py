@@ -6,6 +6,9 @@ the reader to do: ``TOKEN`` is the admin token, ``KEY`` the ``api_key`` that
 creating the experiment returned, and ``<from /choose>`` the ``decision_id``
 that the last ``/choose`` returned. Only the address differs (the server
 listens on a free port, not 8000).
+
+The README's Python example of ``linreboot.client`` runs the same way, with
+``LINREBOOT_ADMIN_TOKEN`` set, and prints what its comments say.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,9 +31,10 @@ from tests.conftest import ADMIN_TOKEN
 _REPO = Path(__file__).resolve().parents[1]
 _DOCS = ["README.md", "docs/API.md"]
 _BLOCK = re.compile(r"^```bash\n(.*?)^```", re.S | re.M)
+_PYTHON = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 _ADDRESS = "localhost:8000"
 
-pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl on PATH")
+needs_curl = pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl on PATH")
 
 
 def curl_commands(text: str) -> list[str]:
@@ -62,6 +67,7 @@ def base_url(redis_url: str) -> Iterator[str]:
         yield url
 
 
+@needs_curl
 @pytest.mark.parametrize("doc", _DOCS)
 def test_the_docs_curl_examples_work_as_written(redis_db: str, base_url: str, doc: str) -> None:
     commands = curl_commands((_REPO / doc).read_text())
@@ -91,3 +97,27 @@ def _run(command: str, env: dict[str, str], doc: str) -> Any:
     body = json.loads(done.stdout)
     assert isinstance(body, dict) and "error" not in body, (doc, command, body)
     return body
+
+
+def client_examples(text: str) -> list[str]:
+    """The text's Python blocks that use ``linreboot.client``."""
+    return [block for block in _PYTHON.findall(text) if "linreboot.client" in block]
+
+
+def test_the_readme_client_example_works_as_written(redis_db: str, base_url: str) -> None:
+    examples = client_examples((_REPO / "README.md").read_text())
+    assert examples
+    env = {**os.environ, "LINREBOOT_ADMIN_TOKEN": ADMIN_TOKEN}
+    for code in examples:
+        assert _ADDRESS in code
+        done = subprocess.run(
+            [sys.executable, "-c", code.replace(_ADDRESS, base_url.removeprefix("http://"))],
+            env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        # Each print says what it prints in its comment, when it can know it.
+        prints = [line for line in code.splitlines() if line.lstrip().startswith("print(")]
+        printed = done.stdout.splitlines()
+        assert len(printed) == len(prints), done.stdout
+        for line, out in zip(prints, printed, strict=True):
+            if "  # " in line:
+                assert out == line.split("  # ", 1)[1], (line, out)

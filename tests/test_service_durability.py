@@ -34,6 +34,7 @@ from fastapi import FastAPI
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from linreboot.client import AsyncClient
 from loadtest.http_driver import HttpDriver
 from loadtest.server import server_process
 from loadtest.simulate import Cell, play
@@ -675,7 +676,8 @@ async def _replay(app: FastAPI, settings: Settings, cell: Cell, reps: int, horiz
                   seed: int) -> tuple[np.ndarray, np.ndarray]:
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=True)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
-        driver = HttpDriver(http, settings.admin_token.get_secret_value())
+        lrb = AsyncClient(http=http, admin_token=settings.admin_token.get_secret_value())
+        driver = HttpDriver(lrb)
         played = await driver.replay(cell, reps, horizon, seed)
     return played.arms, played.cumulative
 

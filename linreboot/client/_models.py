@@ -1,0 +1,112 @@
+"""What the service answers, as typed, immutable pydantic models.
+
+Every model ignores fields it does not know (``extra="ignore"``), so a client
+keeps working against a newer service that adds fields; values that are open
+sets on the service's side (policy names, reward statuses) are plain strings
+for the same reason. Requests are not modelled: the service validates them and
+answers a 422 that says what is wrong.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = [
+    "Arm",
+    "CreatedExperiment",
+    "Decision",
+    "Experiment",
+    "ExperimentPage",
+    "RewardResult",
+    "ServiceStatus",
+]
+
+COUNTED = frozenset({"applied", "duplicate"})
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Arm(_Answer):
+    """One arm of an experiment and its counters."""
+
+    id: str
+    active: bool
+    pulls: int
+    mean_reward: float | None = None  # None until the arm has a reward
+    rss: float | None = None  # residual sum of squares; None until rewarded
+    features: list[float] | None = None  # stochastic setting only
+
+
+class Experiment(_Answer):
+    """An experiment, its counters and its estimates (``GET /experiments/{id}``)."""
+
+    id: str
+    setting: str  # stochastic, contextual or covariates
+    policy: str
+    dim: int
+    seed: int | None = None
+    reward_window_seconds: int
+    max_stale_rewards: int = 0
+    hyperparameters: dict[str, float | str] = {}  # the overrides given at creation
+    config: dict[str, float | str | int] = {}  # every hyperparameter in force
+    created_at: float  # Unix time, seconds
+    arms: list[Arm]
+    theta_hat: dict[str, list[float]] = {}  # "shared", or one per arm id (covariates)
+    decisions: int
+    rewards: int
+    duplicates: int
+
+
+class CreatedExperiment(_Answer):
+    """``POST /experiments``: the experiment and its API key, shown only this once."""
+
+    api_key: str
+    experiment: Experiment
+
+
+class ExperimentPage(_Answer):
+    """One page of ``GET /experiments``; ``next_after`` is None on the last page."""
+
+    experiments: list[Experiment]
+    next_after: str | None = None
+
+
+class Decision(_Answer):
+    """``POST /choose``: the chosen arm; send ``decision_id`` back with the reward."""
+
+    decision_id: str
+    arm_id: str
+    index: float | None = None  # the chosen arm's score; None while exploring
+    exploring: bool = False  # the arm's first, forced pull
+    decision_number: int
+    expires_in_seconds: int  # the reward must arrive within this time
+
+
+class RewardResult(_Answer):
+    """What the service did with one reward.
+
+    ``status`` is ``applied`` (counted now) or ``duplicate`` (the same reward
+    was counted before: typically a retry whose first reply was lost); both
+    mean the reward counts exactly once, and :attr:`counted` is True. In a
+    batch, an item may also be ``conflict`` (a different reward was already
+    applied) or ``not_found`` (unknown or expired decision); a single reward
+    raises :class:`~linreboot.client.RewardConflict` or
+    :class:`~linreboot.client.DecisionNotFound` instead.
+    """
+
+    decision_id: str
+    status: str
+    message: str = ""
+
+    @property
+    def counted(self) -> bool:
+        """The reward is in the statistics, exactly once (``applied`` or ``duplicate``)."""
+        return self.status in COUNTED
+
+
+class ServiceStatus(_Answer):
+    """``/healthz`` (``ok``) and ``/readyz`` (``ready``)."""
+
+    status: str
