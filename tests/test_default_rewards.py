@@ -317,7 +317,9 @@ async def test_settled_decisions_keep_no_context_and_expire_from_their_list(
     await service.sweep()
     client = redis.Redis.from_url(redis_db)
     try:
-        record = {k.decode() for k in client.hkeys(keys.decision("dflt", decision.decision_id))}
+        names: list[bytes] = client.hkeys(  # type: ignore[assignment]
+            keys.decision("dflt", decision.decision_id))
+        record = {k.decode() for k in names}
         assert {"status", "reward", "incarnation"} <= record
         assert not {f for f in record if f == "x" or f.startswith("x:") or f == "x_chunks"}
         # As if its grace period were over: the next settle call drops it from the list.
@@ -330,7 +332,8 @@ async def test_settled_decisions_keep_no_context_and_expire_from_their_list(
     await service.sweep()
     client = redis.Redis.from_url(redis_db)
     try:
-        listed = [e.decode().split(" ")[1] for e in client.lrange(keys.settled("dflt"), 0, -1)]
+        entries: list[bytes] = client.lrange(keys.settled("dflt"), 0, -1)  # type: ignore[assignment]
+        listed = [e.decode().split(" ")[1] for e in entries]
         assert listed == [later.decision_id]
     finally:
         client.close()
