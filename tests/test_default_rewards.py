@@ -308,8 +308,8 @@ async def test_delete_removes_pending_settled_and_logged_decisions(
 async def test_settled_decisions_keep_no_context_and_expire_from_their_list(
     service: ExperimentService, redis_db: str
 ) -> None:
-    """A settled decision keeps its marker (for late rewards), not its context; the
-    settled list forgets decisions once they have expired."""
+    """A settled decision keeps its marker (for late rewards) and its time to live, not
+    its context; the settled list forgets decisions once they have expired."""
     rng = np.random.default_rng(5)
     await service.create(spec())
     decision = await service.choose("dflt", context(rng))
@@ -319,9 +319,9 @@ async def test_settled_decisions_keep_no_context_and_expire_from_their_list(
     try:
         names: list[bytes] = client.hkeys(  # type: ignore[assignment]
             keys.decision("dflt", decision.decision_id))
-        record = {k.decode() for k in names}
-        assert {"status", "reward", "incarnation"} <= record
-        assert not {f for f in record if f == "x" or f.startswith("x:") or f == "x_chunks"}
+        assert {k.decode() for k in names} == {"status", "reward", "incarnation", "number"}
+        ttl: int = client.ttl(keys.decision("dflt", decision.decision_id))  # type: ignore[assignment]
+        assert WINDOW < ttl <= WINDOW + Settings().default_reward_grace_seconds
         # As if its grace period were over: the next settle call drops it from the list.
         client.delete(keys.decision("dflt", decision.decision_id))
         client.lset(keys.settled("dflt"), 0, f"1000.000 {decision.decision_id}")

@@ -23,8 +23,9 @@
 -- 'defaulted' in this script: several workers may call it with the same
 -- entries and a default counts once. A rewarded or defaulted decision is
 -- settled as it is. A settled decision keeps its marker (status, reward) but
--- not its context until it expires, so that a late reward is recognised, and
--- moves to the settled list, from which DELETE still finds it.
+-- not its context until it expires (the grace period after its window), so
+-- that a late reward is recognised, and moves to the settled list, from
+-- which DELETE still finds it.
 
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'default_reward', 'model_recipe',
                         'arm_recipe', 'log_max_entries', 'log_max_age_seconds')
@@ -58,13 +59,27 @@ local function claimable()
   return decisions, nil
 end
 
--- Keep the marker, drop the context: the log has it, and nothing else needs it.
-local function strip(key, decision)
-  local names = {'x', 'x_chunks'}
-  for i = 1, tonumber(decision[X_CHUNKS]) or 0 do
-    names[#names + 1] = 'x:' .. i
+-- Keep what a late or repeated reward is checked against (status, reward,
+-- incarnation; and number, for a resent decide), drop the rest: the context
+-- and the decision's statistics are in the log, and nothing else reads them.
+local KEPT = {'status', 'incarnation', 'reward', 'number'}
+local function strip(key)
+  local left = redis.call('PTTL', key)
+  if left <= 0 then  -- every decision has a time to live; never make one without
+    return left
   end
-  redis.call('HDEL', key, unpack(names))
+  local values = redis.call('HMGET', key, unpack(KEPT))
+  local fields = {}
+  for i, name in ipairs(KEPT) do
+    if values[i] then
+      fields[#fields + 1] = name
+      fields[#fields + 1] = values[i]
+    end
+  end
+  redis.call('DEL', key)
+  redis.call('HSET', key, unpack(fields))
+  redis.call('PEXPIRE', key, left)
+  return left
 end
 
 local defaulted, missed = 0, 0
@@ -101,8 +116,7 @@ if #KEYS >= FIRST then
         log_outcome(KEYS[3], meta[5], meta[6], 'default', decision_id(key), meta[2])
         defaulted = defaulted + 1
       end
-      strip(key, decision)
-      local left = redis.call('PTTL', key)
+      local left = strip(key)
       if left > 0 then
         redis.call('RPUSH', KEYS[5], string.format('%.3f', now + left / 1000) .. ' '
                    .. decision_id(key))
