@@ -55,7 +55,15 @@ _FIELDS: dict[str, str | bytes] = {  # as service.experiments._decision_fields w
     "x:3": b"\x00\x00\x00\x00\x00\x00\xe0\xbf" * 4, "version": "1",
     "rewards_seen": "0", "status": "pending", "created_at": "1767225600.123456",
 }
-_LOGGED = {"eligible": "0-99", "propensity": "0.0123456789"}  # _logged_fields, K = 100
+_X = b"".join(v for k, v in _FIELDS.items() if isinstance(v, bytes))
+
+
+def _logged(decision_id: str) -> list[str | bytes]:
+    """The decision's log entry, as service.experiments._log_entry_fields writes it (K = 100)."""
+    entry: dict[str, str | bytes] = {
+        "type": "decision", "id": decision_id, "arm": "a17", "x": _X, "version": "1",
+        "rewards_seen": "0", "eligible": "0-99", "propensity": "0.0123456789"}
+    return [item for pair in entry.items() for item in pair]
 
 
 @dataclass
@@ -95,8 +103,7 @@ def _decide_args(v: Variant, decision_id: str) -> list[Any]:
     fields = [item for pair in _FIELDS.items() for item in pair]
     if not v.new_interface:
         return [4, *keyset, *fixed, *fields]
-    logged = [item for pair in _LOGGED.items() for item in pair]
-    return [5, *keyset, keys.log(e), *fixed, 3600, len(_FIELDS), *fields, *logged]
+    return [5, *keyset, keys.log(e), *fixed, 3600, len(_FIELDS), *fields, *_logged(decision_id)]
 
 
 def _reward_args(v: Variant, decision_id: str) -> list[Any]:

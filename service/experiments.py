@@ -463,14 +463,15 @@ class ExperimentService:
             choice = draw(ready, [rng])
             picked = int(choice.arms[0])
             decision_id = secrets.token_hex(16)  # as random as uuid4().hex, cheaper
-            fields = _decision_fields(view, arms[picked], contexts[picked])
+            x = np.ascontiguousarray(contexts[picked], dtype="<f8").tobytes()
+            fields = _decision_fields(view, arms[picked], x)
             reply = await self._store.decide(
                 experiment_id, decision_id, key_hash=key_hash,
                 incarnation=definition.incarnation, seen=seen, number=number,
                 reserved=reserved, ttl_seconds=definition.spec.reward_window_seconds,
                 max_lag=definition.spec.max_stale_rewards,
                 grace_seconds=self._settings.default_reward_grace_seconds,
-                fields=fields, logged=_logged_fields(definition, arms, fields),
+                fields=fields, logged=_log_entry_fields(decision_id, arms, x, view, fields),
             )
             if reply.status == "recorded":
                 view.last_number = max(view.last_number, reply.number)
@@ -813,12 +814,13 @@ def _context_chunks(packed: bytes) -> dict[str, str | bytes]:
     return {"x_chunks": str(len(chunks)), **{f"x:{i}": c for i, c in enumerate(chunks, 1)}}
 
 
-def _decision_fields(view: View, arm: ArmRecord, x: np.ndarray) -> dict[str, str | bytes]:
-    """The pending decision: what reward.lua needs, and the state it was made from."""
+def _decision_fields(view: View, arm: ArmRecord, x: bytes) -> dict[str, str | bytes]:
+    """The pending decision: what reward.lua needs (``x``: the context, packed), and the
+    state it was made from."""
     return {
         "arm": arm.id,
         **_field_names(view.definition.config.shared, arm.id),
-        **_context_chunks(np.ascontiguousarray(x, dtype="<f8").tobytes()),
+        **_context_chunks(x),
         "version": str(view.version),
         "rewards_seen": str(view.rewards),
         "status": "pending",
@@ -856,17 +858,20 @@ def parse_index_ranges(text: str) -> list[int]:
     return indexes
 
 
-def _logged_fields(
-    definition: Definition, arms: Sequence[ArmRecord], fields: dict[str, str | bytes]
-) -> dict[str, str]:
-    """What the decision log keeps besides the decision's record: the arms it was chosen
-    from, and its propensity ('' if unknown; taken out of ``fields``, as the record
-    does not need it)."""
+def _log_entry_fields(
+    decision_id: str, arms: Sequence[ArmRecord], x: bytes, view: View,
+    fields: dict[str, str | bytes],
+) -> dict[str, str | bytes]:
+    """The decision's entry in the decision log (decide.lua adds its number): the chosen
+    arm (from ``fields``, the decision's record) and its context, the arms it was chosen
+    from, the statistics it was made from, and its propensity ('' if unknown; taken out
+    of ``fields``, as the record does not need it)."""
+    definition = view.definition
     eligible = (definition.active_ranges if arms is definition.active_arms
                 else index_ranges([a.index for a in arms]))
-    propensity = fields.pop("propensity", "")
-    return {"eligible": eligible,
-            "propensity": propensity.decode() if isinstance(propensity, bytes) else propensity}
+    return {"type": "decision", "id": decision_id, "arm": fields["arm"], "x": x,
+            "version": fields["version"], "rewards_seen": fields["rewards_seen"],
+            "eligible": eligible, "propensity": fields.pop("propensity", "")}
 
 
 _OUTCOMES: dict[str, LogEntryType] = {"reward": "reward", "default": "default", "late": "late"}

@@ -555,7 +555,7 @@ class Store:
         max_lag: int,
         grace_seconds: int,
         fields: Mapping[str, str | bytes],
-        logged: Mapping[str, str] | None = None,
+        logged: Mapping[str, str | bytes] | None = None,
     ) -> DecideReply:
         """Record a pending decision if the statistics it was made from are current.
 
@@ -564,9 +564,9 @@ class Store:
         tolerated. ``number`` is the decision number its random
         draw used (None: the script assigns one); ``reserved`` says an earlier
         stale reply set it aside. ``key_hash`` None skips the key check (trusted
-        in-process callers). ``fields`` are the decision's record; ``logged``
-        goes to the decision log only (with ``fields``' arm, context and
-        statistics). See ``decide.lua``.
+        in-process callers). ``fields`` are the decision's record, ``logged``
+        its entry in the decision log (the script adds its number). See
+        ``decide.lua``.
         """
         args: list[str | bytes | int] = [
             "" if key_hash is None else key_hash,

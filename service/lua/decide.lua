@@ -24,7 +24,9 @@
 -- ARGV[10] h: how many field/value pairs of the decision hash follow
 -- ARGV[11 .. 10 + 2h]  field, value, ... of the decision hash (its context in
 --          chunks 'x:1', 'x:2', ..., with 'x_chunks' their count)
--- ARGV[11 + 2h ..]  field, value, ... for the log only (eligible, propensity)
+-- ARGV[11 + 2h ..]  field, value, ... of the decision's log entry, but its number
+--          (which the script adds): type, id, arm, x, version, rewards_seen,
+--          eligible, propensity
 --
 -- Returns
 --   {'recorded', number}  the decision is pending (also when this same decision
@@ -118,24 +120,16 @@ if tidy and not defaulted then
   end
 end
 
--- The decision log: the decision as it was made. Its entry id is its time
--- (Redis's clock, ms); the oldest entries go beyond log_max_entries (whole
--- nodes of the stream at a time: '~'), and, every 64th decision, those older
--- than log_max_age_seconds; the log expires that long after its last entry.
+-- The decision log: the decision as it was made, as the caller wrote its
+-- entry (building it here, from the record's fields, doubled the script's
+-- time), with its number. Its entry id is its time (Redis's clock, ms); the
+-- oldest entries go beyond log_max_entries (whole nodes of the stream at a
+-- time: '~'), and, every 64th decision, those older than
+-- log_max_age_seconds; the log expires that long after its last entry.
 local max_entries = tonumber(meta[5] or '0')
 if max_entries > 0 then
-  local fields = {}
-  for i = 11, last, 2 do
-    fields[ARGV[i]] = ARGV[i + 1]
-  end
-  local chunks = {}
-  for i = 1, tonumber(fields['x_chunks'] or '0') do
-    chunks[i] = fields['x:' .. i]
-  end
   local age = tonumber(meta[6])
-  redis.call('XADD', KEYS[5], 'MAXLEN', '~', max_entries, '*', 'type', 'decision', 'id', id,
-             'number', number, 'arm', fields['arm'], 'x', table.concat(chunks),
-             'version', fields['version'] or '', 'rewards_seen', fields['rewards_seen'] or '',
+  redis.call('XADD', KEYS[5], 'MAXLEN', '~', max_entries, '*', 'number', number,
              unpack(ARGV, last + 1))
   redis.call('EXPIRE', KEYS[5], age)
   if tidy then
