@@ -630,7 +630,7 @@ class Store:
         entries an earlier call returned) that are still due and unrewarded.
 
         Returns what it did and up to ``limit`` entries due next; None if the
-        experiment does not exist.
+        experiment does not exist or has no default reward.
         """
         keyset = [keys.meta(experiment_id), keys.stats(experiment_id), keys.log(experiment_id),
                   keys.pending(experiment_id), keys.settled(experiment_id)]

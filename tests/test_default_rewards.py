@@ -9,6 +9,7 @@ Windows are the shortest allowed (1 s), so each test waits a second or two.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -25,8 +26,10 @@ from loadtest.server import free_port, server_process
 from policies import PolicyConfig
 from service import keys
 from service.domain import ArmSpec, ChooseRequest, Decision, ExperimentSpec, LogEntry
+from service.errors import InvalidInput
 from service.experiments import ExperimentService
 from service.settings import Settings
+from service.store import Store
 from tests.conftest import ADMIN, ADMIN_TOKEN, Api
 from tests.test_service_durability import (
     Observation,
@@ -50,7 +53,7 @@ def app_settings(redis_db: str) -> Settings:
                     sweep_interval_seconds=60)
 
 
-def spec(experiment_id: str = "dflt", **changes: object) -> ExperimentSpec:
+def spec(experiment_id: str = "dflt", /, **changes: object) -> ExperimentSpec:
     fields: dict[str, object] = {
         "id": experiment_id, "setting": "covariates", "dim": 3, "seed": 4,
         "arms": tuple(ArmSpec(a) for a in ARMS), "reward_window_seconds": WINDOW,
@@ -147,8 +150,6 @@ async def test_a_default_counts_once_when_two_sweepers_hold_the_same_entries(
     """The claim in settle.lua, not the list, makes a default count once: a sweeper that
     read the head before another settled it, and a decision listed twice (as a resent
     decide would list it if the list were not keyed by decision), still count once."""
-    from service.store import Store
-
     rng = np.random.default_rng(2)
     await service.create(spec())
     decisions = [await service.choose("dflt", context(rng)) for _ in range(5)]
@@ -399,3 +400,42 @@ async def test_two_serve_processes_apply_each_default_once_within_five_seconds(
     # (the sweepers tick every 0.5-1.5 s; the log's times are Redis's clock, to the ms).
     delays = [e["time"] - (made[e["decision_id"]] + WINDOW) for e in defaults]
     assert min(delays) >= -0.002 and max(delays) <= 5.0, delays
+
+
+@pytest.mark.parametrize("changes", [
+    {"default_reward": math.nan}, {"default_reward": math.inf}, {"default_reward": 1e7},
+    {"log_max_entries": -1}, {"log_max_age_seconds": 0},
+])
+async def test_a_bad_default_reward_or_log_bound_is_refused_in_process(
+    service: ExperimentService, changes: dict[str, float],
+) -> None:
+    with pytest.raises(InvalidInput):
+        await service.create(spec(**changes))
+    assert await service.list() == ([], None)
+
+
+async def test_an_experiment_created_again_without_a_default_is_left_alone(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """A sweeper that still lists the id (a DELETE that stopped half-way) settles nothing
+    of an experiment that has no default reward now."""
+    rng = np.random.default_rng(7)
+    await service.create(spec())
+    await service.delete("dflt")
+    await service.create(spec(default_reward=None))
+    decision = await service.choose("dflt", context(rng))
+    client = redis.Redis.from_url(redis_db)
+    try:
+        client.sadd(keys.DEFAULT_REWARD_INDEX, "dflt")
+    finally:
+        client.close()
+    await until_windows_end()
+    store = Store.from_url(redis_db, 2.0)
+    try:  # nothing to settle: not even a due entry to try
+        assert await store.settle("dflt", [], 100) is None
+    finally:
+        await store.close()
+    assert await service.sweep() == 0
+    view = await service.get("dflt")
+    assert (view.defaulted, view.decisions) == (0, 1)
+    assert (await service.reward("dflt", [(decision.decision_id, 1.0)]))[0].status == "not_found"

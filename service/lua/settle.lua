@@ -12,7 +12,8 @@
 -- ARGV[1]  how many due entries to return for the next call (0: none)
 -- ARGV[2..]  entries of the pending list, as an earlier call returned them
 --
--- Returns {'missing'} when the experiment does not exist; else
+-- Returns {'missing'} when the experiment does not exist or has no default
+-- reward (it was deleted and created again without one); else
 -- {defaulted, missed, entry, ...}: how many of the given decisions got the
 -- default now, how many had expired before they could (their records gone:
 -- the service was stopped for longer than the grace period), and up to
@@ -29,7 +30,7 @@
 
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'default_reward', 'model_recipe',
                         'arm_recipe', 'log_max_entries', 'log_max_age_seconds')
-if not meta[1] then
+if not meta[1] or not meta[2] then
   return {'missing'}
 end
 local time = redis.call('TIME')
@@ -84,9 +85,6 @@ end
 
 local defaulted, missed = 0, 0
 if #KEYS >= FIRST then
-  if not meta[2] then
-    return redis.error_reply('settle.lua: the experiment has no default reward')
-  end
   local recipes, unusable = parse_recipes(meta[3], meta[4])
   if unusable then
     return unusable
