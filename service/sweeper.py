@@ -99,16 +99,22 @@ class Sweeper:
                 return
 
     async def _run(self) -> None:
+        failing = False  # logged once when the ticks start failing, once when they recover
         while True:
             await asyncio.sleep(self._interval * self._random.uniform(0.5, 1.5))
             try:
                 swept = await self.sweep()
             except StoreUnavailable as exc:  # the next tick tries again
-                logger.warning("default rewards not applied this time: %s", exc)
+                if not failing:
+                    logger.warning("default rewards wait: %s", exc)
+                failing = True
                 continue
             except Exception:  # a bug: keep sweeping the experiments that work
                 logger.exception("default rewards: the sweep failed")
                 continue
+            if failing:
+                logger.warning("default rewards are applied again")
+                failing = False
             if swept.missed:
                 logger.warning(
                     "%d decision(s) expired before their default reward could be applied "
