@@ -120,13 +120,15 @@ async def test_defaults_are_applied_once_by_two_workers_sweeping_together(
 ) -> None:
     rng = np.random.default_rng(1)
     await service.create(spec())
-    decisions = [await (service, other_service)[i % 2].choose("dflt", context(rng))
-                 for i in range(60)]
+    decisions: list[Decision] = []
     rewarded: dict[str, float] = {}
-    for d in decisions[::3]:  # a third rewarded in time
-        value = float(rng.normal())
-        assert (await service.reward("dflt", [(d.decision_id, value)]))[0].status == "applied"
-        rewarded[d.decision_id] = value
+    for i in range(60):
+        d = await (service, other_service)[i % 2].choose("dflt", context(rng))
+        decisions.append(d)
+        if i % 3 == 0:  # a third rewarded in time
+            value = float(rng.normal())
+            assert (await service.reward("dflt", [(d.decision_id, value)]))[0].status == "applied"
+            rewarded[d.decision_id] = value
     await until_windows_end()
 
     # Both workers sweep, several times each, at the same moment: every sweep
@@ -222,25 +224,28 @@ async def test_rewards_racing_the_default_count_exactly_one_of_them(
     decision gets its reward (before the deadline) or the default (after), never both."""
     rng = np.random.default_rng(3)
     await service.create(spec())
-    decisions = [await service.choose("dflt", context(rng)) for _ in range(40)]
+    decisions, made = [], []  # made: when each choose returned (its window began before)
+    for _ in range(40):
+        decisions.append(await service.choose("dflt", context(rng)))
+        made.append(time.monotonic())
     values = {d.decision_id: float(rng.normal()) for d in decisions}
-    started = time.monotonic()
 
-    async def send(d: Decision, delay: float) -> tuple[str, str]:
-        await asyncio.sleep(delay)
+    async def send(d: Decision, at: float) -> tuple[str, str]:
+        await asyncio.sleep(at - time.monotonic())
         outcome = await other_service.reward("dflt", [(d.decision_id, values[d.decision_id])])
         return d.decision_id, outcome[0].status
 
-    async def sweep_for(seconds: float) -> None:
-        while time.monotonic() - started < seconds:
+    async def sweep_until(end: float) -> None:
+        while time.monotonic() < end:
             await asyncio.gather(service.sweep(), other_service.sweep())
             await asyncio.sleep(0.01)
 
-    # Rewards spread over 0.8 s to 1.4 s after the decisions: across the deadline.
+    # Each reward 0.8 s to 1.4 s after its decision: across its deadline.
     delays = np.linspace(WINDOW - 0.2, WINDOW + 0.4, len(decisions))
     replies, _ = await asyncio.gather(
-        asyncio.gather(*(send(d, float(t)) for d, t in zip(decisions, delays, strict=True))),
-        sweep_for(WINDOW + 0.8),
+        asyncio.gather(*(send(d, t + float(delay))
+                         for d, t, delay in zip(decisions, made, delays, strict=True))),
+        sweep_until(made[-1] + WINDOW + 0.5),
     )
     await service.sweep()
 
