@@ -98,6 +98,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             extra={"fields": {"upgraded": service.upgraded}},
         )
     app.state.service = service
+    service.start_sweeper()  # stopped by service.close()
     try:
         yield
     finally:

@@ -47,6 +47,8 @@ REWARD_RESPONSES: Responses = {
     },
     409: {
         "model": RewardOut,
-        "description": "single reward: a different reward was already applied, status conflict",
+        "description": "single reward: a different reward was already applied (status "
+        "conflict), or the decision's window has ended and its default reward counts instead "
+        "(status late)",
     },
 }

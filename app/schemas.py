@@ -27,6 +27,8 @@ from service.domain import (
     Decision,
     ExperimentSpec,
     ExperimentView,
+    LogEntry,
+    LogEntryType,
     PolicyName,
     RewardOutcome,
     RewardStatus,
@@ -37,6 +39,9 @@ from service.settings import Settings
 DECISION_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
 MAX_SEED = 2**63 - 1
 MAX_STALE_REWARDS = 1_000_000
+MAX_LOG_ENTRIES = 1_000_000_000
+MAX_LOG_AGE_SECONDS = 366 * 24 * 3600
+LOG_ENTRY_ID_PATTERN = r"^[0-9]{1,20}-[0-9]{1,20}$"
 
 ExperimentId = Annotated[
     str,
@@ -246,6 +251,21 @@ class CreateExperimentIn(_Request):
         "arrived; more lets a "
         "worker keep its copy of the statistics longer (faster under heavy reward traffic)",
     )
+    default_reward: Feature | None = Field(
+        default=None, description="applied once to every decision whose reward window ends "
+        "without a reward (counted as defaulted); a reward after the window is then late. "
+        "Omit to let such decisions expire uncounted",
+    )
+    log_max_entries: int | None = Field(
+        default=None, ge=0, le=MAX_LOG_ENTRIES,
+        description="the decision log keeps at most about this many entries (decisions and "
+        "outcomes), dropping the oldest; 0: no log (default LINREBOOT_DEFAULT_LOG_MAX_ENTRIES)",
+    )
+    log_max_age_seconds: int | None = Field(
+        default=None, ge=1, le=MAX_LOG_AGE_SECONDS,
+        description="the decision log drops entries older than this "
+        "(default LINREBOOT_DEFAULT_LOG_MAX_AGE_SECONDS)",
+    )
 
     @model_validator(mode="after")
     def _distinct_arms(self) -> Self:
@@ -262,6 +282,8 @@ class CreateExperimentIn(_Request):
             problems.add(
                 ("reward_window_seconds",), f"must be at most {settings.max_reward_window_seconds}"
             )
+        if self.default_reward is not None:
+            problems.number(("default_reward",), self.default_reward)
         problems.check()
         return ExperimentSpec(
             id=self.id,
@@ -273,6 +295,10 @@ class CreateExperimentIn(_Request):
             seed=self.seed,
             reward_window_seconds=window,
             max_stale_rewards=self.max_stale_rewards,
+            default_reward=self.default_reward,
+            log_max_entries=(settings.default_log_max_entries if self.log_max_entries is None
+                             else self.log_max_entries),
+            log_max_age_seconds=self.log_max_age_seconds or settings.default_log_max_age_seconds,
         )
 
 
@@ -473,6 +499,12 @@ class ExperimentOut(BaseModel):
                     "decisions": 30,
                     "rewards": 25,
                     "duplicates": 1,
+                    "default_reward": 0.0,
+                    "defaulted": 3,
+                    "late": 1,
+                    "defaults_missed": 0,
+                    "log_max_entries": 100000,
+                    "log_max_age_seconds": 604800,
                 }
             ]
         }
@@ -495,6 +527,17 @@ class ExperimentOut(BaseModel):
     decisions: int = Field(description="decisions made")
     rewards: int = Field(description="rewards applied")
     duplicates: int = Field(description="repeated rewards recognised and not applied again")
+    default_reward: float | None = Field(
+        default=None, description="applied to decisions whose window ends without a reward")
+    defaulted: int = Field(default=0, description="decisions that got the default reward")
+    late: int = Field(
+        default=0, description="rewards that arrived after their decision's window (with a "
+        "default reward), not applied")
+    defaults_missed: int = Field(
+        default=0, description="decisions that expired before their default could be applied "
+        "(the service was stopped for longer than LINREBOOT_DEFAULT_REWARD_GRACE_SECONDS)")
+    log_max_entries: int = Field(default=0, description="decision log bound; 0: no log")
+    log_max_age_seconds: int = Field(default=0, description="decision log age bound")
 
     @classmethod
     def from_domain(cls, view: ExperimentView) -> ExperimentOut:
@@ -515,6 +558,12 @@ class ExperimentOut(BaseModel):
             decisions=view.decisions,
             rewards=view.rewards,
             duplicates=view.duplicates,
+            default_reward=spec.default_reward,
+            defaulted=view.defaulted,
+            late=view.late,
+            defaults_missed=view.defaults_missed,
+            log_max_entries=spec.log_max_entries,
+            log_max_age_seconds=spec.log_max_age_seconds,
         )
 
 
@@ -585,7 +634,8 @@ class RewardOut(BaseModel):
     decision_id: str
     status: RewardStatus = Field(
         description="applied; duplicate (same reward again: safe retry, not applied again); "
-        "conflict (a different reward was applied); not_found (unknown or expired)"
+        "conflict (a different reward was applied); late (the window has ended and the "
+        "default reward counts instead; not applied); not_found (unknown or expired)"
     )
     message: str
 
@@ -600,6 +650,59 @@ class RewardBatchOut(BaseModel):
     @classmethod
     def from_domain(cls, outcomes: Sequence[RewardOutcome]) -> RewardBatchOut:
         return cls(results=[RewardOut.from_domain(o) for o in outcomes])
+
+
+class LogEntryOut(BaseModel):
+    """A decision (``number`` to ``rewards_seen``) or an outcome (``reward``)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"entry_id": "1767225600123-0", "time": 1767225600.123, "type": "decision",
+                 "decision_id": "3f1c9a0e8b7d4c2a9e6f5b4a3c2d1e0f", "number": 30,
+                 "arm_id": "news", "context": [0.2, -1.0, 0.5],
+                 "eligible": ["news", "sport", "weather"], "propensity": 0.61,
+                 "version": 4503599627370497, "rewards_seen": 25},
+                {"entry_id": "1767225601456-0", "time": 1767225601.456, "type": "reward",
+                 "decision_id": "3f1c9a0e8b7d4c2a9e6f5b4a3c2d1e0f", "reward": 1.0},
+            ]
+        }
+    )
+
+    entry_id: str = Field(description="pass as ?after= to read on from this entry")
+    time: float = Field(description="Unix time, seconds (the store's clock, to the ms)")
+    type: LogEntryType = Field(
+        description="decision; reward (applied); default (the default reward applied); late "
+        "(a reward after the window, not applied)")
+    decision_id: str
+    number: int | None = Field(default=None, description="the decision number")
+    arm_id: str | None = Field(default=None, description="the arm chosen")
+    context: list[float] | None = Field(default=None, description="the chosen arm's context")
+    eligible: list[str] | None = Field(default=None, description="the arms it was chosen from")
+    propensity: float | None = Field(
+        default=None, description="probability of choosing this arm; null if not recorded")
+    version: int | None = Field(default=None, description="definition version it was made at")
+    rewards_seen: int | None = Field(
+        default=None, description="the rewards counter of the statistics it was made from")
+    reward: float | None = Field(default=None, description="an outcome's reward")
+
+    @classmethod
+    def from_domain(cls, entry: LogEntry) -> LogEntryOut:
+        return cls(
+            entry_id=entry.entry_id, time=entry.time, type=entry.type,
+            decision_id=entry.decision_id, number=entry.number, arm_id=entry.arm_id,
+            context=None if entry.context is None else list(entry.context),
+            eligible=None if entry.eligible is None else list(entry.eligible),
+            propensity=entry.propensity, version=entry.version,
+            rewards_seen=entry.rewards_seen, reward=entry.reward,
+        )
+
+
+class LogPageOut(BaseModel):
+    entries: list[LogEntryOut] = Field(description="oldest first: the order things happened")
+    next_after: str | None = Field(
+        description="pass as ?after= for the next page; null when this page is the last "
+        "(to follow the log, pass the last entry's entry_id)")
 
 
 class StatusOut(BaseModel):

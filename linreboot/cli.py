@@ -1,4 +1,4 @@
-"""The ``linreboot`` command line: simulate, serve, replay, loadtest, demo."""
+"""The ``linreboot`` command line: simulate, serve, replay, loadtest, demo, export."""
 
 from __future__ import annotations
 
@@ -270,6 +270,51 @@ def _loadtest(args: argparse.Namespace) -> int:
     return 0 if report.check.passed else 1
 
 
+def _add_export(sub: argparse._SubParsersAction[_Parser]) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write an experiment's decision log as JSON lines or Open Bandit Pipeline's "
+        "bandit feedback",
+        description="Read an experiment's decision log from a running service (admin token) "
+        "and write it: jsonl, one JSON object per decision with its outcome; obp, Open Bandit "
+        "Pipeline's bandit-feedback dict as a NumPy .npz file (one round per decision with an "
+        "outcome).",
+    )
+    p.add_argument("--url", required=True, help="the service, e.g. http://localhost:8000")
+    p.add_argument("--experiment", required=True, help="the experiment id")
+    p.add_argument("--out", type=Path, required=True, help="the file to write")
+    p.add_argument("--format", choices=("jsonl", "obp"), default="jsonl",
+                   help="jsonl (default) or obp (.npz)")
+    p.add_argument("--admin-token", default=None,
+                   help="the service's admin token (default: LINREBOOT_ADMIN_TOKEN)")
+    p.add_argument("--timeout", type=float, default=30.0, help="per request, s (default 30)")
+
+
+def _export(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import httpx
+
+    from linreboot.export import export
+
+    token = args.admin_token or os.environ.get("LINREBOOT_ADMIN_TOKEN")
+    if not token:
+        raise StartupError("give the admin token: --admin-token or LINREBOOT_ADMIN_TOKEN")
+
+    async def run() -> int:
+        async with httpx.AsyncClient(base_url=args.url, timeout=args.timeout) as http:
+            return await export(http, args.experiment, token, args.out, args.format)
+
+    try:
+        written = asyncio.run(run())
+    except (ValueError, httpx.HTTPError) as exc:
+        print(f"linreboot export: {exc}", file=sys.stderr)
+        return 1
+    what = "decisions" if args.format == "jsonl" else "rounds"
+    print(f"{written} {what} written to {args.out}")
+    return 0
+
+
 def _write_http(curves: list[Curve], out: Path, title: str) -> None:
     from loadtest.plots import regret_grid
     from loadtest.results import final_regret_table, write_curves
@@ -284,7 +329,8 @@ def _write_http(curves: list[Curve], out: Path, title: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="linreboot",
-        description="LinReBoot recommendation service: simulator, server and load replays.",
+        description="LinReBoot recommendation service: simulator, server, load replays and "
+        "log export.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_simulate(sub)
@@ -292,12 +338,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_replay(sub)
     _add_demo(sub)
     _add_loadtest(sub)
+    _add_export(sub)
     return parser
 
 
 _COMMANDS = {
     "simulate": _simulate, "serve": _serve, "replay": _replay, "demo": _demo,
-    "loadtest": _loadtest,
+    "loadtest": _loadtest, "export": _export,
 }
 
 

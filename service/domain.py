@@ -18,7 +18,8 @@ EXPERIMENT_ID_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
 _ARM_ID = re.compile(ARM_ID_PATTERN)
 _EXPERIMENT_ID = re.compile(EXPERIMENT_ID_PATTERN)
 
-RewardStatus = Literal["applied", "duplicate", "conflict", "not_found"]
+RewardStatus = Literal["applied", "duplicate", "conflict", "late", "not_found"]
+LogEntryType = Literal["decision", "reward", "default", "late"]
 
 
 def valid_arm_id(arm_id: str) -> bool:
@@ -46,6 +47,10 @@ class ExperimentSpec:
     ``max_stale_rewards``: a worker may decide from statistics that miss up to
     this many of the latest rewards (0: a decision reflects every reward
     acknowledged before its request arrived).
+    ``default_reward``: applied, once, to every decision whose reward window
+    ends without a reward (None: such decisions just expire).
+    ``log_max_entries`` and ``log_max_age_seconds`` bound the decision log
+    (0 entries: no log).
     """
 
     id: str
@@ -57,6 +62,9 @@ class ExperimentSpec:
     seed: int | None = None
     reward_window_seconds: int = 3600
     max_stale_rewards: int = 0  # rewards a decision's statistics may lag behind
+    default_reward: float | None = None
+    log_max_entries: int = 0  # decisions and outcomes kept in the decision log; 0: no log
+    log_max_age_seconds: int = 7 * 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,9 @@ class ExperimentView:
     decisions: int
     rewards: int
     duplicates: int
+    defaulted: int = 0
+    late: int = 0
+    defaults_missed: int = 0
 
 
 @dataclass(frozen=True)
@@ -113,3 +124,28 @@ class RewardOutcome:
     decision_id: str
     status: RewardStatus
     message: str
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One entry of an experiment's decision log: a decision, or an outcome of one.
+
+    A decision has ``number`` to ``rewards_seen``; an outcome (``reward``: a
+    reward applied; ``default``: the default reward applied; ``late``: a
+    reward that arrived after the window, not applied) has ``reward``.
+    ``context`` is the chosen arm's; ``eligible`` the arms it was chosen
+    from; ``propensity`` None where the decision recorded none.
+    """
+
+    entry_id: str  # "<ms>-<seq>": the log's order, which is the order things happened
+    time: float  # Unix time, s (Redis's clock, to the ms)
+    type: LogEntryType
+    decision_id: str
+    number: int | None = None
+    arm_id: str | None = None
+    context: tuple[float, ...] | None = None
+    eligible: tuple[str, ...] | None = None
+    propensity: float | None = None
+    version: int | None = None
+    rewards_seen: int | None = None
+    reward: float | None = None

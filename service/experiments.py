@@ -46,6 +46,8 @@ from service.domain import (
     Decision,
     ExperimentSpec,
     ExperimentView,
+    LogEntry,
+    LogEntryType,
     RewardOutcome,
     RewardStatus,
     valid_arm_id,
@@ -63,6 +65,7 @@ from service.errors import (
 )
 from service.settings import Settings
 from service.store import Snapshot, Store
+from service.sweeper import Sweeper
 
 # A stale view costs one more attempt; a third means the experiment is being redefined.
 _DECIDE_ATTEMPTS = 3
@@ -106,6 +109,11 @@ class Definition:
     @functools.cached_property
     def by_id(self) -> dict[str, ArmRecord]:
         return {a.id: a for a in self.arms}
+
+    @functools.cached_property
+    def active_ranges(self) -> str:
+        """The active arms' indexes as the decision log writes them (:func:`index_ranges`)."""
+        return index_ranges(self.active_rows)
 
 
 @dataclass
@@ -224,6 +232,7 @@ class ExperimentService:
         self.persistence_warnings: list[str] = []
         self.upgraded: list[str] = []  # experiments brought up to date at start-up
         self.upgrade_failures: list[str] = []  # "id: reason" for those that could not be
+        self._sweeper = Sweeper(store, settings.sweep_interval_seconds)
 
     @classmethod
     async def open(cls, settings: Settings) -> ExperimentService:
@@ -264,9 +273,20 @@ class ExperimentService:
         assert settings.redis_url is not None
         await (await _connect(settings.redis_url, settings)).close()
 
+    def start_sweeper(self) -> None:
+        """Apply default rewards in the background, until :meth:`close` (see service.sweeper)."""
+        self._sweeper.start()
+
+    async def sweep(self) -> int:
+        """Apply the default rewards that are due now, once (what the background sweeper
+        does every tick); how many were applied."""
+        return (await self._sweeper.sweep()).defaulted
+
     async def close(self) -> None:
-        """Close the connections; stop the embedded Redis if this service started it."""
+        """Stop the sweeper, close the connections; stop the embedded Redis if this
+        service started it."""
         try:
+            await self._sweeper.stop()
             await self._store.close()
         finally:
             if self._embedded is not None:
@@ -296,12 +316,20 @@ class ExperimentService:
             # What reward.lua adds per observation, fixed for this incarnation.
             "model_recipe": recipe(config, "model"),
             "arm_recipe": recipe(config, "arm"),
+            # Read by the scripts: the default reward (settle.lua) and the
+            # decision log's bounds (decide.lua, reward.lua, settle.lua).
+            **({} if spec.default_reward is None
+               else {"default_reward": _reward_text(spec.default_reward)}),
+            **({} if spec.log_max_entries == 0
+               else {"log_max_entries": str(spec.log_max_entries),
+                     "log_max_age_seconds": str(spec.log_max_age_seconds)}),
         }
         arms = {
             a.id: json.dumps({"index": i, "active": True, "features": a.features})
             for i, a in enumerate(spec.arms)
         }
-        if not await self._store.create(spec.id, meta, arms):
+        if not await self._store.create(spec.id, meta, arms,
+                                        default_reward=spec.default_reward is not None):
             raise Conflict("an experiment with this id already exists")
         # From what was written, not read back: a read that failed now (Redis
         # just out of memory, say) would leave the experiment without its key.
@@ -435,12 +463,15 @@ class ExperimentService:
             choice = draw(ready, [rng])
             picked = int(choice.arms[0])
             decision_id = secrets.token_hex(16)  # as random as uuid4().hex, cheaper
+            x = np.ascontiguousarray(contexts[picked], dtype="<f8").tobytes()
+            fields = _decision_fields(view, arms[picked], x)
             reply = await self._store.decide(
                 experiment_id, decision_id, key_hash=key_hash,
                 incarnation=definition.incarnation, seen=seen, number=number,
                 reserved=reserved, ttl_seconds=definition.spec.reward_window_seconds,
                 max_lag=definition.spec.max_stale_rewards,
-                fields=_decision_fields(view, arms[picked], contexts[picked]),
+                grace_seconds=self._settings.default_reward_grace_seconds,
+                fields=fields, logged=_log_entry_fields(decision_id, arms, x, view, fields),
             )
             if reply.status == "recorded":
                 view.last_number = max(view.last_number, reply.number)
@@ -492,6 +523,18 @@ class ExperimentService:
             status = _status(reply)
             outcomes.append(RewardOutcome(decision_id, status, _REWARD_MESSAGES[status]))
         return outcomes
+
+    async def read_log(
+        self, experiment_id: str, after: str | None = None, limit: int = 100
+    ) -> tuple[builtins.list[LogEntry], str | None]:
+        """Up to ``limit`` decision-log entries after the entry id ``after``, oldest first;
+        and the entry id to go on from (None on the last page)."""
+        if after is not None and not _valid_entry_id(after):
+            raise InvalidInput("after must be an entry_id from the log")
+        definition = await self._definition(experiment_id)
+        raw = await self._store.read_log(experiment_id, after, limit)
+        entries = [_log_entry(definition, entry_id, fields) for entry_id, fields in raw]
+        return entries, (raw[-1][0] if len(raw) == limit else None)
 
     # -- helpers ----------------------------------------------------------
 
@@ -597,6 +640,11 @@ class ExperimentService:
             )
         if spec.max_stale_rewards < 0:
             raise InvalidInput("max_stale_rewards must be 0 or more")
+        if spec.default_reward is not None:
+            _check_vector([spec.default_reward], s.feature_bound, "default_reward")
+        if spec.log_max_entries < 0 or spec.log_max_age_seconds < 1:
+            raise InvalidInput("log_max_entries must be 0 or more and log_max_age_seconds "
+                               "1 or more")
         self._validate_arms(spec.setting, spec.dim, spec.arms)
         try:
             check_hyperparameters(spec.policy, spec.hyperparameters)
@@ -628,6 +676,8 @@ _REWARD_MESSAGES: dict[RewardStatus, str] = {
     "applied": "reward applied",
     "duplicate": "this reward was already applied; not applied again",
     "conflict": "a different reward was already applied to this decision",
+    "late": "the decision's reward window has ended: its default reward counts instead; "
+            "not applied",
     "not_found": "no pending decision with this id in this experiment (unknown or expired)",
 }
 
@@ -764,17 +814,88 @@ def _context_chunks(packed: bytes) -> dict[str, str | bytes]:
     return {"x_chunks": str(len(chunks)), **{f"x:{i}": c for i, c in enumerate(chunks, 1)}}
 
 
-def _decision_fields(view: View, arm: ArmRecord, x: np.ndarray) -> dict[str, str | bytes]:
-    """The pending decision: what reward.lua needs, and the state it was made from."""
+def _decision_fields(view: View, arm: ArmRecord, x: bytes) -> dict[str, str | bytes]:
+    """The pending decision: what reward.lua needs (``x``: the context, packed), and the
+    state it was made from."""
     return {
         "arm": arm.id,
         **_field_names(view.definition.config.shared, arm.id),
-        **_context_chunks(np.ascontiguousarray(x, dtype="<f8").tobytes()),
+        **_context_chunks(x),
         "version": str(view.version),
         "rewards_seen": str(view.rewards),
         "status": "pending",
         "created_at": repr(time.time()),
     }
+
+
+def _valid_entry_id(text: str) -> bool:
+    """A Redis stream entry id: two unsigned 64-bit integers, "<ms>-<seq>"."""
+    ms, _, seq = text.partition("-")
+    return all(part.isdigit() and part.isascii() and int(part) < 2**64 for part in (ms, seq))
+
+
+def index_ranges(indexes: Sequence[int]) -> str:
+    """Increasing arm indexes as ranges, "0-16,18-99": a few bytes for the usual all-arms case."""
+    parts: list[str] = []
+    start = previous = -2
+    for i in indexes:
+        if i != previous + 1:
+            if previous >= 0:
+                parts.append(str(start) if start == previous else f"{start}-{previous}")
+            start = i
+        previous = i
+    if previous >= 0:
+        parts.append(str(start) if start == previous else f"{start}-{previous}")
+    return ",".join(parts)
+
+
+def parse_index_ranges(text: str) -> list[int]:
+    """The indexes of :func:`index_ranges`' text."""
+    indexes: list[int] = []
+    for part in filter(None, text.split(",")):
+        first, _, last = part.partition("-")
+        indexes.extend(range(int(first), int(last or first) + 1))
+    return indexes
+
+
+def _log_entry_fields(
+    decision_id: str, arms: Sequence[ArmRecord], x: bytes, view: View,
+    fields: dict[str, str | bytes],
+) -> dict[str, str | bytes]:
+    """The decision's entry in the decision log (decide.lua adds its number): the chosen
+    arm (from ``fields``, the decision's record) and its context, the arms it was chosen
+    from, the statistics it was made from, and its propensity ('' if unknown; taken out
+    of ``fields``, as the record does not need it)."""
+    definition = view.definition
+    eligible = (definition.active_ranges if arms is definition.active_arms
+                else index_ranges([a.index for a in arms]))
+    return {"type": "decision", "id": decision_id, "arm": fields["arm"], "x": x,
+            "version": fields["version"], "rewards_seen": fields["rewards_seen"],
+            "eligible": eligible, "propensity": fields.pop("propensity", "")}
+
+
+_OUTCOMES: dict[str, LogEntryType] = {"reward": "reward", "default": "default", "late": "late"}
+
+
+def _log_entry(definition: Definition, entry_id: str, fields: dict[str, bytes]) -> LogEntry:
+    """A decision-log entry as decide.lua, reward.lua or settle.lua wrote it."""
+    text = {k: v.decode() for k, v in fields.items() if k != "x"}
+    time_ms = int(entry_id.split("-", 1)[0])
+    kind = text["type"]
+    if kind != "decision":
+        return LogEntry(entry_id, time_ms / 1000, _OUTCOMES[kind], text["id"],
+                        reward=float(text["reward"]))
+    arms = definition.arms
+    return LogEntry(
+        entry_id, time_ms / 1000, "decision", text["id"],
+        number=int(text["number"]),
+        arm_id=text["arm"],
+        context=tuple(np.frombuffer(fields["x"], dtype="<f8").tolist()),
+        eligible=tuple(arms[i].id for i in parse_index_ranges(text["eligible"])),
+        propensity=float(text["propensity"]) if text.get("propensity") else None,
+        version=int(text["version"]) if text["version"] else None,
+        rewards_seen=int(text["rewards_seen"]) if text["rewards_seen"] else None,
+    )
 
 
 def _decision(
@@ -847,6 +968,9 @@ def _view(definition: Definition, stats: dict[str, bytes]) -> ExperimentView:
         decisions=int(stats.get(keys.DECISIONS, b"0")),
         rewards=int(stats.get(keys.REWARDS, b"0")),
         duplicates=int(stats.get(keys.DUPLICATES, b"0")),
+        defaulted=int(stats.get(keys.DEFAULTED, b"0")),
+        late=int(stats.get(keys.LATE, b"0")),
+        defaults_missed=int(stats.get(keys.DEFAULTS_MISSED, b"0")),
     )
 
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 PREFIX = "lrb"
 EXPERIMENT_INDEX = f"{PREFIX}:experiments"  # a set of ids; its own slot, updated outside scripts
+# The ids of the experiments with a default reward, which the sweeper visits;
+# a set in its own slot, like EXPERIMENT_INDEX.
+DEFAULT_REWARD_INDEX = f"{PREFIX}:default-reward-experiments"
 
 
 def meta(experiment_id: str) -> str:
@@ -31,16 +34,39 @@ def decision(experiment_id: str, decision_id: str) -> str:
 
 
 def pending(experiment_id: str) -> str:
-    """List: "<expiry> <decision id>" of every decision not yet expired, oldest first.
+    """List: "<deadline> <decision id>" of every decision whose window is open, oldest first.
 
-    decide.lua appends to it and drops expired entries from its head; DELETE
-    reads it to delete the decisions (and their contexts) with the experiment.
+    The deadline is the end of the decision's reward window (Unix time, s, to
+    the ms). decide.lua appends to it; without a default reward it drops the
+    expired entries from its head, with one settle.lua moves the entries whose
+    window has ended to :func:`settled`. DELETE reads it to delete the
+    decisions (and their contexts) with the experiment.
     """
     return f"{PREFIX}:{{{experiment_id}}}:pending"
 
 
+def settled(experiment_id: str) -> str:
+    """List: "<expiry> <decision id>" of settled decisions kept for late rewards, oldest first.
+
+    With a default reward only: settle.lua appends each decision whose window
+    has ended (its record now holds its outcome but no context) and drops
+    the expired ones; DELETE reads it as it reads :func:`pending`.
+    """
+    return f"{PREFIX}:{{{experiment_id}}}:settled"
+
+
+def log(experiment_id: str) -> str:
+    """Stream: the decision log, decisions and their outcomes in the order they happened.
+
+    Written by decide.lua, reward.lua and settle.lua (so it never disagrees with
+    the statistics); bounded by the experiment's log_max_entries and
+    log_max_age_seconds.
+    """
+    return f"{PREFIX}:{{{experiment_id}}}:log"
+
+
 def deleted_pending(experiment_id: str, token: str) -> str:
-    """List: the pending list of a deleted experiment, while its decisions are deleted."""
+    """List: a list of decisions of a deleted experiment, while its decisions are deleted."""
     return f"{PREFIX}:{{{experiment_id}}}:deleted-pending:{token}"
 
 
@@ -50,6 +76,9 @@ DECISIONS = "decisions"  # decisions recorded
 DECISION_SEQUENCE = "decision_seq"  # last decision number (skips one per unused reservation)
 REWARDS = "rewards"
 DUPLICATES = "duplicates"
+DEFAULTED = "defaulted"  # decisions that got the default reward
+LATE = "late"  # rewards that arrived after their window (and default)
+DEFAULTS_MISSED = "defaults_missed"  # decisions that expired before the default could be applied
 
 
 def model_field(arm_id: str | None) -> str:

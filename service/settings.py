@@ -57,6 +57,25 @@ class Settings(BaseSettings):
     retry_after_seconds: int = Field(default=1, ge=1)
     default_reward_window_seconds: int = Field(default=3600, ge=1)
     max_reward_window_seconds: int = Field(default=7 * 24 * 3600, ge=1)
+    default_reward_grace_seconds: int = Field(
+        default=3600, ge=1,
+        description="with a default reward, how long a decision is kept after its window: "
+        "the default is still applied if the service was stopped for up to this long, and "
+        "a reward this late is still recognised as late",
+    )
+    sweep_interval_seconds: float = Field(
+        default=1.0, gt=0, le=60,
+        description="how often (on average, jittered) each worker applies due default rewards",
+    )
+    default_log_max_entries: int = Field(
+        default=100_000, ge=0,
+        description="decision log length of an experiment that does not set log_max_entries "
+        "(decisions and outcomes; 0: no log)",
+    )
+    default_log_max_age_seconds: int = Field(
+        default=7 * 24 * 3600, ge=1,
+        description="decision log age of an experiment that does not set log_max_age_seconds",
+    )
     view_cache_bytes: int = Field(
         default=256 * 2**20, ge=0,
         description="per worker: statistics kept in memory for the most recently used "

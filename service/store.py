@@ -98,8 +98,10 @@ def _translated_unbounded(fn: StoreMethod[P, T]) -> StoreMethod[P, T]:
     return _call(fn, bounded=False)
 
 
-def _script(name: str) -> str:
-    return resources.files("service").joinpath("lua", f"{name}.lua").read_text()
+def _script(name: str, uses: Sequence[str] = ()) -> str:
+    """A script's text, after the shared chunks it ``uses`` (Redis has no ``require``)."""
+    lua = resources.files("service").joinpath("lua")
+    return "".join(lua.joinpath(f"{part}.lua").read_text() for part in (*uses, name))
 
 
 def _text(value: bytes | str) -> str:
@@ -247,6 +249,15 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class SettleReply:
+    """What one ``settle.lua`` call did, and what is due next."""
+
+    defaulted: int  # decisions that got the default reward now
+    missed: int  # decisions that had expired before they could
+    due: list[str]  # pending-list entries whose window has ended, for the next call
+
+
+@dataclass(frozen=True)
 class DecideReply:
     """What ``decide.lua`` did: recorded the decision, or found the caller's view stale."""
 
@@ -262,7 +273,8 @@ class Store:
         self._client = client
         self.deadline_seconds = deadline_seconds  # per call, retries included; None: none
         self.refused_at: float | None = None  # time.monotonic() of the last write refused
-        self._reward = client.register_script(_script("reward"))
+        self._reward = client.register_script(_script("reward", uses=["sums"]))
+        self._settle = client.register_script(_script("settle", uses=["sums"]))
         self._create = client.register_script(_script("create"))
         self._add_arms = client.register_script(_script("add_arms"))
         self._retire_arms = client.register_script(_script("retire_arms"))
@@ -346,8 +358,13 @@ class Store:
 
     @_translated
     async def create(
-        self, experiment_id: str, meta: Mapping[str, str], arms: Mapping[str, str]
+        self, experiment_id: str, meta: Mapping[str, str], arms: Mapping[str, str],
+        *, default_reward: bool = False,
     ) -> bool:
+        """Create the experiment unless the id is taken (False then).
+
+        ``default_reward``: list it for the sweeper (:meth:`default_reward_ids`).
+        """
         args: list[str] = [str(len(meta))]
         for pair in meta.items():
             args.extend(pair)
@@ -358,11 +375,14 @@ class Store:
         if created:
             try:
                 await self._client.sadd(keys.EXPERIMENT_INDEX, experiment_id)
+                if default_reward:
+                    await self._client.sadd(keys.DEFAULT_REWARD_INDEX, experiment_id)
             except ResponseError as exc:
                 # The script's writes took the last memory: undo them (DEL is
                 # allowed out of memory), as nobody has the key to use them.
                 if _out_of_memory(exc):
                     await self._client.delete(*keyset)
+                    await self._client.srem(keys.EXPERIMENT_INDEX, experiment_id)
                 raise
         return bool(created)
 
@@ -447,19 +467,23 @@ class Store:
 
     @_translated
     async def delete(self, experiment_id: str) -> bool:
-        """Delete an experiment and its decisions (pending or rewarded, contexts included).
+        """Delete an experiment, its log and its decisions (pending, rewarded or
+        settled, contexts included).
 
-        ``delete.lua`` removes the experiment and sets its list of decisions
+        ``delete.lua`` removes the experiment and sets its lists of decisions
         aside in one step; the decisions are then deleted a chunk at a time,
         so that a large experiment does not hold Redis up. False if there
         was no such experiment.
         """
-        aside = keys.deleted_pending(experiment_id, secrets.token_hex(8))
+        aside = [keys.deleted_pending(experiment_id, secrets.token_hex(8)) for _ in range(2)]
         keyset = [keys.meta(experiment_id), keys.arms(experiment_id),
-                  keys.stats(experiment_id), keys.pending(experiment_id), aside]
+                  keys.stats(experiment_id), keys.log(experiment_id),
+                  keys.pending(experiment_id), keys.settled(experiment_id), *aside]
         removed = await self._delete(keys=keyset)
         await self._client.srem(keys.EXPERIMENT_INDEX, experiment_id)
-        await self._delete_listed(experiment_id, aside)
+        await self._client.srem(keys.DEFAULT_REWARD_INDEX, experiment_id)
+        for listed in aside:
+            await self._delete_listed(experiment_id, listed)
         return bool(removed)
 
     async def _delete_listed(self, experiment_id: str, listed: str) -> None:
@@ -477,6 +501,12 @@ class Store:
     @_translated
     async def forget_id(self, experiment_id: str) -> None:
         await self._client.srem(keys.EXPERIMENT_INDEX, experiment_id)
+        await self._client.srem(keys.DEFAULT_REWARD_INDEX, experiment_id)
+
+    @_translated
+    async def default_reward_ids(self) -> list[str]:
+        """The experiments with a default reward (some perhaps deleted meanwhile)."""
+        return [_text(v) for v in await self._client.smembers(keys.DEFAULT_REWARD_INDEX)]
 
     @_translated
     async def add_arms(self, experiment_id: str, arms: Mapping[str, str]) -> int:
@@ -523,7 +553,9 @@ class Store:
         reserved: bool,
         ttl_seconds: int,
         max_lag: int,
+        grace_seconds: int,
         fields: Mapping[str, str | bytes],
+        logged: Mapping[str, str | bytes] | None = None,
     ) -> DecideReply:
         """Record a pending decision if the statistics it was made from are current.
 
@@ -532,7 +564,9 @@ class Store:
         tolerated. ``number`` is the decision number its random
         draw used (None: the script assigns one); ``reserved`` says an earlier
         stale reply set it aside. ``key_hash`` None skips the key check (trusted
-        in-process callers). See ``decide.lua``.
+        in-process callers). ``fields`` are the decision's record, ``logged``
+        its entry in the decision log (the script adds its number). See
+        ``decide.lua``.
         """
         args: list[str | bytes | int] = [
             "" if key_hash is None else key_hash,
@@ -543,14 +577,19 @@ class Store:
             "1" if reserved else "0",
             ttl_seconds,
             max_lag,
+            grace_seconds,
+            len(fields),
         ]
         for pair in fields.items():
+            args.extend(pair)
+        for pair in (logged or {}).items():
             args.extend(pair)
         keyset = [
             keys.meta(experiment_id),
             keys.stats(experiment_id),
             keys.decision(experiment_id, decision_id),
             keys.pending(experiment_id),
+            keys.log(experiment_id),
         ]
         reply = await self._batcher.run(self._decide, keyset, args)
         status = _text(reply[0])
@@ -578,7 +617,37 @@ class Store:
         in-process callers). Returns one status per item, or ``["missing"]`` /
         ``["forbidden"]`` for the whole call (then nothing was written).
         """
-        keyset = [keys.meta(experiment_id), keys.stats(experiment_id)]
+        keyset = [keys.meta(experiment_id), keys.stats(experiment_id), keys.log(experiment_id)]
         keyset += [keys.decision(experiment_id, decision_id) for decision_id, _ in items]
         args = ["" if key_hash is None else key_hash, *(reward for _, reward in items)]
         return [_text(r) for r in await self._batcher.run(self._reward, keyset, args)]
+
+    @_translated
+    async def settle(
+        self, experiment_id: str, entries: Sequence[str], limit: int
+    ) -> SettleReply | None:
+        """Run ``settle.lua``: apply the default reward to ``entries`` (pending-list
+        entries an earlier call returned) that are still due and unrewarded.
+
+        Returns what it did and up to ``limit`` entries due next; None if the
+        experiment does not exist or has no default reward.
+        """
+        keyset = [keys.meta(experiment_id), keys.stats(experiment_id), keys.log(experiment_id),
+                  keys.pending(experiment_id), keys.settled(experiment_id)]
+        keyset += [keys.decision(experiment_id, e.split(" ", 1)[1]) for e in entries]
+        reply = await self._batcher.run(self._settle, keyset, [limit, *entries])
+        if reply and _text(reply[0]) == "missing":
+            return None
+        defaulted, missed, *due = reply
+        return SettleReply(int(defaulted), int(missed), [_text(e) for e in due])
+
+    @_translated
+    async def read_log(
+        self, experiment_id: str, after: str | None, limit: int
+    ) -> list[tuple[str, dict[str, bytes]]]:
+        """Up to ``limit`` entries of the decision log after the entry id ``after``
+        (from the start if None), oldest first: (entry id, fields)."""
+        start = "-" if after is None else f"({after}"
+        entries = await self._client.xrange(keys.log(experiment_id), start, "+", count=limit)
+        return [(_text(entry_id), {_text(k): v for k, v in fields.items()})
+                for entry_id, fields in entries]

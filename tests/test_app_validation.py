@@ -17,7 +17,13 @@ import httpx
 import pytest
 
 from app.main import create_app
-from app.schemas import DECISION_ID_PATTERN, MAX_SEED, MAX_STALE_REWARDS
+from app.schemas import (
+    DECISION_ID_PATTERN,
+    MAX_LOG_AGE_SECONDS,
+    MAX_LOG_ENTRIES,
+    MAX_SEED,
+    MAX_STALE_REWARDS,
+)
 from service.domain import ARM_ID_PATTERN, EXPERIMENT_ID_PATTERN
 from service.settings import Settings
 from tests.conftest import ADMIN, COVARIATES, STOCHASTIC, Api
@@ -504,6 +510,9 @@ PUBLISHED: dict[str, dict[tuple[str, str], object]] = {
         "reward_window_seconds": {"minimum": 1,
                                   "maximum": _SETTINGS.max_reward_window_seconds},
         "max_stale_rewards": {"minimum": 0, "maximum": MAX_STALE_REWARDS},
+        "default_reward": _REWARD,
+        "log_max_entries": {"minimum": 0, "maximum": MAX_LOG_ENTRIES},
+        "log_max_age_seconds": {"minimum": 1, "maximum": MAX_LOG_AGE_SECONDS},
     }),
     "/experiments/{experiment_id}/arms": _flat({"arms": _ARMS}),
     "/experiments/{experiment_id}/arms/retire": _flat({"arm_ids": {**_ARM_IDS, "minItems": 1}}),

@@ -12,9 +12,11 @@ from service.domain import RewardOutcome, RewardStatus
 
 router = APIRouter(tags=["decisions"], responses=KEY_ERRORS, route_class=DirectRoute)
 
-# A single reward's status is also its HTTP status; a batch is always 200.
+# A single reward's status is also its HTTP status; a batch is always 200. A late
+# reward is a 409 like a conflict: the decision's outcome is settled (its default
+# counts), the request cannot change it, and a retry would not either.
 REWARD_HTTP_STATUS: dict[RewardStatus, int] = {
-    "applied": 200, "duplicate": 200, "conflict": 409, "not_found": 404,
+    "applied": 200, "duplicate": 200, "conflict": 409, "late": 409, "not_found": 404,
 }
 
 

@@ -9,11 +9,14 @@ from fastapi import APIRouter, Query, Response
 from app.deps import AdminDep, ExperimentIdPath, ServiceDep, SettingsDep
 from app.responses import ADMIN_ERRORS
 from app.schemas import (
+    LOG_ENTRY_ID_PATTERN,
     AddArmsIn,
     CreateExperimentIn,
     ExperimentCreatedOut,
     ExperimentListOut,
     ExperimentOut,
+    LogEntryOut,
+    LogPageOut,
     RetireArmsIn,
 )
 from app.strict_json import StrictJSONRoute
@@ -76,3 +79,20 @@ async def retire_arms(
 ) -> ExperimentOut:
     arm_ids = body.to_domain(settings)
     return ExperimentOut.from_domain(await service.retire_arms(experiment_id, arm_ids))
+
+
+@router.get("/{experiment_id}/log", summary="The decision log, a page at a time")
+async def read_log(
+    experiment_id: ExperimentIdPath,
+    service: ServiceDep,
+    limit: Annotated[int, Query(ge=1, le=1000, description="entries per page")] = 100,
+    after: Annotated[
+        str | None,
+        Query(pattern=LOG_ENTRY_ID_PATTERN,
+              description="an entry_id: the page starts after it (the previous page's "
+              "next_after)"),
+    ] = None,
+) -> LogPageOut:
+    entries, next_after = await service.read_log(experiment_id, after, limit)
+    return LogPageOut(entries=[LogEntryOut.from_domain(e) for e in entries],
+                      next_after=next_after)

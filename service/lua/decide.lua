@@ -1,9 +1,11 @@
 -- Record a decision made from the statistics the worker holds, if they are current.
 --
--- KEYS[1]  meta hash      lrb:{exp}:meta   (incarnation, key_hash, version)
+-- KEYS[1]  meta hash      lrb:{exp}:meta   (incarnation, key_hash, version, default_reward,
+--                          log_max_entries, log_max_age_seconds)
 -- KEYS[2]  stats hash     lrb:{exp}:stats  (packed sums; counters rewards, decision_seq, decisions)
 -- KEYS[3]  decision hash  lrb:{exp}:decision:<id>  (a fresh id per attempt)
--- KEYS[4]  pending list   lrb:{exp}:pending  ("<expiry> <id>" per decision, oldest first)
+-- KEYS[4]  pending list   lrb:{exp}:pending  ("<deadline> <id>" per decision, in deadline order)
+-- KEYS[5]  decision log   lrb:{exp}:log      (a stream; written when meta has log_max_entries)
 -- ARGV[1]  SHA-256 (hex) of the caller's API key; '' for a trusted in-process caller
 -- ARGV[2]  the incarnation the worker's definition belongs to
 -- ARGV[3]  the meta version the worker's statistics were read at; '' accepts any
@@ -12,10 +14,19 @@
 --          (an unseeded experiment: the script assigns the next number)
 -- ARGV[6]  '1' when ARGV[5] was reserved by an earlier 'stale' reply, '0' when
 --          it is the worker's prediction (it must then be the next number)
--- ARGV[7]  time to live in seconds (the reward window)
+-- ARGV[7]  the reward window in seconds
 -- ARGV[8]  how many rewards the statistics may lag behind (the experiment's
 --          max_stale_rewards; 0: none)
--- ARGV[9..]  field, value, ... of the decision
+-- ARGV[9]  the grace period in seconds: with a default reward a decision lives
+--          this much longer than its window, so that settle.lua can still
+--          apply the default after a pause of the service, and then recognise
+--          a late reward
+-- ARGV[10] h: how many field/value pairs of the decision hash follow
+-- ARGV[11 .. 10 + 2h]  field, value, ... of the decision hash (its context in
+--          chunks 'x:1', 'x:2', ..., with 'x_chunks' their count)
+-- ARGV[11 + 2h ..]  field, value, ... of the decision's log entry, but its number
+--          (which the script adds): type, id, arm, x, version, rewards_seen,
+--          eligible, propensity
 --
 -- Returns
 --   {'recorded', number}  the decision is pending (also when this same decision
@@ -31,7 +42,8 @@
 --   {'missing'}           no such experiment
 --   {'forbidden'}         the key is not the experiment's
 
-local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'key_hash', 'version')
+local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'key_hash', 'version', 'default_reward',
+                        'log_max_entries', 'log_max_age_seconds')
 if not meta[1] then
   return {'missing'}
 end
@@ -69,30 +81,59 @@ if number == '' then
 elseif ARGV[6] == '0' then
   redis.call('HSET', KEYS[2], 'decision_seq', number)
 end
-local ttl = tonumber(ARGV[7])
-redis.call('HSET', KEYS[3], 'incarnation', ARGV[2], 'number', number, unpack(ARGV, 9))
+local time = redis.call('TIME')
+local now = tonumber(time[1]) + tonumber(time[2]) / 1e6
+local window = tonumber(ARGV[7])
+local defaulted = meta[4] ~= false  -- the experiment has a default reward
+local ttl = defaulted and window + tonumber(ARGV[9]) or window
+local last = 10 + 2 * tonumber(ARGV[10])
+local deadline = string.format('%.3f', now + window)
+if defaulted then
+  redis.call('HSET', KEYS[3], 'incarnation', ARGV[2], 'number', number, 'deadline', deadline,
+             unpack(ARGV, 11, last))
+else
+  redis.call('HSET', KEYS[3], 'incarnation', ARGV[2], 'number', number, unpack(ARGV, 11, last))
+end
 redis.call('EXPIRE', KEYS[3], ttl)
 redis.call('HINCRBY', KEYS[2], 'decisions', 1)
 
--- List the decision, so that deleting the experiment deletes it too. All of an
--- experiment's decisions live ttl seconds, so the list is in expiry order (an
--- entry errs a second late); the list expires with its newest decision, and
--- every 64th decision drops the expired entries (up to 128) from its head, so
--- it holds the live decisions and a few more, at three calls per decision.
-local now = tonumber(redis.call('TIME')[1])
-local entry = (now + ttl + 1) .. ' ' .. string.match(KEYS[3], ':decision:(.*)$')
-local listed = redis.call('RPUSH', KEYS[4], entry)
+-- List the decision by the end of its window. All of an experiment's
+-- decisions have the same window, so the list is in deadline order. With a
+-- default reward, settle.lua takes the entries whose window has ended from
+-- its head. Without, the list only lets DELETE find the decisions: it expires
+-- with its newest decision, and every 64th decision drops the expired entries
+-- (up to 128) from its head, so it holds the live decisions and a few more.
+local id = string.match(KEYS[3], ':decision:(.*)$')
+local listed = redis.call('RPUSH', KEYS[4], deadline .. ' ' .. id)
 redis.call('EXPIRE', KEYS[4], ttl + 1)
-if listed % 64 == 0 then
+local tidy = listed % 64 == 0
+if tidy and not defaulted then
   local expired = 0
   for _, head in ipairs(redis.call('LRANGE', KEYS[4], 0, 127)) do
-    if tonumber(string.match(head, '^%d+')) > now then
+    if tonumber(string.match(head, '^[%d.]+')) + 1 > now then
       break
     end
     expired = expired + 1
   end
   if expired > 0 then
     redis.call('LTRIM', KEYS[4], expired, -1)
+  end
+end
+
+-- The decision log: the decision as it was made, as the caller wrote its
+-- entry (building it here, from the record's fields, doubled the script's
+-- time), with its number. Its entry id is its time (Redis's clock, ms); the
+-- oldest entries go beyond log_max_entries (whole nodes of the stream at a
+-- time: '~'), and, every 64th decision, those older than
+-- log_max_age_seconds; the log expires that long after its last entry.
+local max_entries = tonumber(meta[5] or '0')
+if max_entries > 0 then
+  local age = tonumber(meta[6])
+  redis.call('XADD', KEYS[5], 'MAXLEN', '~', max_entries, '*', 'number', number,
+             unpack(ARGV, last + 1))
+  redis.call('EXPIRE', KEYS[5], age)
+  if tidy then
+    redis.call('XTRIM', KEYS[5], 'MINID', '~', string.format('%.0f', (now - age) * 1000))
   end
 end
 return {'recorded', tonumber(number)}

@@ -1,0 +1,161 @@
+-- Settle decisions whose reward window has ended: apply the experiment's
+-- default reward, exactly once, to each one that got no reward. store.py puts
+-- sums.lua in front of this script, so the default is added as reward.lua
+-- adds a reward.
+--
+-- KEYS[1]  meta hash      lrb:{exp}:meta     (incarnation, default_reward, recipes, log retention)
+-- KEYS[2]  stats hash     lrb:{exp}:stats    (sums; counters defaulted, defaults_missed)
+-- KEYS[3]  decision log   lrb:{exp}:log
+-- KEYS[4]  pending list   lrb:{exp}:pending  ("<deadline> <id>", in deadline order)
+-- KEYS[5]  settled list   lrb:{exp}:settled  ("<expiry> <id>": settled decisions until they expire)
+-- KEYS[6..]  decision hashes lrb:{exp}:decision:<id>, one per ARGV[2..] entry, in order
+-- ARGV[1]  how many due entries to return for the next call (0: none)
+-- ARGV[2..]  entries of the pending list, as an earlier call returned them
+--
+-- Returns {'missing'} when the experiment does not exist or has no default
+-- reward (it was deleted and created again without one); else
+-- {defaulted, missed, entry, ...}: how many of the given decisions got the
+-- default now, how many had expired before they could (their records gone:
+-- the service was stopped for longer than the grace period), and up to
+-- ARGV[1] entries now due, from the head of the pending list.
+--
+-- The given entries are settled only while they are still the head of the
+-- pending list, and each decision's status changes from 'pending' to
+-- 'defaulted' in this script: several workers may call it with the same
+-- entries and a default counts once. A rewarded or defaulted decision is
+-- settled as it is. A settled decision keeps its marker (status, reward) but
+-- not its context until it expires (the grace period after its window), so
+-- that a late reward is recognised, and moves to the settled list, from
+-- which DELETE still finds it.
+
+local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'default_reward', 'model_recipe',
+                        'arm_recipe', 'log_max_entries', 'log_max_age_seconds')
+if not meta[1] or not meta[2] then
+  return {'missing'}
+end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) + tonumber(time[2]) / 1e6
+local FIRST = 6  -- KEYS[FIRST + i - 1] is the decision of ARGV[i + 1]
+
+local function deadline(entry)
+  return tonumber(string.match(entry, '^[%d.]+'))
+end
+
+-- The given entries still at the head of the list and due, with their decisions.
+local function claimable()
+  local given = #KEYS - FIRST + 1
+  local head = redis.call('LRANGE', KEYS[4], 0, given - 1)
+  local decisions = {}
+  for i = 1, given do
+    local entry = ARGV[i + 1]
+    if head[i] ~= entry or deadline(entry) > now then
+      break
+    end
+    local key = KEYS[FIRST + i - 1]
+    if decision_id(key) ~= string.match(entry, ' (.*)$') then
+      return nil, redis.error_reply('settle.lua: decision key ' .. i .. ' does not match its entry')
+    end
+    decisions[i] = read_decision(key)
+  end
+  return decisions, nil
+end
+
+-- Keep what a late or repeated reward is checked against (status, reward,
+-- incarnation; and number, for a resent decide), drop the rest: the context
+-- and the decision's statistics are in the log, and nothing else reads them.
+local KEPT = {'status', 'incarnation', 'reward', 'number'}
+local function strip(key)
+  local left = redis.call('PTTL', key)
+  if left <= 0 then  -- every decision has a time to live; never make one without
+    return left
+  end
+  local values = redis.call('HMGET', key, unpack(KEPT))
+  local fields = {}
+  for i, name in ipairs(KEPT) do
+    if values[i] then
+      fields[#fields + 1] = name
+      fields[#fields + 1] = values[i]
+    end
+  end
+  redis.call('DEL', key)
+  redis.call('HSET', key, unpack(fields))
+  redis.call('PEXPIRE', key, left)
+  return left
+end
+
+local defaulted, missed = 0, 0
+if #KEYS >= FIRST then
+  local recipes, unusable = parse_recipes(meta[3], meta[4])
+  if unusable then
+    return unusable
+  end
+  local decisions, mismatch = claimable()
+  if mismatch then
+    return mismatch
+  end
+  -- Checked whole before anything is written, as a batch of rewards is.
+  for _, decision in ipairs(decisions) do
+    if decision[STATUS] == 'pending' and decision[INCARNATION] == meta[1] then
+      local _, refused = read_sums(KEYS[2], recipes, decision)
+      if refused then
+        return refused
+      end
+    end
+  end
+  local longest = 0  -- ms the settled list must outlive its newest entry by
+  for i, decision in ipairs(decisions) do
+    local key = KEYS[FIRST + i - 1]
+    if not decision[STATUS] then
+      missed = missed + 1
+    elseif decision[INCARNATION] == meta[1] then
+      if decision[STATUS] == 'pending' then
+        apply(KEYS[2], recipes, decision, meta[2])
+        redis.call('HSET', key, 'status', 'defaulted', 'reward', meta[2])
+        log_outcome(KEYS[3], meta[5], meta[6], 'default', decision_id(key), meta[2])
+        defaulted = defaulted + 1
+      end
+      local left = strip(key)
+      if left > 0 then
+        redis.call('RPUSH', KEYS[5], string.format('%.3f', now + left / 1000) .. ' '
+                   .. decision_id(key))
+        longest = math.max(longest, left)
+      end
+    end
+  end
+  if #decisions > 0 then
+    redis.call('LTRIM', KEYS[4], #decisions, -1)
+  end
+  if defaulted > 0 then
+    redis.call('HINCRBY', KEYS[2], 'defaulted', defaulted)
+  end
+  if missed > 0 then
+    redis.call('HINCRBY', KEYS[2], 'defaults_missed', missed)
+  end
+  if longest > 0 and redis.call('PTTL', KEYS[5]) < longest + 1000 then
+    redis.call('PEXPIRE', KEYS[5], longest + 1000)
+  end
+  -- Drop the settled entries whose decisions have expired (up to 128 a call).
+  local expired = 0
+  for _, entry in ipairs(redis.call('LRANGE', KEYS[5], 0, 127)) do
+    if deadline(entry) > now then
+      break
+    end
+    expired = expired + 1
+  end
+  if expired > 0 then
+    redis.call('LTRIM', KEYS[5], expired, -1)
+  end
+end
+
+local reply = {defaulted, missed}
+local wanted = tonumber(ARGV[1])
+local first = redis.call('LINDEX', KEYS[4], 0)
+if wanted > 0 and first and deadline(first) <= now then
+  for _, entry in ipairs(redis.call('LRANGE', KEYS[4], 0, wanted - 1)) do
+    if deadline(entry) > now then
+      break
+    end
+    reply[#reply + 1] = entry
+  end
+end
+return reply

@@ -1,0 +1,221 @@
+-- Shared by reward.lua and settle.lua: store.py puts this chunk in front of
+-- each, so a reward and a default reward are added by the same code.
+--
+-- What an observation does to each field is the recipe stored with the
+-- experiment (see policies.state.layout and service.codec): add the upper
+-- triangle of x x' ('outer_upper', row by row), r x ('r_x') or 1 ('one');
+-- hold the blob's first reward c ('first_r', set while the blob's count is
+-- 0); add r - c ('dr') or (r - c)^2 ('dr2'). These are the same IEEE
+-- operations as policies.update, so the sums are bit-identical.
+--
+-- Only local functions: Redis forbids a script to create globals.
+
+local KNOWN = {outer_upper = true, r_x = true, one = true, first_r = true, dr = true, dr2 = true}
+
+-- The model and arm recipes (comma-separated additions), or nil and an error reply.
+local function parse_recipes(model_text, arm_text)
+  if not model_text or not arm_text then
+    return nil, redis.error_reply(
+      'experiment stored by an earlier version: restart the service to upgrade it')
+  end
+  local recipes = {}
+  for i, text in ipairs({model_text, arm_text}) do
+    recipes[i] = {}
+    for kind in string.gmatch(text, '[^,]+') do
+      if not KNOWN[kind] then
+        return nil, redis.error_reply('unknown addition ' .. kind .. ' in the experiment recipe')
+      end
+      recipes[i][#recipes[i] + 1] = kind
+    end
+  end
+  return recipes, nil
+end
+
+local CHUNK = 4000  -- doubles per struct call: below Lua's C stack limit of 8000
+local FORMATS = {}  -- '<ddd...' by count
+
+local function format(m)
+  local fmt = FORMATS[m]
+  if not fmt then
+    fmt = '<' .. string.rep('d', m)
+    FORMATS[m] = fmt
+  end
+  return fmt
+end
+
+-- The doubles of a blob, as one table; a missing blob is n zeros.
+local function unpack_doubles(blob, n)
+  if not blob then
+    local zeros = {}
+    for j = 1, n do
+      zeros[j] = 0.0
+    end
+    return zeros
+  end
+  n = #blob / 8
+  if n <= CHUNK then
+    local values = {struct.unpack(format(n), blob)}
+    values[n + 1] = nil  -- struct.unpack also returns the position after the last value
+    return values
+  end
+  local out = {}
+  for start = 0, n - 1, CHUNK do
+    local m = math.min(CHUNK, n - start)
+    local values = {struct.unpack(format(m), blob, start * 8 + 1)}
+    for j = 1, m do
+      out[start + j] = values[j]
+    end
+  end
+  return out
+end
+
+local function pack_doubles(values)
+  local parts = {}
+  for start = 0, #values - 1, CHUNK do
+    local m = math.min(CHUNK, #values - start)
+    parts[#parts + 1] = struct.pack(format(m), unpack(values, start + 1, start + m))
+  end
+  return table.concat(parts)
+end
+
+-- Add one observation (context x, reward r) to the sums v in place, field by
+-- field as the recipe says: the same products and sums as policies.update.
+-- The recipe holds the count ('one') before the shift ('first_r') and the
+-- shift before the shifted sums (policies.state.layout's order).
+local function add_observation(v, recipe, x, r)
+  local p, d = 0, #x
+  local fresh, first = false, 0.0
+  for _, kind in ipairs(recipe) do
+    if kind == 'outer_upper' then  -- x x', its upper triangle row by row
+      for i = 1, d do
+        local xi = x[i]
+        for j = i, d do
+          p = p + 1
+          v[p] = v[p] + xi * x[j]
+        end
+      end
+    elseif kind == 'r_x' then
+      for i = 1, d do
+        p = p + 1
+        v[p] = v[p] + r * x[i]
+      end
+    elseif kind == 'one' then
+      p = p + 1
+      fresh = v[p] == 0.0
+      v[p] = v[p] + 1.0
+    elseif kind == 'first_r' then
+      p = p + 1
+      if fresh then
+        v[p] = r
+      end
+      first = v[p]
+    elseif kind == 'dr' then
+      p = p + 1
+      v[p] = v[p] + (r - first)
+    else  -- 'dr2'
+      p = p + 1
+      local deviation = r - first
+      v[p] = v[p] + deviation * deviation
+    end
+  end
+end
+
+-- A decision as read_decision returns it: these positions, then the context chunks.
+local STATUS, INCARNATION, REWARD, X, MODEL_FIELD, ARM_FIELD, X_CHUNKS, DEADLINE = 1, 2, 3, 4, 5, 6, 7, 8
+
+-- The context is kept in chunks of at most 64 bytes ('x:1', 'x:2', ...), so
+-- Redis keeps the decision hash in its compact encoding; the first eight
+-- chunks (d <= 64) come with the other fields in one HMGET. A decision of an
+-- earlier version has the context whole in 'x'. 'deadline' (the end of the
+-- reward window) is there when the experiment has a default reward.
+local FIRST_CHUNKS = 8
+local DECISION_FIELDS = {'status', 'incarnation', 'reward', 'x', 'model_field', 'arm_field',
+                         'x_chunks', 'deadline'}
+for i = 1, FIRST_CHUNKS do
+  DECISION_FIELDS[#DECISION_FIELDS + 1] = 'x:' .. i
+end
+
+-- status, incarnation, reward, x (packed float64), model field, arm field,
+-- chunk count, deadline (each false when absent).
+local function read_decision(key)
+  local decision = redis.call('HMGET', key, unpack(DECISION_FIELDS))
+  local chunks = tonumber(decision[X_CHUNKS])
+  if not decision[X] and chunks then
+    local parts = {}
+    for i = 1, math.min(chunks, FIRST_CHUNKS) do
+      parts[i] = decision[DEADLINE + i]
+    end
+    if chunks > FIRST_CHUNKS then
+      local names = {}
+      for i = FIRST_CHUNKS + 1, chunks do
+        names[#names + 1] = 'x:' .. i
+      end
+      for _, part in ipairs(redis.call('HMGET', key, unpack(names))) do
+        parts[#parts + 1] = part
+      end
+    end
+    decision[X] = table.concat(parts)
+  end
+  return decision
+end
+
+local function blob_length(recipe, d)
+  local n = 0
+  for _, kind in ipairs(recipe) do
+    if kind == 'outer_upper' then n = n + d * (d + 1) / 2
+    elseif kind == 'r_x' then n = n + d
+    else n = n + 1 end
+  end
+  return 8 * n
+end
+
+-- The decision's two sums as stored in the stats hash (nil when nothing was
+-- observed yet), or an error when their sizes do not match the recipes.
+local function read_sums(stats_key, recipes, decision)
+  local blobs = redis.call('HMGET', stats_key, decision[MODEL_FIELD], decision[ARM_FIELD])
+  local d = #decision[X] / 8
+  for i = 1, 2 do
+    local blob = blobs[i]
+    if blob and #blob ~= blob_length(recipes[i], d) then
+      return nil, redis.error_reply('stored statistics do not match field '
+                                    .. decision[MODEL_FIELD + i - 1])
+    end
+  end
+  return blobs, nil
+end
+
+-- Add the reward (its text) to the decision's model and arm sums; an error,
+-- before any write, when the stored sums do not match the recipes.
+local function apply(stats_key, recipes, decision, text)
+  local blobs, refused = read_sums(stats_key, recipes, decision)
+  if refused then
+    return refused
+  end
+  local x = unpack_doubles(decision[X])
+  local r = tonumber(text)
+  local packed = {}
+  for i = 1, 2 do
+    local sums = unpack_doubles(blobs[i], blob_length(recipes[i], #x) / 8)
+    add_observation(sums, recipes[i], x, r)
+    packed[i] = pack_doubles(sums)
+  end
+  redis.call('HSET', stats_key, decision[MODEL_FIELD], packed[1], decision[ARM_FIELD], packed[2])
+  return nil
+end
+
+-- The decision's id: what follows ':decision:' in its key.
+local function decision_id(key)
+  return string.match(key, ':decision:(.*)$')
+end
+
+-- Append an outcome to the experiment's decision log (meta's log_max_entries
+-- and log_max_age_seconds; no log when the first is absent or 0). The log
+-- keeps its key while entries arrive: it expires max_age after the last one.
+local function log_outcome(log_key, max_entries, max_age, kind, id, reward)
+  if not max_entries or tonumber(max_entries) <= 0 then
+    return
+  end
+  redis.call('XADD', log_key, 'MAXLEN', '~', max_entries, '*',
+             'type', kind, 'id', id, 'reward', reward)
+  redis.call('EXPIRE', log_key, max_age)
+end

@@ -1,0 +1,405 @@
+"""The decision log, against a real Redis.
+
+- replaying the log's outcomes, in its order, through ``policies.update``
+  gives the stored statistics bit for bit (rewards in any order, defaults,
+  late rewards, duplicates, in every setting);
+- it pages over HTTP, and bad pages are 4xx;
+- ``linreboot export`` writes it as JSON lines and as Open Bandit Pipeline's
+  bandit feedback, and both replay to the stored statistics;
+- its bounds hold: length, and age.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import redis
+from pydantic import SecretStr
+
+from linreboot.export import export, in_application_order, load_bandit_feedback
+from loadtest.server import server_process
+from policies import PolicyConfig, Setting
+from service import keys
+from service.domain import ArmSpec, ChooseRequest, ExperimentSpec, LogEntry
+from service.experiments import ExperimentService, index_ranges, parse_index_ranges
+from service.settings import Settings
+from tests.conftest import ADMIN, ADMIN_TOKEN, Api
+from tests.test_service_durability import (
+    Observation,
+    assert_stats_equal,
+    expected_state,
+    stored_stats,
+)
+
+pytestmark = pytest.mark.anyio
+
+ARMS = ["a", "b", "c"]
+
+
+@pytest.fixture
+def app_settings(redis_db: str) -> Settings:
+    """The app's background sweeper as good as off: the tests sweep when they mean to."""
+    return Settings(redis_url=redis_db, admin_token=SecretStr(ADMIN_TOKEN),
+                    sweep_interval_seconds=60)
+
+
+async def whole_log(service: ExperimentService, experiment_id: str) -> list[LogEntry]:
+    entries: list[LogEntry] = []
+    after = None
+    while True:
+        page, after = await service.read_log(experiment_id, after, limit=7)
+        entries += page
+        if after is None:
+            return entries
+
+
+def replayed(log: list[LogEntry], arm_ids: list[str]) -> list[Observation]:
+    """The log's applied outcomes, in its order, as observations."""
+    decisions = {e.decision_id: e for e in log if e.type == "decision"}
+    return [
+        Observation(arm_ids.index(decisions[e.decision_id].arm_id or ""),
+                    np.array(decisions[e.decision_id].context), float(e.reward or 0.0))
+        for e in log if e.type in ("reward", "default")
+    ]
+
+
+def request_for(setting: str, rng: np.random.Generator, dim: int) -> ChooseRequest:
+    if setting == "stochastic":
+        return ChooseRequest()
+    if setting == "contextual":
+        return ChooseRequest(arm_contexts={
+            a: tuple(float(v) for v in rng.normal(size=dim)) for a in ARMS})
+    return ChooseRequest(context=tuple(float(v) for v in rng.normal(size=dim)))
+
+
+@pytest.mark.parametrize(("setting", "hyperparameters"), [
+    ("stochastic", {}),
+    ("contextual", {"residuals": "observed"}),  # per-arm Gram matrices in the arm blobs
+    ("covariates", {}),
+])
+async def test_replaying_the_log_reproduces_the_stored_sums_bit_for_bit(
+    service: ExperimentService, redis_db: str, setting: Setting,
+    hyperparameters: dict[str, float | str],
+) -> None:
+    rng = np.random.default_rng(21)
+    dim = 10  # 80 bytes of context: two chunks in the decision record
+    features = rng.normal(size=(3, dim)) if setting == "stochastic" else None
+    arms = tuple(ArmSpec(a, None if features is None else tuple(features[i]))
+                 for i, a in enumerate(ARMS))
+    await service.create(ExperimentSpec(
+        id="replay", setting=setting, dim=dim, arms=arms, hyperparameters=hyperparameters,
+        reward_window_seconds=1, default_reward=0.125, log_max_entries=10_000))
+    early = [await service.choose("replay", request_for(setting, rng, dim)) for _ in range(12)]
+    random.Random(5).shuffle(early)
+    for d in early[:8]:  # rewarded in another order than decided, one of them twice
+        await service.reward("replay", [(d.decision_id, float(rng.normal()))])
+    await service.reward("replay", [(early[0].decision_id, 99.0)])  # a conflict: not applied
+    await asyncio.sleep(1.1)
+    assert await service.sweep() == 4
+    await service.reward("replay", [(early[9].decision_id, 7.0)])  # late: not applied
+    for _ in range(20):  # then decisions rewarded at once, with the defaults' sums in them
+        d = await service.choose("replay", request_for(setting, rng, dim))
+        await service.reward("replay", [(d.decision_id, float(rng.normal()))])
+
+    log = await whole_log(service, "replay")
+
+    assert [e.type for e in log].count("decision") == 32
+    assert sum(e.type == "late" for e in log) == 1
+    view = await service.get("replay")
+    assert (view.rewards, view.defaulted, view.late) == (28, 4, 1)
+    config = PolicyConfig(**view.config)  # type: ignore[arg-type]
+    assert_stats_equal(config, ARMS, stored_stats(redis_db, "replay"),
+                       expected_state(config, 3, replayed(log, ARMS)))
+
+
+async def test_decision_entries_hold_what_the_decision_was_made_from(
+    service: ExperimentService,
+) -> None:
+    await service.create(ExperimentSpec(
+        id="what", setting="covariates", dim=2, arms=tuple(ArmSpec(f"arm{i}") for i in range(6)),
+        seed=3, log_max_entries=100))
+    await service.retire_arms("what", ["arm2"])
+    first = await service.choose("what", ChooseRequest(context=(0.5, -1.0)))
+    second = await service.choose("what", ChooseRequest(context=(1e-300, 3.0),
+                                                        excluded=("arm0", "arm5")))
+    await service.reward("what", [(first.decision_id, 1.0)])
+    third = await service.choose("what", ChooseRequest(context=(0.1, 0.2),
+                                                       eligible=("arm4", "arm1")))
+
+    log, next_after = await service.read_log("what", limit=100)
+
+    assert next_after is None
+    assert [(e.type, e.decision_id) for e in log] == [
+        ("decision", first.decision_id), ("decision", second.decision_id),
+        ("reward", first.decision_id), ("decision", third.decision_id)]
+    one, two, reward, three = log
+    assert (one.number, one.arm_id, one.context) == (1, first.arm_id, (0.5, -1.0))
+    assert one.eligible == ("arm0", "arm1", "arm3", "arm4", "arm5")  # arm2 retired
+    assert two.eligible == ("arm1", "arm3", "arm4") and two.context == (1e-300, 3.0)
+    assert three.eligible == ("arm1", "arm4")
+    assert (one.rewards_seen, two.rewards_seen, three.rewards_seen) == (0, 0, 1)
+    assert one.version == two.version == three.version
+    assert one.propensity is None  # none recorded (yet)
+    assert reward.reward == 1.0 and reward.time >= one.time
+
+
+@pytest.mark.parametrize(("indexes", "text"), [
+    ([], ""), ([0], "0"), ([0, 1, 2], "0-2"), ([0, 2, 3, 4, 7, 9, 10], "0,2-4,7,9-10"),
+    (list(range(100)), "0-99"),
+])
+def test_eligible_arms_are_written_as_index_ranges(indexes: list[int], text: str) -> None:
+    assert index_ranges(indexes) == text
+    assert parse_index_ranges(text) == indexes
+
+
+async def test_the_log_pages_over_http(api: Api) -> None:
+    key = await api.create({"id": "pages", "setting": "covariates", "dim": 2,
+                            "arms": [{"id": a} for a in ARMS], "seed": 1})
+    made = [await api.decide(key, {"experiment_id": "pages", "context": [0.5, float(i)]})
+            for i in range(5)]
+    entries: list[dict[str, Any]] = []
+    after = None
+    while True:
+        params: dict[str, Any] = {"limit": 2, **({"after": after} if after else {})}
+        response = await api.http.get("/experiments/pages/log", params=params, headers=ADMIN)
+        assert response.status_code == 200, response.text
+        page = response.json()
+        assert len(page["entries"]) <= 2
+        entries += page["entries"]
+        after = page["next_after"]
+        if after is None:
+            break
+    assert [e["decision_id"] for e in entries] == made
+    assert [e["context"] for e in entries] == [[0.5, float(i)] for i in range(5)]
+    assert all(e["eligible"] == ARMS and e["reward"] is None for e in entries)
+    view = await api.experiment("pages")
+    assert (view["log_max_entries"], view["log_max_age_seconds"]) == (
+        Settings().default_log_max_entries, Settings().default_log_max_age_seconds)
+    # After the last entry: an empty page.
+    last = await api.http.get("/experiments/pages/log", params={"after": entries[-1]["entry_id"]},
+                              headers=ADMIN)
+    assert last.json() == {"entries": [], "next_after": None}
+
+
+@pytest.mark.parametrize(("params", "status"), [
+    ({"after": "abc"}, 422),
+    ({"after": "1-2-3"}, 422),
+    ({"after": "18446744073709551616-0"}, 422),  # 2**64: beyond a stream id
+    ({"limit": 0}, 422),
+    ({"limit": 1001}, 422),
+])
+async def test_bad_log_pages_are_refused(api: Api, params: dict[str, Any], status: int) -> None:
+    await api.create({"id": "pages", "setting": "covariates", "dim": 2,
+                      "arms": [{"id": a} for a in ARMS]})
+    response = await api.http.get("/experiments/pages/log", params=params, headers=ADMIN)
+    assert response.status_code == status, response.text
+    assert response.json()["error"] == "invalid_input"
+
+
+async def test_the_log_of_a_missing_experiment_is_404_and_needs_the_admin_token(
+    api: Api,
+) -> None:
+    missing = await api.http.get("/experiments/ghost/log", headers=ADMIN)
+    assert missing.status_code == 404 and missing.json()["error"] == "not_found"
+    key = await api.create({"id": "pages", "setting": "covariates", "dim": 2,
+                            "arms": [{"id": a} for a in ARMS]})
+    assert (await api.http.get("/experiments/pages/log")).status_code == 401
+    assert (await api.http.get("/experiments/pages/log",
+                               headers={"X-API-Key": key})).status_code == 401
+    assert (await api.http.get("/experiments/pages/log",
+                               headers={"Authorization": f"Bearer {key}"})).status_code == 403
+
+
+async def test_an_experiment_without_a_log_writes_none(api: Api, redis_db: str) -> None:
+    key = await api.create({"id": "quiet", "setting": "covariates", "dim": 2,
+                            "arms": [{"id": a} for a in ARMS], "log_max_entries": 0})
+    decision = await api.decide(key, {"experiment_id": "quiet", "context": [0.5, 1.0]})
+    await api.reward(key, {"experiment_id": "quiet", "decision_id": decision, "reward": 1.0})
+    response = await api.http.get("/experiments/quiet/log", headers=ADMIN)
+    assert response.json() == {"entries": [], "next_after": None}
+    client = redis.Redis.from_url(redis_db)
+    try:
+        assert not client.exists(keys.log("quiet"))
+    finally:
+        client.close()
+
+
+# -- export -------------------------------------------------------------------
+
+
+async def _ledgered_experiment(api: Api, service: ExperimentService) -> dict[str, float]:
+    """A stochastic experiment with rewards, defaults and a late reward; the applied rewards."""
+    key = await api.create({
+        "id": "exp", "setting": "stochastic", "dim": 2, "seed": 9,
+        "arms": [{"id": "a", "features": [1.0, 0.0]}, {"id": "b", "features": [0.3, 1.0]},
+                 {"id": "c", "features": [-0.5, 0.25]}],
+        "reward_window_seconds": 1, "default_reward": 0.0})
+    rng = np.random.default_rng(8)
+    made = [await api.decide(key, {"experiment_id": "exp"}) for _ in range(10)]
+    applied = {}
+    for decision_id in made[6:] + made[:3]:  # out of order; three left to their default
+        value = float(rng.normal())
+        await api.reward(key, {"experiment_id": "exp", "decision_id": decision_id,
+                               "reward": value})
+        applied[decision_id] = value
+    await asyncio.sleep(1.1)
+    assert await service.sweep() == 3
+    late = await api.reward(key, {"experiment_id": "exp", "decision_id": made[4],
+                                  "reward": 5.0})
+    assert late.json()["status"] == "late"
+    await api.decide(key, {"experiment_id": "exp"})  # no outcome yet
+    return applied
+
+
+async def test_export_round_trip(
+    api: Api, service: ExperimentService, redis_db: str, tmp_path: Path
+) -> None:
+    applied = await _ledgered_experiment(api, service)
+
+    jsonl, npz = tmp_path / "exp.jsonl", tmp_path / "exp.npz"
+    assert await export(api.http, "exp", ADMIN_TOKEN, jsonl, "jsonl") == 11
+    assert await export(api.http, "exp", ADMIN_TOKEN, npz, "obp") == 10
+
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    view = await api.experiment("exp")
+    features = np.array([a["features"] for a in view["arms"]])
+    assert [r["number"] for r in records] == list(range(1, 12))
+    for r in records:
+        assert r["context"] == features[r["arm_index"]].tolist()
+        assert view["arms"][r["arm_index"]]["id"] == r["arm_id"]
+    outcomes = {r["decision_id"]: r["outcome"] for r in records}
+    assert {i: o["reward"] for i, o in outcomes.items() if o and o["type"] == "reward"} == applied
+    assert sum(o is not None and o["type"] == "default" for o in outcomes.values()) == 3
+    assert outcomes[records[-1]["decision_id"]] is None
+    assert [r["late_rewards"] for r in records if r["late_rewards"]] == [
+        [{"reward": 5.0, "time": records[4]["late_rewards"][0]["time"]}]]
+
+    # Replayed from the JSON lines alone, in the order the outcomes were applied.
+    rounds = in_application_order(records)
+    config = PolicyConfig(**view["config"])
+    observations = [Observation(r["arm_index"], np.array(r["context"]), r["outcome"]["reward"])
+                    for r in rounds]
+    assert_stats_equal(config, ["a", "b", "c"], stored_stats(redis_db, "exp"),
+                       expected_state(config, 3, observations))
+
+    # Open Bandit Pipeline's bandit feedback: the same rounds.
+    feedback = load_bandit_feedback(npz)
+    assert (feedback["n_rounds"], feedback["n_actions"]) == (10, 3)
+    assert feedback["action"].tolist() == [r["arm_index"] for r in rounds]
+    assert feedback["reward"].tolist() == [r["outcome"]["reward"] for r in rounds]
+    assert feedback["context"].tolist() == [r["context"] for r in rounds]
+    assert feedback["action_context"].tolist() == features.tolist()
+    assert feedback["position"].tolist() == [0] * 10
+    assert feedback["defaulted"].tolist() == [r["outcome"]["type"] == "default" for r in rounds]
+    assert all(math.isnan(p) if r["propensity"] is None else p == r["propensity"]
+               for p, r in zip(feedback["pscore"].tolist(), rounds, strict=True))
+
+
+def test_the_export_command_writes_both_formats(redis_db: str, tmp_path: Path) -> None:
+    """``linreboot export`` as the README runs it, against a real server."""
+    env = {"LINREBOOT_REDIS_URL": redis_db, "LINREBOOT_ADMIN_TOKEN": ADMIN_TOKEN,
+           "LINREBOOT_LOG_LEVEL": "warning"}
+    with server_process(env) as url:
+        created = httpx.post(f"{url}/experiments", headers=ADMIN, json={
+            "id": "cli", "setting": "covariates", "dim": 2, "arms": [{"id": a} for a in ARMS]})
+        api_key = {"X-API-Key": created.json()["api_key"]}
+        for i in range(3):
+            chosen = httpx.post(f"{url}/choose", headers=api_key,
+                                json={"experiment_id": "cli", "context": [1.0, float(i)]})
+            httpx.post(f"{url}/reward", headers=api_key, json={
+                "experiment_id": "cli", "decision_id": chosen.json()["decision_id"],
+                "reward": 0.5 * i})
+        for fmt, name, says in (("jsonl", "cli.jsonl", "3 decisions"),
+                                ("obp", "cli.npz", "3 rounds")):
+            done = subprocess.run(
+                [sys.executable, "-m", "linreboot", "export", "--url", url, "--experiment",
+                 "cli", "--out", str(tmp_path / name), "--format", fmt],
+                env={"LINREBOOT_ADMIN_TOKEN": ADMIN_TOKEN, "PATH": ""}, capture_output=True,
+                text=True, timeout=60, check=False)
+            assert done.returncode == 0, done.stderr
+            assert says in done.stdout
+        wrong = subprocess.run(
+            [sys.executable, "-m", "linreboot", "export", "--url", url, "--experiment", "cli",
+             "--out", str(tmp_path / "x.jsonl"), "--admin-token", "wrong"],
+            capture_output=True, text=True, timeout=60, check=False)
+    assert wrong.returncode == 1 and "403" in wrong.stderr and "Traceback" not in wrong.stderr
+    lines = (tmp_path / "cli.jsonl").read_text().splitlines()
+    assert [json.loads(line)["outcome"]["reward"] for line in lines] == [0.0, 0.5, 1.0]
+    assert load_bandit_feedback(tmp_path / "cli.npz")["reward"].tolist() == [0.0, 0.5, 1.0]
+
+
+# -- bounds -------------------------------------------------------------------
+
+
+def _log_times(url: str, experiment_id: str) -> list[int]:
+    client = redis.Redis.from_url(url)
+    try:
+        entries: list[Any] = client.xrange(keys.log(experiment_id))  # type: ignore[assignment]
+        return [int(entry_id.split(b"-")[0]) for entry_id, _ in entries]
+    finally:
+        client.close()
+
+
+def _node_entries(url: str) -> int:
+    """Redis's bound on the entries of one stream node: '~' trims whole nodes."""
+    client = redis.Redis.from_url(url)
+    try:
+        config: dict[str, str] = client.config_get("stream-node-max-entries")  # type: ignore[assignment]
+        return int(config["stream-node-max-entries"])
+    finally:
+        client.close()
+
+
+async def test_the_log_keeps_at_most_about_its_length(
+    service: ExperimentService, redis_db: str
+) -> None:
+    await service.create(ExperimentSpec(
+        id="long", setting="covariates", dim=2, arms=tuple(ArmSpec(a) for a in ARMS),
+        log_max_entries=150))
+    made = [await service.choose("long", ChooseRequest(context=(0.5, float(i))))
+            for i in range(400)]
+    kept = _log_times(redis_db, "long")
+    assert 150 <= len(kept) <= 150 + _node_entries(redis_db)
+    log, _ = await service.read_log("long", limit=1000)
+    assert [e.decision_id for e in log] == [d.decision_id for d in made[-len(log):]]
+
+
+async def test_the_log_drops_entries_older_than_its_age(
+    service: ExperimentService, redis_db: str
+) -> None:
+    await service.create(ExperimentSpec(
+        id="old", setting="covariates", dim=2, arms=tuple(ArmSpec(a) for a in ARMS),
+        log_max_entries=100_000, log_max_age_seconds=1))
+
+    async def decide(n: int, pause: float = 0.0) -> None:
+        for i in range(n):
+            await service.choose("old", ChooseRequest(context=(0.5, float(i))))
+            await asyncio.sleep(pause)
+
+    await decide(300)
+    boundary = _log_times(redis_db, "old")[-1]  # the newest of the first 300 (ms)
+    await decide(30, pause=0.05)  # 1.5 s on: the first 300 are older than the age
+    await decide(64)  # every 64th decision drops the entries older than the age
+
+    times = _log_times(redis_db, "old")
+    old = [t for t in times if t <= boundary]
+    assert len(old) <= _node_entries(redis_db)  # whole nodes go: at most one is left
+    assert len(times) - len(old) >= 64
+    client = redis.Redis.from_url(redis_db)
+    try:
+        ttl: int = client.ttl(keys.log("old"))  # type: ignore[assignment]
+        assert 0 < ttl <= 1
+    finally:
+        client.close()
+    await asyncio.sleep(1.1)
+    assert _log_times(redis_db, "old") == []  # idle for its age: the whole log is gone

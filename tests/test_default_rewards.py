@@ -1,0 +1,446 @@
+"""Default rewards, against a real Redis: applied once to every decision whose window
+ends without a reward, whatever the number of workers; late rewards change nothing.
+
+Every test audits with a ledger: what the clients were told (applied, late)
+and what the decision log says was applied, against the stored statistics.
+Windows are the shortest allowed (1 s), so each test waits a second or two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import redis
+from pydantic import SecretStr
+
+from loadtest.faults import redis_process
+from loadtest.server import free_port, server_process
+from policies import PolicyConfig
+from service import keys
+from service.domain import ArmSpec, ChooseRequest, Decision, ExperimentSpec, LogEntry
+from service.errors import InvalidInput
+from service.experiments import ExperimentService
+from service.settings import Settings
+from service.store import Store
+from tests.conftest import ADMIN, ADMIN_TOKEN, Api
+from tests.test_service_durability import (
+    Observation,
+    assert_stats_equal,
+    expected_state,
+    stored_stats,
+)
+
+pytestmark = pytest.mark.anyio
+
+ARMS = ("a", "b", "c")
+WINDOW = 1  # seconds: the shortest window there is
+DEFAULT = -0.25
+
+
+@pytest.fixture
+def app_settings(redis_db: str) -> Settings:
+    """The tests' settings, with the app's background sweeper as good as off (a first
+    tick after 30 s): these tests sweep when they mean to."""
+    return Settings(redis_url=redis_db, admin_token=SecretStr(ADMIN_TOKEN),
+                    sweep_interval_seconds=60)
+
+
+def spec(experiment_id: str = "dflt", /, **changes: object) -> ExperimentSpec:
+    fields: dict[str, object] = {
+        "id": experiment_id, "setting": "covariates", "dim": 3, "seed": 4,
+        "arms": tuple(ArmSpec(a) for a in ARMS), "reward_window_seconds": WINDOW,
+        "default_reward": DEFAULT, "log_max_entries": 100_000, **changes,
+    }
+    return ExperimentSpec(**fields)  # type: ignore[arg-type]
+
+
+def context(rng: np.random.Generator) -> ChooseRequest:
+    return ChooseRequest(context=tuple(float(v) for v in rng.normal(size=3)))
+
+
+async def whole_log(service: ExperimentService, experiment_id: str) -> list[LogEntry]:
+    entries: list[LogEntry] = []
+    after = None
+    while True:
+        page, after = await service.read_log(experiment_id, after, limit=50)
+        entries += page
+        if after is None:
+            return entries
+
+
+def applied_in_order(log: Sequence[LogEntry]) -> list[Observation]:
+    """The observations the log says were added to the statistics, in their order."""
+    decisions = {e.decision_id: e for e in log if e.type == "decision"}
+    out = []
+    for entry in log:
+        if entry.type in ("reward", "default"):
+            decision = decisions[entry.decision_id]
+            assert decision.arm_id is not None and decision.context is not None
+            assert entry.reward is not None
+            out.append(Observation(ARMS.index(decision.arm_id), np.array(decision.context),
+                                   entry.reward))
+    return out
+
+
+async def audit(service: ExperimentService, redis_url: str, experiment_id: str,
+                rewarded: dict[str, float], decisions: Sequence[Decision]) -> None:
+    """Each decision counted once: its acknowledged reward, else the default; the
+    statistics are exactly those of the log's outcomes, in the log's order."""
+    view = await service.get(experiment_id)
+    log = await whole_log(service, experiment_id)
+    outcomes = Counter(e.decision_id for e in log if e.type in ("reward", "default"))
+    assert outcomes == Counter(d.decision_id for d in decisions), "not exactly one outcome each"
+    for entry in log:
+        if entry.type == "reward":
+            assert rewarded[entry.decision_id] == entry.reward
+        elif entry.type == "default":
+            assert entry.decision_id not in rewarded and entry.reward == DEFAULT
+    assert (view.decisions, view.rewards, view.defaulted) == (
+        len(decisions), len(rewarded), len(decisions) - len(rewarded))
+    config = PolicyConfig(**view.config)  # type: ignore[arg-type]
+    assert_stats_equal(config, ARMS, stored_stats(redis_url, experiment_id),
+                       expected_state(config, len(ARMS), applied_in_order(log)))
+
+
+async def until_windows_end() -> None:
+    """Sleep until the windows of the decisions made so far are over."""
+    await asyncio.sleep(WINDOW + 0.1)
+
+
+async def test_defaults_are_applied_once_by_two_workers_sweeping_together(
+    service: ExperimentService, other_service: ExperimentService, redis_db: str
+) -> None:
+    rng = np.random.default_rng(1)
+    await service.create(spec())
+    decisions: list[Decision] = []
+    rewarded: dict[str, float] = {}
+    for i in range(60):
+        d = await (service, other_service)[i % 2].choose("dflt", context(rng))
+        decisions.append(d)
+        if i % 3 == 0:  # a third rewarded in time
+            value = float(rng.normal())
+            assert (await service.reward("dflt", [(d.decision_id, value)]))[0].status == "applied"
+            rewarded[d.decision_id] = value
+    await until_windows_end()
+
+    # Both workers sweep, several times each, at the same moment: every sweep
+    # reads the same due entries and races to settle them.
+    counts = await asyncio.gather(*(w.sweep() for w in (service, other_service) * 4))
+
+    assert sum(counts) == len(decisions) - len(rewarded)
+    assert await service.sweep() == 0  # nothing left to do
+    await audit(service, redis_db, "dflt", rewarded, decisions)
+    client = redis.Redis.from_url(redis_db)
+    try:  # settled: the pending list is empty, every decision sits on the settled list
+        assert client.llen(keys.pending("dflt")) == 0
+        assert client.llen(keys.settled("dflt")) == len(decisions)
+    finally:
+        client.close()
+
+
+async def test_a_default_counts_once_when_two_sweepers_hold_the_same_entries(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """The claim in settle.lua, not the list, makes a default count once: a sweeper that
+    read the head before another settled it, and a decision listed twice (as a resent
+    decide would list it if the list were not keyed by decision), still count once."""
+    rng = np.random.default_rng(2)
+    await service.create(spec())
+    decisions = [await service.choose("dflt", context(rng)) for _ in range(5)]
+    await until_windows_end()
+    store = Store.from_url(redis_db, 2.0)
+    try:
+        first = await store.settle("dflt", [], 100)
+        assert first is not None and len(first.due) == 5
+        # Two sweepers with the same entries, one after the other.
+        done = await store.settle("dflt", first.due, 0)
+        again = await store.settle("dflt", first.due, 0)
+        assert done is not None and again is not None
+        assert (done.defaulted, again.defaulted) == (5, 0)
+        # The same decision entries pushed back onto the list: settled, not counted.
+        client = redis.Redis.from_url(redis_db)
+        try:
+            client.rpush(keys.pending("dflt"), *first.due)
+        finally:
+            client.close()
+        replay = await store.settle("dflt", first.due, 0)
+        assert replay is not None and replay.defaulted == 0
+    finally:
+        await store.close()
+    await audit(service, redis_db, "dflt", {}, decisions)
+
+
+async def test_a_reward_after_the_window_is_late_and_changes_nothing(
+    api: Api, service: ExperimentService, redis_db: str
+) -> None:
+    key = await api.create({"id": "late", "setting": "covariates", "dim": 3, "seed": 1,
+                            "arms": [{"id": a} for a in ARMS], "reward_window_seconds": WINDOW,
+                            "default_reward": DEFAULT})
+    body = {"experiment_id": "late", "context": [0.5, -1.0, 2.0]}
+    early, late = await api.decide(key, body), await api.decide(key, body)
+    assert (await api.reward(key, {"experiment_id": "late", "decision_id": early,
+                                   "reward": 1.0})).status_code == 200
+    await asyncio.sleep(WINDOW + 0.1)
+
+    # Before the sweeper got to it: late already, and nothing changes; its
+    # default is still to come.
+    before = await api.state("late")
+    response = await api.reward(key, {"experiment_id": "late", "decision_id": late,
+                                      "reward": 1.0})
+    assert response.status_code == 409 and response.json()["status"] == "late"
+    assert await api.state("late") == before
+    assert await service.sweep() == 1
+    # After the default: late again, and a batch says so too. The rewarded
+    # decision is still known after its window: a resend is a duplicate.
+    batch = await api.reward(key, {"experiment_id": "late", "rewards": [
+        {"decision_id": late, "reward": 0.5}, {"decision_id": early, "reward": 1.0}]})
+    assert [r["status"] for r in batch.json()["results"]] == ["late", "duplicate"]
+
+    view = await api.experiment("late")
+    assert (view["decisions"], view["rewards"], view["defaulted"], view["late"]) == (2, 1, 1, 2)
+    assert view["default_reward"] == DEFAULT
+    log = await whole_log(service, "late")
+    assert [e.type for e in log] == ["decision", "decision", "reward", "late", "default", "late"]
+    assert [e.reward for e in log if e.type == "late"] == [1.0, 0.5]
+    outcomes = {e.decision_id: e.reward for e in log if e.type in ("reward", "default")}
+    assert outcomes == {early: 1.0, late: DEFAULT}
+    config = PolicyConfig(**view["config"])
+    assert_stats_equal(config, ARMS, stored_stats(redis_db, "late"),
+                       expected_state(config, 3, applied_in_order(log)))
+
+
+async def test_rewards_racing_the_default_count_exactly_one_of_them(
+    service: ExperimentService, other_service: ExperimentService, redis_db: str
+) -> None:
+    """Rewards sent around the end of the window, while both workers sweep: each
+    decision gets its reward (before the deadline) or the default (after), never both."""
+    rng = np.random.default_rng(3)
+    await service.create(spec())
+    decisions, made = [], []  # made: when each choose returned (its window began before)
+    for _ in range(40):
+        decisions.append(await service.choose("dflt", context(rng)))
+        made.append(time.monotonic())
+    values = {d.decision_id: float(rng.normal()) for d in decisions}
+
+    async def send(d: Decision, at: float) -> tuple[str, str]:
+        await asyncio.sleep(at - time.monotonic())
+        outcome = await other_service.reward("dflt", [(d.decision_id, values[d.decision_id])])
+        return d.decision_id, outcome[0].status
+
+    async def sweep_until(end: float) -> None:
+        while time.monotonic() < end:
+            await asyncio.gather(service.sweep(), other_service.sweep())
+            await asyncio.sleep(0.01)
+
+    # Each reward 0.8 s to 1.4 s after its decision: across its deadline.
+    delays = np.linspace(WINDOW - 0.2, WINDOW + 0.4, len(decisions))
+    replies, _ = await asyncio.gather(
+        asyncio.gather(*(send(d, t + float(delay))
+                         for d, t, delay in zip(decisions, made, delays, strict=True))),
+        sweep_until(made[-1] + WINDOW + 0.5),
+    )
+    await service.sweep()
+
+    statuses = dict(replies)
+    assert set(statuses.values()) <= {"applied", "late"}
+    assert "applied" in statuses.values() and "late" in statuses.values()
+    rewarded = {i: values[i] for i, s in statuses.items() if s == "applied"}
+    await audit(service, redis_db, "dflt", rewarded, decisions)
+    assert (await service.get("dflt")).late == len(decisions) - len(rewarded)
+
+
+async def test_the_sweeper_recovers_after_a_redis_restart(tmp_path: Path) -> None:
+    """Redis is killed before the windows end and comes back after: the background
+    sweeper goes on and applies every default once (the pending list is in the AOF)."""
+    rng = np.random.default_rng(4)
+    with redis_process(tmp_path / "redis", free_port()) as server:
+        settings = Settings(redis_url=server.url, sweep_interval_seconds=0.2,
+                            redis_timeout_seconds=0.5)
+        service = await ExperimentService.open(settings)
+        try:
+            service.start_sweeper()
+            await service.create(spec())
+            decisions = [await service.choose("dflt", context(rng)) for _ in range(20)]
+            server.kill()
+            await asyncio.sleep(WINDOW + 0.5)  # sweeps fail meanwhile
+            server.start()
+            view = await service.get("dflt")
+            for _ in range(100):  # the sweeper's next ticks (0.1-0.3 s apart)
+                if view.defaulted == len(decisions):
+                    break
+                await asyncio.sleep(0.1)
+                view = await service.get("dflt")
+            assert (view.decisions, view.defaulted, view.defaults_missed) == (20, 20, 0)
+            await audit(service, server.url, "dflt", {}, decisions)
+        finally:
+            await service.close()
+
+
+async def test_delete_removes_pending_settled_and_logged_decisions(
+    api: Api, service: ExperimentService, redis_db: str
+) -> None:
+    key = await api.create({"id": "gone", "setting": "covariates", "dim": 3,
+                            "arms": [{"id": a} for a in ARMS], "reward_window_seconds": WINDOW,
+                            "default_reward": 0.0})
+    body = {"experiment_id": "gone", "context": [0.5, -1.0, 2.0]}
+    first = [await api.decide(key, body) for _ in range(3)]
+    await api.reward(key, {"experiment_id": "gone", "decision_id": first[0], "reward": 1.0})
+    await asyncio.sleep(WINDOW + 0.1)
+    assert await service.sweep() == 2  # settled: kept for late rewards
+    await api.decide(key, body)  # pending
+    client = redis.Redis.from_url(redis_db)
+    try:
+        assert client.llen(keys.settled("gone")) == 3 and client.llen(keys.pending("gone")) == 1
+        assert client.xlen(keys.log("gone")) == 7
+        assert client.sismember(keys.DEFAULT_REWARD_INDEX, "gone")
+
+        assert (await api.http.delete("/experiments/gone", headers=ADMIN)).status_code == 204
+
+        assert list(client.scan_iter(match="lrb:{gone}:*")) == []
+        assert not client.sismember(keys.DEFAULT_REWARD_INDEX, "gone")
+    finally:
+        client.close()
+    assert await service.sweep() == 0
+
+
+async def test_settled_decisions_keep_no_context_and_expire_from_their_list(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """A settled decision keeps its marker (for late rewards) and its time to live, not
+    its context; the settled list forgets decisions once they have expired."""
+    rng = np.random.default_rng(5)
+    await service.create(spec())
+    decision = await service.choose("dflt", context(rng))
+    await until_windows_end()
+    await service.sweep()
+    client = redis.Redis.from_url(redis_db)
+    try:
+        names: list[bytes] = client.hkeys(  # type: ignore[assignment]
+            keys.decision("dflt", decision.decision_id))
+        assert {k.decode() for k in names} == {"status", "reward", "incarnation", "number"}
+        ttl: int = client.ttl(keys.decision("dflt", decision.decision_id))  # type: ignore[assignment]
+        assert WINDOW < ttl <= WINDOW + Settings().default_reward_grace_seconds
+        # As if its grace period were over: the next settle call drops it from the list.
+        client.delete(keys.decision("dflt", decision.decision_id))
+        client.lset(keys.settled("dflt"), 0, f"1000.000 {decision.decision_id}")
+    finally:
+        client.close()
+    later = await service.choose("dflt", context(rng))
+    await until_windows_end()
+    await service.sweep()
+    client = redis.Redis.from_url(redis_db)
+    try:
+        entries: list[bytes] = client.lrange(keys.settled("dflt"), 0, -1)  # type: ignore[assignment]
+        listed = [e.decode().split(" ")[1] for e in entries]
+        assert listed == [later.decision_id]
+    finally:
+        client.close()
+
+
+async def test_a_decision_that_expired_unsettled_is_counted_as_missed(
+    service: ExperimentService, redis_db: str
+) -> None:
+    rng = np.random.default_rng(6)
+    await service.create(spec())
+    decisions = [await service.choose("dflt", context(rng)) for _ in range(3)]
+    client = redis.Redis.from_url(redis_db)
+    try:  # as if the service had been stopped for longer than the grace period
+        client.delete(keys.decision("dflt", decisions[1].decision_id))
+    finally:
+        client.close()
+    await until_windows_end()
+    assert await service.sweep() == 2
+    view = await service.get("dflt")
+    assert (view.defaulted, view.defaults_missed) == (2, 1)
+
+
+@pytest.mark.slow
+async def test_two_serve_processes_apply_each_default_once_within_five_seconds(
+    redis_db: str,
+) -> None:
+    """Two ``linreboot serve`` replicas, each with its background sweeper, on one Redis."""
+    env = {"LINREBOOT_REDIS_URL": redis_db, "LINREBOOT_ADMIN_TOKEN": ADMIN_TOKEN,
+           "LINREBOOT_LOG_LEVEL": "warning"}
+    with server_process(env) as first, server_process(env) as second:
+        async with httpx.AsyncClient(timeout=30.0) as http:
+            created = await http.post(f"{first}/experiments", headers=ADMIN, json={
+                "id": "two", "setting": "covariates", "dim": 3, "seed": 2,
+                "arms": [{"id": a} for a in ARMS], "reward_window_seconds": WINDOW,
+                "default_reward": DEFAULT})
+            assert created.status_code == 201, created.text
+            api_key = {"X-API-Key": created.json()["api_key"]}
+            rewarded = 0
+            for i in range(40):
+                url = (first, second)[i % 2]
+                chosen = await http.post(f"{url}/choose", headers=api_key, json={
+                    "experiment_id": "two", "context": [0.1 * i, -1.0, 2.0]})
+                assert chosen.status_code == 200
+                if i % 4 == 0:
+                    reply = await http.post(f"{url}/reward", headers=api_key, json={
+                        "experiment_id": "two", "decision_id": chosen.json()["decision_id"],
+                        "reward": 1.0})
+                    assert reply.json()["status"] == "applied"
+                    rewarded += 1
+            view = (await http.get(f"{first}/experiments/two", headers=ADMIN)).json()
+            for _ in range(80):  # the bound below, and more
+                if view["defaulted"] >= 40 - rewarded:
+                    break
+                await asyncio.sleep(0.1)
+                view = (await http.get(f"{second}/experiments/two", headers=ADMIN)).json()
+            log = (await http.get(f"{first}/experiments/two/log?limit=1000",
+                                  headers=ADMIN)).json()["entries"]
+    assert (view["decisions"], view["rewards"], view["defaulted"]) == (40, rewarded, 40 - rewarded)
+    made = {e["decision_id"]: e["time"] for e in log if e["type"] == "decision"}
+    defaults = [e for e in log if e["type"] == "default"]
+    assert len(defaults) == len({e["decision_id"] for e in defaults}) == 40 - rewarded
+    # The issue's bound: a default lands within 5 s of the end of its window
+    # (the sweepers tick every 0.5-1.5 s; the log's times are Redis's clock, to the ms).
+    delays = [e["time"] - (made[e["decision_id"]] + WINDOW) for e in defaults]
+    assert min(delays) >= -0.002 and max(delays) <= 5.0, delays
+
+
+@pytest.mark.parametrize("changes", [
+    {"default_reward": math.nan}, {"default_reward": math.inf}, {"default_reward": 1e7},
+    {"log_max_entries": -1}, {"log_max_age_seconds": 0},
+])
+async def test_a_bad_default_reward_or_log_bound_is_refused_in_process(
+    service: ExperimentService, changes: dict[str, float],
+) -> None:
+    with pytest.raises(InvalidInput):
+        await service.create(spec(**changes))
+    assert await service.list() == ([], None)
+
+
+async def test_an_experiment_created_again_without_a_default_is_left_alone(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """A sweeper that still lists the id (a DELETE that stopped half-way) settles nothing
+    of an experiment that has no default reward now."""
+    rng = np.random.default_rng(7)
+    await service.create(spec())
+    await service.delete("dflt")
+    await service.create(spec(default_reward=None))
+    decision = await service.choose("dflt", context(rng))
+    client = redis.Redis.from_url(redis_db)
+    try:
+        client.sadd(keys.DEFAULT_REWARD_INDEX, "dflt")
+    finally:
+        client.close()
+    await until_windows_end()
+    store = Store.from_url(redis_db, 2.0)
+    try:  # nothing to settle: not even a due entry to try
+        assert await store.settle("dflt", [], 100) is None
+    finally:
+        await store.close()
+    assert await service.sweep() == 0
+    view = await service.get("dflt")
+    assert (view.defaulted, view.decisions) == (0, 1)
+    assert (await service.reward("dflt", [(decision.decision_id, 1.0)]))[0].status == "not_found"
