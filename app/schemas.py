@@ -206,6 +206,7 @@ class Hyperparameters(_Request):
     theta_bound: float | None = _hyperparameter("theta_bound")
     context_bound: float | None = _hyperparameter("context_bound")
     ucb_alpha: float | None = _hyperparameter("ucb_alpha")
+    discount: float | None = _hyperparameter("discount")
 
     def overrides(self) -> dict[str, float | str]:
         return self.model_dump(exclude_none=True)
@@ -463,6 +464,11 @@ class ArmOut(BaseModel):
     mean_reward: float | None = Field(description="null until the arm has a reward")
     rss: float | None = Field(description="residual sum of squares; null until rewarded")
     features: list[float] | None = None
+    weight: float | None = Field(
+        default=None, description="with a discount: the sum of the weights of the arm's "
+        "outcomes, its effective number of rewards (pulls counts them undiscounted; "
+        "mean_reward and rss are discounted); null without a discount",
+    )
 
     @classmethod
     def from_domain(cls, arm: ArmState) -> ArmOut:
@@ -474,6 +480,7 @@ class ArmOut(BaseModel):
             mean_reward=arm.mean_reward,
             rss=arm.rss,
             features=features,
+            weight=arm.weight,
         )
 
 

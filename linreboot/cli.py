@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from policies import PAPER_POLICIES, POLICIES, SETTINGS
+from policies import PAPER_POLICIES, POLICIES, RANGES, SETTINGS
 from service.errors import StartupError
 
 if TYPE_CHECKING:
@@ -47,6 +47,12 @@ def _add_simulate(sub: argparse._SubParsersAction[_Parser]) -> None:
                    help="LinReBoot residuals (default: current, as Algorithm 2)")
     p.add_argument("--reading", choices=("authors", "literal"), default="authors",
                    help="environment reading of the appendix (default: the authors' code)")
+    p.add_argument("--discount", nargs="+", type=float, default=[1.0],
+                   help="discount values to sweep, every policy once per value (default 1: "
+                   "no forgetting; see policies.state)")
+    p.add_argument("--switch-every", type=int, default=0, metavar="ROUNDS",
+                   help="a drifting world: theta is drawn afresh every ROUNDS rounds "
+                   "(default 0: never)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     p.add_argument("--time-single-runs", action="store_true",
                    help="also time one unbatched run per cell (runtime table)")
@@ -60,16 +66,23 @@ def _simulate(args: argparse.Namespace) -> int:
     for value in (args.reps, args.horizon, args.jobs):
         if value < 1:
             raise SystemExit("--reps, --horizon and --jobs must be positive")
+    bounds = RANGES["discount"]
+    if not all(bounds.holds(value) for value in args.discount):
+        raise SystemExit(f"--discount values must be from {bounds.low:g} to {bounds.high:g}")
+    if args.switch_every < 0:
+        raise SystemExit("--switch-every must be 0 (never) or a positive number of rounds")
     if args.reps < 2:
         print("note: with one repetition the standard error is reported as 0", file=sys.stderr)
     overrides: tuple[tuple[str, object], ...] = (
         (("residuals", args.residuals),) if args.residuals else ()
     )
-    cells = grid(args.settings, args.dims, args.policies, args.sigma_omega, args.reading, overrides)
+    cells = grid(args.settings, args.dims, args.policies, args.sigma_omega, args.reading, overrides,
+                 discounts=args.discount, switch_every=args.switch_every)
     run = run_grid(cells, args.reps, args.horizon, args.seed, args.jobs,
                    time_single=args.time_single_runs)
+    drift = f", theta switching every {args.switch_every} rounds" if args.switch_every else ""
     title = (f"In-process: {args.reps} repetitions x {args.horizon} rounds, "
-             f"{args.reading} reading, seed {args.seed}")
+             f"{args.reading} reading{drift}, seed {args.seed}")
     paths = write_outputs(run, args.out, title)
     print(paths["tables"].read_text())
     for name, path in paths.items():

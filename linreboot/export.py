@@ -116,7 +116,9 @@ def bandit_feedback(experiment: dict[str, Any], records: Sequence[dict[str, Any]
     round's context), ``action_context`` the arms' features in the
     stochastic setting (else one-hot rows, OBP's default), ``pscore`` the
     logged propensity (NaN where none was logged), ``position`` all 0;
-    ``defaulted`` (not OBP's) marks the rounds whose reward is the default.
+    ``defaulted`` (not OBP's) marks the rounds whose reward is the default,
+    ``decision_number`` (not OBP's) gives each round's decision number, which
+    an experiment with a ``discount`` weighs its outcomes by.
     """
     rounds = in_application_order(records)
     arms = experiment["arms"]
@@ -135,6 +137,7 @@ def bandit_feedback(experiment: dict[str, Any], records: Sequence[dict[str, Any]
         "action_context": action_context,
         "position": np.zeros(len(rounds), dtype=np.int64),
         "defaulted": np.array([r["outcome"]["type"] == "default" for r in rounds], dtype=bool),
+        "decision_number": np.array([r["number"] for r in rounds], dtype=np.int64),
     }
 
 

@@ -20,12 +20,23 @@ where the text is ambiguous the authors' published simulation code decides (the
     ``x ~ N(0, I_d)`` is shared by every arm. Authors: ``x`` rescaled to unit norm and
     noise sd 0.1; literal: raw ``x`` and noise variance 0.1.
 
+A drifting world
+----------------
+Any setting can also *switch* (``switch_every = P``): the truth holds for
+rounds 1..P, then ``theta`` (every ``theta_k`` in the covariates setting) is
+drawn afresh from the same distribution for rounds P+1..2P, and so on; the
+arms' features and context centres stay. A piecewise-stationary world with
+changes at known times, in which a policy that never forgets learns each
+new theta ever more slowly (the policies' ``discount``).
+
 Randomness and reproducibility
 ------------------------------
 Repetition ``b`` draws only from ``rngs[b]``, in a fixed order: first its truth
 (``theta``, then the arm features or centres; for covariates ``theta_1 .. theta_K`` one
 by one, each as binomial, choice, uniform), then four integers that seed two private
-sub-streams, one for contexts and one for reward noise. Keeping contexts and noise on
+sub-streams, one for contexts and one for reward noise (a switching world then
+draws four more, for a third sub-stream from which each switch draws the new
+truth, repetition by repetition, as the first was drawn). Keeping contexts and noise on
 separate streams means each stream is read strictly in order, so it can be drawn in
 blocks of rounds (one ``standard_normal`` call per repetition per block, see
 ``block_rounds``) without changing a single value: NumPy fills an array from the bit
@@ -100,12 +111,16 @@ class EnvSpec:
         ``"authors"`` follows the published code where the text is ambiguous (unit-norm
         contexts in the contextual and covariates settings; noise sd 0.1 for covariates);
         ``"literal"`` follows the text (no rescaling; every noise level a variance).
+    switch_every : int
+        0 (default): the truth never changes. P: theta is drawn afresh every P rounds
+        (after rounds P, 2P, ...; see "A drifting world").
     """
 
     setting: Setting
     dim: int
     n_arms: int
     reading: Reading = "authors"
+    switch_every: int = 0
 
     def __post_init__(self) -> None:
         if self.setting not in SETTINGS:
@@ -116,6 +131,9 @@ class EnvSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        every = self.switch_every
+        if isinstance(every, bool) or not isinstance(every, int | np.integer) or every < 0:
+            raise ValueError(f"switch_every must be 0 (never) or a positive integer, got {every!r}")
 
     @property
     def noise_sd(self) -> float:
@@ -131,7 +149,8 @@ class EnvSpec:
 
 
 def make_spec(
-    setting: Setting, dim: int, *, n_arms: int | None = None, reading: Reading = "authors"
+    setting: Setting, dim: int, *, n_arms: int | None = None, reading: Reading = "authors",
+    switch_every: int = 0,
 ) -> EnvSpec:
     """Build an `EnvSpec`, with the paper's number of arms unless `n_arms` is given.
 
@@ -143,6 +162,8 @@ def make_spec(
     n_arms : int, optional
         Number of arms K; default 100 (stochastic), 100 (contextual), 10 (covariates).
     reading : {"authors", "literal"}, default "authors"
+    switch_every : int, default 0
+        Rounds between switches of the truth; 0: never.
 
     Returns
     -------
@@ -151,7 +172,8 @@ def make_spec(
     if setting not in SETTINGS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
     k = DEFAULT_N_ARMS[setting] if n_arms is None else n_arms
-    return EnvSpec(setting=setting, dim=dim, n_arms=k, reading=reading)
+    return EnvSpec(setting=setting, dim=dim, n_arms=k, reading=reading,
+                   switch_every=switch_every)
 
 
 # --------------------------------------------------------------------------- seeding
@@ -251,6 +273,14 @@ def _covariate_theta(rng: np.random.Generator, dim: int, norm: float) -> np.ndar
     return norm * _unit_rows(v)
 
 
+def _draw_theta(spec: EnvSpec, rng: np.random.Generator) -> np.ndarray:
+    """One repetition's parameter: shape (d,), or (K, d) for covariates."""
+    k, d = spec.n_arms, spec.dim
+    if spec.setting == "covariates":
+        return np.stack([_covariate_theta(rng, d, (j + 1) / k) for j in range(k)])
+    return _shared_theta(rng, d)
+
+
 def _draw_truth(spec: EnvSpec, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
     """Draw one repetition's parameters and arm features.
 
@@ -260,12 +290,10 @@ def _draw_truth(spec: EnvSpec, rng: np.random.Generator) -> tuple[np.ndarray, np
     features : ndarray, shape (K, d), or None for covariates
         Fixed arm features (stochastic) or context centres ``nu_k`` (contextual).
     """
-    k, d = spec.n_arms, spec.dim
+    theta = _draw_theta(spec, rng)
     if spec.setting == "covariates":
-        thetas = [_covariate_theta(rng, d, (j + 1) / k) for j in range(k)]
-        return np.stack(thetas), None
-    theta = _shared_theta(rng, d)
-    return theta, _unit_uniform_rows(rng, k, d)
+        return theta, None
+    return theta, _unit_uniform_rows(rng, spec.n_arms, spec.dim)
 
 
 def _stack_features(features: list[np.ndarray | None]) -> np.ndarray | None:
@@ -331,7 +359,10 @@ class Environment:
     ----------
     spec : EnvSpec
     theta : ndarray, shape (B, d), or (B, K, d) for covariates
-        True parameter(s), read-only.
+        True parameter(s) of the current round, read-only (a switching world
+        replaces it at its switches).
+    round : int
+        Rounds begun so far (calls of `contexts`).
     arm_features : ndarray, shape (B, K, d), or None for covariates
         Stochastic: the fixed arm features. Contextual: the context centres ``nu_k``.
 
@@ -359,9 +390,11 @@ class Environment:
         # Sub-streams are seeded after the truth, contexts first, in repetition order.
         ctx_rngs = [_substream(rng) for rng in rngs]
         noise_rngs = [_substream(rng) for rng in rngs]
+        self._switch_rngs = [_substream(rng) for rng in rngs] if spec.switch_every else []
         self._ctx = self._context_buffer(ctx_rngs, block_rounds)
         self._noise = _NormalBuffer(noise_rngs, (), block_rounds or _MAX_BLOCK_ROUNDS)
         self._rows = np.arange(len(rngs))
+        self.round = 0
 
     def _context_buffer(
         self, rngs: list[np.random.Generator], block_rounds: int | None
@@ -388,7 +421,7 @@ class Environment:
         return self.spec.noise_sd
 
     def contexts(self) -> np.ndarray:
-        """Draw this round's contexts.
+        """Begin a round: draw its contexts (and switch the truth when it is due).
 
         Stochastic: the fixed arm features, no randomness consumed. Contextual: a fresh
         ``N_d(nu_k, I / (2K))`` draw per arm. Covariates: one ``N(0, I_d)`` draw per
@@ -399,6 +432,11 @@ class Environment:
         -------
         ndarray, shape (B, K, d), read-only
         """
+        every = self.spec.switch_every
+        if every and self.round and self.round % every == 0:
+            self.theta = _read_only(np.stack([_draw_theta(self.spec, rng)
+                                              for rng in self._switch_rngs]))
+        self.round += 1
         if self._ctx is None:  # stochastic
             assert self.arm_features is not None
             return self.arm_features

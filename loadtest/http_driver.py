@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from linreboot.client import AsyncClient, Decision
-from loadtest.environments import Environment, make_spec, split_rngs
+from loadtest.environments import Environment, split_rngs
 from loadtest.simulate import Cell, Played, cell_seed, decision_seed
 
 Progress = Callable[[int], None]
@@ -107,8 +107,8 @@ class HttpDriver:
         if requests > self._limits.max_requests:
             raise ValueError(f"this replay needs {requests} requests, above the limit "
                              f"{self._limits.max_requests}")
-        spec = make_spec(cell.setting, cell.dim, reading=cell.reading)
         env_rngs, _ = split_rngs(cell_seed(seed, cell), reps)
+        spec = cell.env_spec()
         env = Environment(spec, env_rngs)
         tag = uuid.uuid4().hex[:8]
         experiments = await asyncio.gather(*(

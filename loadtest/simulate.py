@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from loadtest.environments import Environment, Reading, make_spec, split_rngs
+from loadtest.environments import Environment, EnvSpec, Reading, make_spec, split_rngs
 from loadtest.results import Array, Curve, recorded_rounds, summarise
 from policies import (
     HYPERPARAMETERS,
@@ -36,7 +36,9 @@ class Cell:
     """One curve of the experiment grid.
 
     ``sigma_omega`` overrides the paper's value for LinReBoot (tuning sweeps);
-    ``overrides`` sets any other :class:`policies.PolicyConfig` field.
+    ``overrides`` sets any other :class:`policies.PolicyConfig` field;
+    ``switch_every`` makes the world switch its truth every so many rounds
+    (:class:`loadtest.environments.EnvSpec`).
     """
 
     setting: Setting
@@ -45,12 +47,18 @@ class Cell:
     sigma_omega: float | None = None
     reading: Reading = "authors"
     overrides: tuple[tuple[str, object], ...] = field(default_factory=tuple)
+    switch_every: int = 0
 
     def config(self) -> PolicyConfig:
         changes = dict(self.overrides)
         if self.sigma_omega is not None:
             changes["sigma_omega"] = self.sigma_omega
         return paper_config(self.policy, self.setting, self.dim, **changes)
+
+    def env_spec(self) -> EnvSpec:
+        """The world this cell is played in."""
+        return make_spec(self.setting, self.dim, reading=self.reading,
+                         switch_every=self.switch_every)
 
     @property
     def label(self) -> str:
@@ -114,11 +122,12 @@ def play(
     With ``per_decision_rng`` every decision draws from a fresh generator seeded
     as the service seeds it (:func:`decision_rngs`), so the in-process run makes
     the same decisions as an HTTP replay of a seeded experiment; otherwise each
-    repetition draws from one stream (faster).
-
+    repetition draws from one stream (faster). Round ``t`` (from 0) is decision
+    number ``t + 1``, as in a service experiment, which is what a policy that
+    forgets counts ages in.
     """
     config = cell.config()
-    spec = make_spec(cell.setting, cell.dim, reading=cell.reading)
+    spec = cell.env_spec()
     env_rngs, policy_rngs = split_rngs(cell_seed(seed, cell), reps)
     env = Environment(spec, env_rngs)
     state = init_state(config, spec.n_arms, reps)
@@ -136,7 +145,8 @@ def play(
         regret[:, t] = means.max(axis=1) - means[rows, arms]
         chosen[:, t] = arms
         rewards = env.rewards(contexts, arms)
-        update(config, state, arms, contexts[rows, arms], rewards)
+        numbers = np.full(reps, t + 1.0) if config.discounted else None
+        update(config, state, arms, contexts[rows, arms], rewards, numbers)
         if progress is not None and (t + 1) % 250 == 0:
             progress(250)
     if progress is not None:
@@ -177,10 +187,13 @@ def grid(
     sigma_omegas: Sequence[float] | None = None,
     reading: Reading = "authors",
     overrides: tuple[tuple[str, object], ...] = (),
+    discounts: Sequence[float] = (1.0,),
+    switch_every: int = 0,
 ) -> list[Cell]:
-    """Every cell of settings x dims x policies; LinReBoot once per sigma_omega.
+    """Every cell of settings x dims x policies x discounts; LinReBoot once per sigma_omega.
 
-    Each policy gets the ``overrides`` it takes (``policies.HYPERPARAMETERS``).
+    Each policy gets the ``overrides`` it takes (``policies.HYPERPARAMETERS``);
+    a discount of 1 (no forgetting) is no override, so its label is the plain one.
     """
     cells = []
     for setting in settings:
@@ -191,5 +204,8 @@ def grid(
                 )
                 own = tuple((k, v) for k, v in overrides if k in HYPERPARAMETERS[policy])
                 for sigma in sweep:
-                    cells.append(Cell(setting, dim, policy, sigma, reading, own))
+                    for discount in discounts:
+                        forget = (("discount", discount),) if discount != 1.0 else ()
+                        cells.append(Cell(setting, dim, policy, sigma, reading, own + forget,
+                                          switch_every))
     return cells

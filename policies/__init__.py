@@ -2,7 +2,8 @@
 
 Public surface: :class:`PolicyConfig`, :func:`paper_config`, :func:`init_state`,
 :func:`choose` (or its two halves :func:`prepare` and :func:`draw`), :func:`update`,
-:func:`layout`, :func:`raw_reward_sums`.
+:func:`layout`, :func:`raw_reward_sums`, :func:`discounted` (the statistics of a
+policy that forgets, at a clock).
 """
 
 from policies.config import (
@@ -21,7 +22,7 @@ from policies.config import (
     paper_sigma_omega,
 )
 from policies.policy import Choice, Ready, choose, draw, prepare, update
-from policies.state import FieldSpec, State, init_state, layout, raw_reward_sums
+from policies.state import FieldSpec, State, discounted, init_state, layout, raw_reward_sums
 
 __all__ = [
     "HYPERPARAMETERS",
@@ -40,6 +41,7 @@ __all__ = [
     "State",
     "check_hyperparameters",
     "choose",
+    "discounted",
     "draw",
     "init_state",
     "layout",

@@ -77,18 +77,20 @@ RANGES: dict[str, Range] = {
     "theta_bound": Range(1e-6, 1e6, "LinUCB bound S on the norm of theta"),
     "context_bound": Range(1e-6, 1e7, "LinUCB bound L on the norm of a context"),
     "ucb_alpha": Range(0.0, 1e6, "linucb-const width alpha"),
+    "discount": Range(0.5, 1.0, "weight of an outcome per decision of age (1: no forgetting)"),
 }
 
 # The hyperparameters each policy reads; ``residuals`` is "current" or "observed".
+# Every policy is driven by sums, so every one can forget (``discount``).
 HYPERPARAMETERS: dict[PolicyName, tuple[str, ...]] = {
-    "linreboot": ("reg", "sigma_omega", "residuals"),
-    "greedy": ("reg", "residuals"),
-    "lints-g": ("reg",),
-    "lints-ig": ("ig_alpha", "ig_beta", "ig_prior_precision"),
-    "linphe": ("reg", "phe_a", "reward_bound"),
-    "lingiro": ("reg", "giro_a", "reward_bound"),
-    "linucb": ("reg", "ucb_delta", "noise_sd", "theta_bound", "context_bound"),
-    "linucb-const": ("reg", "ucb_alpha"),
+    "linreboot": ("reg", "sigma_omega", "residuals", "discount"),
+    "greedy": ("reg", "residuals", "discount"),
+    "lints-g": ("reg", "discount"),
+    "lints-ig": ("ig_alpha", "ig_beta", "ig_prior_precision", "discount"),
+    "linphe": ("reg", "phe_a", "reward_bound", "discount"),
+    "lingiro": ("reg", "giro_a", "reward_bound", "discount"),
+    "linucb": ("reg", "ucb_delta", "noise_sd", "theta_bound", "context_bound", "discount"),
+    "linucb-const": ("reg", "ucb_alpha", "discount"),
 }
 
 
@@ -129,6 +131,10 @@ class PolicyConfig:
     ucb_delta, noise_sd, theta_bound, context_bound : LinUCB radius
         (Abbasi-Yadkori et al. 2011, Theorem 2).
     ucb_alpha : constant width of ``linucb-const``.
+    discount : gamma, how fast the statistics forget (1: never; see
+        :mod:`policies.state`). An outcome of decision number ``n`` weighs
+        ``gamma ** (N - n)`` in a decision made from statistics whose latest
+        outcome is of decision ``N``.
     """
 
     name: PolicyName
@@ -148,6 +154,7 @@ class PolicyConfig:
     theta_bound: float = 1.0
     context_bound: float = 1.0
     ucb_alpha: float = 1.0
+    discount: float = 1.0
 
     def __post_init__(self) -> None:
         if self.name not in POLICIES:
@@ -164,6 +171,11 @@ class PolicyConfig:
                 float(value)
             ):
                 raise ValueError(f"{field} must be a number from {bounds.low:g} to {bounds.high:g}")
+
+    @property
+    def discounted(self) -> bool:
+        """The statistics forget (``discount < 1``)."""
+        return self.discount < 1.0
 
     @property
     def shared(self) -> bool:

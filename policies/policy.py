@@ -11,7 +11,7 @@ from numpy.typing import NDArray
 from policies.config import PolicyConfig
 from policies.indices import INDEX, Prepared
 from policies.ridge import Array
-from policies.state import State, apply_observations
+from policies.state import State, apply_observations, discounted
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,9 @@ def prepare(
     """The deterministic part of :func:`choose`: check the inputs, solve, factorise.
 
     One :class:`Ready` serves any number of draws while the state and contexts
-    stay the same (the service reuses it until a reward arrives).
+    stay the same (the service reuses it until a reward arrives). With
+    forgetting the policy sees the statistics at their clock
+    (:func:`policies.state.discounted`).
     """
     batch, n_arms = state["pulls"].shape
     if contexts.shape != (batch, n_arms, config.dim):
@@ -93,6 +95,7 @@ def prepare(
         raise ValueError(f"eligible must be a boolean array of shape {(batch, n_arms)}")
     if not eligible.any(axis=1).all():
         raise ValueError("every experiment needs at least one eligible arm")
+    state = discounted(config, state)
     unexplored = eligible & (state["pulls"] == 0)
     return Ready(
         config=config,
@@ -123,7 +126,8 @@ def draw(ready: Ready, rngs: Sequence[np.random.Generator]) -> Choice:
 
 
 def update(
-    config: PolicyConfig, state: State, arms: NDArray[np.int64], x: Array, rewards: Array
+    config: PolicyConfig, state: State, arms: NDArray[np.int64], x: Array, rewards: Array,
+    numbers: Array | None = None,
 ) -> State:
     """Add one observation per experiment (in place) and return the state.
 
@@ -133,13 +137,24 @@ def update(
     x : ndarray, shape (B, d)
         The context each reward was observed with.
     rewards : ndarray, shape (B,)
+    numbers : ndarray, shape (B,), optional
+        With forgetting (``config.discount < 1``), the decision number of each
+        observation, whole numbers from 1 (the service's decision numbers);
+        default: one after the latest decision each experiment has an
+        outcome of. Ignored without forgetting.
 
     Raises
     ------
     ValueError
-        If a reward or context is not finite: one NaN would spoil the sums for good.
+        If a reward or context is not finite: one NaN would spoil the sums for good;
+        or a decision number is not a whole number from 1.
     """
     if not (np.isfinite(rewards).all() and np.isfinite(x).all()):
         raise ValueError("rewards and contexts must be finite")
-    apply_observations(config, state, arms, x, rewards)
+    if numbers is not None and config.discounted:
+        numbers = np.asarray(numbers, dtype=np.float64)
+        if not (np.all(numbers >= 1) and np.all(numbers < 2.0**53)
+                and np.array_equal(numbers, np.floor(numbers))):
+            raise ValueError("decision numbers must be whole numbers from 1")
+    apply_observations(config, state, arms, x, rewards, numbers)
     return state

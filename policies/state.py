@@ -27,10 +27,48 @@ about the first reward its terms are of the spread's size. The shift is set
 once, by the slot's first observation, so the state stays a sum that one
 atomic script can add to (``service/lua/reward.lua`` does the same IEEE
 operations).
+
+Forgetting
+----------
+With ``config.discount = gamma < 1`` every sum is discounted by the age of
+its observations, counted in decision numbers: in statistics *at clock N*
+the outcome (reward or default) of decision number ``n <= N`` weighs
+``gamma ** (N - n)``, so ``xtx = sum_i gamma^(N - n_i) x_i x_i'``, ``n`` and
+``pulls`` are sums of weights (effective counts, at most ``1 / (1 - gamma)``),
+and so on; a half-life is ``ln 2 / ln(1 / gamma)`` decisions. A decision is
+made from the statistics at the clock of the latest outcome they hold (the
+highest decision number among the rewards and defaults applied): the newest
+outcome weighs 1, and without new outcomes nothing is forgotten.
+Decisions that got no outcome still count in the age of the others.
+
+Each slot (model or arm) stores its sums at its own clock, its latest
+observation's decision number (``model_at``, ``arm_at``), so an observation
+touches only its two slots: it brings them to ``max(at, n)`` (multiplying
+their sums by ``gamma ** (max(at, n) - at)``) and adds itself with weight
+``gamma ** (max(at, n) - n)``; a decision brings every slot to the common
+clock (:func:`discounted`). That is the same weighted sum whatever order the
+outcomes arrive in (in exact arithmetic; in floating point the order of the
+additions, fixed by the store, decides the last bits, as without forgetting),
+never grows beyond its undiscounted size, and stays a change to two slots
+that one atomic script can apply. Powers are computed by repeated squaring
+(:func:`power`), which ``service/lua/sums.lua`` repeats multiplication for
+multiplication, so the store's sums equal these bit for bit. A slot's shift
+(its first reward) does not decay; its count, once it underflows to 0 (an
+arm unused for about ``745 / ln(1 / gamma)`` decisions), makes the slot
+start again (and the arm be explored again). ``total_pulls`` counts an arm's
+outcomes undiscounted, for display.
+
+The ridge term is not discounted: ``reg I`` is added to the discounted Gram
+matrix, so the prior keeps its weight ``lambda`` against an effective sample
+of at most ``1 / (1 - gamma)`` observations, and as the data age out the
+estimates return to the prior (theta 0, the prior's width) rather than
+becoming ill-posed. With ``gamma = 1`` (the default) none of this exists:
+the layout, the sums and their arithmetic are those without forgetting.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -44,8 +82,11 @@ State = dict[str, Array]
 Axis = Literal["model", "arm"]
 # What one observation (context x, reward r) does to a field: add x x', r x or 1;
 # hold the slot's first reward c ("first_r", set when the slot's count is 0);
-# add r - c ("dr") or (r - c)^2 ("dr2").
-Addition = Literal["outer", "r_x", "one", "first_r", "dr", "dr2"]
+# add r - c ("dr") or (r - c)^2 ("dr2"). With forgetting: hold the slot's clock
+# ("at", see Forgetting above) and count undiscounted ("tally").
+Addition = Literal["outer", "r_x", "one", "first_r", "dr", "dr2", "at", "tally"]
+# What keeps its value when a slot is discounted to a later clock.
+_NOT_DECAYED: frozenset[Addition] = frozenset({"first_r", "at", "tally"})
 
 
 @dataclass(frozen=True)
@@ -65,14 +106,21 @@ def layout(config: PolicyConfig) -> dict[str, FieldSpec]:
     """The fields a policy's state is made of, in a fixed order."""
     d = config.dim
     # Each blob's count ("one") comes before its shift, the shift before the
-    # shifted sums: the order reward.lua applies them in.
+    # shifted sums, and its clock ("at") before everything: the order
+    # reward.lua applies them in.
+    clock = {"model_at": FieldSpec("model", (), "at")} if config.discounted else {}
     fields = {
+        **clock,
         "xtx": FieldSpec("model", (d, d), "outer"),
         "xty": FieldSpec("model", (d,), "r_x"),
         "n": FieldSpec("model", (), "one"),
         "shift_y": FieldSpec("model", (), "first_r"),
         "sum_dy": FieldSpec("model", (), "dr"),
         "sum_dy2": FieldSpec("model", (), "dr2"),
+    }
+    if config.discounted:
+        fields["arm_at"] = FieldSpec("arm", (), "at")
+    fields |= {
         "pulls": FieldSpec("arm", (), "one"),
         "shift_r": FieldSpec("arm", (), "first_r"),
         "sum_dr": FieldSpec("arm", (), "dr"),
@@ -81,6 +129,8 @@ def layout(config: PolicyConfig) -> dict[str, FieldSpec]:
     if needs_arm_gram(config):
         fields["arm_xtx"] = FieldSpec("arm", (d, d), "outer")
         fields["arm_xty"] = FieldSpec("arm", (d,), "r_x")
+    if config.discounted:
+        fields["total_pulls"] = FieldSpec("arm", (), "tally")
     return fields
 
 
@@ -122,6 +172,7 @@ def apply_observations(
     arms: NDArray[np.int64],
     x: Array,
     rewards: Array,
+    numbers: Array | None = None,
 ) -> None:
     """Add one observation per experiment to ``state``, in place.
 
@@ -132,6 +183,10 @@ def apply_observations(
     x : ndarray, shape (B, d)
         The context each reward was observed with.
     rewards : ndarray, shape (B,)
+    numbers : ndarray, shape (B,), optional
+        With forgetting, the decision number each observation belongs to
+        (whole numbers from 1); default one after each row's clock (a new
+        decision). Ignored without forgetting.
 
     Notes
     -----
@@ -141,6 +196,13 @@ def apply_observations(
     outer = x[:, :, None] * x[:, None, :]
     # A shared model is slot 0 of every row: a plain slice, no fancy indexing.
     model = (slice(None), 0) if config.shared else (rows, arms)
+    if config.discounted:
+        if numbers is None:
+            numbers = clock(state) + 1.0
+        observation = _Observation(outer, rewards[:, None] * x, rewards, numbers)
+        _add_discounted(config, state, "model", model, observation)
+        _add_discounted(config, state, "arm", (rows, arms), observation)
+        return
     state["xtx"][model] += outer
     state["xty"][model] += rewards[:, None] * x
     _add_shifted(state, model, ("n", "shift_y", "sum_dy", "sum_dy2"), rewards)
@@ -161,3 +223,134 @@ def _add_shifted(
     state[count][slots] += 1.0
     state[sum_d][slots] += deviation
     state[sum_d2][slots] += deviation * deviation
+
+
+# -- forgetting (see the module docstring) ------------------------------------
+
+
+def power(base: float, exponents: Array) -> Array:
+    """``base ** k`` for whole ``k >= 0``, by repeated squaring, elementwise.
+
+    ``service/lua/sums.lua`` computes the same products in the same order
+    (the result times ``base ** (2 ** i)`` for each set bit ``i``, lowest
+    first), so both give the same bits; ``numpy.power`` may not. Exponents
+    below ``_TABLE`` are looked up in a table of those very products (the
+    simulator's ages), which saves the loop.
+    """
+    k = np.asarray(exponents).astype(np.int64)
+    # One reduction for both bounds: a negative k is huge as unsigned.
+    if k.size and k.view(np.uint64).max() < _TABLE:
+        return _power_table(float(base))[k]
+    if k.size and k.min() < 0:
+        raise ValueError("exponents must be 0 or more")
+    return _squared_powers(float(base), k)
+
+
+_TABLE = 1 << 14
+
+
+@functools.cache
+def _power_table(base: float) -> Array:
+    """``power(base, k)`` for every ``k`` below ``_TABLE`` (read-only; 128 KiB per base)."""
+    table = _squared_powers(base, np.arange(_TABLE))
+    table.flags.writeable = False
+    return table
+
+
+def _squared_powers(base: float, k: NDArray[np.int64]) -> Array:
+    result = np.ones(k.shape)
+    square = base
+    while k.any():
+        odd = (k & 1) == 1
+        result = np.where(odd, result * square, result)
+        k = k >> 1
+        square = square * square
+    return result
+
+
+def clock(state: State) -> Array:
+    """Each row's clock: the latest decision number among its slots, shape (B,)."""
+    return np.maximum(state["model_at"].max(axis=1), state["arm_at"].max(axis=1))
+
+
+def discounted(config: PolicyConfig, state: State, at: Array | None = None) -> State:
+    """The statistics every slot holds at the clock ``at`` (default :func:`clock`).
+
+    A new state (``state`` itself without forgetting, or when every slot is
+    at the clock already): each slot's sums times ``gamma ** (at - slot's
+    clock)``. ``at`` has shape (B,) and is at least every slot's clock.
+    """
+    if not config.discounted:
+        return state
+    target = clock(state) if at is None else np.asarray(at, dtype=np.float64)
+    target = np.broadcast_to(target, state["model_at"].shape[:1])[:, None]
+    ages = {axis: target - state[f"{axis}_at"] for axis in ("model", "arm")}
+    if not any(age.any() for age in ages.values()):
+        return state
+    out = dict(state)
+    for axis, age in ages.items():
+        factor = power(config.discount, age)
+        out[f"{axis}_at"] = state[f"{axis}_at"] + age
+        for name, adds, extra_dims in _fields_of(config, axis):
+            if adds not in _NOT_DECAYED:
+                out[name] = state[name] * factor.reshape(factor.shape + (1,) * extra_dims)
+    return out
+
+
+@functools.cache
+def _fields_of(config: PolicyConfig, axis: Axis) -> tuple[tuple[str, Addition, int], ...]:
+    """The fields of one axis, in layout order: name, addition, dimensions of one slot."""
+    return tuple((name, spec.adds, len(spec.shape)) for name, spec in layout(config).items()
+                 if spec.axis == axis)
+
+
+@dataclass(frozen=True)
+class _Observation:
+    outer: Array  # (B, d, d)
+    r_x: Array  # (B, d)
+    rewards: Array  # (B,)
+    numbers: Array  # (B,)
+
+
+def _add_discounted(
+    config: PolicyConfig, state: State, axis: Axis, slots: Any, o: _Observation
+) -> None:
+    """One observation per row into one slot per row, field by field as reward.lua adds it.
+
+    The slot goes to the clock ``now = max(at, n)``: its sums are multiplied
+    by ``gamma ** (now - at)`` and the observation is added with weight
+    ``gamma ** (now - n)``.
+    """
+    gamma = config.discount
+    decay: Array = np.ones(0)  # set by the slot's clock, which comes first
+    weight: Array = decay
+    first: Array = decay
+    fresh: NDArray[np.bool_] = np.ones(0, dtype=bool)
+    for name, adds, _ in _fields_of(config, axis):
+        value = state[name][slots]
+        if adds == "at":
+            now = np.maximum(value, o.numbers)
+            decay, weight = power(gamma, now - value), power(gamma, now - o.numbers)
+            state[name][slots] = now
+            continue
+        if adds == "tally":
+            state[name][slots] = value + 1.0
+            continue
+        if adds == "first_r":
+            first = np.where(fresh, o.rewards, value)
+            state[name][slots] = first
+            continue
+        shape = (-1,) + (1,) * (value.ndim - 1)
+        kept = value * decay.reshape(shape)
+        if adds == "one":
+            fresh = kept == 0.0
+            state[name][slots] = kept + weight
+            continue
+        if adds == "outer":
+            added = o.outer
+        elif adds == "r_x":
+            added = o.r_x
+        else:
+            deviation = o.rewards - first
+            added = deviation if adds == "dr" else deviation * deviation
+        state[name][slots] = kept + weight.reshape(shape) * added

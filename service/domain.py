@@ -69,12 +69,17 @@ class ExperimentSpec:
 
 @dataclass(frozen=True)
 class ArmState:
+    """An arm's counters and estimates. With forgetting, ``pulls`` counts its
+    outcomes and ``weight`` their discounted sum (None without forgetting);
+    ``mean_reward`` and ``rss`` are discounted."""
+
     id: str
     active: bool
     pulls: int
     mean_reward: float | None
     rss: float | None
     features: tuple[float, ...] | None = None
+    weight: float | None = None
 
 
 @dataclass(frozen=True)

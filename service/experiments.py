@@ -30,6 +30,7 @@ from policies import (
     Ready,
     State,
     check_hyperparameters,
+    discounted,
     draw,
     layout,
     paper_config,
@@ -38,7 +39,7 @@ from policies import (
 from policies.ridge import ridge
 from policies.state import Axis
 from service import keys
-from service.codec import assemble_state, legacy_recipe, recipe, unpack, upgrade_blob
+from service.codec import assemble_state, legacy_recipe, recipe, upgrade_blob
 from service.domain import (
     ArmSpec,
     ArmState,
@@ -313,9 +314,11 @@ class ExperimentService:
             # Random, not 1: a worker that cached a deleted experiment of the
             # same id must see a different version and reload.
             "version": str(secrets.randbits(52) + 1),
-            # What reward.lua adds per observation, fixed for this incarnation.
+            # What reward.lua adds per observation, fixed for this incarnation,
+            # and how fast the sums forget (policies.state, "Forgetting").
             "model_recipe": recipe(config, "model"),
             "arm_recipe": recipe(config, "arm"),
+            **({"discount": repr(config.discount)} if config.discounted else {}),
             # Read by the scripts: the default reward (settle.lua) and the
             # decision log's bounds (decide.lua, reward.lua, settle.lua).
             **({} if spec.default_reward is None
@@ -759,12 +762,18 @@ def _contexts(
 
 
 def _state_for(config: PolicyConfig, arms: list[ArmRecord], stats: dict[str, bytes]) -> State:
+    """The statistics of ``arms`` (every arm, for the experiment's clock), batch of one.
+
+    An experiment that forgets gets every slot at the clock of its latest
+    outcome (:func:`policies.discounted`), so a request that names a few
+    arms is scored at the experiment's clock, not at theirs.
+    """
     if config.shared:
         model_blobs = [stats.get(keys.model_field(None))]
     else:
         model_blobs = [stats.get(keys.model_field(a.id)) for a in arms]
     arm_blobs = [stats.get(keys.arm_field(a.id)) for a in arms]
-    return assemble_state(config, model_blobs, arm_blobs)
+    return discounted(config, assemble_state(config, model_blobs, arm_blobs))
 
 
 def _decision_rng(seed: int | None, number: int) -> np.random.Generator:
@@ -948,17 +957,17 @@ def _parse_definition(meta: dict[str, str], arms_raw: dict[str, str]) -> Definit
 
 def _view(definition: Definition, stats: dict[str, bytes]) -> ExperimentView:
     config = definition.config
-    theta: dict[str, list[float]] = {}
-    arm_states = []
-    shared = unpack(config, "model", stats.get(keys.model_field(None))) if config.shared else None
-    if shared is not None:
-        theta["shared"] = ridge(shared["xtx"], shared["xty"], config.reg).tolist()
-    for arm in definition.arms:
-        sums = unpack(config, "arm", stats.get(keys.arm_field(arm.id)))
-        model = shared or unpack(config, "model", stats.get(keys.model_field(arm.id)))
-        if not config.shared:
-            theta[arm.id] = ridge(model["xtx"], model["xty"], config.reg).tolist()
-        arm_states.append(_arm_state(arm, sums, theta.get("shared") or theta[arm.id]))
+    state = _state_for(config, list(definition.arms), stats)
+    arm_fields = [name for name, spec in layout(config).items() if spec.axis == "arm"]
+    thetas = [ridge(xtx, xty, config.reg).tolist()
+              for xtx, xty in zip(state["xtx"][0], state["xty"][0], strict=True)]
+    theta = ({"shared": thetas[0]} if config.shared
+             else {arm.id: thetas[k] for k, arm in enumerate(definition.arms)})
+    arm_states = [
+        _arm_state(arm, {name: state[name][0, k] for name in arm_fields},
+                   thetas[0 if config.shared else k])
+        for k, arm in enumerate(definition.arms)
+    ]
     return ExperimentView(
         spec=definition.spec,
         config=dataclasses.asdict(config),
@@ -975,9 +984,13 @@ def _view(definition: Definition, stats: dict[str, bytes]) -> ExperimentView:
 
 
 def _arm_state(arm: ArmRecord, sums: dict[str, np.ndarray], theta: list[float]) -> ArmState:
+    """An arm's counters and estimates; with forgetting, ``pulls`` counts its outcomes
+    undiscounted and ``weight`` is their discounted sum, which the estimates use."""
     pulls = float(sums["pulls"])
+    count = int(sums["total_pulls"]) if "total_pulls" in sums else int(pulls)
+    weight = pulls if "total_pulls" in sums else None
     if pulls == 0:
-        return ArmState(arm.id, arm.active, 0, None, None, arm.features)
+        return ArmState(arm.id, arm.active, count, None, None, arm.features, weight)
     shift, total, squares = float(sums["shift_r"]), float(sums["sum_dr"]), float(sums["sum_dr2"])
     mean_deviation = total / pulls
     # RSS about the model's prediction where the arm has one fixed feature vector
@@ -986,5 +999,5 @@ def _arm_state(arm: ArmRecord, sums: dict[str, np.ndarray], theta: list[float]) 
     centre = (float(np.dot(arm.features, theta)) - shift if arm.features is not None
               else mean_deviation)
     rss = squares - 2 * centre * total + pulls * centre**2
-    return ArmState(arm.id, arm.active, int(pulls), shift + mean_deviation, max(rss, 0.0),
-                    arm.features)
+    return ArmState(arm.id, arm.active, count, shift + mean_deviation, max(rss, 0.0),
+                    arm.features, weight)

@@ -228,6 +228,13 @@ CREATE_CASES: list[Case] = [
      422, ("greedy takes only",), ()),
     ("reg for lints-ig", _create(policy="lints-ig", hyperparameters={"reg": 1.0}), 422,
      ("ig_prior_precision",), ()),
+    # Forgetting: a discount outside [0.5, 1] (above 1 the sums would grow without bound).
+    ("discount above 1", _create(hyperparameters={"discount": 1.01}), 422,
+     ("discount", "less than"), ()),
+    ("discount below 0.5", _create(hyperparameters={"discount": 0.4}), 422,
+     ("discount", "greater than"), ()),
+    ("discount 0", _create(policy="linucb", hyperparameters={"discount": 0}), 422,
+     ("discount", "greater than"), ()),
     ("negative seed", _create(seed=-1), 422, ("greater than",), ()),
     ("reward window above max", _create(reward_window_seconds=10**9), 422, ("at most",), ()),
     ("negative staleness", _create(max_stale_rewards=-1), 422, ("greater than",), ()),

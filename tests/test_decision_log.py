@@ -68,7 +68,8 @@ def replayed(log: list[LogEntry], arm_ids: list[str]) -> list[Observation]:
     decisions = {e.decision_id: e for e in log if e.type == "decision"}
     return [
         Observation(arm_ids.index(decisions[e.decision_id].arm_id or ""),
-                    np.array(decisions[e.decision_id].context), float(e.reward or 0.0))
+                    np.array(decisions[e.decision_id].context), float(e.reward or 0.0),
+                    decisions[e.decision_id].number)
         for e in log if e.type in ("reward", "default")
     ]
 
@@ -86,6 +87,10 @@ def request_for(setting: str, rng: np.random.Generator, dim: int) -> ChooseReque
     ("stochastic", {}),
     ("contextual", {"residuals": "observed"}),  # per-arm Gram matrices in the arm blobs
     ("covariates", {}),
+    # Forgetting: the rewards' decision numbers, out of order, weigh them.
+    ("stochastic", {"discount": 0.95}),
+    ("contextual", {"residuals": "observed", "discount": 0.9}),
+    ("covariates", {"discount": 0.5}),
 ])
 async def test_replaying_the_log_reproduces_the_stored_sums_bit_for_bit(
     service: ExperimentService, redis_db: str, setting: Setting,
@@ -301,6 +306,7 @@ async def test_export_round_trip(
     assert feedback["action_context"].tolist() == features.tolist()
     assert feedback["position"].tolist() == [0] * 10
     assert feedback["defaulted"].tolist() == [r["outcome"]["type"] == "default" for r in rounds]
+    assert feedback["decision_number"].tolist() == [r["number"] for r in rounds]
     assert all(math.isnan(p) if r["propensity"] is None else p == r["propensity"]
                for p, r in zip(feedback["pscore"].tolist(), rounds, strict=True))
 

@@ -62,13 +62,15 @@ class Observation:
     arm: int  # index in registration order
     x: np.ndarray  # shape (d,)
     reward: float
+    number: int | None = None  # the decision's number (used with forgetting)
 
 
 def expected_state(config: PolicyConfig, n_arms: int, observations: Sequence[Observation]) -> State:
     """The statistics the policies hold after ``observations``, batch of one."""
     state = init_state(config, n_arms, 1)
     for o in observations:
-        update(config, state, np.array([o.arm]), o.x[None, :], np.array([o.reward]))
+        numbers = None if o.number is None else np.array([float(o.number)])
+        update(config, state, np.array([o.arm]), o.x[None, :], np.array([o.reward]), numbers)
     return state
 
 
@@ -682,11 +684,18 @@ async def _replay(app: FastAPI, settings: Settings, cell: Cell, reps: int, horiz
     return played.arms, played.cumulative
 
 
-@pytest.mark.parametrize("setting", ["stochastic", "contextual", "covariates"])
+@pytest.mark.parametrize("cell", [
+    Cell("stochastic", 5, "linreboot"),
+    Cell("contextual", 5, "linreboot"),
+    Cell("covariates", 5, "linreboot"),
+    # Forgetting, in a world that switches: the store's sums and the view's clock
+    # are the simulator's, so every decision is too.
+    Cell("stochastic", 5, "linreboot", overrides=(("discount", 0.95),), switch_every=60),
+    Cell("covariates", 5, "lints-g", overrides=(("discount", 0.9),), switch_every=60),
+], ids=lambda cell: cell.setting + (" forgetting" if cell.overrides else ""))
 async def test_service_decides_like_the_simulator_with_per_decision_rngs(
-    app: FastAPI, app_settings: Settings, setting: str
+    app: FastAPI, app_settings: Settings, cell: Cell
 ) -> None:
-    cell = Cell(setting, 5, "linreboot")  # type: ignore[arg-type]
     reps, horizon, seed = 2, 150, 8
     simulated = play(cell, reps=reps, horizon=horizon, seed=seed, per_decision_rng=True)
     arms, cumulative = await _replay(app, app_settings, cell, reps, horizon, seed)

@@ -1,7 +1,8 @@
 -- Apply a batch of rewards, each exactly once, computing the additions here.
 -- store.py puts sums.lua in front of this script.
 --
--- KEYS[1]  meta hash      lrb:{exp}:meta   (incarnation, key_hash, recipes, log retention)
+-- KEYS[1]  meta hash      lrb:{exp}:meta   (incarnation, key_hash, recipes, log retention,
+--                          discount)
 -- KEYS[2]  stats hash     lrb:{exp}:stats  (packed float64 sums, counters)
 -- KEYS[3]  decision log   lrb:{exp}:log    (a stream; written when meta has log_max_entries)
 -- KEYS[4..]  decision hashes lrb:{exp}:decision:<id>, one per reward
@@ -24,14 +25,14 @@
 -- twice, and the log holds the rewards in the order they were added.
 
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'key_hash', 'model_recipe', 'arm_recipe',
-                        'log_max_entries', 'log_max_age_seconds')
+                        'log_max_entries', 'log_max_age_seconds', 'discount')
 if not meta[1] then
   return {'missing'}
 end
 if ARGV[1] ~= '' and meta[2] ~= ARGV[1] then
   return {'forbidden'}
 end
-local recipes, unusable = parse_recipes(meta[3], meta[4])
+local recipes, unusable = parse_recipes(meta[3], meta[4], meta[7])
 if unusable then
   return unusable
 end

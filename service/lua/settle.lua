@@ -3,7 +3,8 @@
 -- sums.lua in front of this script, so the default is added as reward.lua
 -- adds a reward.
 --
--- KEYS[1]  meta hash      lrb:{exp}:meta     (incarnation, default_reward, recipes, log retention)
+-- KEYS[1]  meta hash      lrb:{exp}:meta     (incarnation, default_reward, recipes, log retention,
+--                          discount)
 -- KEYS[2]  stats hash     lrb:{exp}:stats    (sums; counters defaulted, defaults_missed)
 -- KEYS[3]  decision log   lrb:{exp}:log
 -- KEYS[4]  pending list   lrb:{exp}:pending  ("<deadline> <id>", in deadline order)
@@ -29,7 +30,7 @@
 -- which DELETE still finds it.
 
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'default_reward', 'model_recipe',
-                        'arm_recipe', 'log_max_entries', 'log_max_age_seconds')
+                        'arm_recipe', 'log_max_entries', 'log_max_age_seconds', 'discount')
 if not meta[1] or not meta[2] then
   return {'missing'}
 end
@@ -85,7 +86,7 @@ end
 
 local defaulted, missed = 0, 0
 if #KEYS >= FIRST then
-  local recipes, unusable = parse_recipes(meta[3], meta[4])
+  local recipes, unusable = parse_recipes(meta[3], meta[4], meta[7])
   if unusable then
     return unusable
   end

@@ -6,14 +6,20 @@
 -- triangle of x x' ('outer_upper', row by row), r x ('r_x') or 1 ('one');
 -- hold the blob's first reward c ('first_r', set while the blob's count is
 -- 0); add r - c ('dr') or (r - c)^2 ('dr2'). These are the same IEEE
--- operations as policies.update, so the sums are bit-identical.
+-- operations as policies.update, so the sums are bit-identical. An
+-- experiment that forgets (meta 'discount' gamma < 1) has a clock first in
+-- each blob ('at') and an undiscounted count in the arm's ('tally'); see
+-- add_discounted.
 --
 -- Only local functions: Redis forbids a script to create globals.
 
-local KNOWN = {outer_upper = true, r_x = true, one = true, first_r = true, dr = true, dr2 = true}
+local KNOWN = {outer_upper = true, r_x = true, one = true, first_r = true, dr = true, dr2 = true,
+               at = true, tally = true}
 
--- The model and arm recipes (comma-separated additions), or nil and an error reply.
-local function parse_recipes(model_text, arm_text)
+-- The model and arm recipes (comma-separated additions), or nil and an error
+-- reply. An experiment that forgets has a clock ('at') first in each recipe
+-- and its gamma (the meta's 'discount') in recipes.discount.
+local function parse_recipes(model_text, arm_text, discount)
   if not model_text or not arm_text then
     return nil, redis.error_reply(
       'experiment stored by an earlier version: restart the service to upgrade it')
@@ -28,6 +34,11 @@ local function parse_recipes(model_text, arm_text)
       recipes[i][#recipes[i] + 1] = kind
     end
   end
+  if (recipes[1][1] == 'at') ~= (recipes[2][1] == 'at') or
+     (recipes[1][1] == 'at') ~= (tonumber(discount) ~= nil) then
+    return nil, redis.error_reply('the experiment recipe and discount do not agree')
+  end
+  recipes.discount = tonumber(discount)
   return recipes, nil
 end
 
@@ -120,8 +131,75 @@ local function add_observation(v, recipe, x, r)
   end
 end
 
+-- base ^ k for a whole k >= 0 by repeated squaring: the result times
+-- base ^ (2 ^ i) for each set bit i, lowest first, as policies.state.power
+-- multiplies (math.pow may round differently from NumPy).
+local function power(base, k)
+  local result = 1.0
+  while k > 0 do
+    if k % 2 == 1 then
+      result = result * base
+    end
+    k = (k - k % 2) / 2
+    base = base * base
+  end
+  return result
+end
+
+-- As add_observation, for an experiment that forgets (policies.state,
+-- "Forgetting"): the blob's clock ('at', first in the recipe) goes to
+-- now = max(at, number); every sum is multiplied by gamma ^ (now - at) and
+-- the observation added with weight gamma ^ (now - number). The shift and
+-- the undiscounted count ('tally') do not decay. The same operations, in the
+-- same order, as policies.state._add_discounted.
+local function add_discounted(v, recipe, x, r, number, gamma)
+  local p, d = 0, #x
+  local decay, weight = 1.0, 1.0
+  local fresh, first = false, 0.0
+  for _, kind in ipairs(recipe) do
+    p = p + 1
+    if kind == 'at' then
+      local now = math.max(v[p], number)
+      decay, weight = power(gamma, now - v[p]), power(gamma, now - number)
+      v[p] = now
+    elseif kind == 'outer_upper' then
+      p = p - 1
+      for i = 1, d do
+        local xi = x[i]
+        for j = i, d do
+          p = p + 1
+          v[p] = v[p] * decay + weight * (xi * x[j])
+        end
+      end
+    elseif kind == 'r_x' then
+      p = p - 1
+      for i = 1, d do
+        p = p + 1
+        v[p] = v[p] * decay + weight * (r * x[i])
+      end
+    elseif kind == 'one' then
+      local kept = v[p] * decay
+      fresh = kept == 0.0
+      v[p] = kept + weight
+    elseif kind == 'first_r' then
+      if fresh then
+        v[p] = r
+      end
+      first = v[p]
+    elseif kind == 'dr' then
+      v[p] = v[p] * decay + weight * (r - first)
+    elseif kind == 'dr2' then
+      local deviation = r - first
+      v[p] = v[p] * decay + weight * (deviation * deviation)
+    else  -- 'tally'
+      v[p] = v[p] + 1.0
+    end
+  end
+end
+
 -- A decision as read_decision returns it: these positions, then the context chunks.
-local STATUS, INCARNATION, REWARD, X, MODEL_FIELD, ARM_FIELD, X_CHUNKS, DEADLINE = 1, 2, 3, 4, 5, 6, 7, 8
+local STATUS, INCARNATION, REWARD, X, MODEL_FIELD, ARM_FIELD, X_CHUNKS, DEADLINE, NUMBER =
+  1, 2, 3, 4, 5, 6, 7, 8, 9
 
 -- The context is kept in chunks of at most 64 bytes ('x:1', 'x:2', ...), so
 -- Redis keeps the decision hash in its compact encoding; the first eight
@@ -130,20 +208,20 @@ local STATUS, INCARNATION, REWARD, X, MODEL_FIELD, ARM_FIELD, X_CHUNKS, DEADLINE
 -- reward window) is there when the experiment has a default reward.
 local FIRST_CHUNKS = 8
 local DECISION_FIELDS = {'status', 'incarnation', 'reward', 'x', 'model_field', 'arm_field',
-                         'x_chunks', 'deadline'}
+                         'x_chunks', 'deadline', 'number'}
 for i = 1, FIRST_CHUNKS do
   DECISION_FIELDS[#DECISION_FIELDS + 1] = 'x:' .. i
 end
 
 -- status, incarnation, reward, x (packed float64), model field, arm field,
--- chunk count, deadline (each false when absent).
+-- chunk count, deadline, decision number (each false when absent).
 local function read_decision(key)
   local decision = redis.call('HMGET', key, unpack(DECISION_FIELDS))
   local chunks = tonumber(decision[X_CHUNKS])
   if not decision[X] and chunks then
     local parts = {}
     for i = 1, math.min(chunks, FIRST_CHUNKS) do
-      parts[i] = decision[DEADLINE + i]
+      parts[i] = decision[NUMBER + i]
     end
     if chunks > FIRST_CHUNKS then
       local names = {}
@@ -181,6 +259,9 @@ local function read_sums(stats_key, recipes, decision)
                                     .. decision[MODEL_FIELD + i - 1])
     end
   end
+  if recipes.discount and not tonumber(decision[NUMBER]) then
+    return nil, redis.error_reply('a decision without a number in an experiment that forgets')
+  end
   return blobs, nil
 end
 
@@ -191,12 +272,17 @@ local function apply(stats_key, recipes, decision, text)
   if refused then
     return refused
   end
+  local gamma, number = recipes.discount, tonumber(decision[NUMBER])
   local x = unpack_doubles(decision[X])
   local r = tonumber(text)
   local packed = {}
   for i = 1, 2 do
     local sums = unpack_doubles(blobs[i], blob_length(recipes[i], #x) / 8)
-    add_observation(sums, recipes[i], x, r)
+    if gamma then
+      add_discounted(sums, recipes[i], x, r, number, gamma)
+    else
+      add_observation(sums, recipes[i], x, r)
+    end
     packed[i] = pack_doubles(sums)
   end
   redis.call('HSET', stats_key, decision[MODEL_FIELD], packed[1], decision[ARM_FIELD], packed[2])
