@@ -19,6 +19,8 @@ Variants, run in alternate blocks so that all see the same machine load
   over HTTP);
 * ``this, log + default``: with the log and a default reward (the decision
   is kept for the grace period and listed for the sweeper);
+* ``this, forgetting``: no log, no default, ``discount`` 0.99 (each blob
+  aged to the decision's number before the reward is added);
 * ``REV`` (with ``--against REV``): the scripts as they were at that git
   revision, on an experiment without either.
 
@@ -42,13 +44,14 @@ from typing import Any
 import redis
 
 from loadtest.server import free_port
-from policies import paper_config
+from policies import PolicyConfig, paper_config
 from service import keys
 from service.codec import recipe
 from service.embedded import EmbeddedRedis
 
 _DIM = 20
 _CONFIG = paper_config("linreboot", "stochastic", _DIM)
+_FORGETTING = paper_config("linreboot", "stochastic", _DIM, discount=0.99)
 _FIELDS: dict[str, str | bytes] = {  # as service.experiments._decision_fields writes them
     "arm": "a17", "model_field": "model", "arm_field": "arm:a17", "x_chunks": "3",
     "x:1": b"\x00\x00\x00\x00\x00\x00\xe0?" * 8, "x:2": b"\x00\x00\x00\x00\x00\x00\xf0?" * 8,
@@ -90,10 +93,11 @@ def _scripts(client: redis.Redis, rev: str | None) -> tuple[str, str, bool]:
     return str(shas[0]), str(shas[1]), new
 
 
-def _create(client: redis.Redis, experiment: str, extra: dict[str, str]) -> None:
+def _create(client: redis.Redis, experiment: str, extra: dict[str, str],
+            config: PolicyConfig = _CONFIG) -> None:
     client.hset(keys.meta(experiment), mapping={
         "incarnation": "inc", "key_hash": "h", "version": "1",
-        "model_recipe": recipe(_CONFIG, "model"), "arm_recipe": recipe(_CONFIG, "arm"), **extra})
+        "model_recipe": recipe(config, "model"), "arm_recipe": recipe(config, "arm"), **extra})
 
 
 def _decide_args(v: Variant, decision_id: str) -> list[Any]:
@@ -178,8 +182,10 @@ def main() -> None:
                 Variant("this, no log", "plain", decide, reward, new),
                 Variant("this, log", "logged", decide, reward, new),
                 Variant("this, log + default", "defaulted", decide, reward, new),
+                Variant("this, forgetting", "forgetting", decide, reward, new),
             ]
             _create(client, "plain", {})
+            _create(client, "forgetting", {"discount": repr(_FORGETTING.discount)}, _FORGETTING)
             _create(client, "logged", log)
             _create(client, "defaulted", {**log, "default_reward": "0.0"})
             if args.against:

@@ -93,7 +93,10 @@ def prepare_linreboot(config: PolicyConfig, state: State, contexts: Array) -> Pr
 
     The efficient form of Section 3.3: given the history the bootstrapped mean is
     ``N(mu_hat_k, sigma_omega^2 RSS_k / s_k^2)``, so one normal per arm replaces
-    the inner loop over residual weights.
+    the inner loop over residual weights. With forgetting (``policies.state``),
+    ``RSS_k`` and ``s_k`` are the discounted sums: the spread of an arm grows as
+    its outcomes age (``sqrt(RSS_k) / s_k`` scales as ``1 / sqrt(weight)``), so
+    an arm left alone is explored again.
     """
     theta = ridge(state["xtx"], state["xty"], config.reg)
     mu_hat = predict(theta, contexts)

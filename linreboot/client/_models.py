@@ -37,6 +37,7 @@ class Arm(_Answer):
     mean_reward: float | None = None  # None until the arm has a reward
     rss: float | None = None  # residual sum of squares; None until rewarded
     features: list[float] | None = None  # stochastic setting only
+    weight: float | None = None  # with a discount: the outcomes' discounted sum
 
 
 class Experiment(_Answer):
