@@ -53,9 +53,12 @@ never grows beyond its undiscounted size, and stays a change to two slots
 that one atomic script can apply. Powers are computed by repeated squaring
 (:func:`power`), which ``service/lua/sums.lua`` repeats multiplication for
 multiplication, so the store's sums equal these bit for bit. A slot's shift
-(its first reward) does not decay; its count, once it underflows to 0 (an
-arm unused for about ``745 / ln(1 / gamma)`` decisions), makes the slot
-start again (and the arm be explored again). ``total_pulls`` counts an arm's
+(its first reward) does not decay: rewards that drift D away from it cost the
+RSS a relative precision of about ``eps (D / spread)^2`` (1e-8 at D = 1e4
+standard deviations), as a mean of D did before shifts. Its count, once it
+underflows to 0 (an arm unused for about ``745 / ln(1 / gamma)`` decisions),
+makes the slot start again, about a new shift (and the arm be explored
+again). ``total_pulls`` counts an arm's
 outcomes undiscounted, for display.
 
 The ridge term is not discounted: ``reg I`` is added to the discounted Gram
