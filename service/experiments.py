@@ -625,7 +625,8 @@ class ExperimentService:
     def _validate_spec(self, spec: ExperimentSpec) -> PolicyConfig:
         s = self._settings
         if not valid_experiment_id(spec.id):
-            raise InvalidInput("experiment id must be 1-64 characters of A-Z a-z 0-9 _ . -")
+            raise InvalidInput(
+                "experiment id must be 1-64 characters of A-Z a-z 0-9 _ . -, not . or ..")
         if spec.setting not in SETTINGS:
             raise InvalidInput(f"setting must be one of {', '.join(SETTINGS)}")
         if spec.policy not in POLICIES:
@@ -831,7 +832,9 @@ def _decision_fields(view: View, arm: ArmRecord, x: bytes) -> dict[str, str | by
 def _valid_entry_id(text: str) -> bool:
     """A Redis stream entry id: two unsigned 64-bit integers, "<ms>-<seq>"."""
     ms, _, seq = text.partition("-")
-    return all(part.isdigit() and part.isascii() and int(part) < 2**64 for part in (ms, seq))
+    if not all(part.isdigit() and part.isascii() and int(part) < 2**64 for part in (ms, seq)):
+        return False
+    return not int(ms) == int(seq) == 2**64 - 1  # nothing can follow the last id
 
 
 def index_ranges(indexes: Sequence[int]) -> str:

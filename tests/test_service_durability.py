@@ -786,3 +786,17 @@ async def test_experiments_stored_by_earlier_versions_are_upgraded_at_start_up(
     finally:
         await upgraded.close()
         await again.close()
+
+
+async def test_a_resent_creation_is_recognised_and_another_is_refused(redis_db: str) -> None:
+    # The client resends a script whose reply was lost: the resend must not turn
+    # a creation into a 409 (the API key, shown once, would be lost).
+    store = Store.from_url(redis_db, 2.0)
+    try:
+        meta = {"incarnation": "aaaa", "version": "1", "spec": "{}"}
+        assert await store.create("twice", meta, {"a": "{}"})
+        assert await store.create("twice", meta, {"a": "{}"})  # the resend
+        assert not await store.create("twice", {**meta, "incarnation": "bbbb"}, {"a": "{}"})
+        assert await store.list_ids() == ["twice"]
+    finally:
+        await store.close()
