@@ -369,13 +369,15 @@ class ExperimentService:
     async def add_arms(self, experiment_id: str, arms: Sequence[ArmSpec]) -> ExperimentView:
         definition = await self._definition(experiment_id)
         self._validate_arms(definition.spec.setting, definition.spec.dim, arms)
-        total = len(definition.arms) + len(arms)
-        if total > self._settings.max_arms:
-            raise InvalidInput(f"an experiment may have at most {self._settings.max_arms} arms")
+        too_many = InvalidInput(f"an experiment may have at most {self._settings.max_arms} arms")
+        if len(definition.arms) + len(arms) > self._settings.max_arms:
+            raise too_many
         records = {a.id: json.dumps({"active": True, "features": a.features}) for a in arms}
-        result = await self._store.add_arms(experiment_id, records)
+        result = await self._store.add_arms(experiment_id, records, self._settings.max_arms)
         if result == 0:
             raise NotFound("no experiment with this id")
+        if result == -2:  # arms added by another request meanwhile
+            raise too_many
         if result < 0:
             raise Conflict("an arm with one of these ids already exists")
         return await self.get(experiment_id)
@@ -384,12 +386,14 @@ class ExperimentService:
         definition = await self._definition(experiment_id)
         if not arm_ids or len(set(arm_ids)) != len(arm_ids):
             raise InvalidInput("give one or more distinct arm ids to retire")
-        remaining = {a.id for a in definition.active_arms} - set(arm_ids)
-        if not remaining:
-            raise InvalidInput("cannot retire every active arm")
+        every = InvalidInput("cannot retire every active arm")
+        if not {a.id for a in definition.active_arms} - set(arm_ids):
+            raise every
         result = await self._store.retire_arms(experiment_id, arm_ids)
         if result == 0:
             raise NotFound("no experiment with this id")
+        if result == -2:  # the others retired by another request meanwhile
+            raise every
         if result < 0:
             raise NotFound("unknown arm id")
         return await self.get(experiment_id)

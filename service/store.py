@@ -543,15 +543,17 @@ class Store:
         return [_text(v) for v in await self._client.smembers(keys.DEFAULT_REWARD_INDEX)]
 
     @_translated
-    async def add_arms(self, experiment_id: str, arms: Mapping[str, str]) -> int:
-        """Returns the new version, 0 if the experiment is gone, -1 if an arm exists."""
-        args = [item for pair in arms.items() for item in pair]
+    async def add_arms(self, experiment_id: str, arms: Mapping[str, str], max_arms: int) -> int:
+        """Returns the new version, 0 if the experiment is gone, -1 if an arm exists,
+        -2 if it would have more than ``max_arms``."""
+        args = [str(max_arms), *(item for pair in arms.items() for item in pair)]
         keyset = [keys.meta(experiment_id), keys.arms(experiment_id)]
         return int(await self._add_arms(keys=keyset, args=args))
 
     @_translated
     async def retire_arms(self, experiment_id: str, arm_ids: Sequence[str]) -> int:
-        """Returns the new version, 0 if the experiment is gone, -1 if an arm is unknown."""
+        """Returns the new version, 0 if the experiment is gone, -1 if an arm is unknown,
+        -2 if no active arm would be left."""
         keyset = [keys.meta(experiment_id), keys.arms(experiment_id)]
         return int(await self._retire_arms(keys=keyset, args=list(arm_ids)))
 
