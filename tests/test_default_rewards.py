@@ -364,6 +364,26 @@ async def test_a_decision_that_expired_unsettled_is_counted_as_missed(
     assert (view.defaulted, view.defaults_missed) == (2, 1)
 
 
+async def test_decisions_of_an_outage_longer_than_the_grace_period_are_all_counted_missed(
+    app_settings: Settings,
+) -> None:
+    # The records expire one grace period after their window; the list of
+    # pending decisions must not, or the sweeper never learns they existed.
+    service = await ExperimentService.open(
+        app_settings.model_copy(update={"default_reward_grace_seconds": 1}))
+    try:
+        rng = np.random.default_rng(8)
+        await service.create(spec())
+        for _ in range(2):
+            await service.choose("dflt", context(rng))
+        await asyncio.sleep(WINDOW + 1 + 1.5)  # no sweep meanwhile: as if every worker were down
+        await service.sweep()
+        view = await service.get("dflt")
+        assert (view.defaulted, view.defaults_missed) == (0, 2)
+    finally:
+        await service.close()
+
+
 @pytest.mark.slow
 async def test_two_serve_processes_apply_each_default_once_within_five_seconds(
     redis_db: str,
