@@ -206,6 +206,7 @@ class Hyperparameters(_Request):
     theta_bound: float | None = _hyperparameter("theta_bound")
     context_bound: float | None = _hyperparameter("context_bound")
     ucb_alpha: float | None = _hyperparameter("ucb_alpha")
+    epsilon: float | None = _hyperparameter("epsilon")
 
     def overrides(self) -> dict[str, float | str]:
         return self.model_dump(exclude_none=True)
