@@ -594,6 +594,7 @@ class DecisionOut(BaseModel):
                     "exploring": False,
                     "decision_number": 30,
                     "expires_in_seconds": 3600,
+                    "propensity": 0.61,
                 }
             ]
         }
@@ -605,6 +606,10 @@ class DecisionOut(BaseModel):
     exploring: bool = Field(description="true while the arm is in its first, forced pull")
     decision_number: int
     expires_in_seconds: int = Field(description="the reward must arrive within this time")
+    propensity: float = Field(
+        ge=0.0, le=1.0, description="the probability that the policy chose this arm, given "
+        "the statistics it used (logged; Open Bandit Pipeline's pscore)",
+    )
 
     @classmethod
     def from_domain(cls, decision: Decision) -> DecisionOut:
@@ -615,6 +620,7 @@ class DecisionOut(BaseModel):
             exploring=decision.exploring,
             decision_number=decision.decision_number,
             expires_in_seconds=decision.expires_in_seconds,
+            propensity=decision.propensity,
         )
 
 
