@@ -83,7 +83,7 @@ def propensities(ready: Ready, arms: NDArray[np.int64] | None = None) -> Array:
         rows, cols = np.nonzero(ready.eligible)
     else:
         arms = np.asarray(arms, dtype=np.int64)
-        if arms.shape != (batch,) or not ((arms >= 0) & (arms < n_arms)).all():
+        if arms.shape != (batch,) or not 0 <= arms.min() <= arms.max() < n_arms:
             raise ValueError(f"arms must be {batch} arm indexes below {n_arms}")
         rows, cols = np.arange(batch), arms
     values = _pairs(ready, rows, cols)
@@ -101,17 +101,19 @@ def propensities(ready: Ready, arms: NDArray[np.int64] | None = None) -> Array:
 def _pairs(ready: Ready, rows: NDArray[np.int64], cols: NDArray[np.int64]) -> Array:
     """``p`` (steps 1-2 of the module notes) of arm ``cols[i]`` in experiment ``rows[i]``."""
     out = np.zeros(rows.shape)
-    exploring = np.zeros(ready.eligible.shape[0], dtype=bool)
-    exploring[ready.exploring_rows] = True
+    todo = ready.eligible[rows, cols]
+    candidates = ready.eligible
     if ready.exploring_rows.size:
+        exploring = np.zeros(ready.eligible.shape[0], dtype=bool)
+        exploring[ready.exploring_rows] = True
         explore = exploring[rows]
         counts = ready.unexplored.sum(axis=1)[rows[explore]]
         out[explore] = ready.unexplored[rows[explore], cols[explore]] / counts
-    todo = ~exploring[rows] & ready.eligible[rows, cols]
+        todo &= ~explore
+        candidates = candidates & ~exploring[:, None]
     if not todo.any():
         return out
     law = INDEX[ready.config.name].law(ready.config, ready.prepared)
-    candidates = ready.eligible & ~exploring[:, None]
     if law.loadings is not None and np.any(law.loadings):
         out[todo] = _shared(law, candidates, rows[todo], cols[todo])
     else:
@@ -175,24 +177,28 @@ def _independent(
     """
     family = _Family(dof)
     point = candidates & (spread <= np.maximum(_POINT * np.abs(mean), _TINY))
-    random = candidates & ~point
-    top = np.where(point, mean, -np.inf).max(axis=1)
+    points = bool(point.any())
+    random = candidates & ~point if points else candidates
     reach = family.quantile(dof) * spread
     low, high = mean - reach, mean + reach
-    floor = np.maximum(np.where(random, low, -np.inf).max(axis=1), top)
+    floor = np.where(random, low, -np.inf).max(axis=1)
+    top = np.where(point, mean, -np.inf).max(axis=1) if points else np.full_like(floor, -np.inf)
+    out = np.zeros(rows.size)
+    if points:
+        floor = np.maximum(floor, top)
     alive = random & (high > floor[:, None])
-    out = np.zeros(rows.shape)
-    at_top = point[rows, cols] & (mean[rows, cols] == top[rows])
-    if at_top.any():
+    if points:
+        at_top = point[rows, cols] & (mean[rows, cols] == top[rows])
         tied = (point & (mean == top[:, None])).sum(axis=1)
         below = family.cdf((top[:, None] - mean) / np.where(alive, spread, 1.0), dof)
         stays = np.where(alive, below, 1.0).prod(axis=1)
         out[at_top] = (stays / np.maximum(tied, 1))[rows[at_top]]
     integrate = alive[rows, cols]
+    if integrate.all():  # the usual case: no copies
+        return _Window(family, mean, spread, low, high, alive, floor, top, rows, cols).integrals()
     if integrate.any():
-        window = _Window(family, mean, spread, low, high, alive, floor, top,
-                         rows[integrate], cols[integrate])
-        out[integrate] = window.integrals()
+        out[integrate] = _Window(family, mean, spread, low, high, alive, floor, top,
+                                 rows[integrate], cols[integrate]).integrals()
     return out
 
 
@@ -208,10 +214,9 @@ class _Window:
 
     * **Smooth** (normal arms, every factor at least ``SMOOTH`` times as
       wide as arm a, no point mass inside the window): the trapezoid rule in
-      arm a's standard units with step ``h = 0.5 min(1, narrowest factor /
-      arm a)``, which is spectrally accurate for such an analytic, fast
-      decaying integrand (below ``1e-8`` in 2,000 random cases); 25 nodes
-      when no factor is narrower than arm a.
+      arm a's standard units (:meth:`trapezoid`), spectrally accurate for
+      such an analytic, fast decaying integrand: below ``6e-6`` in 3,000
+      random cases; 15 nodes when no factor is narrower than arm a.
     * **Merged** (anything else: a CDF a million times narrower than arm a's
       density, point masses, Student t): see :meth:`merged`.
     """
@@ -229,46 +234,53 @@ class _Window:
 
     def integrals(self) -> Array:
         rows, cols = self.rows, self.cols
-        own = self.spread[rows, cols]
-        start = np.maximum(self.low[rows, cols], self.floor[rows])
+        own, low = self.spread[rows, cols], self.low[rows, cols]
+        start = np.maximum(low, self.floor[rows])
         factors = self.alive[rows] & (self.high[rows] > start[:, None])
         factors[np.arange(rows.size), cols] = False
         columns = factors.any(axis=0)
         factors = factors[:, columns]
         spreads = self.spread[rows][:, columns]
         shifted = np.where(factors, self.mean[rows][:, columns], -np.inf)  # CDF 1 if not a factor
-        scale = np.where(factors, spreads, 1.0)
-        narrowest = np.where(factors, spreads, np.inf).min(axis=1, initial=np.inf) / own
-        smooth = (narrowest >= SMOOTH) & (self.top[rows] <= self.low[rows, cols])
+        scale = np.where(factors, spreads, np.inf)
+        ratio = scale.min(axis=1, initial=np.inf) / own
+        smooth = (ratio >= SMOOTH) & (self.top[rows] <= low)
+        scale[~factors] = 1.0
         if self.family.dof is not None:
             smooth[:] = False
         if smooth.all():  # the usual case: no copies
-            return self.trapezoid(np.minimum(narrowest, 1.0), shifted, scale)
+            return self.trapezoid(np.minimum(ratio, 1.0), shifted, scale, start)
         out = np.empty(rows.size)
         if smooth.any():
             part = replace(self, rows=rows[smooth], cols=cols[smooth])
-            out[smooth] = part.trapezoid(np.minimum(narrowest[smooth], 1.0), shifted[smooth],
-                                         scale[smooth])
+            out[smooth] = part.trapezoid(np.minimum(ratio[smooth], 1.0), shifted[smooth],
+                                         scale[smooth], start[smooth])
         rough = ~smooth
         dof = None if self.family.dof is None else self.family.dof[rows[rough]][:, columns]
         part = replace(self, rows=rows[rough], cols=cols[rough])
         out[rough] = part.merged(start[rough], shifted[rough], scale[rough], dof)
         return out
 
-    def trapezoid(self, ratio: Array, shifted: Array, scale: Array) -> Array:
-        """The smooth rule: ``sum_j h phi(g_j) prod_k Phi((mu_a + s_a g_j - mu_k) / s_k)``."""
-        step = 0.5 * ratio
-        half = np.ceil(Z / step)[:, None]
-        # Nodes -half..half steps, then padding (weight 0): a pair's sum does not depend
+    def trapezoid(self, ratio: Array, shifted: Array, scale: Array, start: Array) -> Array:
+        """The smooth rule: ``sum_j h phi(g_j) prod_k Phi((mu_a + s_a g_j - mu_k) / s_k)``.
+
+        Nodes ``g_j = j h`` with ``h = 0.75 min(1, ratio)``, from the floor (below
+        it the product is below ``Phi(-Z)``) to ``+5``; the tails beyond ``+-5``
+        hold ``6e-7``.
+        """
+        step = 0.75 * ratio
+        mu, sd = self.mean[self.rows, self.cols], self.spread[self.rows, self.cols]
+        last = np.floor(5.0 / step)
+        first = np.maximum(-last, np.ceil((start - mu) / sd / step))
+        # Each pair's nodes first, then padding (weight 0): its sum does not depend
         # on the batch (products and cumulative sums run in order).
-        j = np.arange(2 * half.max() + 1) - half
+        j = first[:, None] + np.arange(max(int((last - first).max()) + 1, 1))
         g = j * step[:, None]
-        weights = np.where(j <= half, np.exp(-0.5 * g * g), 0.0)
-        rows, cols = self.rows, self.cols
-        t = self.mean[rows, cols][:, None] + self.spread[rows, cols][:, None] * g
+        weights = np.where(j <= last[:, None], np.exp(-0.5 * g * g), 0.0)
+        t = mu[:, None] + sd[:, None] * g
         u = (t[:, :, None] - shifted[:, None, :]) / scale[:, None, :]
         total = np.cumsum(weights * special.ndtr(u).prod(axis=2), axis=1)[:, -1]
-        return np.clip(total * step / _ROOT_TAU, 0.0, 1.0)
+        return np.minimum(total * (step / _ROOT_TAU), 1.0)  # rounding only: the terms are >= 0
 
     def merged(self, start: Array, shifted: Array, scale: Array, dof: Array | None) -> Array:
         """The general rule, on the merged nodes of arm a and every narrower arm.
