@@ -52,7 +52,9 @@ ServiceDep = Annotated[ExperimentService, Depends(_service)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
 MetricsDep = Annotated[Metrics, Depends(_metrics)]
 ExperimentIdPath = Annotated[
-    str, Path(pattern=EXPERIMENT_ID_PATTERN, description="1-64 characters of A-Z a-z 0-9 _ . -")
+    str,
+    Path(pattern=EXPERIMENT_ID_PATTERN,
+         description="1-64 characters of A-Z a-z 0-9 _ . -, not . or .."),
 ]
 
 _bearer = HTTPBearer(auto_error=False, description="the admin token (LINREBOOT_ADMIN_TOKEN)")

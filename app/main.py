@@ -3,7 +3,9 @@
 Nothing is created at import time. ``create_app`` configures logging and
 builds the app; its lifespan opens the :class:`ExperimentService` (which
 connects to Redis, or starts the embedded one) and closes it on shutdown.
-Run with several workers as ``uvicorn --factory app.main:create_app``.
+``linreboot serve --workers N`` runs several workers on one Redis; plain
+``uvicorn --factory app.main:create_app --workers N`` needs ``REDIS_URL``
+(without it each worker would try to own the embedded Redis's directory).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ LOG_ENTRY_ID_PATTERN = r"^[0-9]{1,20}-[0-9]{1,20}$"
 ExperimentId = Annotated[
     str,
     StringConstraints(pattern=EXPERIMENT_ID_PATTERN),
-    Field(description="1-64 characters of A-Z a-z 0-9 _ . -", examples=["homepage"]),
+    Field(description="1-64 characters of A-Z a-z 0-9 _ . -, not . or ..", examples=["homepage"]),
 ]
 ArmId = Annotated[
     str,

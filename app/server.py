@@ -91,6 +91,10 @@ def serve(
 
 def _prepare(settings: Settings, stack: ExitStack) -> None:
     """Check what the workers will need, and start what they share."""
+    directory = os.environ.get(MULTIPROC_ENV)
+    if directory and not Path(directory).is_dir():
+        raise StartupError(f"{MULTIPROC_ENV}: {directory} is not a directory: create it, "
+                           "or unset the variable")
     _check_port(settings.host, settings.port)
     runtime_dir = None
     if settings.redis_url is None:

@@ -98,6 +98,11 @@ def residual_sum_of_squares(
     are of the size of the rewards' spread, not of their mean.
     ``observed`` residuals use each reward's own context:
     ``RSS_k = sum r^2 - 2 theta' sum(x r) + theta' sum(x x') theta``.
+    That form is rebuilt from raw sums, so it keeps the old limit: with
+    rewards large against their spread (mean/sd above about 1e5) its terms
+    cancel and the RSS can round to 0. (LinTS-IG's rate and LinGIRO's
+    residual sum have the same form.) Shifting it too would need per-arm
+    ``sum x`` and ``sum x (r - c)``: not done.
     """
     n_arms = mu_hat.shape[1]
     pulls, shift = state["pulls"], state["shift_r"]

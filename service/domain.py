@@ -14,7 +14,13 @@ from typing import Literal
 from policies import PolicyName, Setting
 
 ARM_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,64}$"
-EXPERIMENT_ID_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
+# 1-64 of A-Z a-z 0-9 _ . - but not "." or "..", which URLs cannot carry as a
+# path segment (clients normalise them away). No look-ahead: pydantic's regex
+# engine has none.
+EXPERIMENT_ID_PATTERN = (
+    r"^(?:[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,63}|\.[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,62}"
+    r"|\.\.[A-Za-z0-9_.\-]{1,62})$"
+)
 _ARM_ID = re.compile(ARM_ID_PATTERN)
 _EXPERIMENT_ID = re.compile(EXPERIMENT_ID_PATTERN)
 

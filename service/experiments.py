@@ -392,13 +392,15 @@ class ExperimentService:
     async def add_arms(self, experiment_id: str, arms: Sequence[ArmSpec]) -> ExperimentView:
         definition = await self._definition(experiment_id)
         self._validate_arms(definition.spec.setting, definition.spec.dim, arms)
-        total = len(definition.arms) + len(arms)
-        if total > self._settings.max_arms:
-            raise InvalidInput(f"an experiment may have at most {self._settings.max_arms} arms")
+        too_many = InvalidInput(f"an experiment may have at most {self._settings.max_arms} arms")
+        if len(definition.arms) + len(arms) > self._settings.max_arms:
+            raise too_many
         records = {a.id: json.dumps({"active": True, "features": a.features}) for a in arms}
-        result = await self._store.add_arms(experiment_id, records)
+        result = await self._store.add_arms(experiment_id, records, self._settings.max_arms)
         if result == 0:
             raise NotFound("no experiment with this id")
+        if result == -2:  # arms added by another request meanwhile
+            raise too_many
         if result < 0:
             raise Conflict("an arm with one of these ids already exists")
         return await self.get(experiment_id)
@@ -407,12 +409,14 @@ class ExperimentService:
         definition = await self._definition(experiment_id)
         if not arm_ids or len(set(arm_ids)) != len(arm_ids):
             raise InvalidInput("give one or more distinct arm ids to retire")
-        remaining = {a.id for a in definition.active_arms} - set(arm_ids)
-        if not remaining:
-            raise InvalidInput("cannot retire every active arm")
+        every = InvalidInput("cannot retire every active arm")
+        if not {a.id for a in definition.active_arms} - set(arm_ids):
+            raise every
         result = await self._store.retire_arms(experiment_id, arm_ids)
         if result == 0:
             raise NotFound("no experiment with this id")
+        if result == -2:  # the others retired by another request meanwhile
+            raise every
         if result < 0:
             raise NotFound("unknown arm id")
         return await self.get(experiment_id)
@@ -650,7 +654,8 @@ class ExperimentService:
     def _validate_spec(self, spec: ExperimentSpec) -> PolicyConfig:
         s = self._settings
         if not valid_experiment_id(spec.id):
-            raise InvalidInput("experiment id must be 1-64 characters of A-Z a-z 0-9 _ . -")
+            raise InvalidInput(
+                "experiment id must be 1-64 characters of A-Z a-z 0-9 _ . -, not . or ..")
         if spec.setting not in SETTINGS:
             raise InvalidInput(f"setting must be one of {', '.join(SETTINGS)}")
         if spec.policy not in POLICIES:
@@ -859,7 +864,9 @@ def _decision_fields(
 def _valid_entry_id(text: str) -> bool:
     """A Redis stream entry id: two unsigned 64-bit integers, "<ms>-<seq>"."""
     ms, _, seq = text.partition("-")
-    return all(part.isdigit() and part.isascii() and int(part) < 2**64 for part in (ms, seq))
+    if not all(part.isdigit() and part.isascii() and int(part) < 2**64 for part in (ms, seq)):
+        return False
+    return not int(ms) == int(seq) == 2**64 - 1  # nothing can follow the last id
 
 
 def index_ranges(indexes: Sequence[int]) -> str:

@@ -129,6 +129,15 @@ class Settings(BaseSettings):
         return value.lower() if isinstance(value, str) else value
 
     @model_validator(mode="after")
+    def _default_window_within_the_maximum(self) -> Self:
+        if self.default_reward_window_seconds > self.max_reward_window_seconds:
+            raise ValueError(
+                "LINREBOOT_DEFAULT_REWARD_WINDOW_SECONDS: must be at most "
+                f"LINREBOOT_MAX_REWARD_WINDOW_SECONDS ({self.max_reward_window_seconds})"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _secret_token_unless_loopback(self) -> Self:
         if self.default_admin_token and not is_loopback(self.host):
             raise ValueError(

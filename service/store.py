@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -37,6 +38,7 @@ from redis.exceptions import (
     DataError,
     NoScriptError,
     OutOfMemoryError,
+    ReadOnlyError,
     ResponseError,
     WatchError,
 )
@@ -57,6 +59,21 @@ T = TypeVar("T")
 _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, OSError)
 _UNAVAILABLE_MESSAGE = "the state store is unavailable; retry shortly"
 _FULL_MESSAGE = "the state store is out of memory and refuses changes; retry later"
+
+
+# Replies that say Redis cannot take the command *now*: a replica or a failover
+# (READONLY, MASTERDOWN, NOREPLICAS), another client's long script (BUSY), a
+# failed AOF or RDB write (MISCONF), a cluster in motion (TRYAGAIN,
+# CLUSTERDOWN). Inside a script Redis wraps them in a script error, so they
+# are looked for as words anywhere in the message.
+_TRANSIENT = re.compile(
+    r"\b(READONLY|BUSY|MISCONF|MASTERDOWN|NOREPLICAS|TRYAGAIN|CLUSTERDOWN)\b"
+    r"|read only replica"
+)
+
+
+def _transient(exc: ResponseError) -> bool:
+    return isinstance(exc, ReadOnlyError) or bool(_TRANSIENT.search(str(exc)))
 
 
 def _out_of_memory(exc: ResponseError) -> bool:
@@ -83,6 +100,8 @@ def _call(fn: StoreMethod[P, T], *, bounded: bool) -> StoreMethod[P, T]:
             if _out_of_memory(exc):
                 self.refused_at = time.monotonic()
                 raise StoreFull(_FULL_MESSAGE) from exc
+            if _transient(exc):
+                raise StoreUnavailable(_UNAVAILABLE_MESSAGE) from exc
             raise
 
     return wrapper
@@ -324,16 +343,21 @@ class Store:
             refuses writes: over its limit now, or at it and a write was
             refused in the last ``REFUSALS_REMEMBERED_SECONDS``.
         StoreUnavailable
-            If Redis does not answer.
+            If Redis does not answer, is a replica (read-only), or failed to
+            write its append-only file (it then refuses writes: MISCONF).
         """
         try:
-            memory = await self._client.info("memory")
+            info = await self._client.info()  # the default sections, in one reply
         except ResponseError:
             await self._client.ping()  # INFO refused (ACL, renamed): answering must do
             return
+        if info.get("role", "master") != "master":
+            raise StoreUnavailable("the state store is a read-only replica; retry shortly")
+        if info.get("aof_last_write_status", "ok") != "ok":
+            raise StoreUnavailable("the state store cannot write its append-only file")
         refused_recently = (self.refused_at is not None and
                             time.monotonic() - self.refused_at < REFUSALS_REMEMBERED_SECONDS)
-        if _refuses_writes(memory, refused_recently):
+        if _refuses_writes(info, refused_recently):
             raise StoreFull(_FULL_MESSAGE)
 
     @_translated
@@ -371,20 +395,30 @@ class Store:
         for pair in arms.items():
             args.extend(pair)
         keyset = [keys.meta(experiment_id), keys.arms(experiment_id), keys.stats(experiment_id)]
+        # The indexes live in slots of their own, so they are written outside
+        # the script: before it, so that a connection lost after it leaves no
+        # experiment unlisted (an entry without its experiment is skipped where
+        # read), and again after it, in case a listing dropped the entry as
+        # stale in between.
+        await self._index(experiment_id, default_reward)
         created = await self._create(keys=keyset, args=args)
         if created:
             try:
-                await self._client.sadd(keys.EXPERIMENT_INDEX, experiment_id)
-                if default_reward:
-                    await self._client.sadd(keys.DEFAULT_REWARD_INDEX, experiment_id)
+                await self._index(experiment_id, default_reward)
             except ResponseError as exc:
                 # The script's writes took the last memory: undo them (DEL is
                 # allowed out of memory), as nobody has the key to use them.
                 if _out_of_memory(exc):
                     await self._client.delete(*keyset)
                     await self._client.srem(keys.EXPERIMENT_INDEX, experiment_id)
+                    await self._client.srem(keys.DEFAULT_REWARD_INDEX, experiment_id)
                 raise
         return bool(created)
+
+    async def _index(self, experiment_id: str, default_reward: bool) -> None:
+        await self._client.sadd(keys.EXPERIMENT_INDEX, experiment_id)
+        if default_reward:
+            await self._client.sadd(keys.DEFAULT_REWARD_INDEX, experiment_id)
 
     @_translated
     async def read_definition(
@@ -509,15 +543,17 @@ class Store:
         return [_text(v) for v in await self._client.smembers(keys.DEFAULT_REWARD_INDEX)]
 
     @_translated
-    async def add_arms(self, experiment_id: str, arms: Mapping[str, str]) -> int:
-        """Returns the new version, 0 if the experiment is gone, -1 if an arm exists."""
-        args = [item for pair in arms.items() for item in pair]
+    async def add_arms(self, experiment_id: str, arms: Mapping[str, str], max_arms: int) -> int:
+        """Returns the new version, 0 if the experiment is gone, -1 if an arm exists,
+        -2 if it would have more than ``max_arms``."""
+        args = [str(max_arms), *(item for pair in arms.items() for item in pair)]
         keyset = [keys.meta(experiment_id), keys.arms(experiment_id)]
         return int(await self._add_arms(keys=keyset, args=args))
 
     @_translated
     async def retire_arms(self, experiment_id: str, arm_ids: Sequence[str]) -> int:
-        """Returns the new version, 0 if the experiment is gone, -1 if an arm is unknown."""
+        """Returns the new version, 0 if the experiment is gone, -1 if an arm is unknown,
+        -2 if no active arm would be left."""
         keyset = [keys.meta(experiment_id), keys.arms(experiment_id)]
         return int(await self._retire_arms(keys=keyset, args=list(arm_ids)))
 

@@ -245,6 +245,7 @@ async def test_the_log_pages_over_http(api: Api) -> None:
     ({"after": "abc"}, 422),
     ({"after": "1-2-3"}, 422),
     ({"after": "18446744073709551616-0"}, 422),  # 2**64: beyond a stream id
+    ({"after": "18446744073709551615-18446744073709551615"}, 422),  # nothing follows it
     ({"limit": 0}, 422),
     ({"limit": 1001}, 422),
 ])

@@ -204,12 +204,14 @@ async def test_a_reward_after_the_window_is_late_and_changes_nothing(
         {"decision_id": late, "reward": 0.5}, {"decision_id": early, "reward": 1.0}]})
     assert [r["status"] for r in batch.json()["results"]] == ["late", "duplicate"]
 
+    # A decision's late reward counts (and is logged) once, however often it
+    # or another value comes again.
     view = await api.experiment("late")
-    assert (view["decisions"], view["rewards"], view["defaulted"], view["late"]) == (2, 1, 1, 2)
+    assert (view["decisions"], view["rewards"], view["defaulted"], view["late"]) == (2, 1, 1, 1)
     assert view["default_reward"] == DEFAULT
     log = await whole_log(service, "late")
-    assert [e.type for e in log] == ["decision", "decision", "reward", "late", "default", "late"]
-    assert [e.reward for e in log if e.type == "late"] == [1.0, 0.5]
+    assert [e.type for e in log] == ["decision", "decision", "reward", "late", "default"]
+    assert [e.reward for e in log if e.type == "late"] == [1.0]
     outcomes = {e.decision_id: e.reward for e in log if e.type in ("reward", "default")}
     assert outcomes == {early: 1.0, late: DEFAULT}
     config = PolicyConfig(**view["config"])
@@ -360,6 +362,26 @@ async def test_a_decision_that_expired_unsettled_is_counted_as_missed(
     assert await service.sweep() == 2
     view = await service.get("dflt")
     assert (view.defaulted, view.defaults_missed) == (2, 1)
+
+
+async def test_decisions_of_an_outage_longer_than_the_grace_period_are_all_counted_missed(
+    app_settings: Settings,
+) -> None:
+    # The records expire one grace period after their window; the list of
+    # pending decisions must not, or the sweeper never learns they existed.
+    service = await ExperimentService.open(
+        app_settings.model_copy(update={"default_reward_grace_seconds": 1}))
+    try:
+        rng = np.random.default_rng(8)
+        await service.create(spec())
+        for _ in range(2):
+            await service.choose("dflt", context(rng))
+        await asyncio.sleep(WINDOW + 1 + 1.5)  # no sweep meanwhile: as if every worker were down
+        await service.sweep()
+        view = await service.get("dflt")
+        assert (view.defaulted, view.defaults_missed) == (0, 2)
+    finally:
+        await service.close()
 
 
 @pytest.mark.slow

@@ -323,6 +323,51 @@ async def test_the_app_answers_503_store_full_and_readiness_says_so(
             assert again.json()["status"] == "applied"
 
 
+@pytest.mark.parametrize("fault", ["replica", "busy script"])
+async def test_redis_refusing_commands_for_now_is_503_and_readiness_says_so(
+    redis_server: RedisProcess, fault: str
+) -> None:
+    """A failover (READONLY) or another client's long script (BUSY) is 503, not 500."""
+    from app.main import create_app
+
+    with redis_server.client() as client:
+        client.flushdb()
+    settings = Settings(redis_url=redis_server.url, admin_token=SecretStr(ADMIN_TOKEN),
+                        redis_timeout_seconds=DEADLINE_SECONDS)
+    application = create_app(settings)
+    async with application.router.lifespan_context(application):
+        transport = httpx.ASGITransport(app=application, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            spec = {"id": "app", "setting": "covariates", "dim": 2, "arms": [{"id": "a"}]}
+            created = await http.post("/experiments", json=spec, headers=ADMIN)
+            key = {"X-API-Key": created.json()["api_key"]}
+            body = {"experiment_id": "app", "context": [1.0, 2.0]}
+            chosen = await http.post("/choose", json=body, headers=key)
+            reward = {"experiment_id": "app", "reward": 1.0,
+                      "decision_id": chosen.json()["decision_id"]}
+            with redis_server.client() as client:
+                if fault == "replica":
+                    client.execute_command("REPLICAOF", "127.0.0.1", "1")  # nobody there
+                    answers = [await http.post("/choose", json=body, headers=key),
+                               await http.post("/reward", json=reward, headers=key),
+                               await http.get("/readyz")]
+                    client.execute_command("REPLICAOF", "NO", "ONE")
+                else:
+                    client.config_set("lua-time-limit", 50)
+                    blocker = asyncio.create_task(asyncio.to_thread(
+                        client.eval, "local t = tonumber(redis.call('TIME')[1]) + 2 "
+                        "while tonumber(redis.call('TIME')[1]) < t do end return 1", 0))
+                    await asyncio.sleep(0.3)
+                    answers = [await http.post("/reward", json=reward, headers=key)]
+                    await blocker
+            for answer in answers:
+                assert answer.status_code == 503, answer.text
+                assert answer.headers["retry-after"] == str(settings.retry_after_seconds)
+            assert (await http.get("/readyz")).status_code == 200
+            again = await http.post("/reward", json=reward, headers=key)
+            assert again.json()["status"] == "applied"
+
+
 # -- the deadline -----------------------------------------------------------------
 
 

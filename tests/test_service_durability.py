@@ -44,6 +44,7 @@ from service import keys
 from service.codec import assemble_state, unpack
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.embedded import EmbeddedRedis
+from service.errors import InvalidInput
 from service.experiments import ExperimentService
 from service.settings import Settings
 from service.store import Store
@@ -786,3 +787,41 @@ async def test_experiments_stored_by_earlier_versions_are_upgraded_at_start_up(
     finally:
         await upgraded.close()
         await again.close()
+
+
+async def test_a_resent_creation_is_recognised_and_another_is_refused(redis_db: str) -> None:
+    # The client resends a script whose reply was lost: the resend must not turn
+    # a creation into a 409 (the API key, shown once, would be lost).
+    store = Store.from_url(redis_db, 2.0)
+    try:
+        meta = {"incarnation": "aaaa", "version": "1", "spec": "{}"}
+        assert await store.create("twice", meta, {"a": "{}"})
+        assert await store.create("twice", meta, {"a": "{}"})  # the resend
+        assert not await store.create("twice", {**meta, "incarnation": "bbbb"}, {"a": "{}"})
+        assert await store.list_ids() == ["twice"]
+    finally:
+        await store.close()
+
+
+async def test_concurrent_retirements_and_additions_keep_the_experiments_limits(
+    service: ExperimentService, other_service: ExperimentService, app_settings: Settings
+) -> None:
+    # Each request alone is valid; the limits must hold for them together,
+    # so they are checked in the scripts that change the arms.
+    arms = tuple(ArmSpec(a) for a in "abc")
+    await service.create(ExperimentSpec(id="few", setting="covariates", dim=2, arms=arms))
+    await other_service.get("few")
+    results = await asyncio.gather(service.retire_arms("few", ["a", "b"]),
+                                   other_service.retire_arms("few", ["c"]),
+                                   return_exceptions=True)
+    assert sum(isinstance(r, InvalidInput) for r in results) == 1, results
+    assert any(a.active for a in (await service.get("few")).arms)
+
+    room = app_settings.max_arms - 3
+    first = [ArmSpec(f"x{i}") for i in range(room)]
+    second = [ArmSpec(f"y{i}") for i in range(room)]
+    results = await asyncio.gather(service.add_arms("few", first),
+                                   other_service.add_arms("few", second),
+                                   return_exceptions=True)
+    assert sum(isinstance(r, InvalidInput) for r in results) == 1, results
+    assert len((await service.get("few")).arms) == app_settings.max_arms

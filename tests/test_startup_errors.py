@@ -54,6 +54,9 @@ def _unreachable_redis() -> str:
     (["--host", "0.0.0.0"], {"LINREBOOT_ADMIN_TOKEN": "change-me"}, "LINREBOOT_ADMIN_TOKEN", 2),
     (["--host", "192.0.2.1"], {}, "LINREBOOT_HOST", 2),  # TEST-NET: no interface has it
     (["--host", "no-such-host.invalid"], {}, "LINREBOOT_HOST", 2),
+    ([], {"LINREBOOT_DEFAULT_REWARD_WINDOW_SECONDS": "999999999"},
+     "LINREBOOT_DEFAULT_REWARD_WINDOW_SECONDS", 2),
+    ([], {"PROMETHEUS_MULTIPROC_DIR": "/no/such/directory"}, "PROMETHEUS_MULTIPROC_DIR", 2),
 ])
 def test_serve_refuses_a_wrong_setting_in_one_line(
     tmp_path: Path, flags: list[str], env: dict[str, str], named: str, code: int

@@ -8,12 +8,19 @@
 --          experiment never repeats a version another worker has cached)
 -- ARGV[2+2m..]  arm id, arm JSON, ...
 --
--- Returns 1 when created, 0 when the id is taken.
+-- Returns 1 when created, 0 when the id is taken. A resend of a call that
+-- created it (the client retries a command whose reply was lost) finds its
+-- own incarnation there and returns 1 again.
 
+local m = tonumber(ARGV[1])
 if redis.call('EXISTS', KEYS[1]) == 1 then
+  for i = 0, m - 1 do
+    if ARGV[2 + 2 * i] == 'incarnation' then
+      return redis.call('HGET', KEYS[1], 'incarnation') == ARGV[3 + 2 * i] and 1 or 0
+    end
+  end
   return 0
 end
-local m = tonumber(ARGV[1])
 for i = 0, m - 1 do
   redis.call('HSET', KEYS[1], ARGV[2 + 2 * i], ARGV[3 + 2 * i])
 end

@@ -105,7 +105,13 @@ redis.call('HINCRBY', KEYS[2], 'decisions', 1)
 -- (up to 128) from its head, so it holds the live decisions and a few more.
 local id = string.match(KEYS[3], ':decision:(.*)$')
 local listed = redis.call('RPUSH', KEYS[4], deadline .. ' ' .. id)
-redis.call('EXPIRE', KEYS[4], ttl + 1)
+if defaulted then
+  -- Never expires: settle.lua must find every entry, even after an outage
+  -- longer than the grace period (it then counts the decision as missed).
+  redis.call('PERSIST', KEYS[4])
+else
+  redis.call('EXPIRE', KEYS[4], ttl + 1)
+end
 local tidy = listed % 64 == 0
 if tidy and not defaulted then
   local expired = 0

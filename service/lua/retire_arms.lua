@@ -4,7 +4,9 @@
 -- KEYS[2]  arms hash  lrb:{exp}:arms
 -- ARGV     arm ids
 --
--- Returns the new version, 0 if the experiment is gone, -1 if an id is unknown.
+-- Returns the new version, 0 if the experiment is gone, -1 if an id is unknown,
+-- -2 if no active arm would be left (checked here, so that concurrent
+-- retirements cannot together retire every arm).
 
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
@@ -13,6 +15,21 @@ for i = 1, #ARGV do
   if redis.call('HEXISTS', KEYS[2], ARGV[i]) == 0 then
     return -1
   end
+end
+local retiring = {}
+for i = 1, #ARGV do
+  retiring[ARGV[i]] = true
+end
+local left = false
+local all = redis.call('HGETALL', KEYS[2])
+for i = 1, #all, 2 do
+  if not retiring[all[i]] and cjson.decode(all[i + 1])['active'] then
+    left = true
+    break
+  end
+end
+if not left then
+  return -2
 end
 for i = 1, #ARGV do
   local arm = cjson.decode(redis.call('HGET', KEYS[2], ARGV[i]))

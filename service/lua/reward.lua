@@ -81,8 +81,12 @@ for k = FIRST, #KEYS do
       statuses[#statuses + 1] = 'conflict'
     end
   elseif decision[STATUS] == 'defaulted' or ended(decision[DEADLINE]) then
-    redis.call('HINCRBY', KEYS[2], 'late', 1)
-    log_outcome(KEYS[3], meta[5], meta[6], 'late', decision_id(KEYS[k]), reward)
+    -- Counted and logged once per decision: a resent late reward (a client
+    -- retry, or the Redis client's own) only answers 'late' again.
+    if redis.call('HSETNX', KEYS[k], 'late_reward', reward) == 1 then
+      redis.call('HINCRBY', KEYS[2], 'late', 1)
+      log_outcome(KEYS[3], meta[5], meta[6], 'late', decision_id(KEYS[k]), reward)
+    end
     statuses[#statuses + 1] = 'late'
   else
     local refused = apply(KEYS[2], recipes, decision, reward)

@@ -61,9 +61,10 @@ local function claimable()
 end
 
 -- Keep what a late or repeated reward is checked against (status, reward,
--- incarnation; and number, for a resent decide), drop the rest: the context
--- and the decision's statistics are in the log, and nothing else reads them.
-local KEPT = {'status', 'incarnation', 'reward', 'number'}
+-- incarnation, the late reward already counted; and number, for a resent
+-- decide), drop the rest: the context and the decision's statistics are in
+-- the log, and nothing else reads them.
+local KEPT = {'status', 'incarnation', 'reward', 'number', 'late_reward'}
 local function strip(key)
   local left = redis.call('PTTL', key)
   if left <= 0 then  -- every decision has a time to live; never make one without

@@ -1,0 +1,137 @@
+"""Off-policy evaluation: the value of a target policy from logged decisions.
+
+A log holds, per round ``i``, the context, the arm ``a_i`` the logging policy
+chose with probability ``p_i`` (its propensity) and the reward ``r_i``. The
+value of a target policy ``pi`` (the mean reward it would earn on the same
+contexts) is estimated by
+
+* **IPS**, inverse propensity scoring: the mean of ``w_i r_i`` with
+  ``w_i = pi(a_i | x_i) / p_i``; unbiased when every ``p_i > 0`` where
+  ``pi`` is;
+* **SNIPS**, self-normalised IPS: ``sum w_i r_i / sum w_i``; slightly biased,
+  far less variable when the weights are large;
+* **DR**, doubly robust: ``sum_a pi(a | x_i) q(x_i, a) + w_i (r_i - q(x_i, a_i))``
+  with a reward model ``q`` (here ridge regression per arm, cross-fitted so
+  that no round's model saw its own reward); unbiased if either the
+  propensities or the model are right, and usually the least variable.
+
+Each comes with a normal 95% interval from the per-round terms (the delta
+method for SNIPS).
+
+References
+----------
+Dudik, Langford, Li. Doubly Robust Policy Evaluation and Learning. ICML 2011.
+Swaminathan, Joachims. The Self-Normalized Estimator for Counterfactual
+Learning. NeurIPS 2015. Open Bandit Pipeline, ``obp.ope``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from policies.ridge import ridge
+
+Array = NDArray[np.floating[Any]]
+IntArray = NDArray[np.int64]
+
+Z_95 = 1.959963984540054  # the 97.5% standard normal quantile
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A policy value with its standard error and 95% interval."""
+
+    value: float
+    stderr: float
+
+    @property
+    def low(self) -> float:
+        return self.value - Z_95 * self.stderr
+
+    @property
+    def high(self) -> float:
+        return self.value + Z_95 * self.stderr
+
+    def covers(self, truth: float) -> bool:
+        return self.low <= truth <= self.high
+
+
+def _mean_of(terms: Array) -> Estimate:
+    n = terms.shape[0]
+    stderr = float(np.std(terms, ddof=1)) / math.sqrt(n) if n > 1 else math.inf
+    return Estimate(float(np.mean(terms)), stderr)
+
+
+def _weights(target: Array, actions: IntArray, propensities: Array) -> Array:
+    if np.any(propensities <= 0) or np.any(propensities > 1):
+        raise ValueError("propensities must lie in (0, 1]")
+    return target[np.arange(actions.shape[0]), actions] / propensities
+
+
+def ips(rewards: Array, actions: IntArray, propensities: Array, target: Array) -> Estimate:
+    """Inverse propensity scoring.
+
+    Parameters
+    ----------
+    rewards : ndarray, shape (n,)
+    actions : ndarray of int, shape (n,)
+        The arm logged in each round.
+    propensities : ndarray, shape (n,)
+        The logging policy's probability of that arm.
+    target : ndarray, shape (n, K)
+        The target policy's probability of every arm in each round.
+    """
+    return _mean_of(_weights(target, actions, propensities) * rewards)
+
+
+def snips(rewards: Array, actions: IntArray, propensities: Array, target: Array) -> Estimate:
+    """Self-normalised IPS, with the delta-method standard error."""
+    w = _weights(target, actions, propensities)
+    value = float(np.sum(w * rewards) / np.sum(w))
+    influence = w * (rewards - value) / np.mean(w)
+    return Estimate(value, _mean_of(influence).stderr)
+
+
+def doubly_robust(
+    rewards: Array, actions: IntArray, propensities: Array, target: Array, model: Array
+) -> Estimate:
+    """Doubly robust, with ``model`` the predicted reward of every arm, shape (n, K)."""
+    rows = np.arange(actions.shape[0])
+    w = _weights(target, actions, propensities)
+    terms = np.sum(target * model, axis=1) + w * (rewards - model[rows, actions])
+    return _mean_of(terms)
+
+
+def ridge_reward_model(
+    contexts: Array, actions: IntArray, rewards: Array, reg: float = 1.0, folds: int = 2
+) -> Array:
+    """Cross-fitted per-arm ridge predictions of every arm's reward, shape (n, K).
+
+    Parameters
+    ----------
+    contexts : ndarray, shape (n, K, d)
+        Every arm's context in each round (the same row repeated when one
+        context serves all arms).
+    folds : int
+        Rounds are split into this many interleaved folds; each fold is
+        predicted by models fitted on the others.
+    """
+    n, n_arms, _ = contexts.shape
+    rows = np.arange(n)
+    chosen = contexts[rows, actions]  # (n, d)
+    fold = rows % folds
+    out = np.empty((n, n_arms))
+    for f in range(folds):
+        train = fold != f
+        one_hot = (actions[train, None] == np.arange(n_arms)).astype(float)  # (m, K)
+        x = chosen[train]
+        gram = np.einsum("mk,mi,mj->kij", one_hot, x, x)
+        xty = np.einsum("mk,mi,m->ki", one_hot, x, rewards[train])
+        theta = ridge(gram, xty, reg)  # (K, d)
+        out[fold == f] = np.einsum("mkd,kd->mk", contexts[fold == f], theta)
+    return out
