@@ -62,7 +62,9 @@ _TAIL = float(special.ndtr(-Z))
 _SEED = 20240611  # lattice shifts of the shared-model estimate: the same for the same statistics
 
 
-def propensities(ready: Ready, arms: NDArray[np.int64] | None = None) -> Array:
+def propensities(
+    ready: Ready, arms: NDArray[np.int64] | None = None, *, shared_se: float | None = None
+) -> Array:
     """The probability that :func:`policies.draw` of ``ready`` picks each arm.
 
     Parameters
@@ -71,6 +73,9 @@ def propensities(ready: Ready, arms: NDArray[np.int64] | None = None) -> Array:
         From :func:`policies.prepare`, batch size B, K arms.
     arms : ndarray of int, shape (B,), optional
         One arm per experiment (e.g. the chosen one): only those are computed.
+    shared_se : float, optional
+        Standard error at which a shared model's estimate stops (default
+        ``SHARED_TARGET_SE``); the service asks for ``SERVICE_SHARED_SE``.
 
     Returns
     -------
@@ -86,7 +91,7 @@ def propensities(ready: Ready, arms: NDArray[np.int64] | None = None) -> Array:
         if arms.shape != (batch,) or not 0 <= arms.min() <= arms.max() < n_arms:
             raise ValueError(f"arms must be {batch} arm indexes below {n_arms}")
         rows, cols = np.arange(batch), arms
-    values = _pairs(ready, rows, cols)
+    values = _pairs(ready, rows, cols, SHARED_TARGET_SE if shared_se is None else shared_se)
     epsilon = ready.config.epsilon
     if epsilon > 0.0:
         share = ready.eligible[rows, cols] / ready.eligible.sum(axis=1)[rows]
@@ -98,7 +103,15 @@ def propensities(ready: Ready, arms: NDArray[np.int64] | None = None) -> Array:
     return out
 
 
-def _pairs(ready: Ready, rows: NDArray[np.int64], cols: NDArray[np.int64]) -> Array:
+def estimated(ready: Ready) -> bool:
+    """Whether :func:`propensities` of ``ready`` estimates a shared model's correlated
+    scores (milliseconds at K = 100) rather than integrating (microseconds)."""
+    return ready.config.shared and INDEX[ready.config.name].one_draw
+
+
+def _pairs(
+    ready: Ready, rows: NDArray[np.int64], cols: NDArray[np.int64], shared_se: float
+) -> Array:
     """``p`` (steps 1-2 of the module notes) of arm ``cols[i]`` in experiment ``rows[i]``."""
     out = np.zeros(rows.shape)
     todo = ready.eligible[rows, cols]
@@ -115,7 +128,7 @@ def _pairs(ready: Ready, rows: NDArray[np.int64], cols: NDArray[np.int64]) -> Ar
         return out
     law = INDEX[ready.config.name].law(ready.config, ready.prepared)
     if law.loadings is not None and np.any(law.loadings):
-        out[todo] = _shared(law, candidates, rows[todo], cols[todo])
+        out[todo] = _shared(law, candidates, rows[todo], cols[todo], shared_se)
     else:
         spread = law.spread if law.spread is not None else np.zeros_like(law.mean)
         out[todo] = _independent(law.mean, spread, law.dof, candidates, rows[todo], cols[todo])
@@ -384,7 +397,8 @@ def _nodes(
 
 
 def _shared(
-    law: Law, candidates: NDArray[np.bool_], rows: NDArray[np.int64], cols: NDArray[np.int64]
+    law: Law, candidates: NDArray[np.bool_], rows: NDArray[np.int64], cols: NDArray[np.int64],
+    target_se: float,
 ) -> Array:
     """``P(argmax = cols[i])`` in row ``rows[i]`` when the scores share one draw (see
     :func:`shared_propensity`)."""
@@ -392,12 +406,14 @@ def _shared(
     out = np.empty(rows.size)
     for i, (row, arm) in enumerate(zip(rows.tolist(), cols.tolist(), strict=True)):
         dof = None if law.dof is None else float(law.dof[row])
-        out[i] = shared_propensity(law.mean[row], law.loadings[row], dof, candidates[row], arm)[0]
+        out[i] = shared_propensity(
+            law.mean[row], law.loadings[row], dof, candidates[row], arm, target_se)[0]
     return out
 
 
 def shared_propensity(
     mean: Array, loadings: Array, dof: float | None, candidates: NDArray[np.bool_], arm: int,
+    target_se: float | None = None,
 ) -> tuple[float, float]:
     """``P(argmax = arm)`` for ``score = mean + loadings @ T`` (one experiment), and its
     standard error.
@@ -411,8 +427,8 @@ def shared_propensity(
     leave, and the estimate is the product of those intervals'
     probabilities: smooth in the uniforms, which come from randomly shifted
     Richtmyer lattices. ``SHIFTS`` shifts give an unbiased standard error;
-    points double until it is at most ``SHARED_TARGET_SE`` or
-    ``SHARED_MAX_POINTS`` are used.
+    points double until it is at most ``target_se`` (default
+    ``SHARED_TARGET_SE``) or ``SHARED_MAX_POINTS`` are used.
 
     Arms with identical scores in every draw (the same mean and loadings,
     e.g. identical contexts) are tied: they share their group's probability
@@ -436,7 +452,8 @@ def shared_propensity(
     share = 1.0 / int(tied.sum())
     if gap.size == 0:
         return share, 0.0
-    value, error = _separation_of_variables(*_trapezoidal(rise, gap), dof)
+    target = SHARED_TARGET_SE if target_se is None else target_se
+    value, error = _separation_of_variables(*_trapezoidal(rise, gap), dof, target)
     return value * share, error * share
 
 
@@ -444,6 +461,9 @@ SHIFTS = 8
 """Random shifts of the lattice in :func:`shared_propensity` (its standard error's sample)."""
 SHARED_TARGET_SE = 1e-4
 """Standard error at which :func:`shared_propensity` stops."""
+SERVICE_SHARED_SE = 1e-3
+"""What the service asks of a shared model's estimate: at K = 100, d = 20 it costs
+15-80 ms of CPU against about 1 s at ``SHARED_TARGET_SE`` (BENCHMARKS.md)."""
 SHARED_MAX_POINTS = 8 * 8192
 """Cap on the points of :func:`shared_propensity` (then its error may exceed the target)."""
 
@@ -485,7 +505,7 @@ def _trapezoidal(rise: Array, gap: Array) -> tuple[Array, Array, NDArray[np.int6
 
 
 def _separation_of_variables(
-    rows: Array, bounds: Array, last: NDArray[np.int64], dof: float | None
+    rows: Array, bounds: Array, last: NDArray[np.int64], dof: float | None, target_se: float
 ) -> tuple[float, float]:
     """``P(rows @ W >= bounds)``, W standard normal (or multivariate t with ``dof``)."""
     if ((last < 0) & (bounds > 0)).any():  # a constraint no variable can meet
@@ -500,7 +520,7 @@ def _separation_of_variables(
         grid = np.abs(2.0 * ((lattice + shifts) % 1.0) - 1.0)  # (SHIFTS, points, u); periodised
         estimates = _sov_estimates(rows, bounds, groups, dof, grid).mean(axis=1)
         error = float(estimates.std(ddof=1) / math.sqrt(SHIFTS))
-        if error <= SHARED_TARGET_SE or 2 * points * SHIFTS > SHARED_MAX_POINTS:
+        if error <= target_se or 2 * points * SHIFTS > SHARED_MAX_POINTS:
             return float(estimates.mean()), error
         points *= 2
 

@@ -6,6 +6,7 @@ added to Redis through :class:`service.store.Store`.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import dataclasses
 import functools
@@ -35,7 +36,7 @@ from policies import (
     paper_config,
     prepare,
 )
-from policies.propensity import propensities
+from policies.propensity import SERVICE_SHARED_SE, estimated, propensities
 from policies.ridge import ridge
 from policies.state import Axis
 from service import keys
@@ -175,14 +176,18 @@ class View:
             last.ready = ready
         return arms, contexts, ready
 
-    def propensity(self, ready: Ready, position: int) -> float:
+    async def propensity(self, ready: Ready, position: int) -> float:
         """The probability that ``draw(ready)`` picks ``position``: it depends on the
         statistics, not on the draw, so it is kept with ``ready`` while the view keeps
-        that (until a reward changes the statistics)."""
+        that (until a reward changes the statistics). A shared model's estimate takes
+        milliseconds, so it runs in a thread, not on the event loop."""
         last = self._last
         kept = last.propensities if last is not None and last.ready is ready else {}
         if position not in kept:
-            kept[position] = float(propensities(ready, np.array([position]))[0])
+            def compute() -> float:
+                arm = np.array([position])
+                return float(propensities(ready, arm, shared_se=SERVICE_SHARED_SE)[0])
+            kept[position] = await asyncio.to_thread(compute) if estimated(ready) else compute()
         return kept[position]
 
 
@@ -491,7 +496,7 @@ class ExperimentService:
             picked = int(choice.arms[0])
             decision_id = secrets.token_hex(16)  # as random as uuid4().hex, cheaper
             x = np.ascontiguousarray(contexts[picked], dtype="<f8").tobytes()
-            propensity = view.propensity(ready, picked)
+            propensity = await view.propensity(ready, picked)
             fields = _decision_fields(view, arms[picked], x, propensity)
             reply = await self._store.decide(
                 experiment_id, decision_id, key_hash=key_hash,

@@ -44,7 +44,13 @@ from policies import (
     update,
 )
 from policies.config import PolicyName, Setting
-from policies.propensity import SHARED_TARGET_SE, propensities, shared_propensity
+from policies.propensity import (
+    SERVICE_SHARED_SE,
+    SHARED_TARGET_SE,
+    estimated,
+    propensities,
+    shared_propensity,
+)
 from policies.ridge import Array, BufferedStreams
 from tests.test_policies_behaviour import make_worlds
 
@@ -331,3 +337,18 @@ def test_arms_must_be_one_per_experiment_and_in_range() -> None:
     for bad in (np.array([2]), np.array([-1]), np.array([0, 1])):
         with pytest.raises(ValueError, match="arm indexes"):
             propensities(ready, bad)
+
+
+@pytest.mark.parametrize("policy", ["lints-g", "lints-ig"])
+def test_the_services_coarser_shared_estimate_is_within_its_standard_error(
+    policy: PolicyName,
+) -> None:
+    """The service stops a shared model's estimate at ``SERVICE_SHARED_SE``; each value is
+    within 4.5 of those standard errors (plus the accurate one's) of the accurate value,
+    and the service's flag says which states are estimated."""
+    _, ready = state_after(policy, "contextual", rounds=60, seed=11, n_arms=12)
+    assert estimated(ready)
+    accurate = propensities(ready)[0]
+    coarse = propensities(ready, shared_se=SERVICE_SHARED_SE)[0]
+    assert np.all(np.abs(coarse - accurate) <= 4.5 * (SERVICE_SHARED_SE + SHARED_TARGET_SE))
+    assert not estimated(state_after("linreboot", "contextual", rounds=5, seed=1, n_arms=3)[1])
