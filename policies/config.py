@@ -77,18 +77,20 @@ RANGES: dict[str, Range] = {
     "theta_bound": Range(1e-6, 1e6, "LinUCB bound S on the norm of theta"),
     "context_bound": Range(1e-6, 1e7, "LinUCB bound L on the norm of a context"),
     "ucb_alpha": Range(0.0, 1e6, "linucb-const width alpha"),
+    "epsilon": Range(0.0, 1.0, "probability of a uniformly random eligible arm instead"),
 }
 
 # The hyperparameters each policy reads; ``residuals`` is "current" or "observed".
+# ``epsilon`` is read by policies.draw, so every policy takes it.
 HYPERPARAMETERS: dict[PolicyName, tuple[str, ...]] = {
-    "linreboot": ("reg", "sigma_omega", "residuals"),
-    "greedy": ("reg", "residuals"),
-    "lints-g": ("reg",),
-    "lints-ig": ("ig_alpha", "ig_beta", "ig_prior_precision"),
-    "linphe": ("reg", "phe_a", "reward_bound"),
-    "lingiro": ("reg", "giro_a", "reward_bound"),
-    "linucb": ("reg", "ucb_delta", "noise_sd", "theta_bound", "context_bound"),
-    "linucb-const": ("reg", "ucb_alpha"),
+    "linreboot": ("reg", "sigma_omega", "residuals", "epsilon"),
+    "greedy": ("reg", "residuals", "epsilon"),
+    "lints-g": ("reg", "epsilon"),
+    "lints-ig": ("ig_alpha", "ig_beta", "ig_prior_precision", "epsilon"),
+    "linphe": ("reg", "phe_a", "reward_bound", "epsilon"),
+    "lingiro": ("reg", "giro_a", "reward_bound", "epsilon"),
+    "linucb": ("reg", "ucb_delta", "noise_sd", "theta_bound", "context_bound", "epsilon"),
+    "linucb-const": ("reg", "ucb_alpha", "epsilon"),
 }
 
 
@@ -129,6 +131,10 @@ class PolicyConfig:
     ucb_delta, noise_sd, theta_bound, context_bound : LinUCB radius
         (Abbasi-Yadkori et al. 2011, Theorem 2).
     ucb_alpha : constant width of ``linucb-const``.
+    epsilon : probability that a decision is uniform among the eligible arms
+        instead of the policy's choice (0: never). Not in the paper; it makes
+        every arm's propensity at least ``epsilon / K``, which off-policy
+        evaluation of a deterministic policy (LinUCB, greedy) needs.
     """
 
     name: PolicyName
@@ -148,6 +154,7 @@ class PolicyConfig:
     theta_bound: float = 1.0
     context_bound: float = 1.0
     ucb_alpha: float = 1.0
+    epsilon: float = 0.0
 
     def __post_init__(self) -> None:
         if self.name not in POLICIES:
