@@ -207,6 +207,7 @@ class Hyperparameters(_Request):
     context_bound: float | None = _hyperparameter("context_bound")
     ucb_alpha: float | None = _hyperparameter("ucb_alpha")
     discount: float | None = _hyperparameter("discount")
+    epsilon: float | None = _hyperparameter("epsilon")
 
     def overrides(self) -> dict[str, float | str]:
         return self.model_dump(exclude_none=True)
@@ -600,6 +601,7 @@ class DecisionOut(BaseModel):
                     "exploring": False,
                     "decision_number": 30,
                     "expires_in_seconds": 3600,
+                    "propensity": 0.61,
                 }
             ]
         }
@@ -611,6 +613,10 @@ class DecisionOut(BaseModel):
     exploring: bool = Field(description="true while the arm is in its first, forced pull")
     decision_number: int
     expires_in_seconds: int = Field(description="the reward must arrive within this time")
+    propensity: float = Field(
+        ge=0.0, le=1.0, description="the probability that the policy chose this arm, given "
+        "the statistics it used (logged; Open Bandit Pipeline's pscore)",
+    )
 
     @classmethod
     def from_domain(cls, decision: Decision) -> DecisionOut:
@@ -621,6 +627,7 @@ class DecisionOut(BaseModel):
             exploring=decision.exploring,
             decision_number=decision.decision_number,
             expires_in_seconds=decision.expires_in_seconds,
+            propensity=decision.propensity,
         )
 
 

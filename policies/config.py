@@ -78,19 +78,22 @@ RANGES: dict[str, Range] = {
     "context_bound": Range(1e-6, 1e7, "LinUCB bound L on the norm of a context"),
     "ucb_alpha": Range(0.0, 1e6, "linucb-const width alpha"),
     "discount": Range(0.5, 1.0, "weight of an outcome per decision of age (1: no forgetting)"),
+    "epsilon": Range(0.0, 1.0, "probability of a uniformly random eligible arm instead"),
 }
 
 # The hyperparameters each policy reads; ``residuals`` is "current" or "observed".
-# Every policy is driven by sums, so every one can forget (``discount``).
+# Every policy is driven by sums, so every one can forget (``discount``);
+# ``epsilon`` is read by policies.draw, so every policy takes it.
 HYPERPARAMETERS: dict[PolicyName, tuple[str, ...]] = {
-    "linreboot": ("reg", "sigma_omega", "residuals", "discount"),
-    "greedy": ("reg", "residuals", "discount"),
-    "lints-g": ("reg", "discount"),
-    "lints-ig": ("ig_alpha", "ig_beta", "ig_prior_precision", "discount"),
-    "linphe": ("reg", "phe_a", "reward_bound", "discount"),
-    "lingiro": ("reg", "giro_a", "reward_bound", "discount"),
-    "linucb": ("reg", "ucb_delta", "noise_sd", "theta_bound", "context_bound", "discount"),
-    "linucb-const": ("reg", "ucb_alpha", "discount"),
+    "linreboot": ("reg", "sigma_omega", "residuals", "discount", "epsilon"),
+    "greedy": ("reg", "residuals", "discount", "epsilon"),
+    "lints-g": ("reg", "discount", "epsilon"),
+    "lints-ig": ("ig_alpha", "ig_beta", "ig_prior_precision", "discount", "epsilon"),
+    "linphe": ("reg", "phe_a", "reward_bound", "discount", "epsilon"),
+    "lingiro": ("reg", "giro_a", "reward_bound", "discount", "epsilon"),
+    "linucb": ("reg", "ucb_delta", "noise_sd", "theta_bound", "context_bound", "discount",
+               "epsilon"),
+    "linucb-const": ("reg", "ucb_alpha", "discount", "epsilon"),
 }
 
 
@@ -135,6 +138,10 @@ class PolicyConfig:
         :mod:`policies.state`). An outcome of decision number ``n`` weighs
         ``gamma ** (N - n)`` in a decision made from statistics whose latest
         outcome is of decision ``N``.
+    epsilon : probability that a decision is uniform among the eligible arms
+        instead of the policy's choice (0: never). Not in the paper; it makes
+        every arm's propensity at least ``epsilon / K``, which off-policy
+        evaluation of a deterministic policy (LinUCB, greedy) needs.
     """
 
     name: PolicyName
@@ -155,6 +162,7 @@ class PolicyConfig:
     context_bound: float = 1.0
     ucb_alpha: float = 1.0
     discount: float = 1.0
+    epsilon: float = 0.0
 
     def __post_init__(self) -> None:
         if self.name not in POLICIES:

@@ -34,6 +34,7 @@ from policies.ridge import (
     regularised,
     ridge,
     solve,
+    standard_gammas,
     standard_normals,
 )
 from policies.state import State, raw_reward_sums
@@ -42,6 +43,34 @@ Rngs = Sequence[np.random.Generator]
 Prepared = dict[str, Array]
 PrepareFn = Callable[[PolicyConfig, State, Array], Prepared]
 DrawFn = Callable[[PolicyConfig, Prepared, Rngs], Array]
+
+
+@dataclass(frozen=True)
+class Law:
+    """The distribution of the scores that ``draw`` returns from a :data:`Prepared`.
+
+    Either **independent** arms, ``score_k = mean_k + spread_k T_k`` with the
+    ``T_k`` independent (``spread`` given; 0 is a point mass), or one draw
+    **shared** by the arms, ``score = mean + loadings @ T`` with ``T`` in R^d
+    (``loadings`` given): the indices of one shared model are correlated.
+    ``T`` is standard normal, or with ``dof`` Student t (a normal divided by
+    ``sqrt(chi2_dof / dof)``; shared: one divisor for the whole vector).
+
+    Attributes
+    ----------
+    mean : ndarray, shape (B, K)
+    spread : ndarray, shape (B, K), or None
+    loadings : ndarray, shape (B, K, d), or None
+    dof : ndarray, shape (B, K) (independent) or (B,) (shared), or None (normal)
+    """
+
+    mean: Array
+    spread: Array | None = None
+    loadings: Array | None = None
+    dof: Array | None = None
+
+
+LawFn = Callable[[PolicyConfig, Prepared], Law]
 
 def _stored(name: str, factor: Factor) -> Prepared:
     """A factor as two named arrays of a :data:`Prepared` dict."""
@@ -119,6 +148,11 @@ def draw_linreboot(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Arra
     return mu_hat + prepared["spread"] * z
 
 
+def law_linreboot(config: PolicyConfig, prepared: Prepared) -> Law:
+    """Independent normals ``N(mu_hat_k, spread_k^2)``; greedy's spreads are all 0."""
+    return Law(prepared["mu_hat"], spread=prepared["spread"])
+
+
 def reward_variance(state: State) -> Array:
     """Sample variance of each model's rewards so far (1 before two rewards), (B, M).
 
@@ -156,6 +190,43 @@ def draw_lints_gaussian(config: PolicyConfig, prepared: Prepared, rngs: Rngs) ->
     return predict(theta + prepared["scale"] * direction, prepared["contexts"])
 
 
+def _whitened(factor: Factor, contexts: Array) -> Array:
+    """``R^-1 S x_k`` for every arm, shape (B, K, d): ``x_k' colour(z)`` is its dot with z.
+
+    ``colour(z) = S R'^-1 z``, so ``x' S R'^-1 z = (R^-1 S x)' z``. One solve
+    with K right-hand sides when the model is shared.
+    """
+    scaled = factor.scale * contexts
+    if factor.root.shape[1] == 1:
+        return np.swapaxes(np.linalg.solve(factor.root[:, 0], np.swapaxes(scaled, 1, 2)), 1, 2)
+    return np.linalg.solve(factor.root, scaled[..., None])[..., 0]
+
+
+def _inverse_times(factor: Factor, contexts: Array) -> Array:
+    """``A^-1 x_k = S R'^-1 (R^-1 S x_k)`` for every arm, shape (B, K, d)."""
+    whitened = _whitened(factor, contexts)
+    upper = np.swapaxes(factor.root, -1, -2)
+    if upper.shape[1] == 1:
+        lifted = np.swapaxes(np.linalg.solve(upper[:, 0], np.swapaxes(whitened, 1, 2)), 1, 2)
+    else:
+        lifted = np.linalg.solve(upper, whitened[..., None])[..., 0]
+    return factor.scale * lifted
+
+
+def _law(config: PolicyConfig, mean: Array, loadings: Array, dof: Array | None = None) -> Law:
+    """Shared model: the loadings; a model per arm: independent arms (the loadings' norms)."""
+    if config.shared:
+        return Law(mean, loadings=loadings, dof=None if dof is None else dof[:, 0])
+    return Law(mean, spread=np.linalg.norm(loadings, axis=-1), dof=dof)
+
+
+def law_lints_gaussian(config: PolicyConfig, prepared: Prepared) -> Law:
+    """``x_k' theta_hat + scale x_k' S R'^-1 z``: normal, loadings ``scale R^-1 S x_k``."""
+    whitened = _whitened(_factor(prepared, "posterior"), prepared["contexts"])
+    mean = predict(prepared["theta"], prepared["contexts"])
+    return _law(config, mean, prepared["scale"] * whitened)
+
+
 def prepare_lints_inverse_gamma(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
     """LinTS-IG: normal-inverse-gamma posterior (Riquelme et al. 2018).
 
@@ -174,11 +245,24 @@ def prepare_lints_inverse_gamma(config: PolicyConfig, state: State, contexts: Ar
 
 def draw_lints_inverse_gamma(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Array:
     theta, shape = prepared["theta"], prepared["shape"]
-    gammas = np.stack([rng.standard_gamma(s) for rng, s in zip(rngs, shape, strict=True)])
+    gammas = standard_gammas(rngs, shape)
     sigma = np.sqrt(prepared["rate"] / gammas)[..., None]
     z = standard_normals(rngs, theta.shape[1:])
     direction = _factor(prepared, "posterior").colour(z)
     return predict(theta + sigma * direction, prepared["contexts"])
+
+
+def law_lints_inverse_gamma(config: PolicyConfig, prepared: Prepared) -> Law:
+    """Student t with ``2 shape`` degrees of freedom, loadings ``sqrt(rate / shape) R^-1 S x_k``.
+
+    ``sigma = sqrt(rate / G)`` with ``G ~ Gamma(shape)``, so ``sigma z`` is
+    ``sqrt(rate / shape)`` times ``z / sqrt(chi2_(2 shape) / (2 shape))``.
+    """
+    whitened = _whitened(_factor(prepared, "posterior"), prepared["contexts"])
+    shape = prepared["shape"]
+    scale = np.sqrt(prepared["rate"] / shape)[..., None]
+    mean = predict(prepared["theta"], prepared["contexts"])
+    return _law(config, mean, scale * whitened, 2.0 * shape)
 
 
 def _prepare_perturbed_ridge(
@@ -203,6 +287,22 @@ def draw_perturbed_ridge(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -
     noise = prepared["noise_scale"][..., None] * _factor(prepared, "root").times_root(z)
     theta = _factor(prepared, "gram").solve(xty + noise)
     return predict(theta, prepared["contexts"])
+
+
+def law_perturbed_ridge(config: PolicyConfig, prepared: Prepared) -> Law:
+    """``x_k' G^-1 (X'y + c S^-1 R z)``: normal, loadings ``c R' S^-1 G^-1 x_k``.
+
+    ``G`` is the Gram factor, ``S^-1 R`` the root of ``X'X`` (``times_root``).
+    """
+    gram, root = _factor(prepared, "gram"), _factor(prepared, "root")
+    contexts = prepared["contexts"]
+    mean = predict(gram.solve(prepared["xty"]), contexts)
+    weighted = _inverse_times(gram, contexts) / root.scale
+    if config.shared:
+        loadings = np.matmul(weighted, root.root[:, 0])
+    else:
+        loadings = np.einsum("bki,bkij->bkj", weighted, root.root)
+    return _law(config, mean, prepared["noise_scale"][..., None] * loadings)
 
 
 def prepare_linphe(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
@@ -294,12 +394,23 @@ def draw_deterministic(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> 
     return prepared["scores"]
 
 
+def law_deterministic(config: PolicyConfig, prepared: Prepared) -> Law:
+    """Point masses at the prepared scores."""
+    scores = prepared["scores"]
+    return Law(scores, spread=np.zeros_like(scores))
+
+
 @dataclass(frozen=True)
 class Index:
-    """A policy's index in two steps: :attr:`prepare` once per state, :attr:`draw` per decision."""
+    """A policy's index in two steps: :attr:`prepare` once per state, :attr:`draw` per decision;
+    :attr:`law` is the distribution of what :attr:`draw` returns (for propensities);
+    :attr:`one_draw` says that a shared model's draw moves every arm's score at once
+    (correlated scores: their propensity is estimated, not integrated)."""
 
     prepare: PrepareFn
     draw: DrawFn
+    law: LawFn
+    one_draw: bool = False
 
     def __call__(
         self, config: PolicyConfig, state: State, contexts: Array, rngs: Rngs
@@ -309,12 +420,13 @@ class Index:
 
 
 INDEX: dict[PolicyName, Index] = {
-    "linreboot": Index(prepare_linreboot, draw_linreboot),
-    "greedy": Index(prepare_linreboot, draw_linreboot),
-    "lints-g": Index(prepare_lints_gaussian, draw_lints_gaussian),
-    "lints-ig": Index(prepare_lints_inverse_gamma, draw_lints_inverse_gamma),
-    "linphe": Index(prepare_linphe, draw_perturbed_ridge),
-    "lingiro": Index(prepare_lingiro, draw_perturbed_ridge),
-    "linucb": Index(prepare_linucb, draw_deterministic),
-    "linucb-const": Index(prepare_linucb_constant, draw_deterministic),
+    "linreboot": Index(prepare_linreboot, draw_linreboot, law_linreboot),
+    "greedy": Index(prepare_linreboot, draw_linreboot, law_linreboot),
+    "lints-g": Index(prepare_lints_gaussian, draw_lints_gaussian, law_lints_gaussian, True),
+    "lints-ig": Index(prepare_lints_inverse_gamma, draw_lints_inverse_gamma,
+                      law_lints_inverse_gamma, True),
+    "linphe": Index(prepare_linphe, draw_perturbed_ridge, law_perturbed_ridge, True),
+    "lingiro": Index(prepare_lingiro, draw_perturbed_ridge, law_perturbed_ridge, True),
+    "linucb": Index(prepare_linucb, draw_deterministic, law_deterministic),
+    "linucb-const": Index(prepare_linucb_constant, draw_deterministic, law_deterministic),
 }

@@ -108,7 +108,16 @@ def prepare(
 
 
 def draw(ready: Ready, rngs: Sequence[np.random.Generator]) -> Choice:
-    """The random part of :func:`choose`: one draw per experiment from its generator."""
+    """The random part of :func:`choose`: one draw per experiment from its generator.
+
+    The arm with the highest score; equal highest scores (a deterministic
+    policy, or point masses) are split evenly, so that the propensity of
+    each is known (:mod:`policies.propensity`). With ``config.epsilon > 0``,
+    each experiment then draws a uniform number from its generator and with
+    probability epsilon takes a uniformly random eligible arm instead.
+    Generators are used in that order (scores, tie, unexplored arm, epsilon),
+    and only when needed, so seeded runs stay reproducible.
+    """
     batch = ready.eligible.shape[0]
     if len(rngs) != batch:
         raise ValueError(
@@ -119,10 +128,24 @@ def draw(ready: Ready, rngs: Sequence[np.random.Generator]) -> Choice:
     if ready.masked:
         scores = np.where(ready.unexplored, np.inf, np.where(ready.eligible, scores, -np.inf))
     arms = np.argmax(scores, axis=1)
-    for row in ready.exploring_rows:
-        candidates = np.flatnonzero(ready.unexplored[row])
-        arms[row] = candidates[rngs[int(row)].integers(candidates.size)]
+    best = np.take_along_axis(scores, arms[:, None], axis=1)
+    tied = np.count_nonzero(scores == best, axis=1) > 1
+    tied[ready.exploring_rows] = False  # chosen below, among the unexplored arms
+    for row in np.flatnonzero(tied).tolist():
+        arms[row] = _uniform(rngs[row], scores[row] == best[row])
+    for row in ready.exploring_rows.tolist():
+        arms[row] = _uniform(rngs[row], ready.unexplored[row])
+    if config.epsilon > 0.0:
+        for row in range(batch):
+            if rngs[row].random() < config.epsilon:
+                arms[row] = _uniform(rngs[row], ready.eligible[row])
     return Choice(arms=arms.astype(np.int64), scores=scores)
+
+
+def _uniform(rng: np.random.Generator, allowed: NDArray[np.bool_]) -> int:
+    """One of the ``allowed`` positions, uniformly."""
+    candidates = np.flatnonzero(allowed)
+    return int(candidates[rng.integers(candidates.size)])
 
 
 def update(

@@ -265,6 +265,10 @@ class BufferedStreams(Sequence[np.random.Generator]):
     def __getitem__(self, index: int) -> np.random.Generator:  # type: ignore[override]
         return self._rngs[index]
 
+    def gammas(self, shapes: Array) -> Array:
+        """``Gamma(shapes[b])`` draws from experiment b's generator, unbuffered."""
+        return np.stack([g.standard_gamma(s) for g, s in zip(self._rngs, shapes, strict=True)])
+
     def normals(self, shape: tuple[int, ...]) -> Array:
         size = int(np.prod(shape))
         if self._buffer is None or self._position + size > self._buffer.shape[1]:
@@ -288,3 +292,14 @@ def standard_normals(rngs: Sequence[np.random.Generator], shape: tuple[int, ...]
     if len(rngs) == 1:  # the service's batch of one: no list and stack
         return rngs[0].standard_normal(shape)[None]
     return np.stack([rng.standard_normal(shape) for rng in rngs])
+
+
+def standard_gammas(rngs: Sequence[np.random.Generator], shapes: Array) -> Array:
+    """One ``Gamma(shapes[b])`` draw per entry of row b from experiment b's generator.
+
+    ``shapes`` has shape (B, ...). Unbuffered (a :class:`BufferedStreams` just
+    draws from each generator), so a batch decides like single runs.
+    """
+    if isinstance(rngs, BufferedStreams):
+        return rngs.gammas(shapes)
+    return np.stack([rng.standard_gamma(s) for rng, s in zip(rngs, shapes, strict=True)])

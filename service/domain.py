@@ -128,6 +128,7 @@ class Decision:
     exploring: bool
     decision_number: int
     expires_in_seconds: int
+    propensity: float  # the probability that the policy chose this arm (policies.propensity)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ added to Redis through :class:`service.store.Store`.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import dataclasses
 import functools
@@ -36,6 +37,7 @@ from policies import (
     paper_config,
     prepare,
 )
+from policies.propensity import SERVICE_SHARED_SE, estimated, propensities
 from policies.ridge import ridge
 from policies.state import Axis
 from service import keys
@@ -118,6 +120,17 @@ class Definition:
 
 
 @dataclass
+class _Prepared:
+    """The last request's arms (rows), their statistics, and, while the contexts stay
+    the same, the prepared policy and the propensities computed from it (by position)."""
+
+    rows: tuple[int, ...]
+    state: State
+    ready: Ready | None = None
+    propensities: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
 class View:
     """What this worker last read of an experiment: its definition and statistics.
 
@@ -130,7 +143,7 @@ class View:
     rewards: int
     last_number: int  # the highest decision number this worker has seen
     state: State  # every arm, in registration order (ArmRecord.index)
-    _last: tuple[tuple[int, ...], State, Ready | None] | None = field(default=None, repr=False)
+    _last: _Prepared | None = field(default=None, repr=False)
 
     @functools.cached_property
     def nbytes(self) -> int:
@@ -149,19 +162,34 @@ class View:
         arms, contexts = _candidates(self.definition, request, bound)
         definition, config = self.definition, self.definition.config
         rows = definition.active_rows if arms is definition.active_arms else _rows(arms)
-        if self._last is None or self._last[0] != rows:
+        if self._last is None or self._last.rows != rows:
             take = np.array(rows)
             sliced = {
                 name: self.state[name][:, take] if spec.per_arm(config) else self.state[name]
                 for name, spec in layout(config).items()
             }
-            self._last = (rows, sliced, None)
-        _, state, ready = self._last
-        if ready is None:
-            ready = prepare(config, state, contexts[None])
-            if definition.features is not None:  # contexts follow from the rows
-                self._last = (rows, state, ready)
+            self._last = _Prepared(rows, sliced)
+        last = self._last
+        if last.ready is not None:
+            return arms, contexts, last.ready
+        ready = prepare(config, last.state, contexts[None])
+        if definition.features is not None:  # contexts follow from the rows
+            last.ready = ready
         return arms, contexts, ready
+
+    async def propensity(self, ready: Ready, position: int) -> float:
+        """The probability that ``draw(ready)`` picks ``position``: it depends on the
+        statistics, not on the draw, so it is kept with ``ready`` while the view keeps
+        that (until a reward changes the statistics). A shared model's estimate takes
+        milliseconds, so it runs in a thread, not on the event loop."""
+        last = self._last
+        kept = last.propensities if last is not None and last.ready is ready else {}
+        if position not in kept:
+            def compute() -> float:
+                arm = np.array([position])
+                return float(propensities(ready, arm, shared_se=SERVICE_SHARED_SE)[0])
+            kept[position] = await asyncio.to_thread(compute) if estimated(ready) else compute()
+        return kept[position]
 
 
 class UnknownArm(InvalidInput):
@@ -471,7 +499,8 @@ class ExperimentService:
             picked = int(choice.arms[0])
             decision_id = secrets.token_hex(16)  # as random as uuid4().hex, cheaper
             x = np.ascontiguousarray(contexts[picked], dtype="<f8").tobytes()
-            fields = _decision_fields(view, arms[picked], x)
+            propensity = await view.propensity(ready, picked)
+            fields = _decision_fields(view, arms[picked], x, propensity)
             reply = await self._store.decide(
                 experiment_id, decision_id, key_hash=key_hash,
                 incarnation=definition.incarnation, seen=seen, number=number,
@@ -482,7 +511,8 @@ class ExperimentService:
             )
             if reply.status == "recorded":
                 view.last_number = max(view.last_number, reply.number)
-                return _decision(definition, decision_id, arms[picked], choice, reply.number)
+                return _decision(definition, decision_id, arms[picked], choice, reply.number,
+                                 propensity)
             if reply.status == "missing":
                 self._forget(experiment_id)
                 raise _missing(api_key)
@@ -828,9 +858,11 @@ def _context_chunks(packed: bytes) -> dict[str, str | bytes]:
     return {"x_chunks": str(len(chunks)), **{f"x:{i}": c for i, c in enumerate(chunks, 1)}}
 
 
-def _decision_fields(view: View, arm: ArmRecord, x: bytes) -> dict[str, str | bytes]:
+def _decision_fields(
+    view: View, arm: ArmRecord, x: bytes, propensity: float
+) -> dict[str, str | bytes]:
     """The pending decision: what reward.lua needs (``x``: the context, packed), and the
-    state it was made from."""
+    state it was made from; and its propensity, for the decision log's entry."""
     return {
         "arm": arm.id,
         **_field_names(view.definition.config.shared, arm.id),
@@ -839,6 +871,7 @@ def _decision_fields(view: View, arm: ArmRecord, x: bytes) -> dict[str, str | by
         "rewards_seen": str(view.rewards),
         "status": "pending",
         "created_at": repr(time.time()),
+        "propensity": repr(propensity),
     }
 
 
@@ -915,7 +948,8 @@ def _log_entry(definition: Definition, entry_id: str, fields: dict[str, bytes]) 
 
 
 def _decision(
-    definition: Definition, decision_id: str, arm: ArmRecord, choice: Choice, number: int
+    definition: Definition, decision_id: str, arm: ArmRecord, choice: Choice, number: int,
+    propensity: float,
 ) -> Decision:
     score = float(choice.scores[0, int(choice.arms[0])])
     exploring = math.isinf(score)
@@ -926,6 +960,7 @@ def _decision(
         exploring=exploring,
         decision_number=number,
         expires_in_seconds=definition.spec.reward_window_seconds,
+        propensity=propensity,
     )
 
 

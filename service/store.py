@@ -401,7 +401,15 @@ class Store:
         # read), and again after it, in case a listing dropped the entry as
         # stale in between.
         await self._index(experiment_id, default_reward)
-        created = await self._create(keys=keyset, args=args)
+        try:
+            created = await self._create(keys=keyset, args=args)
+        except ResponseError as exc:
+            # Refused (out of memory, say): take back the entries written for it,
+            # unless the experiment exists (a resent creation that had landed).
+            if not await self._client.exists(keys.meta(experiment_id)):
+                await self._client.srem(keys.EXPERIMENT_INDEX, experiment_id)
+                await self._client.srem(keys.DEFAULT_REWARD_INDEX, experiment_id)
+            raise exc
         if created:
             try:
                 await self._index(experiment_id, default_reward)

@@ -442,11 +442,14 @@ async def test_choose_in_every_setting(
         assert response.status_code == 200, response.text
         decision = response.json()
         assert set(decision) == {"decision_id", "arm_id", "index", "exploring",
-                                 "decision_number", "expires_in_seconds"}
+                                 "decision_number", "expires_in_seconds", "propensity"}
         assert decision["arm_id"] in arm_ids
         assert decision["decision_number"] == number
         assert decision["expires_in_seconds"] == Settings().default_reward_window_seconds
         assert (decision["index"] is None) == decision["exploring"]
+        if decision["exploring"]:  # uniform among the arms not pulled yet (one per decision)
+            assert decision["propensity"] == 1 / (len(arm_ids) - number + 1)
+        assert 0.0 < decision["propensity"] <= 1.0
         reward = {"experiment_id": spec["id"], "decision_id": decision["decision_id"],
                   "reward": 0.5}
         assert (await api.reward(key, reward)).json()["status"] == "applied"

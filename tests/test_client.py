@@ -402,7 +402,7 @@ async def test_answer_fields_the_client_does_not_know_are_ignored(quick: Quick) 
     key = await _covariates(lrb)
     choose = await quick.http.post("/choose", headers={"X-API-Key": key},
                                    json={"experiment_id": "cov", "context": [0.1, 0.2]})
-    newer = choose.text[:-1] + ', "propensity": 0.5, "log": {"kept": true}}'
+    newer = choose.text[:-1] + ', "confidence": 0.5, "log": {"kept": true}}'
     decision = Decision.model_validate_json(newer)
     assert decision.decision_id == choose.json()["decision_id"]
     view = (await quick.http.get("/experiments/cov",
@@ -507,6 +507,8 @@ async def test_every_method(served: str, kind: str) -> None:
                                  eligible=["p", "q"], api_key=ctx.api_key)
         assert d_sto.arm_id == "y" and d_ctx.arm_id in ("p", "q")
         assert d_cov.exploring and d_cov.index is None and d_cov.decision_number == 1
+        # Uniform among the eligible arms never pulled.
+        assert (d_cov.propensity, d_sto.propensity, d_ctx.propensity) == (0.5, 1.0, 0.5)
 
         applied = await lrb.reward("cov", d_cov.decision_id, 1.0, api_key=cov.api_key)
         again = await lrb.reward("cov", d_cov.decision_id, 1.0, api_key=cov.api_key)

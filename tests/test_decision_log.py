@@ -12,8 +12,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
-import math
 import random
 import subprocess
 import sys
@@ -28,7 +28,9 @@ from pydantic import SecretStr
 
 from linreboot.export import export, in_application_order, load_bandit_feedback
 from loadtest.server import server_process
-from policies import PolicyConfig, Setting
+from policies import PolicyConfig, Setting, layout, prepare
+from policies.config import PolicyName
+from policies.propensity import SERVICE_SHARED_SE, propensities
 from service import keys
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec, LogEntry
 from service.experiments import ExperimentService, index_ranges, parse_index_ranges
@@ -154,8 +156,57 @@ async def test_decision_entries_hold_what_the_decision_was_made_from(
     assert three.eligible == ("arm1", "arm4")
     assert (one.rewards_seen, two.rewards_seen, three.rewards_seen) == (0, 0, 1)
     assert one.version == two.version == three.version
-    assert one.propensity is None  # none recorded (yet)
+    # Uniform among the eligible arms not pulled yet: 5, then 3 (the first reward
+    # comes later), then arm1 and arm4 less the first decision's arm.
+    assert (one.propensity, two.propensity) == (first.propensity, second.propensity) == (
+        1 / 5, 1 / 3)
+    pulled = first.arm_id in ("arm1", "arm4")
+    assert three.propensity == third.propensity == (1.0 if pulled else 1 / 2)
     assert reward.reward == 1.0 and reward.time >= one.time
+
+
+@pytest.mark.parametrize(("setting", "policy"), [("covariates", "linreboot"),
+                                                ("stochastic", "linphe")])
+async def test_each_logged_propensity_is_the_policys_for_the_statistics_it_used(
+    service: ExperimentService, setting: Setting, policy: PolicyName
+) -> None:
+    """The propensity /choose returns and logs is ``policies.propensities`` of the decision's
+    statistics (the log's first ``rewards_seen`` outcomes replayed), context and eligible
+    arms, to the bit."""
+    rng = np.random.default_rng(4)
+    dim = 3
+    features = rng.normal(size=(3, dim)) if setting == "stochastic" else None
+    arms = tuple(ArmSpec(a, None if features is None else tuple(features[i]))
+                 for i, a in enumerate(ARMS))
+    await service.create(ExperimentSpec(
+        id="p", setting=setting, dim=dim, arms=arms, policy=policy,
+        hyperparameters={"epsilon": 0.05}, seed=5, log_max_entries=1000))
+    returned = {}
+    for i in range(24):
+        request = dataclasses.replace(request_for(setting, rng, dim),
+                                      excluded=("b",) if i % 4 == 3 else ())
+        decision = await service.choose("p", request)
+        returned[decision.decision_id] = decision.propensity
+        if i % 3 != 2:
+            await service.reward("p", [(decision.decision_id, float(rng.normal()))])
+
+    log = await whole_log(service, "p")
+    config = PolicyConfig(**(await service.get("p")).config)  # type: ignore[arg-type]
+    outcomes = replayed(log, ARMS)
+    decisions = [e for e in log if e.type == "decision"]
+    assert len(decisions) == 24 and len({e.propensity for e in decisions}) > 3
+    for entry in decisions:
+        assert entry.rewards_seen is not None and entry.arm_id and entry.eligible
+        state = expected_state(config, 3, outcomes[: entry.rewards_seen])
+        take = [ARMS.index(a) for a in entry.eligible]
+        state = {name: state[name][:, take] if spec.per_arm(config) else state[name]
+                 for name, spec in layout(config).items()}
+        contexts = (features[take] if features is not None
+                    else np.tile(np.array(entry.context), (len(take), 1)))
+        ready = prepare(config, state, contexts[None])
+        chosen = np.array([entry.eligible.index(entry.arm_id)])
+        expected = propensities(ready, chosen, shared_se=SERVICE_SHARED_SE)[0]
+        assert entry.propensity == returned[entry.decision_id] == expected
 
 
 @pytest.mark.parametrize(("indexes", "text"), [
@@ -308,8 +359,8 @@ async def test_export_round_trip(
     assert feedback["position"].tolist() == [0] * 10
     assert feedback["defaulted"].tolist() == [r["outcome"]["type"] == "default" for r in rounds]
     assert feedback["decision_number"].tolist() == [r["number"] for r in rounds]
-    assert all(math.isnan(p) if r["propensity"] is None else p == r["propensity"]
-               for p, r in zip(feedback["pscore"].tolist(), rounds, strict=True))
+    assert feedback["pscore"].tolist() == [r["propensity"] for r in rounds]
+    assert all(0.0 < r["propensity"] <= 1.0 for r in rounds)
 
 
 def test_the_export_command_writes_both_formats(redis_db: str, tmp_path: Path) -> None:

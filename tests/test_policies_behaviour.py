@@ -21,7 +21,18 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from policies import POLICIES, SETTINGS, PolicyConfig, choose, init_state, paper_config, update
+from policies import (
+    POLICIES,
+    SETTINGS,
+    PolicyConfig,
+    State,
+    choose,
+    draw,
+    init_state,
+    paper_config,
+    prepare,
+    update,
+)
 from policies.config import PolicyName, Setting
 
 Array = NDArray[np.float64]
@@ -177,6 +188,59 @@ def test_scores_mark_unexplored_and_ineligible_arms() -> None:
     assert np.all(choice.scores[0, [0, 3, 4]] == np.inf)
     assert np.isfinite(choice.scores[0, 2])
     assert choice.arms[0] in (0, 3, 4)
+
+
+def _tied_greedy() -> tuple[PolicyConfig, State, Array]:
+    """Greedy with arms 1 and 3 identical (same model, same context): equal scores, the top."""
+    config = paper_config("greedy", "covariates", DIM)
+    state = init_state(config, 4)
+    x = np.ones((1, DIM)) / DIM
+    for arm, reward in ((0, 0.1), (1, 0.9), (2, 0.5), (3, 0.9)):
+        update(config, state, np.array([arm]), x, np.array([reward]))
+    return config, state, np.broadcast_to(x, (1, 4, DIM))
+
+
+def test_equal_top_scores_are_split_evenly() -> None:
+    """Ties split evenly, so that each tied arm's propensity is known (it was always the
+    first: propensity 1 and 0)."""
+    config, state, contexts = _tied_greedy()
+    draws = 4000
+    arms = [choose(config, state, contexts, [np.random.default_rng(i)]).arms[0]
+            for i in range(draws)]
+    share = np.mean(np.array(arms) == 1)
+    assert set(arms) == {1, 3}
+    assert abs(share - 0.5) <= 4.5 * np.sqrt(0.25 / draws)  # 4.5 standard errors
+
+
+@pytest.mark.parametrize("name", ["linreboot", "lints-ig", "linucb"])
+def test_without_epsilon_a_decision_uses_only_its_index_draw(name: PolicyName) -> None:
+    """epsilon 0 (the default) takes nothing more from the generator: seeded replays of
+    earlier versions stay the same."""
+    config = paper_config(name, "covariates", DIM)
+    state = init_state(config, N_ARMS)
+    contexts = make_worlds("covariates", [0], horizon=1).contexts[:, 0]
+    for arm in range(N_ARMS):
+        update(config, state, np.array([arm]), contexts[0, [arm]], np.array([0.1 * arm]))
+    used, alone = np.random.default_rng(5), np.random.default_rng(5)
+    ready = prepare(config, state, contexts)
+    draw(ready, [used])
+    if name == "lints-ig":
+        alone.standard_gamma(ready.prepared["shape"][0])
+    if name != "linucb":
+        alone.standard_normal((N_ARMS, DIM) if name == "lints-ig" else (N_ARMS,))
+    assert used.bit_generator.state == alone.bit_generator.state
+
+
+def test_epsilon_picks_a_uniform_eligible_arm_that_often() -> None:
+    _, state, contexts = _tied_greedy()
+    config = paper_config("greedy", "covariates", DIM, epsilon=0.3)
+    eligible = np.array([[True, True, False, True]])
+    draws = 6000
+    arms = np.array([choose(config, state, contexts, [np.random.default_rng(i)], eligible).arms[0]
+                     for i in range(draws)])
+    # Arm 0 only when uniform: 0.3 / 3; arms 1 and 3 each 0.7 / 2 + 0.1; arm 2 never.
+    for arm, p in ((0, 0.1), (1, 0.45), (2, 0.0), (3, 0.45)):
+        assert abs(np.mean(arms == arm) - p) <= 4.5 * np.sqrt(p * (1 - p) / draws)
 
 
 @pytest.mark.parametrize(

@@ -83,6 +83,7 @@ class Decision(_Answer):
     exploring: bool = False  # the arm's first, forced pull
     decision_number: int
     expires_in_seconds: int  # the reward must arrive within this time
+    propensity: float | None = None  # P(the policy chose this arm); None from older services
 
 
 class RewardResult(_Answer):
