@@ -16,7 +16,8 @@ contexts) is estimated by
   propensities or the model are right, and usually the least variable.
 
 Each comes with a normal 95% interval from the per-round terms (the delta
-method for SNIPS).
+method for SNIPS). :func:`fitted_target` gives the target of ``linreboot
+evaluate``: a policy fitted on the log's first rounds, then held fixed.
 
 References
 ----------
@@ -34,7 +35,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from policies.config import PolicyConfig
+from policies.policy import prepare, update
+from policies.propensity import propensities
 from policies.ridge import ridge
+from policies.state import init_state
 
 Array = NDArray[np.floating[Any]]
 IntArray = NDArray[np.int64]
@@ -134,4 +139,55 @@ def ridge_reward_model(
         xty = np.einsum("mk,mi,m->ki", one_hot, x, rewards[train])
         theta = ridge(gram, xty, reg)  # (K, d)
         out[fold == f] = np.einsum("mkd,kd->mk", contexts[fold == f], theta)
+    return out
+
+
+def fitted_target(
+    config: PolicyConfig,
+    contexts: Array,
+    actions: IntArray,
+    rewards: Array,
+    eligible: NDArray[np.bool_],
+    train: int,
+    shared_se: float | None = None,
+) -> Array:
+    """The target of an evaluation: a policy fitted on the first ``train`` rounds of each
+    log, then held fixed; its probability of each arm in every later round.
+
+    A policy that keeps learning would act on outcomes the log does not have,
+    so its value is not identified by a log; the fitted-then-frozen policy's
+    is, and it is what one would deploy warm-started from the log.
+
+    Parameters
+    ----------
+    contexts : ndarray, shape (B, n, K, d)
+        Every arm's context in each round of each of B logs.
+    actions, rewards : ndarray, shape (B, n)
+        The logged arm and reward, rounds in the order the outcomes were applied.
+    eligible : ndarray of bool, shape (B, n, K)
+    train : int
+        Rounds the target learns from (0 <= train < n).
+
+    Returns
+    -------
+    ndarray, shape (B, n - train, K)
+        From :func:`policies.propensity.propensities`: rows sum to 1, ineligible arms 0.
+    """
+    batch, n, n_arms, _ = contexts.shape
+    if not 0 <= train < n:
+        raise ValueError(f"train must be between 0 and {n - 1}")
+    state = init_state(config, n_arms, batch)
+    rows = np.arange(batch)
+    for i in range(train):
+        update(config, state, actions[:, i], contexts[rows, i, actions[:, i]], rewards[:, i])
+    out = np.empty((batch, n - train, n_arms))
+    previous: tuple[Array, NDArray[np.bool_], Array] | None = None
+    for j, i in enumerate(range(train, n)):
+        if previous is not None and np.array_equal(previous[0], contexts[:, i]) \
+                and np.array_equal(previous[1], eligible[:, i]):
+            out[:, j] = previous[2]  # a frozen policy on the same arms: the same law
+            continue
+        ready = prepare(config, state, contexts[:, i], eligible[:, i])
+        out[:, j] = propensities(ready, shared_se=shared_se)
+        previous = (contexts[:, i], eligible[:, i], out[:, j])
     return out
