@@ -118,7 +118,10 @@ def bandit_feedback(experiment: dict[str, Any], records: Sequence[dict[str, Any]
     logged propensity (NaN where none was logged), ``position`` all 0;
     ``defaulted`` (not OBP's) marks the rounds whose reward is the default,
     ``decision_number`` (not OBP's) gives each round's decision number, which
-    an experiment with a ``discount`` weighs its outcomes by.
+    an experiment with a ``discount`` weighs its outcomes by; ``eligible``
+    (not OBP's, rounds x arms) the arms each decision was chosen from, and
+    ``setting`` and ``config`` (JSON) the experiment's, which ``linreboot
+    evaluate`` needs.
     """
     rounds = in_application_order(records)
     arms = experiment["arms"]
@@ -138,7 +141,19 @@ def bandit_feedback(experiment: dict[str, Any], records: Sequence[dict[str, Any]
         "position": np.zeros(len(rounds), dtype=np.int64),
         "defaulted": np.array([r["outcome"]["type"] == "default" for r in rounds], dtype=bool),
         "decision_number": np.array([r["number"] for r in rounds], dtype=np.int64),
+        "eligible": _eligible(arms, rounds),
+        "setting": np.array(experiment["setting"]),
+        "config": np.array(json.dumps(experiment["config"], sort_keys=True)),
     }
+
+
+def _eligible(arms: Sequence[dict[str, Any]], rounds: Sequence[dict[str, Any]]
+              ) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    index = {arm["id"]: i for i, arm in enumerate(arms)}
+    mask = np.zeros((len(rounds), len(arms)), dtype=bool)
+    for row, record in enumerate(rounds):
+        mask[row, [index[a] for a in record["eligible"] or ()]] = True
+    return mask
 
 
 def write(experiment: dict[str, Any], entries: Sequence[dict[str, Any]], out: Path,
@@ -163,6 +178,9 @@ def load_bandit_feedback(path: Path) -> dict[str, Any]:
         feedback: dict[str, Any] = {name: data[name] for name in data.files}
     feedback["n_rounds"] = int(feedback["n_rounds"])
     feedback["n_actions"] = int(feedback["n_actions"])
+    for name in ("setting", "config"):  # 0-d string arrays
+        if name in feedback:
+            feedback[name] = str(feedback[name])
     return feedback
 
 

@@ -150,6 +150,7 @@ def fitted_target(
     eligible: NDArray[np.bool_],
     train: int,
     shared_se: float | None = None,
+    numbers: Array | None = None,
 ) -> Array:
     """The target of an evaluation: a policy fitted on the first ``train`` rounds of each
     log, then held fixed; its probability of each arm in every later round.
@@ -167,6 +168,8 @@ def fitted_target(
     eligible : ndarray of bool, shape (B, n, K)
     train : int
         Rounds the target learns from (0 <= train < n).
+    numbers : ndarray, shape (B, n), optional
+        Each round's decision number, which a target with ``discount < 1`` weighs by.
 
     Returns
     -------
@@ -179,7 +182,8 @@ def fitted_target(
     state = init_state(config, n_arms, batch)
     rows = np.arange(batch)
     for i in range(train):
-        update(config, state, actions[:, i], contexts[rows, i, actions[:, i]], rewards[:, i])
+        update(config, state, actions[:, i], contexts[rows, i, actions[:, i]], rewards[:, i],
+               None if numbers is None else numbers[:, i])
     out = np.empty((batch, n - train, n_arms))
     previous: tuple[Array, NDArray[np.bool_], Array] | None = None
     for j, i in enumerate(range(train, n)):

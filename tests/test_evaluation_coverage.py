@@ -31,7 +31,7 @@ from numpy.typing import NDArray
 
 from loadtest.environments import Environment, make_spec, seeded_rngs
 from policies import draw, init_state, paper_config, prepare, update
-from policies.config import Setting
+from policies.config import PolicyName, Setting
 from policies.evaluation import (
     Estimate,
     doubly_robust,
@@ -45,7 +45,7 @@ from policies.propensity import propensities
 Array = NDArray[Any]
 LOGS, ROUNDS, TRAIN, DIM, ARMS = 100, 1200, 400, 5, 10
 TRUTH_CONTEXTS = 2000
-TARGET = ("linucb-const", {"ucb_alpha": 0.5})
+TARGET: tuple[PolicyName, dict[str, float]] = ("linucb-const", {"ucb_alpha": 0.5})
 
 
 def logged(setting: Setting, seed: int) -> tuple[Environment, dict[str, Array]]:

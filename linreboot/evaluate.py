@@ -1,0 +1,167 @@
+"""``linreboot evaluate``: the value of another policy, estimated from an exported log.
+
+Reads an experiment's log as ``linreboot export --format obp`` writes it,
+fits the target (a policy and its hyperparameters) on the log's first rounds
+and holds it fixed (:func:`policies.evaluation.fitted_target`), and
+estimates its mean reward on the remaining rounds by IPS, self-normalised
+IPS and doubly robust, each with a 95% interval, next to what the logging
+policy earned on the same rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+
+from policies import HYPERPARAMETERS, check_hyperparameters, paper_config
+from policies.config import PolicyName, Setting
+from policies.evaluation import (
+    Estimate,
+    doubly_robust,
+    fitted_target,
+    ips,
+    ridge_reward_model,
+    snips,
+)
+from policies.propensity import SERVICE_SHARED_SE
+
+ESTIMATORS = ("ips", "snips", "dr")
+LOW_ESS = 100.0  # below this many effective rounds the normal intervals are not to be trusted
+
+
+@dataclass(frozen=True)
+class Report:
+    """What ``linreboot evaluate`` prints."""
+
+    target: str
+    train_rounds: int
+    rounds: int
+    effective_sample_size: float
+    logged: Estimate
+    estimates: dict[str, Estimate]
+
+    def as_dict(self) -> dict[str, Any]:
+        def pair(e: Estimate) -> dict[str, float]:
+            return {"value": e.value, "stderr": e.stderr, "low": e.low, "high": e.high}
+
+        return {"target": self.target, "train_rounds": self.train_rounds,
+                "rounds": self.rounds, "effective_sample_size": self.effective_sample_size,
+                "logged": pair(self.logged),
+                **{name: pair(e) for name, e in self.estimates.items()}}
+
+    def markdown(self) -> str:
+        lines = [
+            f"target: {self.target}, fitted on the first {self.train_rounds} rounds, "
+            f"evaluated on the other {self.rounds} "
+            f"(effective sample size {self.effective_sample_size:.0f})",
+            "",
+            "| estimator | value | 95% interval |",
+            "|---|---:|---|",
+        ]
+        named = {"logged policy (on-policy)": self.logged,
+                 **{name.upper(): e for name, e in self.estimates.items()}}
+        for name, e in named.items():
+            lines.append(f"| {name} | {e.value:.4f} | [{e.low:.4f}, {e.high:.4f}] |")
+        if self.effective_sample_size < LOW_ESS:
+            lines += ["", f"warning: an effective sample size below {LOW_ESS:.0f} makes the "
+                      "intervals unreliable (the target rarely agrees with the log; give "
+                      "the logging experiment a larger epsilon)"]
+        return "\n".join(lines)
+
+
+def evaluate(feedback: dict[str, Any], policy: PolicyName | None,
+             overrides: dict[str, float | str], train_fraction: float = 0.5) -> Report:
+    """Estimate the value of ``policy`` (default: the logged one) with ``overrides``.
+
+    Raises
+    ------
+    ValueError
+        Saying what in the log or the arguments keeps it from being evaluated.
+    """
+    setting = _setting(feedback)
+    n = int(feedback["n_rounds"])
+    if not 0.0 <= train_fraction < 1.0:
+        raise ValueError("--train-fraction must be at least 0 and below 1")
+    train = int(train_fraction * n)
+    if n - train < 2:
+        raise ValueError(f"the log has {n} rounds with an outcome: too few to evaluate on")
+    pscore = np.asarray(feedback["pscore"], dtype=np.float64)
+    missing = int(np.isnan(pscore[train:]).sum())
+    if missing:
+        raise ValueError(f"{missing} rounds have no logged propensity (decided by a version "
+                         "that did not log them)")
+    logged_config = json.loads(feedback["config"])
+    name: PolicyName = policy or logged_config["name"]
+    hyperparameters = ({k: v for k, v in logged_config.items() if k in HYPERPARAMETERS[name]}
+                       if policy is None else {})
+    hyperparameters.update(overrides)
+    check_hyperparameters(name, hyperparameters)
+    dim = int(logged_config.get("dim", feedback["context"].shape[-1]))
+    config = paper_config(name, setting, dim, **hyperparameters)
+
+    contexts = _contexts(feedback, setting)  # (n, K, d)
+    actions = np.asarray(feedback["action"], dtype=np.int64)
+    rewards = np.asarray(feedback["reward"], dtype=np.float64)
+    target = fitted_target(config, contexts[None], actions[None], rewards[None],
+                           np.asarray(feedback["eligible"], dtype=bool)[None], train,
+                           shared_se=SERVICE_SHARED_SE,
+                           numbers=np.asarray(feedback["decision_number"], float)[None])[0]
+    rest = slice(train, None)
+    x, a, p, r = contexts[rest], actions[rest], pscore[rest], rewards[rest]
+    weights = target[np.arange(a.size), a] / p
+    ess = float(weights.sum() ** 2 / (weights**2).sum()) if weights.any() else 0.0
+    model = ridge_reward_model(x, a, r)
+    return Report(
+        target=_describe(name, hyperparameters), train_rounds=train, rounds=n - train,
+        effective_sample_size=ess,
+        logged=Estimate(float(r.mean()), float(r.std(ddof=1) / math.sqrt(r.size))),
+        estimates={"ips": ips(r, a, p, target), "snips": snips(r, a, p, target),
+                   "dr": doubly_robust(r, a, p, target, model)},
+    )
+
+
+def _setting(feedback: dict[str, Any]) -> Setting:
+    setting = feedback.get("setting")
+    if setting is None or "eligible" not in feedback or "config" not in feedback:
+        raise ValueError("the log lacks the experiment's setting: export it again with "
+                         "linreboot export --format obp")
+    if setting == "contextual":
+        raise ValueError("a contextual experiment's log keeps only the chosen arm's context, "
+                         "and the target's choice needs every arm's: only stochastic and "
+                         "covariates experiments can be evaluated")
+    if setting not in ("stochastic", "covariates"):
+        raise ValueError(f"the log names an unknown setting {setting!r}")
+    return cast(Setting, setting)
+
+
+def _contexts(feedback: dict[str, Any], setting: str) -> np.ndarray[Any, Any]:
+    """Every arm's context in each round, shape (n, K, d) (a read-only broadcast)."""
+    n, n_arms = int(feedback["n_rounds"]), int(feedback["n_actions"])
+    if setting == "stochastic":
+        features = np.asarray(feedback["action_context"], dtype=np.float64)
+        return np.broadcast_to(features, (n, *features.shape))
+    context = np.asarray(feedback["context"], dtype=np.float64)
+    return np.broadcast_to(context[:, None, :], (n, n_arms, context.shape[1]))
+
+
+def _describe(name: str, hyperparameters: dict[str, float | str]) -> str:
+    given = ", ".join(f"{k}={v}" for k, v in sorted(hyperparameters.items()))
+    return f"{name} ({given})" if given else name
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, float | str]:
+    """``--set name=value`` pairs; values are numbers except ``residuals``."""
+    out: dict[str, float | str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set takes name=value, e.g. ucb_alpha=0.5 (got {pair!r})")
+        try:
+            out[key] = value if key == "residuals" else float(value)
+        except ValueError:
+            raise ValueError(f"--set {key}: {value!r} is not a number") from None
+    return out
