@@ -40,7 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from loadtest.server import free_port
-from policies import Setting
+from policies import POLICIES, Setting
+from policies.config import PolicyName
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.embedded import EmbeddedRedis
 from service.experiments import ExperimentService, View
@@ -53,7 +54,9 @@ async def _constant(self: View, ready: object, position: int) -> float:
     return 1.0
 
 
-def _spec(name: str, setting: Setting, policy: str, rng: np.random.Generator) -> ExperimentSpec:
+def _spec(
+    name: str, setting: Setting, policy: PolicyName, rng: np.random.Generator
+) -> ExperimentSpec:
     arms = tuple(ArmSpec(f"a{i}", tuple(rng.normal(size=DIM)) if setting == "stochastic"
                          else None) for i in range(ARMS))
     return ExperimentSpec(id=name, setting=setting, dim=DIM, arms=arms, policy=policy,
@@ -72,7 +75,7 @@ async def _workload(service: ExperimentService, name: str, setting: Setting, rew
     return decisions / (time.perf_counter() - start)
 
 
-async def run(blocks: int, decisions: int, warmup: int, policy: str) -> None:
+async def run(blocks: int, decisions: int, warmup: int, policy: PolicyName) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         embedded = EmbeddedRedis(Path(tmp), port=free_port()).start()
         try:
@@ -83,7 +86,8 @@ async def run(blocks: int, decisions: int, warmup: int, policy: str) -> None:
                 "stochastic, choose + reward": ("s", "stochastic", True),
                 "covariates, choose + reward": ("c", "covariates", True),
             }
-            for name, setting in (("s", "stochastic"), ("c", "covariates")):
+            settings: tuple[tuple[str, Setting], ...] = (("s", "stochastic"), ("c", "covariates"))
+            for name, setting in settings:
                 await service.create(_spec(name, setting, policy, rng))
                 await _workload(service, name, setting, True, warmup, rng)
             results: dict[tuple[str, str], list[float]] = {}
@@ -114,7 +118,7 @@ def main() -> None:
     parser.add_argument("--decisions", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=1000,
                         help="rewarded decisions before timing (at least K: every arm pulled)")
-    parser.add_argument("--policy", default="linreboot")
+    parser.add_argument("--policy", default="linreboot", choices=POLICIES)
     args = parser.parse_args()
     asyncio.run(run(args.blocks, args.decisions, args.warmup, args.policy))
 
