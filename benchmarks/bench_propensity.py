@@ -9,7 +9,8 @@ For each policy and setting, plays the paper's world (``loadtest.environments``,
 K arms, dimension d, one seeded repetition) for ``rounds`` rounds, then, on
 fresh contexts, times what the service does per decision: ``prepare`` (once
 per statistics and contexts), ``draw``, and the propensity of the drawn arm
-(``policies.propensity.propensities(ready, [arm])``, which the service
+(``policies.propensity.propensities(ready, [arm], shared_se=SERVICE_SHARED_SE)``,
+as the service asks for it; "all arms" at the default accuracy), which the service
 computes once per prepared state and arm; the function itself keeps
 nothing, so every call here computes afresh), as process CPU time per call:
 the least of ``--repeats`` batches (the machine is shared: the least is the
@@ -42,7 +43,7 @@ from policies import (
     update,
 )
 from policies.config import PolicyName, Setting
-from policies.propensity import propensities
+from policies.propensity import SERVICE_SHARED_SE, propensities
 
 
 def cpu_us(call: Callable[[], object], calls: int, repeats: int) -> float:
@@ -83,7 +84,8 @@ def measure(policy: PolicyName, setting: Setting, arms: int, dim: int, rounds: i
     return {
         "prepare": cpu_us(again, calls, repeats),
         "draw": cpu_us(lambda: draw(ready, [rng]), calls, repeats),
-        "propensity": cpu_us(lambda: propensities(ready, next(arm)), calls, repeats),
+        "propensity": cpu_us(lambda: propensities(ready, next(arm), shared_se=SERVICE_SHARED_SE),
+                             calls, repeats),
         "all": cpu_us(lambda: propensities(ready), max(1, calls // 10), repeats),
         "contenders": float(np.sum(values > 1e-6)),
         "top": float(values.max()),
