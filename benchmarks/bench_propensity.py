@@ -9,7 +9,7 @@ For each policy and setting, plays the paper's world (``loadtest.environments``,
 K arms, dimension d, one seeded repetition) for ``rounds`` rounds, then, on
 fresh contexts, times what the service does per decision: ``prepare`` (once
 per statistics and contexts), ``draw``, and the propensity of the drawn arm
-(``policies.propensity.propensities(ready, [arm], shared_se=SERVICE_SHARED_SE)``,
+(``policies.propensity.propensities(ready, [arm], accuracy=SERVICE)``,
 as the service asks for it; "all arms" at the default accuracy), which the service
 computes once per prepared state and arm; the function itself keeps
 nothing, so every call here computes afresh), as process CPU time per call:
@@ -43,7 +43,7 @@ from policies import (
     update,
 )
 from policies.config import PolicyName, Setting
-from policies.propensity import SERVICE_SHARED_SE, propensities
+from policies.propensity import SERVICE, propensities
 
 
 def cpu_us(call: Callable[[], object], calls: int, repeats: int) -> float:
@@ -84,7 +84,7 @@ def measure(policy: PolicyName, setting: Setting, arms: int, dim: int, rounds: i
     return {
         "prepare": cpu_us(again, calls, repeats),
         "draw": cpu_us(lambda: draw(ready, [rng]), calls, repeats),
-        "propensity": cpu_us(lambda: propensities(ready, next(arm), shared_se=SERVICE_SHARED_SE),
+        "propensity": cpu_us(lambda: propensities(ready, next(arm), accuracy=SERVICE),
                              calls, repeats),
         "all": cpu_us(lambda: propensities(ready), max(1, calls // 10), repeats),
         "contenders": float(np.sum(values > 1e-6)),

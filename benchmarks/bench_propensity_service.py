@@ -14,8 +14,9 @@ in each, and times, in alternate blocks:
 * ``without``: the same with ``View.propensity`` replaced by a constant (what
   the service did before propensities).
 
-Workloads: *stochastic, choose only* (fixed features: a propensity per arm
-and statistics version), *stochastic, choose + reward* (each decision
+Rewards come from the paper's worlds (``loadtest.environments``), so some
+arms are better than others. Workloads: *stochastic, choose only* (fixed
+features: a propensity per arm and statistics version), *stochastic, choose + reward* (each decision
 rewarded before the next: every decision sees new statistics, the worst
 case), and *covariates, choose + reward* (a fresh context per decision).
 Each block makes ``--decisions`` decisions of each workload; the table
@@ -39,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from loadtest.environments import Environment, make_spec
 from loadtest.server import free_port
 from policies import POLICIES, Setting
 from policies.config import PolicyName
@@ -54,24 +56,32 @@ async def _constant(self: View, ready: object, position: int) -> float:
     return 1.0
 
 
-def _spec(
-    name: str, setting: Setting, policy: PolicyName, rng: np.random.Generator
-) -> ExperimentSpec:
-    arms = tuple(ArmSpec(f"a{i}", tuple(rng.normal(size=DIM)) if setting == "stochastic"
-                         else None) for i in range(ARMS))
+def _world(setting: Setting) -> Environment:
+    """The paper's world for ``setting`` (K = 100, d = 20): some arms are better than others."""
+    return Environment(make_spec(setting, DIM, n_arms=ARMS), [np.random.default_rng(1)])
+
+
+def _spec(name: str, world: Environment, policy: PolicyName) -> ExperimentSpec:
+    setting = world.spec.setting
+    features = world.contexts()[0] if setting == "stochastic" else None
+    arms = tuple(ArmSpec(f"a{i}", None if features is None else tuple(features[i]))
+                 for i in range(ARMS))
     return ExperimentSpec(id=name, setting=setting, dim=DIM, arms=arms, policy=policy,
                           log_max_entries=10_000)
 
 
-async def _workload(service: ExperimentService, name: str, setting: Setting, reward: bool,
-                    decisions: int, rng: np.random.Generator) -> float:
-    """Decisions per second of one block."""
+async def _workload(service: ExperimentService, name: str, world: Environment, reward: bool,
+                    decisions: int) -> float:
+    """Decisions per second of one block; rewards drawn from the world."""
     start = time.perf_counter()
     for _ in range(decisions):
-        context = None if setting == "stochastic" else tuple(rng.normal(size=DIM))
+        contexts = world.contexts()  # (1, K, d)
+        context = None if world.spec.setting == "stochastic" else tuple(contexts[0, 0])
         decision = await service.choose(name, ChooseRequest(context=context))
         if reward:
-            await service.reward(name, [(decision.decision_id, float(rng.normal()))])
+            arm = np.array([int(decision.arm_id[1:])])
+            value = float(world.rewards(contexts, arm)[0])
+            await service.reward(name, [(decision.decision_id, value)])
     return decisions / (time.perf_counter() - start)
 
 
@@ -80,23 +90,22 @@ async def run(blocks: int, decisions: int, warmup: int, policy: PolicyName) -> N
         embedded = EmbeddedRedis(Path(tmp), port=free_port()).start()
         try:
             service = await ExperimentService.open(Settings(redis_url=embedded.url))
-            rng = np.random.default_rng(0)
-            workloads: dict[str, tuple[str, Setting, bool]] = {
-                "stochastic, choose only": ("s", "stochastic", False),
-                "stochastic, choose + reward": ("s", "stochastic", True),
-                "covariates, choose + reward": ("c", "covariates", True),
+            worlds = {"s": _world("stochastic"), "c": _world("covariates")}
+            workloads: dict[str, tuple[str, bool]] = {
+                "stochastic, choose only": ("s", False),
+                "stochastic, choose + reward": ("s", True),
+                "covariates, choose + reward": ("c", True),
             }
-            settings: tuple[tuple[str, Setting], ...] = (("s", "stochastic"), ("c", "covariates"))
-            for name, setting in settings:
-                await service.create(_spec(name, setting, policy, rng))
-                await _workload(service, name, setting, True, warmup, rng)
+            for name, world in worlds.items():
+                await service.create(_spec(name, world, policy))
+                await _workload(service, name, world, True, warmup)
             results: dict[tuple[str, str], list[float]] = {}
             original = View.propensity
             for _ in range(blocks):
                 for variant, method in (("with", original), ("without", _constant)):
                     View.propensity = method  # type: ignore[method-assign]
-                    for label, (name, setting, reward) in workloads.items():
-                        rate = await _workload(service, name, setting, reward, decisions, rng)
+                    for label, (name, reward) in workloads.items():
+                        rate = await _workload(service, name, worlds[name], reward, decisions)
                         results.setdefault((label, variant), []).append(rate)
             View.propensity = original  # type: ignore[method-assign]
             await service.close()

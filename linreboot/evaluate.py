@@ -27,7 +27,7 @@ from policies.evaluation import (
     ridge_reward_model,
     snips,
 )
-from policies.propensity import SERVICE_SHARED_SE
+from policies.propensity import SERVICE
 
 ESTIMATORS = ("ips", "snips", "dr")
 LOW_ESS = 100.0  # below this many effective rounds the normal intervals are not to be trusted
@@ -108,7 +108,7 @@ def evaluate(feedback: dict[str, Any], policy: PolicyName | None,
     rewards = np.asarray(feedback["reward"], dtype=np.float64)
     target = fitted_target(config, contexts[None], actions[None], rewards[None],
                            np.asarray(feedback["eligible"], dtype=bool)[None], train,
-                           shared_se=SERVICE_SHARED_SE,
+                           accuracy=SERVICE,
                            numbers=np.asarray(feedback["decision_number"], float)[None])[0]
     rest = slice(train, None)
     x, a, p, r = contexts[rest], actions[rest], pscore[rest], rewards[rest]

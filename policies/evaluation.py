@@ -37,7 +37,7 @@ from numpy.typing import NDArray
 
 from policies.config import PolicyConfig
 from policies.policy import prepare, update
-from policies.propensity import propensities
+from policies.propensity import FINE, Accuracy, propensities
 from policies.ridge import ridge
 from policies.state import init_state
 
@@ -149,7 +149,7 @@ def fitted_target(
     rewards: Array,
     eligible: NDArray[np.bool_],
     train: int,
-    shared_se: float | None = None,
+    accuracy: Accuracy = FINE,
     numbers: Array | None = None,
 ) -> Array:
     """The target of an evaluation: a policy fitted on the first ``train`` rounds of each
@@ -192,6 +192,6 @@ def fitted_target(
             out[:, j] = previous[2]  # a frozen policy on the same arms: the same law
             continue
         ready = prepare(config, state, contexts[:, i], eligible[:, i])
-        out[:, j] = propensities(ready, shared_se=shared_se)
+        out[:, j] = propensities(ready, accuracy=accuracy)
         previous = (contexts[:, i], eligible[:, i], out[:, j])
     return out

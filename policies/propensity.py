@@ -58,12 +58,34 @@ STEP = 0.25
 a quarter of that for Student t indices, whose arms' grids do not nest."""
 SMOOTH = 0.25
 """The smooth rule serves when no factor is narrower than this times arm a (``_Window``)."""
-_TAIL = float(special.ndtr(-Z))
+SHARED_TARGET_SE = 1e-4
+"""Standard error at which :func:`shared_propensity` stops."""
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """How hard :func:`propensities` works: each index's window (``z`` normal quantiles),
+    the merged rule's node spacing (``step`` spreads) and a shared model's standard error."""
+
+    z: float
+    step: float
+    shared_se: float
+
+    @property
+    def tail(self) -> float:
+        return float(special.ndtr(-self.z))
+
+
+FINE = Accuracy(Z, STEP, SHARED_TARGET_SE)
+"""The default: errors below ``1e-4`` (tests/test_propensity.py)."""
+SERVICE = Accuracy(5.0, 0.5, 1e-3)
+"""What ``/choose`` asks: errors below ``1e-3`` (tests/test_propensity.py), at a third to
+a half of the work of :data:`FINE` where the merged rule serves (BENCHMARKS.md §8)."""
 _SEED = 20240611  # lattice shifts of the shared-model estimate: the same for the same statistics
 
 
 def propensities(
-    ready: Ready, arms: NDArray[np.int64] | None = None, *, shared_se: float | None = None
+    ready: Ready, arms: NDArray[np.int64] | None = None, *, accuracy: Accuracy = FINE
 ) -> Array:
     """The probability that :func:`policies.draw` of ``ready`` picks each arm.
 
@@ -73,9 +95,8 @@ def propensities(
         From :func:`policies.prepare`, batch size B, K arms.
     arms : ndarray of int, shape (B,), optional
         One arm per experiment (e.g. the chosen one): only those are computed.
-    shared_se : float, optional
-        Standard error at which a shared model's estimate stops (default
-        ``SHARED_TARGET_SE``); the service asks for ``SERVICE_SHARED_SE``.
+    accuracy : Accuracy
+        :data:`FINE` (the default) or :data:`SERVICE`.
 
     Returns
     -------
@@ -91,7 +112,7 @@ def propensities(
         if arms.shape != (batch,) or not 0 <= arms.min() <= arms.max() < n_arms:
             raise ValueError(f"arms must be {batch} arm indexes below {n_arms}")
         rows, cols = np.arange(batch), arms
-    values = _pairs(ready, rows, cols, SHARED_TARGET_SE if shared_se is None else shared_se)
+    values = _pairs(ready, rows, cols, accuracy)
     epsilon = ready.config.epsilon
     if epsilon > 0.0:
         share = ready.eligible[rows, cols] / ready.eligible.sum(axis=1)[rows]
@@ -110,7 +131,7 @@ def estimated(ready: Ready) -> bool:
 
 
 def _pairs(
-    ready: Ready, rows: NDArray[np.int64], cols: NDArray[np.int64], shared_se: float
+    ready: Ready, rows: NDArray[np.int64], cols: NDArray[np.int64], accuracy: Accuracy
 ) -> Array:
     """``p`` (steps 1-2 of the module notes) of arm ``cols[i]`` in experiment ``rows[i]``."""
     out = np.zeros(rows.shape)
@@ -128,10 +149,11 @@ def _pairs(
         return out
     law = INDEX[ready.config.name].law(ready.config, ready.prepared)
     if law.loadings is not None and np.any(law.loadings):
-        out[todo] = _shared(law, candidates, rows[todo], cols[todo], shared_se)
+        out[todo] = _shared(law, candidates, rows[todo], cols[todo], accuracy)
     else:
         spread = law.spread if law.spread is not None else np.zeros_like(law.mean)
-        out[todo] = _independent(law.mean, spread, law.dof, candidates, rows[todo], cols[todo])
+        out[todo] = _independent(law.mean, spread, law.dof, candidates, rows[todo], cols[todo],
+                                 accuracy)
     return out
 
 
@@ -143,6 +165,7 @@ class _Family:
     """Standardised CDF and first-moment antiderivative of an arm's index: normal or t."""
 
     dof: Array | None  # per arm, or None for normal
+    accuracy: Accuracy = FINE
 
     def cdf(self, u: Array, dof: Array | None) -> Array:
         return special.ndtr(u) if dof is None else special.stdtr(dof, u)
@@ -159,11 +182,13 @@ class _Family:
 
     @property
     def step(self) -> float:
-        return STEP if self.dof is None else STEP / 4
+        step = self.accuracy.step
+        return step if self.dof is None else step / 4
 
     def quantile(self, dof: Array | None) -> Array | float:
         """How many spreads out the index has tail probability ``Phi(-Z)``."""
-        return Z if dof is None else -special.stdtrit(dof, _TAIL)
+        z = self.accuracy.z
+        return z if dof is None else -special.stdtrit(dof, self.accuracy.tail)
 
 
 _ROOT_TAU = math.sqrt(2.0 * math.pi)
@@ -176,7 +201,7 @@ _TINY = 1e-280  # nor does arithmetic on spreads go subnormal
 
 def _independent(
     mean: Array, spread: Array, dof: Array | None, candidates: NDArray[np.bool_],
-    rows: NDArray[np.int64], cols: NDArray[np.int64],
+    rows: NDArray[np.int64], cols: NDArray[np.int64], accuracy: Accuracy = FINE,
 ) -> Array:
     """``P(argmax = cols[i])`` in row ``rows[i]`` for independent indices.
 
@@ -188,7 +213,7 @@ def _independent(
     at most ``2 Phi(-Z) = 2e-9``, and dropping one changes the others' by no
     more in total.
     """
-    family = _Family(dof)
+    family = _Family(dof, accuracy)
     point = candidates & (spread <= np.maximum(_POINT * np.abs(mean), _TINY))
     points = bool(point.any())
     random = candidates & ~point if points else candidates
@@ -368,7 +393,8 @@ def _nodes(
     row_of = rows[pair_of]
     lo = np.maximum(low[row_of, arm_of], start[pair_of])
     hi = np.minimum(high[row_of, arm_of], end[pair_of])
-    count = round(2 * Z / family.step)
+    z = family.accuracy.z
+    count = round(2 * z / family.step)
     if family.dof is None:
         # A step of at least STEP / 2 spreads: 2 * count intervals cover a window.
         step = np.ldexp(family.step, np.frexp(spread[row_of, arm_of])[1] - 1)[:, None]
@@ -376,7 +402,7 @@ def _nodes(
         t = index * step
         coarse = index % 2 == 0
     else:
-        grid = np.arange(count + 1) * family.step - Z
+        grid = np.arange(count + 1) * family.step - z
         dof = family.dof[row_of, arm_of][:, None]
         quantiles = special.stdtrit(dof, special.ndtr(grid))
         t = mean[row_of, arm_of][:, None] + spread[row_of, arm_of][:, None] * quantiles
@@ -398,7 +424,7 @@ def _nodes(
 
 def _shared(
     law: Law, candidates: NDArray[np.bool_], rows: NDArray[np.int64], cols: NDArray[np.int64],
-    target_se: float,
+    accuracy: Accuracy,
 ) -> Array:
     """``P(argmax = cols[i])`` in row ``rows[i]`` when the scores share one draw (see
     :func:`shared_propensity`)."""
@@ -407,13 +433,13 @@ def _shared(
     for i, (row, arm) in enumerate(zip(rows.tolist(), cols.tolist(), strict=True)):
         dof = None if law.dof is None else float(law.dof[row])
         out[i] = shared_propensity(
-            law.mean[row], law.loadings[row], dof, candidates[row], arm, target_se)[0]
+            law.mean[row], law.loadings[row], dof, candidates[row], arm, accuracy)[0]
     return out
 
 
 def shared_propensity(
     mean: Array, loadings: Array, dof: float | None, candidates: NDArray[np.bool_], arm: int,
-    target_se: float | None = None,
+    accuracy: Accuracy = FINE,
 ) -> tuple[float, float]:
     """``P(argmax = arm)`` for ``score = mean + loadings @ T`` (one experiment), and its
     standard error.
@@ -427,8 +453,8 @@ def shared_propensity(
     leave, and the estimate is the product of those intervals'
     probabilities: smooth in the uniforms, which come from randomly shifted
     Richtmyer lattices. ``SHIFTS`` shifts give an unbiased standard error;
-    points double until it is at most ``target_se`` (default
-    ``SHARED_TARGET_SE``) or ``SHARED_MAX_POINTS`` are used.
+    points double until it is at most ``accuracy.shared_se`` or
+    ``SHARED_MAX_POINTS`` are used.
 
     Arms with identical scores in every draw (the same mean and loadings,
     e.g. identical contexts) are tied: they share their group's probability
@@ -436,7 +462,8 @@ def shared_propensity(
     below another's, as in :func:`_independent`) are left out.
     """
     spread = np.linalg.norm(loadings, axis=1)
-    reach = (Z if dof is None else -float(special.stdtrit(dof, _TAIL))) * spread
+    reach = (accuracy.z if dof is None
+             else -float(special.stdtrit(dof, accuracy.tail))) * spread
     floor = np.max(np.where(candidates, mean - reach, -np.inf))
     alive = candidates & (mean + reach >= floor)
     if not alive[arm]:
@@ -452,18 +479,12 @@ def shared_propensity(
     share = 1.0 / int(tied.sum())
     if gap.size == 0:
         return share, 0.0
-    target = SHARED_TARGET_SE if target_se is None else target_se
-    value, error = _separation_of_variables(*_trapezoidal(rise, gap), dof, target)
+    value, error = _separation_of_variables(*_trapezoidal(rise, gap), dof, accuracy.shared_se)
     return value * share, error * share
 
 
 SHIFTS = 8
 """Random shifts of the lattice in :func:`shared_propensity` (its standard error's sample)."""
-SHARED_TARGET_SE = 1e-4
-"""Standard error at which :func:`shared_propensity` stops."""
-SERVICE_SHARED_SE = 1e-3
-"""What the service asks of a shared model's estimate: at K = 100, d = 20 it costs
-15-80 ms of CPU against about 1 s at ``SHARED_TARGET_SE`` (BENCHMARKS.md)."""
 SHARED_MAX_POINTS = 8 * 8192
 """Cap on the points of :func:`shared_propensity` (then its error may exceed the target)."""
 

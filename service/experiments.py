@@ -37,7 +37,7 @@ from policies import (
     paper_config,
     prepare,
 )
-from policies.propensity import SERVICE_SHARED_SE, estimated, propensities
+from policies.propensity import SERVICE, estimated, propensities
 from policies.ridge import ridge
 from policies.state import Axis
 from service import keys
@@ -187,7 +187,7 @@ class View:
         if position not in kept:
             def compute() -> float:
                 arm = np.array([position])
-                return float(propensities(ready, arm, shared_se=SERVICE_SHARED_SE)[0])
+                return float(propensities(ready, arm, accuracy=SERVICE)[0])
             kept[position] = await asyncio.to_thread(compute) if estimated(ready) else compute()
         return kept[position]
 

@@ -30,7 +30,7 @@ from linreboot.export import export, in_application_order, load_bandit_feedback
 from loadtest.server import server_process
 from policies import PolicyConfig, Setting, layout, prepare
 from policies.config import PolicyName
-from policies.propensity import SERVICE_SHARED_SE, propensities
+from policies.propensity import SERVICE, propensities
 from service import keys
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec, LogEntry
 from service.experiments import ExperimentService, index_ranges, parse_index_ranges
@@ -205,7 +205,7 @@ async def test_each_logged_propensity_is_the_policys_for_the_statistics_it_used(
                     else np.tile(np.array(entry.context), (len(take), 1)))
         ready = prepare(config, state, contexts[None])
         chosen = np.array([entry.eligible.index(entry.arm_id)])
-        expected = propensities(ready, chosen, shared_se=SERVICE_SHARED_SE)[0]
+        expected = propensities(ready, chosen, accuracy=SERVICE)[0]
         assert entry.propensity == returned[entry.decision_id] == expected
 
 

@@ -45,8 +45,10 @@ from policies import (
 )
 from policies.config import PolicyName, Setting
 from policies.propensity import (
-    SERVICE_SHARED_SE,
+    FINE,
+    SERVICE,
     SHARED_TARGET_SE,
+    Accuracy,
     estimated,
     propensities,
     shared_propensity,
@@ -222,16 +224,20 @@ def reference(mean: Array, spread: Array, arm: int) -> float:
                                 epsabs=1e-13, epsrel=1e-12)[0])
 
 
+@pytest.mark.parametrize(("accuracy", "tolerance"), [(FINE, QUADRATURE), (SERVICE, 1e-3)])
 @pytest.mark.parametrize("seed", range(4))
-def test_the_integral_against_adaptive_quadrature(seed: int) -> None:
+def test_the_integral_against_adaptive_quadrature(
+    seed: int, accuracy: Accuracy, tolerance: float
+) -> None:
+    """Both accuracies against adaptive quadrature: the library's default and the service's."""
     rng = np.random.default_rng(seed)
     for _ in range(40):
         n_arms = int(rng.integers(2, 7))
         mean = rng.normal(size=n_arms) * rng.choice([0.1, 1.0, 3.0])
         spread = np.exp(rng.normal(size=n_arms) * rng.choice([0.3, 1.0, 3.0, 6.0]))
-        p = propensities(ready_for(mean.tolist(), spread.tolist()))[0]
+        p = propensities(ready_for(mean.tolist(), spread.tolist()), accuracy=accuracy)[0]
         exact = np.array([reference(mean, spread, a) for a in range(n_arms)])
-        assert np.abs(p - exact).max() <= QUADRATURE, (mean, spread, p, exact)
+        assert np.abs(p - exact).max() <= tolerance, (mean, spread, p, exact)
 
 
 def t_reference(mean: Array, spread: Array, dof: Array, arm: int) -> float:
@@ -249,7 +255,10 @@ def t_reference(mean: Array, spread: Array, dof: Array, arm: int) -> float:
                                 epsabs=1e-12, epsrel=1e-10)[0])
 
 
-def test_the_student_t_integral_against_adaptive_quadrature() -> None:
+@pytest.mark.parametrize(("accuracy", "tolerance"), [(FINE, QUADRATURE), (SERVICE, 1e-3)])
+def test_the_student_t_integral_against_adaptive_quadrature(
+    accuracy: Accuracy, tolerance: float
+) -> None:
     """LinTS-IG with a model per arm: independent t indices, 2 to 500 degrees of freedom."""
     rng = np.random.default_rng(11)
     for _ in range(40):
@@ -265,9 +274,9 @@ def test_the_student_t_integral_against_adaptive_quadrature() -> None:
                     "rate": (spread**2 * shape)[None], "contexts": np.ones((1, n_arms, 1))}
         ok = np.ones((1, n_arms), dtype=bool)
         ready = Ready(config, prepared, ok, ~ok, np.zeros(0, dtype=np.int64), False)
-        p = propensities(ready)[0]
+        p = propensities(ready, accuracy=accuracy)[0]
         exact = np.array([t_reference(mean, spread, dof, a) for a in range(n_arms)])
-        assert np.abs(p - exact).max() <= QUADRATURE, (mean, spread, dof, p, exact)
+        assert np.abs(p - exact).max() <= tolerance, (mean, spread, dof, p, exact)
 
 
 # --------------------------------------------------------------------------- structure
@@ -343,12 +352,12 @@ def test_arms_must_be_one_per_experiment_and_in_range() -> None:
 def test_the_services_coarser_shared_estimate_is_within_its_standard_error(
     policy: PolicyName,
 ) -> None:
-    """The service stops a shared model's estimate at ``SERVICE_SHARED_SE``; each value is
+    """The service stops a shared model's estimate at ``SERVICE.shared_se``; each value is
     within 4.5 of those standard errors (plus the accurate one's) of the accurate value,
     and the service's flag says which states are estimated."""
     _, ready = state_after(policy, "contextual", rounds=60, seed=11, n_arms=12)
     assert estimated(ready)
     accurate = propensities(ready)[0]
-    coarse = propensities(ready, shared_se=SERVICE_SHARED_SE)[0]
-    assert np.all(np.abs(coarse - accurate) <= 4.5 * (SERVICE_SHARED_SE + SHARED_TARGET_SE))
+    coarse = propensities(ready, accuracy=SERVICE)[0]
+    assert np.all(np.abs(coarse - accurate) <= 4.5 * (SERVICE.shared_se + SHARED_TARGET_SE))
     assert not estimated(state_after("linreboot", "contextual", rounds=5, seed=1, n_arms=3)[1])
