@@ -16,12 +16,18 @@ PolicyName = Literal[
     "linreboot", "lints-g", "lints-ig", "linphe", "lingiro", "linucb", "linucb-const", "greedy"
 ]
 Residuals = Literal["current", "observed"]
+# "project": the textbook form of each baseline (the default, and the only one
+# the service offers); "authors": as the paper's authors' experiment code runs
+# it (policies.authors), for reproducing their published figures.
+Variant = Literal["project", "authors"]
 
 SETTINGS: tuple[Setting, ...] = get_args(Setting)
 POLICIES: tuple[PolicyName, ...] = get_args(PolicyName)
 PAPER_POLICIES: tuple[PolicyName, ...] = (
     "linreboot", "lints-g", "lints-ig", "lingiro", "linphe", "linucb",
 )
+# The baselines whose authors' variant differs from ours (policies.authors).
+AUTHORS_VARIANTS: tuple[PolicyName, ...] = ("lints-ig", "linphe", "linucb")
 
 # Paper's tuned sigma_omega (appendix, "LinReBoot in ..." subsections).
 _PAPER_SIGMA_OMEGA: dict[Setting, dict[int, float]] = {
@@ -134,6 +140,11 @@ class PolicyConfig:
     ucb_delta, noise_sd, theta_bound, context_bound : LinUCB radius
         (Abbasi-Yadkori et al. 2011, Theorem 2).
     ucb_alpha : constant width of ``linucb-const``.
+    variant : ``project`` (default) or ``authors``, the form the paper's
+        authors' experiment code gives LinTS-IG, LinPHE and LinUCB
+        (:mod:`policies.authors`). Simulation only: not a service
+        hyperparameter (the authors' LinUCB keeps a running maximum, which
+        is not a sum the store can add to), and without forgetting.
     discount : gamma, how fast the statistics forget (1: never; see
         :mod:`policies.state`). An outcome of decision number ``n`` weighs
         ``gamma ** (N - n)`` in a decision made from statistics whose latest
@@ -163,6 +174,7 @@ class PolicyConfig:
     ucb_alpha: float = 1.0
     discount: float = 1.0
     epsilon: float = 0.0
+    variant: Variant = "project"
 
     def __post_init__(self) -> None:
         if self.name not in POLICIES:
@@ -171,6 +183,12 @@ class PolicyConfig:
             raise ValueError(f"unknown setting {self.setting!r}; choose one of {SETTINGS}")
         if self.residuals not in get_args(Residuals):
             raise ValueError("residuals must be 'current' or 'observed'")
+        if self.variant not in get_args(Variant):
+            raise ValueError("variant must be 'project' or 'authors'")
+        if self.variant == "authors" and self.name not in AUTHORS_VARIANTS:
+            raise ValueError(f"only {', '.join(AUTHORS_VARIANTS)} have an authors' variant")
+        if self.variant == "authors" and self.discount < 1.0:
+            raise ValueError("the authors' variants do not forget: discount must be 1")
         if not 1 <= self.dim <= 256:
             raise ValueError("dim must be between 1 and 256")
         for field, bounds in RANGES.items():
@@ -196,11 +214,27 @@ def paper_sigma_omega(setting: Setting, dim: int) -> float:
     return _PAPER_SIGMA_OMEGA[setting].get(dim, _FALLBACK_SIGMA_OMEGA[setting])
 
 
+def authors_hyperparameters(name: PolicyName, setting: Setting) -> dict[str, float]:
+    """Where the authors' experiment scripts set a baseline otherwise than we do.
+
+    LinUCB: their radius has ``R = 1`` whatever the noise. LinTS-IG: prior
+    precision ``1 / tau^2`` with ``tau^2 = 10`` in the covariates setting
+    (``LB_covariates_Exp.py``), ``tau^2 = 5`` elsewhere (as ours).
+    """
+    if name == "linucb":
+        return {"noise_sd": 1.0}
+    if name == "lints-ig" and setting == "covariates":
+        return {"ig_prior_precision": 0.1}
+    return {}
+
+
 def paper_config(name: PolicyName, setting: Setting, dim: int, **overrides: object) -> PolicyConfig:
     """The paper's hyperparameters for ``name`` in ``setting`` at dimension ``dim``.
 
     ``greedy`` is LinReBoot with sigma_omega = 0; ``residuals`` defaults to
     ``current`` (Algorithm 2), the variant that measured better (BENCHMARKS.md).
+    With ``variant="authors"`` the authors' scripts' values come first
+    (:func:`authors_hyperparameters`), then ``overrides``.
     """
     sigma_omega = 0.0 if name == "greedy" else paper_sigma_omega(setting, dim)
     base = PolicyConfig(
@@ -211,4 +245,6 @@ def paper_config(name: PolicyName, setting: Setting, dim: int, **overrides: obje
         reward_bound=_REWARD_BOUND[setting],
         noise_sd=_NOISE_SD[setting],
     )
+    if overrides.get("variant") == "authors":
+        overrides = {**authors_hyperparameters(name, setting), **overrides}
     return replace(base, **overrides) if overrides else base  # type: ignore[arg-type]
