@@ -29,6 +29,7 @@ from policies import (
     paper_config,
     update,
 )
+from policies.config import authors_hyperparameters, reading_hyperparameters
 from policies.ridge import BufferedStreams
 
 Progress = Callable[[int], None]
@@ -57,7 +58,17 @@ class Cell:
     centres: Centres = "per-repetition"
 
     def config(self) -> PolicyConfig:
-        changes = dict(self.overrides)
+        """The paper's hyperparameters in this cell's world, then the cell's own.
+
+        The authors' variants keep their code's constants (LinUCB's R = 1)
+        whatever the reading.
+        """
+        changes: dict[str, object] = {
+            **reading_hyperparameters(self.setting, self.dim, self.reading), **dict(self.overrides)
+        }
+        if changes.get("variant") == "authors":
+            changes = {**changes, **authors_hyperparameters(self.policy, self.setting),
+                       **dict(self.overrides)}
         if self.sigma_omega is not None:
             changes["sigma_omega"] = self.sigma_omega
         return paper_config(self.policy, self.setting, self.dim, **changes)

@@ -51,6 +51,26 @@ _NOISE_SD: dict[Setting, float] = {
     "contextual": math.sqrt(0.5),
     "covariates": 0.1,
 }
+# The environments' reading of the appendix (loadtest.environments): "literal"
+# changes the covariates world only where these constants are concerned (the
+# contextual contexts lose their rescaling but keep a norm near 1): raw
+# contexts x ~ N(0, I_d) and noise variance 0.1.
+Reading = Literal["authors", "literal"]
+
+
+def _literal_covariates(dim: int) -> dict[str, float]:
+    """LinUCB's R and L and LinPHE/LinGIRO's U for the literal covariates world.
+
+    Noise sd sqrt(0.1) (a variance, as the text says). ``||x||`` of a raw
+    ``N(0, I_d)`` context is about ``sqrt(d)``, and beyond ``sqrt(d) + 3`` for
+    about one context in a hundred (chi tail), so ``L = sqrt(d) + 3``. The mean
+    reward ``x' theta_k`` is ``N(0, ||theta_k||^2)`` with ``||theta_k|| <= 1``,
+    so the authors' rule for U (a bound on the mean plus three noise sd: 1.3 =
+    1 + 3 x 0.1 in their reading) gives ``U = 3 + 3 sqrt(0.1)``.
+    """
+    sd = math.sqrt(0.1)
+    return {"noise_sd": sd, "context_bound": math.sqrt(dim) + 3.0,
+            "reward_bound": 3.0 + 3.0 * sd}
 
 
 @dataclass(frozen=True)
@@ -228,13 +248,27 @@ def authors_hyperparameters(name: PolicyName, setting: Setting) -> dict[str, flo
     return {}
 
 
+def reading_hyperparameters(setting: Setting, dim: int, reading: Reading) -> dict[str, float]:
+    """What a world read ``literally`` changes in the paper's hyperparameters.
+
+    Under ``literal`` the covariates world's noise and contexts are larger, and
+    LinUCB's R and L and LinPHE/LinGIRO's U follow them
+    (:func:`_literal_covariates`); nothing else changes.
+    """
+    if reading == "literal" and setting == "covariates":
+        return _literal_covariates(dim)
+    return {}
+
+
 def paper_config(name: PolicyName, setting: Setting, dim: int, **overrides: object) -> PolicyConfig:
     """The paper's hyperparameters for ``name`` in ``setting`` at dimension ``dim``.
 
     ``greedy`` is LinReBoot with sigma_omega = 0; ``residuals`` defaults to
     ``current`` (Algorithm 2), the variant that measured better (BENCHMARKS.md).
     With ``variant="authors"`` the authors' scripts' values come first
-    (:func:`authors_hyperparameters`), then ``overrides``.
+    (:func:`authors_hyperparameters`), then ``overrides``. The paper's values
+    are those of the authors' reading of the environments; for the literal
+    one, override with :func:`reading_hyperparameters`.
     """
     sigma_omega = 0.0 if name == "greedy" else paper_sigma_omega(setting, dim)
     base = PolicyConfig(

@@ -20,8 +20,10 @@ from typing import Any
 import numpy as np
 import pytest
 from numpy.typing import NDArray
+from scipy.special import ndtr
 
-from loadtest.environments import Environment, make_spec, seeded_rngs
+from loadtest.environments import Environment, Reading, make_spec, seeded_rngs
+from loadtest.simulate import Cell
 from policies import PolicyConfig, choose, init_state, layout, paper_config, prepare, update
 from policies.authors import index_of
 from policies.config import PolicyName, Setting
@@ -311,3 +313,35 @@ def test_centres_drawn_once_are_shared_by_every_repetition() -> None:
     own = Environment(make_spec("contextual", 4), seeded_rngs(0, 3))
     assert own.arm_features is not None
     assert not np.array_equal(own.arm_features[0], own.arm_features[2])
+
+
+# --------------------------------------------------------------------------- readings
+
+
+@pytest.mark.parametrize("reading", ["authors", "literal"])
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_linucb_noise_scale_is_the_worlds_noise_sd(setting: Setting, reading: Reading) -> None:
+    # Our LinUCB's R is the noise sd of the world it plays in; the literal
+    # covariates world has variance 0.1 (sd 0.316), not the authors' sd 0.1.
+    cell = Cell(setting, 5, "linucb", reading=reading)
+    assert cell.config().noise_sd == pytest.approx(cell.env_spec().noise_sd)
+    # The authors' LinUCB keeps R = 1 in either world.
+    authors_cell = Cell(setting, 5, "linucb", reading=reading, overrides=(("variant", "authors"),))
+    assert authors_cell.config().noise_sd == 1.0
+
+
+@pytest.mark.parametrize("reading", ["authors", "literal"])
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_the_reward_bound_holds_in_the_world(setting: Setting, reading: Reading) -> None:
+    """LinPHE/LinGIRO's U bounds |reward| but for a tail: the authors' rule is a bound
+    on the mean plus three noise sd, so each reward exceeds it with probability at
+    most 2 Phi(-3) = 0.27% (plus the rare contexts beyond the mean's bound)."""
+    cell = Cell(setting, 5, "linphe", reading=reading)
+    bound = cell.config().reward_bound
+    env = Environment(cell.env_spec(), seeded_rngs(0, 20))
+    sd = env.noise_sd
+    beyond = []
+    for _ in range(100):
+        means = env.means(env.contexts())
+        beyond.append(ndtr((-bound - means) / sd) + ndtr((means - bound) / sd))
+    assert float(np.mean(beyond)) < 0.01
