@@ -83,7 +83,7 @@ class Cell:
     def label(self) -> str:
         extra = [f"σω={self.sigma_omega:g}"] if self.sigma_omega is not None else []
         extra += [f"{k}={v}" for k, v in self.overrides]
-        extra += ["centres once"] if self.centres == "once" else []
+        extra += ["centres once"] if self.centres == "once" and self.setting != "covariates" else []
         return f"{self.policy} ({', '.join(extra)})" if extra else self.policy
 
 

@@ -1,7 +1,7 @@
 """The baselines as the paper's authors' experiment code runs them.
 
 The paper's Figure 1 was made with the authors' ``Algorithms.py`` (public
-repository ShuangWu22/LinReBoot_Experiments). Three of its baselines differ
+repository ShuangWu22/LinReBoot_Experiments). Four of its five baselines differ
 from the textbook forms that :mod:`policies.indices` implements, and those
 differences, not noise, separate our baseline curves from theirs
 (RESULTS.md, "The authors' baselines"). ``PolicyConfig(variant="authors")``
@@ -35,9 +35,12 @@ policy here pulls each arm once first (:func:`policies.choose`), which the
 authors' covariates LinTS-G, LinTS-IG and LinGIRO do not (at most K = 10
 rounds of regret).
 
-Not transcribed, because they agree with ours to within the published
-standard errors or are out of scope: LinTS-G (``np.std`` of the rewards, the
-n rather than n - 1 form) and LinGIRO (an explicit bootstrap, which our
+* **LinTS-G**: ``theta ~ N(theta_hat, v^2 V^-1)`` with ``v`` the ``np.std`` of
+  the model's rewards: the n (not n - 1) form, 1 before any reward and **0
+  after exactly one**, so with a model per arm an arm is scored greedily from
+  its first reward until it is pulled again (ours keeps 1 until the second).
+
+Not transcribed: LinGIRO (an explicit bootstrap of the history, which our
 Gaussian limit replaces).
 
 References
@@ -66,8 +69,10 @@ from policies.indices import (
     _stored,
     _whitened,
     draw_deterministic,
+    draw_lints_gaussian,
     draw_perturbed_ridge,
     law_deterministic,
+    law_lints_gaussian,
     law_perturbed_ridge,
 )
 from policies.ridge import (
@@ -92,6 +97,17 @@ def authors_ucb_radius(config: PolicyConfig, state: State) -> Array:
     _, log_det = np.linalg.slogdet(regularised(state["xtx"], reg))
     width = 2.0 * math.log(1.0 / config.ucb_delta) + log_det - config.dim * math.log(reg)
     return math.sqrt(reg) * state["theta_norm_max"] + config.noise_sd * np.sqrt(width)
+
+
+def prepare_lints_g_authors(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
+    """The authors' LinTS-G: ours with ``v = np.std(y)`` (1 before any reward)."""
+    n, total, squares = state["n"], state["sum_dy"], state["sum_dy2"]
+    mean = np.divide(total, n, out=np.zeros_like(total), where=n > 0)
+    variance = np.divide(squares - total * mean, n, out=np.ones_like(total), where=n > 0)
+    theta = ridge(state["xtx"], state["xty"], config.reg)
+    scale = np.sqrt(np.maximum(variance, 0.0))[..., None]
+    return {"theta": theta, **_stored("posterior", factorise(state["xtx"], config.reg)),
+            "scale": scale, "contexts": contexts}
 
 
 def prepare_linucb_authors(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
@@ -175,6 +191,7 @@ def prepare_linphe_authors(config: PolicyConfig, state: State, contexts: Array) 
 
 
 AUTHORS_INDEX: dict[str, Index] = {
+    "lints-g": Index(prepare_lints_g_authors, draw_lints_gaussian, law_lints_gaussian, True),
     "linucb": Index(prepare_linucb_authors, draw_deterministic, law_deterministic),
     "lints-ig": Index(prepare_lints_ig_authors, draw_lints_ig_authors, law_lints_ig_authors,
                       True),

@@ -27,7 +27,7 @@ PAPER_POLICIES: tuple[PolicyName, ...] = (
     "linreboot", "lints-g", "lints-ig", "lingiro", "linphe", "linucb",
 )
 # The baselines whose authors' variant differs from ours (policies.authors).
-AUTHORS_VARIANTS: tuple[PolicyName, ...] = ("lints-ig", "linphe", "linucb")
+AUTHORS_VARIANTS: tuple[PolicyName, ...] = ("lints-g", "lints-ig", "linphe", "linucb")
 
 # Paper's tuned sigma_omega (appendix, "LinReBoot in ..." subsections).
 _PAPER_SIGMA_OMEGA: dict[Setting, dict[int, float]] = {
@@ -161,7 +161,7 @@ class PolicyConfig:
         (Abbasi-Yadkori et al. 2011, Theorem 2).
     ucb_alpha : constant width of ``linucb-const``.
     variant : ``project`` (default) or ``authors``, the form the paper's
-        authors' experiment code gives LinTS-IG, LinPHE and LinUCB
+        authors' experiment code gives LinTS-G, LinTS-IG, LinPHE and LinUCB
         (:mod:`policies.authors`). Simulation only: not a service
         hyperparameter (the authors' LinUCB keeps a running maximum, which
         is not a sum the store can add to), and without forgetting.

@@ -67,8 +67,8 @@ def test_the_authors_hyperparameters_come_with_the_variant() -> None:
 
 @pytest.mark.parametrize(
     ("name", "overrides", "message"),
-    [("lints-g", {}, "only lints-ig, linphe, linucb"),
-     ("linreboot", {}, "only lints-ig"),
+    [("lingiro", {}, "only lints-g, lints-ig, linphe, linucb"),
+     ("linreboot", {}, "only lints-g"),
      ("linucb", {"discount": 0.99}, "do not forget")],
 )
 def test_a_variant_that_does_not_exist_is_refused(
@@ -181,6 +181,45 @@ def test_authors_lints_ig_reproduces_their_seeded_draw(setting: Setting) -> None
             assert scores[b, k] == pytest.approx(h.current[k] @ theta, rel=RTOL)
 
 
+# --------------------------------------------------------------------------- LinTS-G
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_authors_lints_g_reproduces_their_seeded_draw(setting: Setting) -> None:
+    # Linear_TS_G: sigma = np.std(Y) of the model's rewards, theta ~ N(mean, sigma^2 V^-1),
+    # V = I / tau^2 + X'X with tau^2 = 10 (= 1 / lambda).
+    config = authors("lints-g", setting)
+    histories = histories_for(setting, (5, 6))
+    state = build_state(config, histories, N_ARMS)
+    seeds = (11, 12)
+    scores = index_of(config)(
+        config, state, contexts_of(histories), [np.random.default_rng(s) for s in seeds])
+    for b, h in enumerate(histories):
+        z = np.random.default_rng(seeds[b]).standard_normal((n_models(config), DIM))
+        for k in range(N_ARMS):
+            m = model_of(config, k)
+            x_rows, y = rows_of(h, config, m)
+            v = np.eye(DIM) / 10.0 + x_rows.T @ x_rows
+            theta = np.linalg.inv(v) @ x_rows.T @ y + np.std(y) * np.linalg.solve(
+                np.linalg.cholesky(v).T, z[m])
+            assert scores[b, k] == pytest.approx(h.current[k] @ theta, rel=RTOL)
+
+
+def test_authors_lints_g_scores_an_arm_with_one_reward_greedily() -> None:
+    # np.std of one reward is 0: no spread at all, where ours keeps v = 1.
+    config = authors("lints-g", "covariates")
+    state = init_state(config, N_ARMS)
+    update(config, state, np.array([0]), np.ones((1, DIM)), np.array([0.7]))
+    contexts = np.ones((1, N_ARMS, DIM))
+    draws = [index_of(config)(config, state, contexts, [np.random.default_rng(s)])[0, 0]
+             for s in range(5)]
+    assert np.ptp(draws) == 0.0
+    ours = paper_config("lints-g", "covariates", DIM)
+    ours_draws = [index_of(ours)(ours, state, contexts, [np.random.default_rng(s)])[0, 0]
+                  for s in range(5)]
+    assert np.ptp(ours_draws) > 0.1
+
+
 # --------------------------------------------------------------------------- LinPHE
 
 
@@ -279,7 +318,8 @@ def ready_after(config: PolicyConfig, setting: Setting, seed: int) -> Any:
 
 @pytest.mark.parametrize(("name", "setting"), [
     ("linucb", "contextual"), ("linucb", "covariates"), ("linphe", "contextual"),
-    ("linphe", "covariates"), ("lints-ig", "covariates"),
+    ("linphe", "covariates"), ("lints-ig", "covariates"), ("lints-g", "contextual"),
+    ("lints-g", "covariates"),
 ])
 def test_the_authors_variants_propensities_against_their_draws(
     name: PolicyName, setting: Setting
