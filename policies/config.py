@@ -26,6 +26,8 @@ POLICIES: tuple[PolicyName, ...] = get_args(PolicyName)
 PAPER_POLICIES: tuple[PolicyName, ...] = (
     "linreboot", "lints-g", "lints-ig", "lingiro", "linphe", "linucb",
 )
+# PolicyConfig fields the service never takes (not hyperparameters on the wire).
+SIMULATION_ONLY: tuple[str, ...] = ("variant",)
 # The baselines whose authors' variant differs from ours (policies.authors).
 AUTHORS_VARIANTS: tuple[PolicyName, ...] = ("lints-g", "lints-ig", "linphe", "linucb")
 
