@@ -2,7 +2,7 @@
 
 The published values are the last row (cumulative regret after 9,999 rounds,
 mean and ``std / sqrt(100)``) of ``Results/LB_random_res/setting_{1,2,3}`` and
-``Results/LB_covariates_res/setting_{1,2,3}`` (d = 5, 10, 20) of the public
+``Results/LB_covariates_res/setting_{1,2,3}`` (d = 5, 10; d = 20 not yet entered) of the public
 repository ShuangWu22/LinReBoot_Experiments; ours are after 10,000 rounds
 (one round more, at most about 0.1 regret). The stochastic files were never
 published.
@@ -34,6 +34,18 @@ PUBLISHED: dict[tuple[str, int, str], tuple[float, float]] = {
     ("covariates", 5, "lingiro"): (1162.27, 7.11),
     ("covariates", 5, "linphe"): (3391.53, 12.79),
     ("covariates", 5, "linucb"): (451.49, 4.16),
+    ("contextual", 10, "linreboot"): (189.28, 6.48),
+    ("contextual", 10, "lints-g"): (274.96, 5.27),
+    ("contextual", 10, "lints-ig"): (191.81, 6.02),
+    ("contextual", 10, "lingiro"): (1562.73, 15.09),
+    ("contextual", 10, "linphe"): (1325.58, 15.81),
+    ("contextual", 10, "linucb"): (748.46, 12.74),
+    ("covariates", 10, "linreboot"): (59.64, 1.72),
+    ("covariates", 10, "lints-g"): (122.26, 4.48),
+    ("covariates", 10, "lints-ig"): (207.69, 0.56),
+    ("covariates", 10, "lingiro"): (1505.39, 4.46),
+    ("covariates", 10, "linphe"): (2686.76, 8.24),
+    ("covariates", 10, "linucb"): (530.13, 4.04),
 }
 TOLERANCE = 3.0  # combined standard errors
 

@@ -11,7 +11,11 @@ prototype ("pooled") changes two things:
   over the arms (``v_y``: the variance of all rewards so far, 1 before two),
   so an arm with ``s_k = 0`` or ``RSS_k = 0`` (0/1 rewards) keeps a spread;
 
-with one ``sigma_omega`` for every setting. Usage::
+and "capped" also caps that spread at ``sigma_omega sqrt(v_k x_k' V^-1 x_k)``
+(``v_k = (RSS_k + v) / (s_k + 1)``): no more uncertain than the model's own
+estimate of ``x_k' theta``, which with one theta shared by many arms is far
+less than one arm's pulls suggest; with one model per arm the cap rarely binds.
+All with one ``sigma_omega`` for every setting. Usage::
 
     python -m benchmarks.proto_default --reps 20 --horizon 3000
 """
@@ -28,13 +32,23 @@ import numpy as np
 from loadtest.environments import Environment, make_spec, split_rngs
 from policies import PolicyConfig, choose, init_state, paper_config, update
 from policies.indices import reward_variance
-from policies.ridge import Array, predict, ridge
+from policies.ridge import Array, predict, regularised, ridge
 from policies.state import State
 
 Scorer = Callable[[State, Array, list[np.random.Generator]], Array]
 
 
-def pooled_scores(config: PolicyConfig) -> Scorer:
+def leverage(state: State, contexts: Array, reg: float) -> Array:
+    """``x_k' V^-1 x_k`` with ``V = X'X + reg I`` of arm k's model, shape (B, K)."""
+    gram = regularised(state["xtx"], reg)  # (B, M, d, d)
+    if gram.shape[1] == 1:
+        lifted = np.linalg.solve(gram[:, 0], np.swapaxes(contexts, 1, 2))  # (B, d, K)
+        return np.einsum("bdk,bkd->bk", lifted, contexts)
+    lifted = np.linalg.solve(gram, contexts[..., None])[..., 0]
+    return np.einsum("bkd,bkd->bk", lifted, contexts)
+
+
+def pooled_scores(config: PolicyConfig, shared_cap: bool = False) -> Scorer:
     def score(state: State, contexts: Array, rngs: list[np.random.Generator]) -> Array:
         theta = ridge(state["xtx"], state["xty"], config.reg)
         mu_hat = predict(theta, contexts)
@@ -45,6 +59,10 @@ def pooled_scores(config: PolicyConfig) -> Scorer:
         prior = np.where(n > 1, reward_variance(state).mean(axis=1), 1.0)
         pooled = (rss.sum(axis=1) + prior) / (pulls.sum(axis=1) + 1.0)
         spread = config.sigma_omega * np.sqrt(rss + pooled[:, None]) / (pulls + 1.0)
+        if shared_cap:  # no more uncertain than the model's own estimate of x_k' theta
+            own = np.sqrt((rss + pooled[:, None]) / (pulls + 1.0))
+            cap = config.sigma_omega * own * np.sqrt(leverage(state, contexts, config.reg))
+            spread = np.minimum(spread, cap)
         z = np.stack([rng.standard_normal(mu_hat.shape[1]) for rng in rngs])
         return np.asarray(mu_hat + spread * z)
     return score
@@ -56,13 +74,14 @@ def run(setting: str, name: str, reps: int, horizon: int, seed: int) -> Array:
     env_rngs, policy_rngs = split_rngs(seed, reps)
     env = Environment(spec, env_rngs)
     policy, _, sigma = name.partition(":")
-    base = "linreboot" if policy == "pooled" else policy
+    pooled = policy in ("pooled", "capped")
+    base = "linreboot" if pooled else policy
     config = paper_config(base, spec.setting, spec.dim)  # type: ignore[arg-type]
-    if policy == "pooled":
+    if pooled:
         config = paper_config("linreboot", spec.setting, spec.dim, sigma_omega=float(sigma))
     state = init_state(config, spec.n_arms, reps)
     rows, regret = np.arange(reps), np.zeros(reps)
-    scorer = pooled_scores(config) if policy == "pooled" else None
+    scorer = pooled_scores(config, policy == "capped") if pooled else None
     for _ in range(horizon):
         contexts = env.contexts()
         if scorer is None:
