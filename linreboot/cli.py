@@ -53,6 +53,12 @@ def _add_simulate(sub: argparse._SubParsersAction[_Parser]) -> None:
     p.add_argument("--switch-every", type=int, default=0, metavar="ROUNDS",
                    help="a drifting world: theta is drawn afresh every ROUNDS rounds "
                    "(default 0: never)")
+    p.add_argument("--baselines", choices=("project", "authors"), default="project",
+                   help="LinTS-G, LinTS-IG, LinPHE and LinUCB as this project implements them "
+                   "(default) or as the paper's authors' code runs them (policies.authors)")
+    p.add_argument("--centres", choices=("per-repetition", "once"), default="per-repetition",
+                   help="arm features / context centres drawn per repetition (default) or "
+                   "once per cell, as the authors' contextual script does")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     p.add_argument("--time-single-runs", action="store_true",
                    help="also time one unbatched run per cell (runtime table)")
@@ -76,11 +82,16 @@ def _simulate(args: argparse.Namespace) -> int:
     overrides: tuple[tuple[str, object], ...] = (
         (("residuals", args.residuals),) if args.residuals else ()
     )
+    if args.baselines == "authors" and args.discount != [1.0]:
+        raise SystemExit("--baselines authors runs without forgetting: leave --discount at 1")
     cells = grid(args.settings, args.dims, args.policies, args.sigma_omega, args.reading, overrides,
-                 discounts=args.discount, switch_every=args.switch_every)
+                 discounts=args.discount, switch_every=args.switch_every,
+                 baselines=args.baselines, centres=args.centres)
     run = run_grid(cells, args.reps, args.horizon, args.seed, args.jobs,
                    time_single=args.time_single_runs)
     drift = f", theta switching every {args.switch_every} rounds" if args.switch_every else ""
+    drift += ", the authors' baselines" if args.baselines == "authors" else ""
+    drift += ", centres drawn once" if args.centres == "once" else ""
     title = (f"In-process: {args.reps} repetitions x {args.horizon} rounds, "
              f"{args.reading} reading{drift}, seed {args.seed}")
     paths = write_outputs(run, args.out, title)

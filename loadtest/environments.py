@@ -114,6 +114,12 @@ class EnvSpec:
     switch_every : int
         0 (default): the truth never changes. P: theta is drawn afresh every P rounds
         (after rounds P, 2P, ...; see "A drifting world").
+    centres_seed : int or None
+        None (default): every repetition draws its own arm features (stochastic) or
+        context centres ``nu_k`` (contextual). An int: they are drawn once, from
+        ``default_rng(centres_seed)``, and shared by every repetition, as the
+        authors' contextual script draws ``nu_k`` once per d ("predefined before
+        the simulation"); each repetition still draws its own theta.
     """
 
     setting: Setting
@@ -121,6 +127,7 @@ class EnvSpec:
     n_arms: int
     reading: Reading = "authors"
     switch_every: int = 0
+    centres_seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.setting not in SETTINGS:
@@ -134,6 +141,11 @@ class EnvSpec:
         every = self.switch_every
         if isinstance(every, bool) or not isinstance(every, int | np.integer) or every < 0:
             raise ValueError(f"switch_every must be 0 (never) or a positive integer, got {every!r}")
+        seed = self.centres_seed
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0
+        ):
+            raise ValueError(f"centres_seed must be None or a non-negative integer, got {seed!r}")
 
     @property
     def noise_sd(self) -> float:
@@ -150,7 +162,7 @@ class EnvSpec:
 
 def make_spec(
     setting: Setting, dim: int, *, n_arms: int | None = None, reading: Reading = "authors",
-    switch_every: int = 0,
+    switch_every: int = 0, centres_seed: int | None = None,
 ) -> EnvSpec:
     """Build an `EnvSpec`, with the paper's number of arms unless `n_arms` is given.
 
@@ -164,6 +176,8 @@ def make_spec(
     reading : {"authors", "literal"}, default "authors"
     switch_every : int, default 0
         Rounds between switches of the truth; 0: never.
+    centres_seed : int, optional
+        Draw the arm features / context centres once from this seed (see `EnvSpec`).
 
     Returns
     -------
@@ -173,7 +187,7 @@ def make_spec(
         raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
     k = DEFAULT_N_ARMS[setting] if n_arms is None else n_arms
     return EnvSpec(setting=setting, dim=dim, n_arms=k, reading=reading,
-                   switch_every=switch_every)
+                   switch_every=switch_every, centres_seed=centres_seed)
 
 
 # --------------------------------------------------------------------------- seeding
@@ -293,7 +307,14 @@ def _draw_truth(spec: EnvSpec, rng: np.random.Generator) -> tuple[np.ndarray, np
     theta = _draw_theta(spec, rng)
     if spec.setting == "covariates":
         return theta, None
+    if spec.centres_seed is not None:
+        return theta, _shared_centres(spec.centres_seed, spec.n_arms, spec.dim)
     return theta, _unit_uniform_rows(rng, spec.n_arms, spec.dim)
+
+
+def _shared_centres(seed: int, n_arms: int, dim: int) -> np.ndarray:
+    """The features / centres every repetition shares: a fresh copy of one draw."""
+    return _unit_uniform_rows(np.random.default_rng(seed), n_arms, dim)
 
 
 def _stack_features(features: list[np.ndarray | None]) -> np.ndarray | None:

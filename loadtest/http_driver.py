@@ -108,7 +108,7 @@ class HttpDriver:
             raise ValueError(f"this replay needs {requests} requests, above the limit "
                              f"{self._limits.max_requests}")
         env_rngs, _ = split_rngs(cell_seed(seed, cell), reps)
-        spec = cell.env_spec()
+        spec = cell.env_spec(seed)
         env = Environment(spec, env_rngs)
         tag = uuid.uuid4().hex[:8]
         experiments = await asyncio.gather(*(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -17,18 +18,22 @@ from numpy.typing import NDArray
 from loadtest.environments import Environment, EnvSpec, Reading, make_spec, split_rngs
 from loadtest.results import Array, Curve, recorded_rounds, summarise
 from policies import (
+    AUTHORS_VARIANTS,
     HYPERPARAMETERS,
     PolicyConfig,
     PolicyName,
     Setting,
+    Variant,
     choose,
     init_state,
     paper_config,
     update,
 )
+from policies.config import authors_hyperparameters, reading_hyperparameters
 from policies.ridge import BufferedStreams
 
 Progress = Callable[[int], None]
+Centres = Literal["per-repetition", "once"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,9 @@ class Cell:
     ``sigma_omega`` overrides the paper's value for LinReBoot (tuning sweeps);
     ``overrides`` sets any other :class:`policies.PolicyConfig` field;
     ``switch_every`` makes the world switch its truth every so many rounds
-    (:class:`loadtest.environments.EnvSpec`).
+    (:class:`loadtest.environments.EnvSpec`); ``centres`` ``once`` shares the
+    arm features / context centres among the repetitions, drawn from the
+    cell's seed (the authors' contextual script draws them once per d).
     """
 
     setting: Setting
@@ -48,22 +55,35 @@ class Cell:
     reading: Reading = "authors"
     overrides: tuple[tuple[str, object], ...] = field(default_factory=tuple)
     switch_every: int = 0
+    centres: Centres = "per-repetition"
 
     def config(self) -> PolicyConfig:
-        changes = dict(self.overrides)
+        """The paper's hyperparameters in this cell's world, then the cell's own.
+
+        The authors' variants keep their code's constants (LinUCB's R = 1)
+        whatever the reading.
+        """
+        changes: dict[str, object] = {
+            **reading_hyperparameters(self.setting, self.dim, self.reading), **dict(self.overrides)
+        }
+        if changes.get("variant") == "authors":
+            changes = {**changes, **authors_hyperparameters(self.policy, self.setting),
+                       **dict(self.overrides)}
         if self.sigma_omega is not None:
             changes["sigma_omega"] = self.sigma_omega
         return paper_config(self.policy, self.setting, self.dim, **changes)
 
-    def env_spec(self) -> EnvSpec:
-        """The world this cell is played in."""
+    def env_spec(self, seed: int = 0) -> EnvSpec:
+        """The world this cell is played in (``seed``: the run's, for shared centres)."""
+        centres_seed = cell_seed(seed, self) if self.centres == "once" else None
         return make_spec(self.setting, self.dim, reading=self.reading,
-                         switch_every=self.switch_every)
+                         switch_every=self.switch_every, centres_seed=centres_seed)
 
     @property
     def label(self) -> str:
         extra = [f"σω={self.sigma_omega:g}"] if self.sigma_omega is not None else []
         extra += [f"{k}={v}" for k, v in self.overrides]
+        extra += ["centres once"] if self.centres == "once" and self.setting != "covariates" else []
         return f"{self.policy} ({', '.join(extra)})" if extra else self.policy
 
 
@@ -127,7 +147,7 @@ def play(
     forgets counts ages in.
     """
     config = cell.config()
-    spec = cell.env_spec()
+    spec = cell.env_spec(seed)
     env_rngs, policy_rngs = split_rngs(cell_seed(seed, cell), reps)
     env = Environment(spec, env_rngs)
     state = init_state(config, spec.n_arms, reps)
@@ -189,11 +209,15 @@ def grid(
     overrides: tuple[tuple[str, object], ...] = (),
     discounts: Sequence[float] = (1.0,),
     switch_every: int = 0,
+    baselines: Variant = "project",
+    centres: Centres = "per-repetition",
 ) -> list[Cell]:
     """Every cell of settings x dims x policies x discounts; LinReBoot once per sigma_omega.
 
     Each policy gets the ``overrides`` it takes (``policies.HYPERPARAMETERS``);
     a discount of 1 (no forgetting) is no override, so its label is the plain one.
+    ``baselines="authors"`` runs the baselines that have one in their authors'
+    variant (``policies.AUTHORS_VARIANTS``); ``centres`` as in :class:`Cell`.
     """
     cells = []
     for setting in settings:
@@ -203,9 +227,11 @@ def grid(
                     sigma_omegas if sigma_omegas and policy == "linreboot" else [None]
                 )
                 own = tuple((k, v) for k, v in overrides if k in HYPERPARAMETERS[policy])
+                if baselines == "authors" and policy in AUTHORS_VARIANTS:
+                    own += (("variant", "authors"),)
                 for sigma in sweep:
                     for discount in discounts:
                         forget = (("discount", discount),) if discount != 1.0 else ()
                         cells.append(Cell(setting, dim, policy, sigma, reading, own + forget,
-                                          switch_every))
+                                          switch_every, centres))
     return cells

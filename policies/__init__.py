@@ -7,6 +7,7 @@ policy that forgets, at a clock).
 """
 
 from policies.config import (
+    AUTHORS_VARIANTS,
     HYPERPARAMETERS,
     PAPER_POLICIES,
     POLICIES,
@@ -17,6 +18,7 @@ from policies.config import (
     Range,
     Residuals,
     Setting,
+    Variant,
     check_hyperparameters,
     paper_config,
     paper_sigma_omega,
@@ -25,6 +27,7 @@ from policies.policy import Choice, Ready, choose, draw, prepare, update
 from policies.state import FieldSpec, State, discounted, init_state, layout, raw_reward_sums
 
 __all__ = [
+    "AUTHORS_VARIANTS",
     "HYPERPARAMETERS",
     "PAPER_POLICIES",
     "POLICIES",
@@ -39,6 +42,7 @@ __all__ = [
     "Residuals",
     "Setting",
     "State",
+    "Variant",
     "check_hyperparameters",
     "choose",
     "discounted",

@@ -16,12 +16,20 @@ PolicyName = Literal[
     "linreboot", "lints-g", "lints-ig", "linphe", "lingiro", "linucb", "linucb-const", "greedy"
 ]
 Residuals = Literal["current", "observed"]
+# "project": the textbook form of each baseline (the default, and the only one
+# the service offers); "authors": as the paper's authors' experiment code runs
+# it (policies.authors), for reproducing their published figures.
+Variant = Literal["project", "authors"]
 
 SETTINGS: tuple[Setting, ...] = get_args(Setting)
 POLICIES: tuple[PolicyName, ...] = get_args(PolicyName)
 PAPER_POLICIES: tuple[PolicyName, ...] = (
     "linreboot", "lints-g", "lints-ig", "lingiro", "linphe", "linucb",
 )
+# PolicyConfig fields the service never takes (not hyperparameters on the wire).
+SIMULATION_ONLY: tuple[str, ...] = ("variant",)
+# The baselines whose authors' variant differs from ours (policies.authors).
+AUTHORS_VARIANTS: tuple[PolicyName, ...] = ("lints-g", "lints-ig", "linphe", "linucb")
 
 # Paper's tuned sigma_omega (appendix, "LinReBoot in ..." subsections).
 _PAPER_SIGMA_OMEGA: dict[Setting, dict[int, float]] = {
@@ -45,6 +53,26 @@ _NOISE_SD: dict[Setting, float] = {
     "contextual": math.sqrt(0.5),
     "covariates": 0.1,
 }
+# The environments' reading of the appendix (loadtest.environments): "literal"
+# changes the covariates world only where these constants are concerned (the
+# contextual contexts lose their rescaling but keep a norm near 1): raw
+# contexts x ~ N(0, I_d) and noise variance 0.1.
+Reading = Literal["authors", "literal"]
+
+
+def _literal_covariates(dim: int) -> dict[str, float]:
+    """LinUCB's R and L and LinPHE/LinGIRO's U for the literal covariates world.
+
+    Noise sd sqrt(0.1) (a variance, as the text says). ``||x||`` of a raw
+    ``N(0, I_d)`` context is about ``sqrt(d)``, and beyond ``sqrt(d) + 3`` for
+    about one context in a hundred (chi tail), so ``L = sqrt(d) + 3``. The mean
+    reward ``x' theta_k`` is ``N(0, ||theta_k||^2)`` with ``||theta_k|| <= 1``,
+    so the authors' rule for U (a bound on the mean plus three noise sd: 1.3 =
+    1 + 3 x 0.1 in their reading) gives ``U = 3 + 3 sqrt(0.1)``.
+    """
+    sd = math.sqrt(0.1)
+    return {"noise_sd": sd, "context_bound": math.sqrt(dim) + 3.0,
+            "reward_bound": 3.0 + 3.0 * sd}
 
 
 @dataclass(frozen=True)
@@ -134,6 +162,11 @@ class PolicyConfig:
     ucb_delta, noise_sd, theta_bound, context_bound : LinUCB radius
         (Abbasi-Yadkori et al. 2011, Theorem 2).
     ucb_alpha : constant width of ``linucb-const``.
+    variant : ``project`` (default) or ``authors``, the form the paper's
+        authors' experiment code gives LinTS-G, LinTS-IG, LinPHE and LinUCB
+        (:mod:`policies.authors`). Simulation only: not a service
+        hyperparameter (the authors' LinUCB keeps a running maximum, which
+        is not a sum the store can add to), and without forgetting.
     discount : gamma, how fast the statistics forget (1: never; see
         :mod:`policies.state`). An outcome of decision number ``n`` weighs
         ``gamma ** (N - n)`` in a decision made from statistics whose latest
@@ -163,6 +196,7 @@ class PolicyConfig:
     ucb_alpha: float = 1.0
     discount: float = 1.0
     epsilon: float = 0.0
+    variant: Variant = "project"
 
     def __post_init__(self) -> None:
         if self.name not in POLICIES:
@@ -171,6 +205,12 @@ class PolicyConfig:
             raise ValueError(f"unknown setting {self.setting!r}; choose one of {SETTINGS}")
         if self.residuals not in get_args(Residuals):
             raise ValueError("residuals must be 'current' or 'observed'")
+        if self.variant not in get_args(Variant):
+            raise ValueError("variant must be 'project' or 'authors'")
+        if self.variant == "authors" and self.name not in AUTHORS_VARIANTS:
+            raise ValueError(f"only {', '.join(AUTHORS_VARIANTS)} have an authors' variant")
+        if self.variant == "authors" and self.discount < 1.0:
+            raise ValueError("the authors' variants do not forget: discount must be 1")
         if not 1 <= self.dim <= 256:
             raise ValueError("dim must be between 1 and 256")
         for field, bounds in RANGES.items():
@@ -196,11 +236,41 @@ def paper_sigma_omega(setting: Setting, dim: int) -> float:
     return _PAPER_SIGMA_OMEGA[setting].get(dim, _FALLBACK_SIGMA_OMEGA[setting])
 
 
+def authors_hyperparameters(name: PolicyName, setting: Setting) -> dict[str, float]:
+    """Where the authors' experiment scripts set a baseline otherwise than we do.
+
+    LinUCB: their radius has ``R = 1`` whatever the noise. LinTS-IG: prior
+    precision ``1 / tau^2`` with ``tau^2 = 10`` in the covariates setting
+    (``LB_covariates_Exp.py``), ``tau^2 = 5`` elsewhere (as ours).
+    """
+    if name == "linucb":
+        return {"noise_sd": 1.0}
+    if name == "lints-ig" and setting == "covariates":
+        return {"ig_prior_precision": 0.1}
+    return {}
+
+
+def reading_hyperparameters(setting: Setting, dim: int, reading: Reading) -> dict[str, float]:
+    """What a world read ``literally`` changes in the paper's hyperparameters.
+
+    Under ``literal`` the covariates world's noise and contexts are larger, and
+    LinUCB's R and L and LinPHE/LinGIRO's U follow them
+    (:func:`_literal_covariates`); nothing else changes.
+    """
+    if reading == "literal" and setting == "covariates":
+        return _literal_covariates(dim)
+    return {}
+
+
 def paper_config(name: PolicyName, setting: Setting, dim: int, **overrides: object) -> PolicyConfig:
     """The paper's hyperparameters for ``name`` in ``setting`` at dimension ``dim``.
 
     ``greedy`` is LinReBoot with sigma_omega = 0; ``residuals`` defaults to
     ``current`` (Algorithm 2), the variant that measured better (BENCHMARKS.md).
+    With ``variant="authors"`` the authors' scripts' values come first
+    (:func:`authors_hyperparameters`), then ``overrides``. The paper's values
+    are those of the authors' reading of the environments; for the literal
+    one, override with :func:`reading_hyperparameters`.
     """
     sigma_omega = 0.0 if name == "greedy" else paper_sigma_omega(setting, dim)
     base = PolicyConfig(
@@ -211,4 +281,6 @@ def paper_config(name: PolicyName, setting: Setting, dim: int, **overrides: obje
         reward_bound=_REWARD_BOUND[setting],
         noise_sd=_NOISE_SD[setting],
     )
+    if overrides.get("variant") == "authors":
+        overrides = {**authors_hyperparameters(name, setting), **overrides}
     return replace(base, **overrides) if overrides else base  # type: ignore[arg-type]

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from policies.authors import index_of
 from policies.config import PolicyConfig
-from policies.indices import INDEX, Prepared
+from policies.indices import Prepared
 from policies.ridge import Array
 from policies.state import State, apply_observations, discounted
 
@@ -99,7 +100,7 @@ def prepare(
     unexplored = eligible & (state["pulls"] == 0)
     return Ready(
         config=config,
-        prepared=INDEX[config.name].prepare(config, state, contexts),
+        prepared=index_of(config).prepare(config, state, contexts),
         eligible=eligible,
         unexplored=unexplored,
         exploring_rows=np.flatnonzero(unexplored.any(axis=1)),
@@ -124,7 +125,7 @@ def draw(ready: Ready, rngs: Sequence[np.random.Generator]) -> Choice:
             f"need one generator per experiment: {batch} experiments, {len(rngs)} generators"
         )
     config = ready.config
-    scores = INDEX[config.name].draw(config, ready.prepared, rngs)
+    scores = index_of(config).draw(config, ready.prepared, rngs)
     if ready.masked:
         scores = np.where(ready.unexplored, np.inf, np.where(ready.eligible, scores, -np.inf))
     arms = np.argmax(scores, axis=1)

@@ -46,7 +46,8 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import special
 
-from policies.indices import INDEX, Law
+from policies.authors import index_of
+from policies.indices import Law
 from policies.policy import Ready
 from policies.ridge import Array
 
@@ -127,7 +128,7 @@ def propensities(
 def estimated(ready: Ready) -> bool:
     """Whether :func:`propensities` of ``ready`` estimates a shared model's correlated
     scores (milliseconds at K = 100) rather than integrating (microseconds)."""
-    return ready.config.shared and INDEX[ready.config.name].one_draw
+    return ready.config.shared and index_of(ready.config).one_draw
 
 
 def _pairs(
@@ -147,7 +148,7 @@ def _pairs(
         candidates = candidates & ~exploring[:, None]
     if not todo.any():
         return out
-    law = INDEX[ready.config.name].law(ready.config, ready.prepared)
+    law = index_of(ready.config).law(ready.config, ready.prepared)
     if law.loadings is not None and np.any(law.loadings):
         out[todo] = _shared(law, candidates, rows[todo], cols[todo], accuracy)
     else:

@@ -79,6 +79,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from policies.config import PolicyConfig
+from policies.ridge import ridge
 
 Array = NDArray[np.floating[Any]]
 State = dict[str, Array]
@@ -87,7 +88,12 @@ Axis = Literal["model", "arm"]
 # hold the slot's first reward c ("first_r", set when the slot's count is 0);
 # add r - c ("dr") or (r - c)^2 ("dr2"). With forgetting: hold the slot's clock
 # ("at", see Forgetting above) and count undiscounted ("tally").
-Addition = Literal["outer", "r_x", "one", "first_r", "dr", "dr2", "at", "tally"]
+# The authors' variants (policies.authors, simulation only, never in the store)
+# add x itself ("x") and keep the largest norm of the ridge estimate so far
+# ("norm_max").
+Addition = Literal[
+    "outer", "r_x", "one", "first_r", "dr", "dr2", "at", "tally", "x", "norm_max"
+]
 # What keeps its value when a slot is discounted to a later clock.
 _NOT_DECAYED: frozenset[Addition] = frozenset({"first_r", "at", "tally"})
 
@@ -134,7 +140,22 @@ def layout(config: PolicyConfig) -> dict[str, FieldSpec]:
         fields["arm_xty"] = FieldSpec("arm", (d,), "r_x")
     if config.discounted:
         fields["total_pulls"] = FieldSpec("arm", (), "tally")
-    return fields
+    return fields | _authors_fields(config)
+
+
+def _authors_fields(config: PolicyConfig) -> dict[str, FieldSpec]:
+    """What the authors' variants keep besides the sums (:mod:`policies.authors`).
+
+    Their LinPHE shifts the perturbation by a multiple of ``sum x``; their
+    LinUCB's radius holds the largest ``||theta_hat||`` of every update so far.
+    """
+    if config.variant != "authors":
+        return {}
+    if config.name == "linphe":
+        return {"sum_x": FieldSpec("model", (config.dim,), "x")}
+    if config.name == "linucb":
+        return {"theta_norm_max": FieldSpec("model", (), "norm_max")}
+    return {}
 
 
 def needs_arm_gram(config: PolicyConfig) -> bool:
@@ -213,6 +234,11 @@ def apply_observations(
     if "arm_xtx" in state:
         state["arm_xtx"][rows, arms] += outer
         state["arm_xty"][rows, arms] += rewards[:, None] * x
+    if "sum_x" in state:
+        state["sum_x"][model] += x
+    if "theta_norm_max" in state:
+        norms = np.linalg.norm(ridge(state["xtx"][model], state["xty"][model], config.reg), axis=-1)
+        state["theta_norm_max"][model] = np.maximum(state["theta_norm_max"][model], norms)
 
 
 def _add_shifted(

@@ -4,7 +4,8 @@
 * The state built by ``update`` equals sums computed directly from a history.
 * The incremental RSS of Section 3.3 equals the sum of squared residuals.
 * The efficient Gaussian LinReBoot index has the distribution of the explicit
-  residual bootstrap of Algorithm 1 (Gaussian and Rademacher weights).
+  residual bootstrap of Algorithm 1 with Gaussian weights; with Rademacher
+  weights only its mean and variance (the law is discrete).
 
 Floating-point tolerances: every matrix here is well conditioned (condition
 number below ~1e3 by construction), so a backward-stable solve is accurate to
@@ -14,6 +15,7 @@ while still catching any algebraic slip (which would be O(1)).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -361,7 +363,8 @@ def test_efficient_linreboot_matches_explicit_residual_bootstrap(
     efficient = INDEX["linreboot"](config, batch, contexts, rngs)
     assert_mean_and_variance(efficient, mean, variance)
 
-    # Explicit form (Algorithm 1), one weight per residual, both weight laws.
+    # Explicit form (Algorithm 1), one weight per residual, both weight laws:
+    # the same mean and variance (Gaussian weights: the same law, below).
     rewards_by_arm = [history.rewards[history.arms == k] for k in range(n_arms)]
     laws: tuple[tuple[Weights, int], ...] = (("gaussian", 101), ("rademacher", 102))
     for weights, seed in laws:
@@ -383,6 +386,28 @@ def test_efficient_linreboot_matches_explicit_residual_bootstrap(
                 ]
             )
         assert_mean_and_variance(explicit, mean, variance)
+
+
+def test_gaussian_weights_give_the_efficient_law_and_rademacher_weights_do_not() -> None:
+    """Gaussian weights: the explicit index is exactly N(mu, sigma^2 RSS / s^2), so a
+    Kolmogorov-Smirnov test against that law passes. Rademacher weights: same mean and
+    variance, but an arm with s residuals takes at most 2^s values (8 here), a
+    distance from the normal that 20,000 draws show beyond doubt."""
+    from scipy import stats
+
+    mu, rewards, sigma = np.array([0.2]), [[0.9, -0.4, 0.1]], 0.5
+    residuals = np.array(rewards[0]) - mu[0]
+    sd = sigma * math.sqrt(residuals @ residuals) / residuals.size
+    laws: tuple[tuple[Weights, int], ...] = (("gaussian", 201), ("rademacher", 202))
+    for weights, seed in laws:
+        rng = np.random.default_rng(seed)
+        draws = np.array([explicit_bootstrap_index(mu, rewards, sigma, weights, rng)[0]
+                          for _ in range(N_DRAWS)])
+        p_value = stats.kstest(draws, "norm", args=(mu[0], sd)).pvalue
+        if weights == "gaussian":
+            assert p_value > 1e-3
+        else:
+            assert np.unique(draws).size <= 8 and p_value < 1e-12
 
 
 def test_explicit_bootstrap_with_rademacher_weights_takes_two_values_per_single_residual() -> None:

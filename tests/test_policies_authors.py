@@ -1,0 +1,387 @@
+"""The authors' variants of LinUCB, LinTS-IG and LinPHE against direct transcriptions.
+
+Each direct computation below is written from the authors' ``Algorithms.py``
+(ShuangWu22/LinReBoot_Experiments: ``Linear_UCB``, ``Linear_TS_IG``,
+``Linear_PHE``) as plain loops over the raw history, step by step as their
+code updates: not from the policy's state or from :mod:`policies.authors`.
+
+* LinUCB is deterministic: its scores must match to rounding.
+* LinTS-IG is reproduced draw for draw from identically seeded generators.
+* LinPHE is drawn from the normal with its perturbation's mean and
+  covariance; the authors' binomial-multinomial perturbation is simulated
+  explicitly, and both are checked against the closed-form moments.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+from scipy.special import ndtr
+
+from loadtest.environments import Environment, Reading, make_spec, seeded_rngs
+from loadtest.simulate import Cell
+from policies import PolicyConfig, choose, init_state, layout, paper_config, prepare, update
+from policies.authors import index_of
+from policies.config import PolicyName, Setting
+from policies.propensity import propensities
+from tests.test_policies_baselines import (
+    DIM,
+    N_ARMS,
+    RTOL,
+    SETTINGS,
+    assert_moments,
+    contexts_of,
+    histories_for,
+    model_of,
+    n_models,
+    replicate,
+    rows_of,
+)
+from tests.test_policies_math import History, build_state
+from tests.test_propensity import check_against_monte_carlo
+
+Array = NDArray[Any]
+SHARED_AND_PER_ARM: list[Setting] = ["contextual", "covariates"]
+
+
+def authors(name: PolicyName, setting: Setting, **overrides: Any) -> PolicyConfig:
+    return paper_config(name, setting, DIM, variant="authors", **overrides)
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def test_the_authors_hyperparameters_come_with_the_variant() -> None:
+    # Linear_UCB has no noise scale (R = 1); LB_covariates_Exp.py runs
+    # Linear_TS_IG with tau = sqrt(10), i.e. prior precision 1/10.
+    assert authors("linucb", "covariates").noise_sd == 1.0
+    assert authors("lints-ig", "covariates").ig_prior_precision == 0.1
+    assert authors("lints-ig", "contextual").ig_prior_precision == 0.2
+    assert paper_config("linucb", "covariates", DIM).noise_sd == 0.1  # ours unchanged
+    assert authors("linucb", "covariates", noise_sd=0.5).noise_sd == 0.5  # overrides win
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "message"),
+    [("lingiro", {}, "only lints-g, lints-ig, linphe, linucb"),
+     ("linreboot", {}, "only lints-g"),
+     ("linucb", {"discount": 0.99}, "do not forget")],
+)
+def test_a_variant_that_does_not_exist_is_refused(
+    name: PolicyName, overrides: dict[str, float], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        PolicyConfig(name, "contextual", DIM, variant="authors", **overrides)  # type: ignore[arg-type]
+
+
+def test_only_the_authors_variants_keep_more_than_sums() -> None:
+    # The store adds sums only: the extra fields must never reach a service layout.
+    assert "theta_norm_max" in layout(authors("linucb", "contextual"))
+    assert "sum_x" in layout(authors("linphe", "covariates"))
+    for name in ("linucb", "linphe", "lints-ig"):
+        fields = layout(paper_config(name, "contextual", DIM))
+        assert not {"theta_norm_max", "sum_x"} & set(fields)
+
+
+# --------------------------------------------------------------------------- LinUCB
+
+
+def direct_authors_ucb(config: PolicyConfig, h: History) -> Array:
+    """``Linear_UCB``: after every update V, theta, the running max of ||theta|| and
+    ``radius = sqrt(lam) max + sqrt(2 log(1/delta) + log(det V / lam^d))``."""
+    lam, d = config.reg, config.dim
+    v = [lam * np.eye(d) for _ in range(n_models(config))]
+    g = [np.zeros(d) for _ in range(n_models(config))]
+    norm_max = np.zeros(n_models(config))
+    radius = np.zeros(n_models(config))
+    for arm, x, r in zip(h.arms, h.x, h.rewards, strict=True):
+        m = model_of(config, int(arm))
+        v[m] = v[m] + np.outer(x, x)
+        g[m] = g[m] + r * x
+        theta = np.linalg.inv(v[m]) @ g[m]
+        norm_max[m] = max(norm_max[m], float(np.linalg.norm(theta)))
+        log_det_ratio = math.log(np.linalg.det(v[m]) / lam**d)
+        radius[m] = math.sqrt(lam) * norm_max[m] + math.sqrt(
+            2 * math.log(1 / config.ucb_delta) + log_det_ratio)
+    scores = np.empty(N_ARMS)
+    for k in range(N_ARMS):
+        m, x = model_of(config, k), h.current[k]
+        v_inv = np.linalg.inv(v[m])
+        scores[k] = x @ v_inv @ g[m] + radius[m] * math.sqrt(x @ v_inv @ x)
+    return scores
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_authors_linucb_matches_their_update_step_by_step(setting: Setting) -> None:
+    config = authors("linucb", setting, ucb_delta=0.01)  # a non-default delta shows if ignored
+    histories = histories_for(setting, (1, 2, 3))
+    state = build_state(config, histories, N_ARMS)
+    rngs = [np.random.default_rng(s) for s in range(3)]
+    scores = choose(config, state, contexts_of(histories), rngs).scores
+    ours = choose(paper_config("linucb", setting, DIM), build_state(
+        paper_config("linucb", setting, DIM), histories, N_ARMS), contexts_of(histories), rngs)
+    for b, h in enumerate(histories):
+        np.testing.assert_allclose(scores[b], direct_authors_ucb(config, h), rtol=RTOL)
+    # And it is not our LinUCB: R = 1, not the noise sd, widens every arm's bonus.
+    assert np.all(np.abs(scores - ours.scores) > 1e-3)
+
+
+def test_the_running_max_remembers_a_larger_past_estimate() -> None:
+    # Two rewards of 5 then many of 0 on one arm: ||theta_hat|| rises then falls,
+    # and the radius keeps the peak (the authors' beta_norm_max).
+    config = PolicyConfig("linucb", "stochastic", 1, variant="authors", noise_sd=1.0)
+    state = init_state(config, 1)
+    x = np.ones((1, 1))
+    peaks = []
+    for r in [5.0, 5.0] + [0.0] * 20:
+        update(config, state, np.array([0]), x, np.array([r]))
+        peaks.append(float(state["theta_norm_max"][0, 0]))
+    assert peaks[1] == pytest.approx(10.0 / 2.1)  # (X'X + 0.1)^-1 X'y after two fives
+    assert peaks[-1] == peaks[1]  # the estimate is near 0.45 by now; the max stays
+
+
+# --------------------------------------------------------------------------- LinTS-IG
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_authors_lints_ig_reproduces_their_seeded_draw(setting: Setting) -> None:
+    # Linear_TS_IG: V = I / tau^2 + X'X, mean = V^-1 g, eta_a = alpha + n/2,
+    # eta_b = alpha + g' mean / 2, sigma ~ invgamma(eta_a, scale=eta_b) = eta_b / Gamma(eta_a);
+    # theta ~ N(mean, sigma^2 V^-1) with a shared model, N(mean, sigma V^-1) per arm.
+    config = authors("lints-ig", setting)
+    histories = histories_for(setting, (7, 8))
+    state = build_state(config, histories, N_ARMS)
+    seeds = (13, 14)
+    scores = index_of(config)(
+        config, state, contexts_of(histories), [np.random.default_rng(s) for s in seeds])
+    tau2 = 5.0 if setting != "covariates" else 10.0
+    for b, h in enumerate(histories):
+        rng = np.random.default_rng(seeds[b])
+        shapes, rates, means, chols = [], [], [], []
+        for m in range(n_models(config)):
+            x_rows, y = rows_of(h, config, m)
+            v = np.eye(DIM) / tau2 + x_rows.T @ x_rows
+            g = x_rows.T @ y
+            mean = np.linalg.inv(v) @ g
+            shapes.append(2.0 + y.size / 2.0)
+            rates.append(2.0 + 0.5 * g @ mean)
+            means.append(mean)
+            chols.append(np.linalg.cholesky(v))
+        gammas = rng.standard_gamma(np.array(shapes))
+        z = rng.standard_normal((n_models(config), DIM))
+        for k in range(N_ARMS):
+            m = model_of(config, k)
+            sigma = rates[m] / gammas[m]
+            sd = sigma if config.shared else math.sqrt(sigma)
+            theta = means[m] + sd * np.linalg.solve(chols[m].T, z[m])
+            assert scores[b, k] == pytest.approx(h.current[k] @ theta, rel=RTOL)
+
+
+# --------------------------------------------------------------------------- LinTS-G
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_authors_lints_g_reproduces_their_seeded_draw(setting: Setting) -> None:
+    # Linear_TS_G: sigma = np.std(Y) of the model's rewards, theta ~ N(mean, sigma^2 V^-1),
+    # V = I / tau^2 + X'X with tau^2 = 10 (= 1 / lambda).
+    config = authors("lints-g", setting)
+    histories = histories_for(setting, (5, 6))
+    state = build_state(config, histories, N_ARMS)
+    seeds = (11, 12)
+    scores = index_of(config)(
+        config, state, contexts_of(histories), [np.random.default_rng(s) for s in seeds])
+    for b, h in enumerate(histories):
+        z = np.random.default_rng(seeds[b]).standard_normal((n_models(config), DIM))
+        for k in range(N_ARMS):
+            m = model_of(config, k)
+            x_rows, y = rows_of(h, config, m)
+            v = np.eye(DIM) / 10.0 + x_rows.T @ x_rows
+            theta = np.linalg.inv(v) @ x_rows.T @ y + np.std(y) * np.linalg.solve(
+                np.linalg.cholesky(v).T, z[m])
+            assert scores[b, k] == pytest.approx(h.current[k] @ theta, rel=RTOL)
+
+
+def test_authors_lints_g_scores_an_arm_with_one_reward_greedily() -> None:
+    # np.std of one reward is 0: no spread at all, where ours keeps v = 1.
+    config = authors("lints-g", "covariates")
+    state = init_state(config, N_ARMS)
+    update(config, state, np.array([0]), np.ones((1, DIM)), np.array([0.7]))
+    contexts = np.ones((1, N_ARMS, DIM))
+    draws = [index_of(config)(config, state, contexts, [np.random.default_rng(s)])[0, 0]
+             for s in range(5)]
+    assert np.ptp(draws) == 0.0
+    ours = paper_config("lints-g", "covariates", DIM)
+    ours_draws = [index_of(ours)(ours, state, contexts, [np.random.default_rng(s)])[0, 0]
+                  for s in range(5)]
+    assert np.ptp(ours_draws) > 0.1
+
+
+# --------------------------------------------------------------------------- LinPHE
+
+
+def phe_closed_form(config: PolicyConfig, h: History) -> tuple[list[Array], list[Array]]:
+    """Each model's theta mean and covariance under the authors' perturbation.
+
+    Round i's pseudo-reward is ``-U + 2 U S_i``, ``(S_1..S_n, rest)`` multinomial
+    with ``m = ceil(a n)`` trials, cell probabilities ``1/(2n)`` and ``1/2``:
+    ``E S_i = m/(2n)``, ``Var S_i = m/(2n) - m/(4n^2)``, ``Cov(S_i, S_j) = -m/(4n^2)``.
+    """
+    a, u, lam, d = config.phe_a, config.reward_bound, config.reg, config.dim
+    n = h.arms.size
+    m = math.ceil(a * n)
+    means, covariances = [], []
+    for model in range(n_models(config)):
+        x_rows, y = rows_of(h, config, model)
+        v_inv = np.linalg.inv((1 + a) * (lam * np.eye(d) + x_rows.T @ x_rows))
+        ones = np.ones(y.size)
+        cov_s = m / (2 * n) * np.eye(y.size) - m / (4 * n**2) * np.outer(ones, ones)
+        mean_z = (-u + 2 * u * m / (2 * n)) * ones
+        means.append(v_inv @ x_rows.T @ (y + mean_z))
+        covariances.append(v_inv @ x_rows.T @ (4 * u**2 * cov_s) @ x_rows @ v_inv)
+    return means, covariances
+
+
+def simulate_authors_phe(config: PolicyConfig, h: History, draws: int, seed: int) -> Array:
+    """``Linear_PHE``'s scores, ``draws`` times, shape (draws, K): its binomial spread
+    by a multinomial over all n past rounds; model k takes its own rounds' share."""
+    rng = np.random.default_rng(seed)
+    a, u, lam, d = config.phe_a, config.reward_bound, config.reg, config.dim
+    n = h.arms.size
+    total = rng.binomial(math.ceil(a * n), 0.5, size=draws)
+    z = -u + 2 * u * rng.multinomial(total, np.full(n, 1.0 / n))  # (draws, n)
+    scores = np.empty((draws, N_ARMS))
+    for k in range(N_ARMS):
+        model = model_of(config, k)
+        rows = np.ones(n, dtype=bool) if config.shared else h.arms == model
+        x_rows, y = h.x[rows], h.rewards[rows]
+        v = (a + 1) * (lam * np.eye(d) + x_rows.T @ x_rows)
+        thetas = np.linalg.solve(v, x_rows.T @ (y[None, :] + z[:, rows]).T).T
+        scores[:, k] = thetas @ h.current[k]
+    return scores
+
+
+def score_moments(config: PolicyConfig, h: History) -> tuple[Array, Array]:
+    means, covs = phe_closed_form(config, h)
+    mean = np.array([h.current[k] @ means[model_of(config, k)] for k in range(N_ARMS)])
+    cov = np.array([[h.current[k] @ covs[model_of(config, k)] @ h.current[j]
+                     if model_of(config, k) == model_of(config, j) else 0.0
+                     for j in range(N_ARMS)] for k in range(N_ARMS)])
+    return mean, cov
+
+
+def assert_score_moments(config: PolicyConfig, draws: Array, mean: Array, cov: Array) -> None:
+    """The whole covariance with a shared model; per arm only each arm's own moments
+    (the authors' one binomial correlates the arms slightly; ours draws them apart)."""
+    if config.shared:
+        assert_moments(draws, mean, cov)
+        return
+    for k in range(N_ARMS):
+        assert_moments(draws[:, k : k + 1], mean[k : k + 1], cov[k : k + 1, k : k + 1])
+
+
+N_DRAWS = 20_000
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_authors_linphe_has_the_moments_of_their_perturbation(setting: Setting) -> None:
+    config = authors("linphe", setting)
+    (h,) = histories_for(setting, (9,), rounds=45)
+    mean, cov = score_moments(config, h)
+    # The closed form is that of the authors' explicit perturbation ...
+    explicit = simulate_authors_phe(config, h, N_DRAWS, seed=3)
+    assert_score_moments(config, explicit, mean, cov)
+    # ... and of the variant's draws.
+    state = build_state(config, [h], N_ARMS)
+    rngs = np.random.default_rng(15).spawn(N_DRAWS)
+    draws = index_of(config)(config, replicate(state, N_DRAWS),
+                             np.repeat(h.current[None], N_DRAWS, axis=0), rngs)
+    assert_score_moments(config, draws, mean, cov)
+    # The shift is what sets it apart from ours: a = 0.5 pulls every estimate down.
+    ours = paper_config("linphe", setting, DIM)
+    ours_ready = prepare(ours, build_state(ours, [h], N_ARMS), h.current[None])
+    ours_mean = index_of(ours).law(ours, ours_ready.prepared).mean[0]
+    assert np.max(np.abs(ours_mean - mean)) > 0.05
+
+
+# --------------------------------------------------------------------------- propensities
+
+
+def ready_after(config: PolicyConfig, setting: Setting, seed: int) -> Any:
+    (h,) = histories_for(setting, (seed,), rounds=30)
+    state = build_state(config, [h], N_ARMS)
+    return prepare(config, state, h.current[None])
+
+
+@pytest.mark.parametrize(("name", "setting"), [
+    ("linucb", "contextual"), ("linucb", "covariates"), ("linphe", "contextual"),
+    ("linphe", "covariates"), ("lints-ig", "covariates"), ("lints-g", "contextual"),
+    ("lints-g", "covariates"),
+])
+def test_the_authors_variants_propensities_against_their_draws(
+    name: PolicyName, setting: Setting
+) -> None:
+    ready = ready_after(authors(name, setting), setting, seed=4)
+    p = check_against_monte_carlo(ready, seed=1, draws=400_000)
+    assert p.sum() == pytest.approx(1.0, abs=0.01)
+
+
+def test_the_authors_shared_lints_ig_declares_no_propensity() -> None:
+    # sigma^2 z with sigma^2 = rate / G is neither normal nor Student t.
+    ready = ready_after(authors("lints-ig", "contextual"), "contextual", seed=4)
+    with pytest.raises(ValueError, match="no propensity"):
+        propensities(ready)
+
+
+# --------------------------------------------------------------------------- centres once
+
+
+def test_centres_drawn_once_are_shared_by_every_repetition() -> None:
+    shared = Environment(make_spec("contextual", 4, centres_seed=11), seeded_rngs(0, 3))
+    assert shared.arm_features is not None
+    assert np.array_equal(shared.arm_features[0], shared.arm_features[2])
+    assert not np.array_equal(shared.theta[0], shared.theta[1])  # theta stays per repetition
+    # A repetition alone sees the same centres and theta as in the batch.
+    alone = Environment(make_spec("contextual", 4, centres_seed=11), seeded_rngs(0, 1, start=2))
+    assert alone.arm_features is not None
+    assert np.array_equal(alone.arm_features[0], shared.arm_features[2])
+    assert np.array_equal(alone.theta[0], shared.theta[2])
+    # The default draws them per repetition.
+    own = Environment(make_spec("contextual", 4), seeded_rngs(0, 3))
+    assert own.arm_features is not None
+    assert not np.array_equal(own.arm_features[0], own.arm_features[2])
+
+
+# --------------------------------------------------------------------------- readings
+
+
+@pytest.mark.parametrize("reading", ["authors", "literal"])
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_linucb_noise_scale_is_the_worlds_noise_sd(setting: Setting, reading: Reading) -> None:
+    # Our LinUCB's R is the noise sd of the world it plays in; the literal
+    # covariates world has variance 0.1 (sd 0.316), not the authors' sd 0.1.
+    cell = Cell(setting, 5, "linucb", reading=reading)
+    assert cell.config().noise_sd == pytest.approx(cell.env_spec().noise_sd)
+    # The authors' LinUCB keeps R = 1 in either world.
+    authors_cell = Cell(setting, 5, "linucb", reading=reading, overrides=(("variant", "authors"),))
+    assert authors_cell.config().noise_sd == 1.0
+
+
+@pytest.mark.parametrize("reading", ["authors", "literal"])
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_the_reward_bound_holds_in_the_world(setting: Setting, reading: Reading) -> None:
+    """LinPHE/LinGIRO's U bounds |reward| but for a tail: the authors' rule is a bound
+    on the mean plus three noise sd, so each reward exceeds it with probability at
+    most 2 Phi(-3) = 0.27% (plus the rare contexts beyond the mean's bound)."""
+    cell = Cell(setting, 5, "linphe", reading=reading)
+    bound = cell.config().reward_bound
+    env = Environment(cell.env_spec(), seeded_rngs(0, 20))
+    sd = env.noise_sd
+    beyond = []
+    for _ in range(100):
+        means = env.means(env.contexts())
+        beyond.append(ndtr((-bound - means) / sd) + ndtr((means - bound) / sd))
+    assert float(np.mean(beyond)) < 0.01
