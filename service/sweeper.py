@@ -100,7 +100,13 @@ class Sweeper:
 
     async def _run(self) -> None:
         failing = False  # logged once when the ticks start failing, once when they recover
+        me = asyncio.current_task()
         while True:
+            if me is not None and me.cancelling():
+                # stop() asked, but the cancellation did not reach us as CancelledError
+                # (a Redis client may turn it into a connection error): stop anyway,
+                # or stop() and the event loop's shutdown would wait for ever.
+                return
             await asyncio.sleep(self._interval * self._random.uniform(0.5, 1.5))
             try:
                 swept = await self.sweep()

@@ -26,10 +26,11 @@ from loadtest.server import free_port, server_process
 from policies import PolicyConfig
 from service import keys
 from service.domain import ArmSpec, ChooseRequest, Decision, ExperimentSpec, LogEntry
-from service.errors import InvalidInput
+from service.errors import InvalidInput, StoreUnavailable
 from service.experiments import ExperimentService
 from service.settings import Settings
 from service.store import Store
+from service.sweeper import Sweeper, Swept
 from tests.conftest import ADMIN, ADMIN_TOKEN, Api
 from tests.test_service_durability import (
     Observation,
@@ -466,3 +467,23 @@ async def test_an_experiment_created_again_without_a_default_is_left_alone(
     view = await service.get("dflt")
     assert (view.defaulted, view.decisions) == (0, 1)
     assert (await service.reward("dflt", [(decision.decision_id, 1.0)]))[0].status == "not_found"
+
+
+class _SwallowingSweeper(Sweeper):
+    """A sweep whose Redis client turns the task's cancellation into a connection error."""
+
+    async def sweep(self) -> Swept:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            raise StoreUnavailable("connection lost") from None
+        return Swept(experiments=0)
+
+
+async def test_stop_ends_the_sweeper_even_if_a_sweep_swallows_the_cancellation() -> None:
+    """Before, the loop caught the StoreUnavailable and slept again: stop() (and the event
+    loop's shutdown, which cancels every task and waits) never returned."""
+    sweeper = _SwallowingSweeper(store=None, interval=0.001)  # type: ignore[arg-type]
+    sweeper.start()
+    await asyncio.sleep(0.05)  # inside the sweep
+    await asyncio.wait_for(sweeper.stop(), timeout=5)
