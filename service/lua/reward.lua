@@ -104,7 +104,7 @@ for k = FIRST, #KEYS do
     statuses[#statuses + 1] = 'applied'
   end
 end
-flush_sums(KEYS[2])
+finish(KEYS[2])
 if applied > 0 then
   redis.call('HINCRBY', KEYS[2], 'rewards', applied)
 end

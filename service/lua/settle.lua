@@ -124,7 +124,7 @@ if #KEYS >= FIRST then
       end
     end
   end
-  flush_sums(KEYS[2])
+  finish(KEYS[2])
   if #decisions > 0 then
     redis.call('LTRIM', KEYS[4], #decisions, -1)
   end

@@ -259,21 +259,17 @@ local touched = {}  -- the fields added to, in the order first added to
 -- the recipes; nil, or an error reply (before any write) when they do not match.
 local function load_sums(stats_key, recipes, decision)
   local d = #decision[X] / 8
-  local model, arm = decision[MODEL_FIELD], decision[ARM_FIELD]
-  if not (loaded[model] and loaded[arm]) then
-    local blobs = redis.call('HMGET', stats_key, model, arm)
-    for i, name in ipairs({model, arm}) do
-      local blob, n = blobs[i], blob_length(recipes[i], d)
-      if blob and #blob ~= n then
+  local blobs = nil  -- HMGET of both fields, when one is not loaded yet
+  for i = 1, 2 do
+    local name, n = decision[MODEL_FIELD + i - 1], blob_length(recipes[i], d)
+    local sums = loaded[name]
+    if not sums then
+      blobs = blobs or redis.call('HMGET', stats_key, decision[MODEL_FIELD], decision[ARM_FIELD])
+      if blobs[i] and #blobs[i] ~= n then
         return redis.error_reply('stored statistics do not match field ' .. name)
       end
-      if not loaded[name] then
-        loaded[name] = unpack_doubles(blob, n / 8)
-      end
-    end
-  end
-  for i, name in ipairs({model, arm}) do
-    if #loaded[name] * 8 ~= blob_length(recipes[i], d) then  -- a context of another size
+      loaded[name] = unpack_doubles(blobs[i], n / 8)
+    elseif #sums * 8 ~= n then  -- loaded for a decision whose context had another size
       return redis.error_reply('stored statistics do not match field ' .. name)
     end
   end
@@ -329,12 +325,23 @@ end
 
 -- Append an outcome to the experiment's decision log (meta's log_max_entries
 -- and log_max_age_seconds; no log when the first is absent or 0). The log
--- keeps its key while entries arrive: it expires max_age after the last one.
+-- keeps its key while entries arrive: it expires max_age after the last one
+-- (set once per call, by finish).
+local log_written = nil  -- {key, max_age} once an outcome is logged in this call
 local function log_outcome(log_key, max_entries, max_age, kind, id, reward)
   if not max_entries or tonumber(max_entries) <= 0 then
     return
   end
   redis.call('XADD', log_key, 'MAXLEN', '~', max_entries, '*',
              'type', kind, 'id', id, 'reward', reward)
-  redis.call('EXPIRE', log_key, max_age)
+  log_written = {log_key, max_age}
+end
+
+-- The end of a call that added or logged outcomes: the sums added to are
+-- written back, and the log expires max_age after its last entry.
+local function finish(stats_key)
+  flush_sums(stats_key)
+  if log_written then
+    redis.call('EXPIRE', log_written[1], log_written[2])
+  end
 end
