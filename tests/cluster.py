@@ -106,7 +106,7 @@ class LocalCluster:
 
     def _start_node(self, port: int) -> None:
         node_dir = self.directory / str(port)
-        node_dir.mkdir()
+        node_dir.mkdir(parents=True)
         self._processes.append(subprocess.Popen(
             [_binary("redis-server"), "--port", str(port), "--bind", "127.0.0.1",
              "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
