@@ -3,7 +3,7 @@
 Usage::
 
     python -m benchmarks.bench_service [--duration 10] [--connections 32] [--workers 1]
-                                       [--rounds 3]
+                                       [--rounds 3] [--cluster]
 
 Starts one embedded Redis, the service and a floor app (a minimal FastAPI
 endpoint doing one Redis round trip) under the same uvicorn settings, then
@@ -14,6 +14,11 @@ run's ratio to the mean of its round's two floor runs is what to compare
 across machines; the report gives the median over rounds (the shared machine
 drifts by 10-20 % between runs).
 Stochastic setting, K = 100 arms, d = 20, LinReBoot, an unseeded experiment.
+
+``--cluster`` then measures the same on a local Redis Cluster (3 masters and
+a replica, tests/cluster.py), in the same run: one table per store. The
+experiments live on one master, as any experiment does; "Redis µs/request"
+sums the masters' command time.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from service.embedded import EmbeddedRedis
 
 HERE = Path(__file__).resolve().parent
 LAG = 100  # max_stale_rewards of the second mixed run's experiment
+FLOOR_KEY = "lrb-bench:floor"  # what benchmarks/floor_app.py increments
 
 
 @dataclass
@@ -83,13 +89,36 @@ def run_wrk(name: str, url: str, duration: int, connections: int, script: Path,
     return WrkResult(name, rps, p50, p99, errors, requests)
 
 
-def with_redis_cost(server: redis.Redis, run: Callable[[], WrkResult]) -> WrkResult:
-    """``run()``, with the Redis server's command time per request during it."""
-    server.config_resetstat()
+def with_redis_cost(servers: list[redis.Redis], run: Callable[[], WrkResult]) -> WrkResult:
+    """``run()``, with the Redis servers' command time per request during it."""
+    for server in servers:
+        server.config_resetstat()
     result = run()
-    stats: dict[str, dict[str, float]] = server.info("commandstats")  # type: ignore[assignment]
-    busy_us = sum(s["usec"] for s in stats.values())
+    busy_us = 0.0
+    for server in servers:
+        stats: dict[str, dict[str, float]] = server.info("commandstats")  # type: ignore[assignment]
+        busy_us += sum(s["usec"] for s in stats.values())
     return dataclasses.replace(result, redis_us_per_request=busy_us / max(result.requests, 1))
+
+
+def _store(stack: ExitStack, tmp: Path, cluster: bool) -> tuple[str, str, list[redis.Redis]]:
+    """A Redis (embedded) or a local Redis Cluster: its URL, the URL for the floor app
+    (a plain client: on a cluster, the master of its key) and the primaries."""
+    if cluster:
+        from tests.cluster import local_cluster  # test infrastructure: a real local cluster
+
+        started = stack.enter_context(local_cluster(tmp / "cluster"))
+        servers = [started.node(port) for port in started.masters]
+        url = started.url
+        floor_url = started.url_of(started.owner(FLOOR_KEY))
+    else:
+        embedded = EmbeddedRedis(tmp / "redis", port=free_port()).start()
+        stack.callback(embedded.stop)
+        servers = [redis.Redis.from_url(embedded.url)]
+        url = floor_url = embedded.url
+    for server in servers:
+        stack.callback(server.close)
+    return url, floor_url, servers
 
 
 def _start(stack: ExitStack, cmd: list[str], env: dict[str, str], port: int, probe: str) -> str:
@@ -123,24 +152,23 @@ def _experiment(url: str, token: str, experiment_id: str = "bench",
     return experiment_id, r.json()["api_key"]
 
 
-def measure(duration: int, connections: int, workers: int, rounds: int) -> list[list[WrkResult]]:
+def measure(duration: int, connections: int, workers: int, rounds: int,
+            cluster: bool = False) -> list[list[WrkResult]]:
     """``rounds`` rounds of floor, /choose, /reward, the two mixed runs, floor."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk")
     token = "bench-token"
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        embedded = EmbeddedRedis(tmp / "redis", port=free_port()).start()
-        stack.callback(embedded.stop)
-        server = redis.Redis.from_url(embedded.url)
-        stack.callback(server.close)
-        env = {"LINREBOOT_REDIS_URL": embedded.url, "LINREBOOT_ADMIN_TOKEN": token,
+        url, floor_url, servers = _store(stack, tmp, cluster)
+        env = {"LINREBOOT_REDIS_URL": url, "LINREBOOT_ADMIN_TOKEN": token,
                "LINREBOOT_LOG_LEVEL": "warning"}
         floor_port, service_port = free_port(), free_port()
         uvicorn_opts = ["--workers", str(workers), "--log-level", "warning", "--no-access-log"]
         floor = _start(stack, [sys.executable, "-m", "uvicorn", "--factory",
                                "benchmarks.floor_app:create_app", "--port", str(floor_port),
-                               *uvicorn_opts], env, floor_port, "/floor")
+                               *uvicorn_opts], {**env, "LINREBOOT_REDIS_URL": floor_url},
+                       floor_port, "/floor")
         service = _start(stack, [sys.executable, "-m", "linreboot", "serve", "--port",
                                  str(service_port), "--workers", str(workers)],
                          env, service_port, "/readyz")
@@ -171,7 +199,7 @@ def measure(duration: int, connections: int, workers: int, rounds: int) -> list[
                 ("floor", f"{floor}/floor", duration, floor_lua, []),
             ]
             all_rounds.append([
-                with_redis_cost(server, functools.partial(
+                with_redis_cost(servers, functools.partial(
                     run_wrk, name, url, seconds, connections, script, script_args))
                 for name, url, seconds, script, script_args in runs
             ])
@@ -231,11 +259,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of every run; the report gives medians")
     parser.add_argument("--json", type=Path, default=None, help="also write raw figures here")
+    parser.add_argument("--cluster", action="store_true",
+                        help="then the same on a local Redis Cluster, in the same run")
     args = parser.parse_args()
-    rounds = measure(args.duration, args.connections, args.workers, args.rounds)
-    print(report(rounds, args.workers))
+    stores = [False, True] if args.cluster else [False]
+    measured = {}
+    for cluster in stores:
+        rounds = measure(args.duration, args.connections, args.workers, args.rounds, cluster)
+        measured["cluster" if cluster else "redis"] = rounds
+        print(("On a Redis Cluster (3 masters)" if cluster else "On one Redis") + ":")
+        print(report(rounds, args.workers), flush=True)
     if args.json:
-        args.json.write_text(json.dumps([[asdict(r) for r in rs] for rs in rounds], indent=2))
+        raw = {store: [[asdict(r) for r in rs] for rs in rounds]
+               for store, rounds in measured.items()}
+        args.json.write_text(json.dumps(raw if args.cluster else raw["redis"], indent=2))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ def create_app() -> FastAPI:
     @app.post("/floor")
     async def floor(request: Request) -> dict[str, int]:
         await request.body()
-        value = await request.app.state.redis.incr("lrb-bench:floor")
+        value = await request.app.state.redis.incr("lrb-bench:floor")  # bench_service.FLOOR_KEY
         return {"value": int(value)}
 
     return app

@@ -212,11 +212,13 @@ def _missing(key: str | None) -> DomainError:
 
 async def _connect(url: str, settings: Settings) -> Store:
     """A store on ``url`` that has answered a PING; else one line naming REDIS_URL."""
-    store = Store.from_url(url, settings.redis_timeout_seconds)
+    store: Store | None = None
     try:
+        store = await Store.connect(url, settings.redis_timeout_seconds, settings.redis_cluster)
         await store.ping()
     except StoreUnavailable as exc:
-        await store.close()
+        if store is not None:
+            await store.close()
         reason = str(exc.__cause__ or exc).strip().splitlines()[0]
         raise StartupError(
             f"REDIS_URL: Redis at {_public_url(url)} does not answer ({reason}): start it, "
@@ -320,6 +322,11 @@ class ExperimentService:
         finally:
             if self._embedded is not None:
                 self._embedded.stop()
+
+    @property
+    def store_is_cluster(self) -> bool:
+        """Whether the statistics live in a Redis Cluster (else one Redis)."""
+        return self._store.cluster
 
     async def ping(self) -> None:
         await self._store.ping()

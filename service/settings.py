@@ -40,6 +40,11 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("LINREBOOT_REDIS_URL", "REDIS_URL"),
         description="redis://host:port/db of the state store; empty starts an embedded Redis",
     )
+    redis_cluster: bool | None = Field(
+        default=None,
+        description="REDIS_URL is a node of a Redis Cluster (any node, a replica included): "
+        "true or false; unset asks the server (INFO cluster)",
+    )
     data_dir: Path = Field(default=Path("data"), description="embedded Redis data (AOF) directory")
     admin_token: SecretStr = Field(
         default=SecretStr(DEFAULT_ADMIN_TOKEN),

@@ -3,7 +3,16 @@
 Nothing above ``service/`` imports ``redis``: every Redis failure leaves this
 module as :class:`service.errors.StoreUnavailable` (:class:`StoreFull` when
 Redis is out of memory and refuses writes). Multi-key changes are Lua scripts
-(``service/lua``); reads that must be consistent are one MULTI/EXEC.
+(``service/lua``); reads that must be consistent are one read-only script
+(``read.lua``), which a Redis Cluster client sends as it sends any script.
+
+One store speaks to one Redis or to a Redis Cluster (:meth:`Store.connect`
+tells them apart). Every key of an experiment carries its hash tag, so each
+script touches one slot; the two index sets live in slots of their own and
+are written outside the scripts, in an order that needs no cross-slot
+atomicity (see :meth:`Store.create`). A cluster in motion (a slot migrating,
+a failover) answers MOVED, ASK, TRYAGAIN or CLUSTERDOWN: the client follows
+the redirections it can, and what is left becomes :class:`StoreUnavailable`.
 
 Each call has one deadline, retries and reconnections included: the store's
 timeout. A call that misses it may still have happened in Redis; every write
@@ -29,17 +38,23 @@ from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import hiredis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import (
+    AskError,
     BusyLoadingError,
+    ClusterError,
     DataError,
     NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
+    RedisClusterException,
     ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
     WatchError,
 )
 from redis.exceptions import (
@@ -50,13 +65,16 @@ from redis.exceptions import (
 )
 
 from service import keys
-from service.errors import StoreFull, StoreUnavailable
+from service.errors import StartupError, StoreFull, StoreUnavailable
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 # OSError covers TimeoutError, which asyncio.timeout raises at a deadline.
-_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, OSError)
+# ClusterError: a cluster that is down (CLUSTERDOWN, MASTERDOWN) or a request
+# that ran out of redirections ("TTL exhausted") while slots moved.
+_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, OSError,
+                ClusterError, SlotNotCoveredError)
 _UNAVAILABLE_MESSAGE = "the state store is unavailable; retry shortly"
 _FULL_MESSAGE = "the state store is out of memory and refuses changes; retry later"
 
@@ -73,7 +91,10 @@ _TRANSIENT = re.compile(
 
 
 def _transient(exc: ResponseError) -> bool:
-    return isinstance(exc, ReadOnlyError) or bool(_TRANSIENT.search(str(exc)))
+    # AskError (MovedError too) and TryAgainError: a slot on its way to another
+    # node, when the cluster client could not follow it within its attempts.
+    return (isinstance(exc, ReadOnlyError | AskError | TryAgainError)
+            or bool(_TRANSIENT.search(str(exc))))
 
 
 def _out_of_memory(exc: ResponseError) -> bool:
@@ -84,6 +105,9 @@ def _out_of_memory(exc: ResponseError) -> bool:
     """
     return isinstance(exc, OutOfMemoryError) or "OOM command not allowed" in str(exc)
 
+
+# A client of one Redis, or of a Redis Cluster (which routes each command by its keys).
+Client = aioredis.Redis | RedisCluster
 
 StoreMethod = Callable[Concatenate["Store", P], Awaitable[T]]
 
@@ -166,6 +190,15 @@ def _needs_upgrade(stored: Sequence[Any], meta_fields: Mapping[str, str]) -> boo
     ] != list(meta_fields.values())
 
 
+async def _cluster_enabled(client: aioredis.Redis) -> bool:
+    """Whether the server is a node of a Redis Cluster (False if it refuses INFO)."""
+    try:
+        info = await client.info("cluster")
+    except ResponseError:
+        return False
+    return bool(int(info.get("cluster_enabled", 0)))
+
+
 class _HiredisPackedConnection(Connection):
     """A connection that packs commands in C (hiredis), as redis-py's sync client does.
 
@@ -201,7 +234,7 @@ class _ScriptBatcher:
     counted once); a repeated stale decide only skips a decision number.
     """
 
-    def __init__(self, client: aioredis.Redis, deadline_seconds: float | None = None) -> None:
+    def __init__(self, client: Client, deadline_seconds: float | None = None) -> None:
         self._client = client
         # A batch that outlives its callers' deadlines is abandoned: its
         # connection is dropped rather than held through Redis's stall.
@@ -288,7 +321,7 @@ class DecideReply:
 class Store:
     """Async access to experiments, statistics and decisions in Redis."""
 
-    def __init__(self, client: aioredis.Redis, deadline_seconds: float | None = None) -> None:
+    def __init__(self, client: Client, deadline_seconds: float | None = None) -> None:
         self._client = client
         self.deadline_seconds = deadline_seconds  # per call, retries included; None: none
         self.refused_at: float | None = None  # time.monotonic() of the last write refused
@@ -300,10 +333,50 @@ class Store:
         self._decide = client.register_script(_script("decide"))
         self._upgrade_decision = client.register_script(_script("upgrade_decision"))
         self._delete = client.register_script(_script("delete"))
+        self._read = client.register_script(_script("read"))
         self._batcher = _ScriptBatcher(client, deadline_seconds)
 
+    @property
+    def cluster(self) -> bool:
+        """Whether the store speaks to a Redis Cluster."""
+        return isinstance(self._client, RedisCluster)
+
     @classmethod
-    def from_url(cls, url: str, timeout_seconds: float) -> Store:
+    async def connect(cls, url: str, timeout_seconds: float, cluster: bool | None) -> Store:
+        """:meth:`from_url`, with ``cluster`` None asking the server whether it is
+        a cluster node (``INFO cluster``; a server that refuses INFO is taken for
+        a single Redis). Any node will do, a replica included: the cluster
+        client learns the others from it."""
+        if cluster is None:
+            probe = aioredis.Redis.from_url(url, socket_timeout=timeout_seconds,
+                                            socket_connect_timeout=timeout_seconds)
+            try:
+                async with asyncio.timeout(timeout_seconds):
+                    cluster = await _cluster_enabled(probe)
+            except _UNAVAILABLE as exc:
+                raise StoreUnavailable(_UNAVAILABLE_MESSAGE) from exc
+            finally:
+                await probe.aclose()
+        store = cls.from_url(url, timeout_seconds, cluster=cluster)
+        if isinstance(store._client, RedisCluster):
+            try:
+                async with asyncio.timeout(timeout_seconds):
+                    await store._client.initialize()  # learns the slots and the nodes
+            except RedisClusterException as exc:
+                await store.close()
+                if "not enabled" not in str(exc):
+                    raise StoreUnavailable(_UNAVAILABLE_MESSAGE) from exc
+                raise StartupError(
+                    "LINREBOOT_REDIS_CLUSTER: the server at REDIS_URL is not a Redis Cluster "
+                    "node: unset LINREBOOT_REDIS_CLUSTER, or point REDIS_URL at a cluster"
+                ) from None
+            except _UNAVAILABLE as exc:
+                await store.close()
+                raise StoreUnavailable(_UNAVAILABLE_MESSAGE) from exc
+        return store
+
+    @classmethod
+    def from_url(cls, url: str, timeout_seconds: float, *, cluster: bool = False) -> Store:
         """A store whose every call gets ``timeout_seconds``, retries included.
 
         redis-py retries a failed command on a new connection (after a Redis
@@ -312,18 +385,41 @@ class Store:
         reconnection, which the retries multiply. Retries are safe: every
         write is idempotent (the decision marker makes a repeated reward a
         no-op), so a timed-out script may be resent.
+
+        ``cluster``: ``url`` is a node of a Redis Cluster (any node, a replica
+        included). The cluster client keeps up to 256 connections per node and
+        follows MOVED and ASK redirections itself; it packs commands in Python
+        (it refuses another connection class).
         """
+        options: dict[str, Any] = {
+            "socket_timeout": timeout_seconds,
+            "socket_connect_timeout": timeout_seconds,
+            "retry": Retry(ExponentialBackoff(cap=0.25, base=0.02), retries=2),
+            "retry_on_error": [RedisConnectionError, RedisTimeoutError],
+            "health_check_interval": 30,
+            "max_connections": 256,
+        }
+        if cluster:
+            return cls(RedisCluster.from_url(url, **options), timeout_seconds)
         client = aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_seconds,
-            socket_connect_timeout=timeout_seconds,
-            retry=Retry(ExponentialBackoff(cap=0.25, base=0.02), retries=2),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
-            health_check_interval=30,
-            max_connections=256,
+            url, **options,
             connection_class=_HiredisPackedConnection,  # rediss:// keeps SSLConnection
         )
         return cls(client, timeout_seconds)
+
+    async def _primaries(self) -> list[ClusterNode | None]:
+        """The nodes to ask about the whole store: every primary of a cluster,
+        or [None] (the one server) for a single Redis."""
+        if isinstance(self._client, RedisCluster):
+            await self._client.initialize()  # learns the nodes on first use only
+            return list(self._client.get_primaries())
+        return [None]
+
+    async def _on(self, node: ClusterNode | None, *args: Any) -> Any:
+        """A command sent to ``node`` (None: wherever the client sends it)."""
+        if node is None or not isinstance(self._client, RedisCluster):
+            return await self._client.execute_command(*args)
+        return await self._client.execute_command(*args, target_nodes=node)
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -345,12 +441,23 @@ class Store:
         StoreUnavailable
             If Redis does not answer, is a replica (read-only), or failed to
             write its append-only file (it then refuses writes: MISCONF).
+
+        On a cluster, every primary is asked, and each must see the cluster
+        as ``ok`` (every slot served): an experiment may live on any of them.
         """
+        for node in await self._primaries():
+            await self._node_ready(node)
+
+    async def _node_ready(self, node: ClusterNode | None) -> None:
         try:
-            info = await self._client.info()  # the default sections, in one reply
+            info = await self._on(node, "INFO")  # the default sections, in one reply
         except ResponseError:
-            await self._client.ping()  # INFO refused (ACL, renamed): answering must do
+            await self._on(node, "PING")  # INFO refused (ACL, renamed): answering must do
             return
+        if node is not None:
+            state = await self._on(node, "CLUSTER INFO")
+            if state.get("cluster_state") != "ok":
+                raise StoreUnavailable("the state store's cluster is down; retry shortly")
         if info.get("role", "master") != "master":
             raise StoreUnavailable("the state store is a read-only replica; retry shortly")
         if info.get("aof_last_write_status", "ok") != "ok":
@@ -362,20 +469,28 @@ class Store:
 
     @_translated
     async def persistence_warnings(self) -> list[str]:
-        """What in the server's configuration could lose acknowledged state."""
+        """What in the server's configuration could lose acknowledged state
+        (on a cluster, in any primary's: each warning names the node)."""
         warnings = []
+        for node in await self._primaries():
+            warnings += await self._node_persistence_warnings(node)
+        return warnings
+
+    async def _node_persistence_warnings(self, node: ClusterNode | None) -> list[str]:
+        server = "Redis" if node is None else f"Redis {node.name}"
         try:
-            config = await self._client.config_get("appendonly")
-            config.update(await self._client.config_get("maxmemory-policy"))
+            config = await self._on(node, "CONFIG GET", "appendonly")
+            config.update(await self._on(node, "CONFIG GET", "maxmemory-policy"))
         except ResponseError:  # CONFIG may be disabled on managed Redis
-            return ["cannot read Redis CONFIG; make sure appendonly is yes and "
+            return [f"cannot read {server} CONFIG; make sure appendonly is yes and "
                     "maxmemory-policy is noeviction"]
         appendonly = _text(config.get("appendonly", "no"))
         policy = _text(config.get("maxmemory-policy", "unknown"))
+        warnings = []
         if appendonly != "yes":
-            warnings.append(f"Redis appendonly is {appendonly!r}: a restart can lose statistics")
+            warnings.append(f"{server} appendonly is {appendonly!r}: a restart can lose statistics")
         if policy != "noeviction":
-            warnings.append(f"Redis maxmemory-policy is {policy!r}: Redis may evict statistics")
+            warnings.append(f"{server} maxmemory-policy is {policy!r}: Redis may evict statistics")
         return warnings
 
     # -- experiments ------------------------------------------------------
@@ -433,14 +548,16 @@ class Store:
         self, experiment_id: str
     ) -> tuple[dict[str, str], dict[str, str]] | None:
         """Meta and arms of an experiment, read together; None if it does not exist."""
-        async with self._client.pipeline(transaction=True) as pipe:
-            pipe.hgetall(keys.meta(experiment_id))
-            pipe.hgetall(keys.arms(experiment_id))
-            meta, arms = await pipe.execute()
+        meta, arms = await self._hashes(keys.meta(experiment_id), keys.arms(experiment_id))
         if not meta:
             return None
         as_text = {_text(k): _text(v) for k, v in meta.items()}
         return as_text, {_text(k): _text(v) for k, v in arms.items()}
+
+    async def _hashes(self, *names: str) -> list[dict[bytes, bytes]]:
+        """The hashes ``names`` (of one experiment), as one script saw them together."""
+        reply = await self._read(keys=list(names))
+        return [{flat[i]: flat[i + 1] for i in range(0, len(flat), 2)} for flat in reply]
 
     @_translated
     async def key_hash(self, experiment_id: str) -> str | None:
@@ -572,11 +689,8 @@ class Store:
         self, experiment_id: str
     ) -> tuple[dict[str, str], dict[str, str], Snapshot] | None:
         """Meta, arms and statistics, read together; None if the experiment does not exist."""
-        async with self._client.pipeline(transaction=True) as pipe:
-            pipe.hgetall(keys.meta(experiment_id))
-            pipe.hgetall(keys.arms(experiment_id))
-            pipe.hgetall(keys.stats(experiment_id))
-            meta, arms, raw_stats = await pipe.execute()
+        meta, arms, raw_stats = await self._hashes(
+            keys.meta(experiment_id), keys.arms(experiment_id), keys.stats(experiment_id))
         if not meta:
             return None
         as_text = {_text(k): _text(v) for k, v in meta.items()}

@@ -266,3 +266,89 @@ def test_redis_healthcheck_pings(compose: dict[str, Any]) -> None:
     words = test if isinstance(test, list) else shlex.split(test)
     assert "redis-cli" in words and "ping" in words
     assert "ports" not in compose["services"]["redis"], "Redis stays on the compose network"
+
+
+# -- docker-compose.yml, the cluster profile ------------------------------------------
+
+CLUSTER_NODES = [f"redis-{i}" for i in range(1, 7)]
+
+
+def _cluster_services(compose: dict[str, Any]) -> dict[str, Any]:
+    return {name: service for name, service in compose["services"].items()
+            if "cluster" in service.get("profiles", [])}
+
+
+def _shell_words(service: dict[str, Any]) -> list[str]:
+    """The words of a ``sh -c`` command, compose's $$ escapes undone and defaults resolved."""
+    command = service["command"]
+    assert command[:2] == ["sh", "-c"], command
+    return shlex.split(_default(command[2].replace("$$", "$")))
+
+
+def test_the_cluster_profile_is_apart_from_the_single_redis(compose: dict[str, Any]) -> None:
+    services = _cluster_services(compose)
+    assert set(services) == {*CLUSTER_NODES, "redis-cluster-init", "api-cluster", "lb"}
+    for name in ("api", "redis"):  # the default deployment stays as it was
+        assert "profiles" not in compose["services"][name]
+
+
+@pytest.mark.parametrize("node", CLUSTER_NODES)
+def test_cluster_nodes_are_redis_7_persisting_and_never_evicting(
+    compose: dict[str, Any], node: str
+) -> None:
+    service = compose["services"][node]
+    assert re.fullmatch(r"redis:7\.\d+\.\d+(-[a-z0-9.]+)?", str(service["image"]))
+    words = _shell_words(service)
+    assert words[:2] == ["exec", "redis-server"]
+    options = dict(zip(words[2::2], words[3::2], strict=True))
+    assert options["--cluster-enabled"] == "yes"
+    assert options["--appendonly"] == "yes"
+    assert options["--maxmemory-policy"] == "noeviction"
+    assert re.fullmatch(r"\d+(b|kb|mb|gb)?", options["--maxmemory"].lower())
+    assert options["--cluster-announce-hostname"] == "$HOSTNAME"
+    assert service["hostname"] == node  # so it announces its compose name
+    mounts = {str(v).split(":")[1]: str(v).split(":")[0] for v in service["volumes"]}
+    assert mounts["/data"] == f"{node}-data"  # a volume of its own: nodes.conf and the AOF
+    assert mounts["/data"] in compose["volumes"]
+    assert "ports" not in service, "Redis stays on the compose network"
+
+
+def test_the_cluster_is_three_masters_with_a_replica_each(compose: dict[str, Any]) -> None:
+    init = compose["services"]["redis-cluster-init"]
+    words = _shell_words(init)
+    create = words[words.index("--cluster") + 1:]
+    assert create[0] == "create"
+    assert create[create.index("--cluster-replicas") + 1] == "1"
+    assert re.search(r"for n in 1 2 3 4 5 6;", init["command"][2])  # all six nodes
+    assert all(init["depends_on"][node]["condition"] == "service_healthy"
+               for node in CLUSTER_NODES)
+
+
+def test_several_service_replicas_run_on_the_cluster(compose: dict[str, Any]) -> None:
+    api = compose["services"]["api-cluster"]
+    assert api["build"] == "."
+    assert api["deploy"]["replicas"] >= 2
+    env = _environment(api)
+    assert set(env) <= _settings_env_names()
+    host = re.fullmatch(rf"redis://(redis-\d):{REDIS_PORT}/0", env["REDIS_URL"])
+    assert host and host.group(1) in CLUSTER_NODES
+    assert Settings.model_validate({"redis_cluster": env["LINREBOOT_REDIS_CLUSTER"]}).redis_cluster
+    assert env["LINREBOOT_ADMIN_TOKEN"].startswith("${")
+    assert api["depends_on"]["redis-cluster-init"]["condition"] == (
+        "service_completed_successfully")
+    assert "ports" not in api, "reached through the load balancer"
+
+
+def test_the_load_balancer_spreads_over_the_replicas(compose: dict[str, Any]) -> None:
+    lb = compose["services"]["lb"]
+    assert all(str(port).startswith("127.0.0.1:") for port in lb["ports"])
+    assert lb["depends_on"]["api-cluster"]["condition"] == "service_healthy"
+    source, target = str(lb["volumes"][0]).split(":")[:2]
+    assert target.startswith("/etc/nginx/conf.d/")
+    config = (ROOT / source).read_text()
+    upstream = re.search(r"upstream (\w+) \{([^}]*)\}", config)
+    assert upstream and f"server api-cluster:{DEFAULT_PORT};" in upstream.group(2)
+    assert f"proxy_pass http://{upstream.group(1)};" in config
+    listen = re.search(r"listen (\d+);", config)
+    container_ports = {str(p).rsplit(":", 1)[-1] for p in lb["ports"]}
+    assert listen and container_ports == {listen.group(1)}

@@ -291,6 +291,55 @@ async def test_many_rewards_add_up_bit_for_bit_to_the_policies_update(
                        expected_state(config, 3, observations))
 
 
+@pytest.mark.parametrize(("setting", "hyperparameters"), [
+    ("stochastic", {}),
+    ("contextual", {"residuals": "observed"}),
+    ("covariates", {"discount": 0.9}),  # forgetting: each blob aged to the decision's number
+])
+async def test_batched_rewards_add_up_bit_for_bit_to_the_policies_update(
+    service: ExperimentService, redis_db: str, setting: Setting,
+    hyperparameters: dict[str, float | str],
+) -> None:
+    """reward.lua unpacks each blob once per batch and packs it once at the end: the
+    sums are those of policies.update, reward after reward in the batch's order; a
+    decision twice in one batch counts once (its repeat is a duplicate)."""
+    rng = np.random.default_rng(12)
+    dim, arm_ids = 10, ["a", "b", "c"]
+    forgets = "discount" in hyperparameters
+    features = rng.normal(size=(3, dim)) if setting == "stochastic" else None
+    arms = tuple(ArmSpec(a, None if features is None else tuple(features[i]))
+                 for i, a in enumerate(arm_ids))
+    await service.create(ExperimentSpec(id="exact", setting=setting, dim=dim, arms=arms,
+                                        hyperparameters=hyperparameters))
+    made = []
+    for _ in range(40):
+        request = (ChooseRequest() if setting == "stochastic"
+                   else _round_request(setting, arm_ids, rng, dim))
+        decision = await service.choose("exact", request)
+        arm = arm_ids.index(decision.arm_id)
+        if setting == "stochastic":
+            x = features[arm]  # type: ignore[index]
+        elif setting == "contextual":
+            x = np.array(request.arm_contexts[decision.arm_id])  # type: ignore[index]
+        else:
+            x = np.array(request.context)
+        made.append((decision.decision_id, Observation(
+            arm, x, float(rng.normal()), decision.decision_number if forgets else None)))
+    order = rng.permutation(len(made))  # rewards arrive in another order than decisions
+    observations = []
+    for start in range(0, len(order), 7):
+        batch = [made[i] for i in order[start:start + 7]]
+        items = [(d, o.reward) for d, o in batch] + [(batch[0][0], batch[0][1].reward)]
+        statuses = [s.status for s in await service.reward("exact", items)]
+        assert statuses == ["applied"] * len(batch) + ["duplicate"]
+        observations += [o for _, o in batch]
+    view = await service.get("exact")
+    assert (view.rewards, view.duplicates) == (40, 6)
+    config = PolicyConfig(**view.config)  # type: ignore[arg-type]
+    assert_stats_equal(config, arm_ids, stored_stats(redis_db, "exact"),
+                       expected_state(config, 3, observations))
+
+
 # -- 2. a lost reply and the client's retry ------------------------------------
 
 

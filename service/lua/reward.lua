@@ -40,13 +40,15 @@ local incarnation = meta[1]
 local FIRST = 4  -- KEYS[FIRST..] are the decisions; ARGV[k - FIRST + 2] is KEYS[k]'s reward
 
 -- A batch is checked whole before anything is written, so a store that does
--- not match its recipe refuses it whole. (A single reward is checked by
--- apply before it writes.)
+-- not match its recipe refuses it whole; this loads the sums it adds to, once
+-- each (sums.lua). A single reward is checked by apply before it writes.
+local read = {}  -- decision key -> its fields, as the check read them
 if #KEYS > FIRST then
   for k = FIRST, #KEYS do
-    local decision = read_decision(KEYS[k])
+    local decision = read[KEYS[k]] or read_decision(KEYS[k])
+    read[KEYS[k]] = decision
     if decision[STATUS] == 'pending' and decision[INCARNATION] == incarnation then
-      local _, refused = read_sums(KEYS[2], recipes, decision)
+      local refused = load_sums(KEYS[2], recipes, decision)
       if refused then
         return refused
       end
@@ -67,16 +69,17 @@ local function ended(deadline)
 end
 
 local statuses = {}
+local applied, duplicates = 0, 0  -- counted once at the end
 for k = FIRST, #KEYS do
   local reward = ARGV[k - FIRST + 2]
-  local decision = read_decision(KEYS[k])
+  local decision = read[KEYS[k]] or read_decision(KEYS[k])
   -- A decision made before its experiment was deleted (and perhaps created
   -- again under the same id) belongs to no current experiment.
   if not decision[STATUS] or decision[INCARNATION] ~= incarnation then
     statuses[#statuses + 1] = 'not_found'
   elseif decision[STATUS] == 'rewarded' then
     if decision[REWARD] == reward then
-      redis.call('HINCRBY', KEYS[2], 'duplicates', 1)
+      duplicates = duplicates + 1
       statuses[#statuses + 1] = 'duplicate'
     else
       statuses[#statuses + 1] = 'conflict'
@@ -95,9 +98,17 @@ for k = FIRST, #KEYS do
       return refused
     end
     redis.call('HSET', KEYS[k], 'status', 'rewarded', 'reward', reward)
-    redis.call('HINCRBY', KEYS[2], 'rewards', 1)
+    decision[STATUS], decision[REWARD] = 'rewarded', reward  -- the same decision again: a repeat
+    applied = applied + 1
     log_outcome(KEYS[3], meta[5], meta[6], 'reward', decision_id(KEYS[k]), reward)
     statuses[#statuses + 1] = 'applied'
   end
+end
+finish(KEYS[2])
+if applied > 0 then
+  redis.call('HINCRBY', KEYS[2], 'rewards', applied)
+end
+if duplicates > 0 then
+  redis.call('HINCRBY', KEYS[2], 'duplicates', duplicates)
 end
 return statuses

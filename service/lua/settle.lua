@@ -98,7 +98,7 @@ if #KEYS >= FIRST then
   -- Checked whole before anything is written, as a batch of rewards is.
   for _, decision in ipairs(decisions) do
     if decision[STATUS] == 'pending' and decision[INCARNATION] == meta[1] then
-      local _, refused = read_sums(KEYS[2], recipes, decision)
+      local refused = load_sums(KEYS[2], recipes, decision)
       if refused then
         return refused
       end
@@ -124,6 +124,7 @@ if #KEYS >= FIRST then
       end
     end
   end
+  finish(KEYS[2])
   if #decisions > 0 then
     redis.call('LTRIM', KEYS[4], #decisions, -1)
   end

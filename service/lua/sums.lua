@@ -247,46 +247,75 @@ local function blob_length(recipe, d)
   return 8 * n
 end
 
--- The decision's two sums as stored in the stats hash (nil when nothing was
--- observed yet), or an error when their sizes do not match the recipes.
-local function read_sums(stats_key, recipes, decision)
-  local blobs = redis.call('HMGET', stats_key, decision[MODEL_FIELD], decision[ARM_FIELD])
+-- The sums a call adds to, unpacked once and packed once (flush_sums, at
+-- the end of the call): a batch adds many observations to the same few blobs
+-- (the shared model's above all), and unpacking and packing them was most of
+-- a reward's cost. Packing and unpacking float64 is exact, so the sums are
+-- those of adding reward after reward, blob by blob.
+local loaded = {}   -- stats field -> its doubles
+local touched = {}  -- the fields added to, in the order first added to
+
+-- Load the decision's two sums (once per call), checking their sizes against
+-- the recipes; nil, or an error reply (before any write) when they do not match.
+local function load_sums(stats_key, recipes, decision)
   local d = #decision[X] / 8
+  local blobs = nil  -- HMGET of both fields, when one is not loaded yet
   for i = 1, 2 do
-    local blob = blobs[i]
-    if blob and #blob ~= blob_length(recipes[i], d) then
-      return nil, redis.error_reply('stored statistics do not match field '
-                                    .. decision[MODEL_FIELD + i - 1])
+    local name, n = decision[MODEL_FIELD + i - 1], blob_length(recipes[i], d)
+    local sums = loaded[name]
+    if not sums then
+      blobs = blobs or redis.call('HMGET', stats_key, decision[MODEL_FIELD], decision[ARM_FIELD])
+      if blobs[i] and #blobs[i] ~= n then
+        return redis.error_reply('stored statistics do not match field ' .. name)
+      end
+      loaded[name] = unpack_doubles(blobs[i], n / 8)
+    elseif #sums * 8 ~= n then  -- loaded for a decision whose context had another size
+      return redis.error_reply('stored statistics do not match field ' .. name)
     end
   end
   if recipes.discount and not tonumber(decision[NUMBER]) then
-    return nil, redis.error_reply('a decision without a number in an experiment that forgets')
+    return redis.error_reply('a decision without a number in an experiment that forgets')
   end
-  return blobs, nil
+  return nil
 end
 
--- Add the reward (its text) to the decision's model and arm sums; an error,
--- before any write, when the stored sums do not match the recipes.
+-- Add the reward (its text) to the decision's model and arm sums, as loaded;
+-- an error, before any write, when the stored sums do not match the recipes.
 local function apply(stats_key, recipes, decision, text)
-  local blobs, refused = read_sums(stats_key, recipes, decision)
+  local refused = load_sums(stats_key, recipes, decision)
   if refused then
     return refused
   end
   local gamma, number = recipes.discount, tonumber(decision[NUMBER])
   local x = unpack_doubles(decision[X])
   local r = tonumber(text)
-  local packed = {}
   for i = 1, 2 do
-    local sums = unpack_doubles(blobs[i], blob_length(recipes[i], #x) / 8)
+    local name = decision[MODEL_FIELD + i - 1]
+    local sums = loaded[name]
     if gamma then
       add_discounted(sums, recipes[i], x, r, number, gamma)
     else
       add_observation(sums, recipes[i], x, r)
     end
-    packed[i] = pack_doubles(sums)
+    if not touched[name] then
+      touched[name] = true
+      touched[#touched + 1] = name
+    end
   end
-  redis.call('HSET', stats_key, decision[MODEL_FIELD], packed[1], decision[ARM_FIELD], packed[2])
   return nil
+end
+
+-- Write the sums added to back to the stats hash, in one HSET.
+local function flush_sums(stats_key)
+  if #touched == 0 then
+    return
+  end
+  local pairs_ = {}
+  for _, name in ipairs(touched) do
+    pairs_[#pairs_ + 1] = name
+    pairs_[#pairs_ + 1] = pack_doubles(loaded[name])
+  end
+  redis.call('HSET', stats_key, unpack(pairs_))
 end
 
 -- The decision's id: what follows ':decision:' in its key.
@@ -296,12 +325,23 @@ end
 
 -- Append an outcome to the experiment's decision log (meta's log_max_entries
 -- and log_max_age_seconds; no log when the first is absent or 0). The log
--- keeps its key while entries arrive: it expires max_age after the last one.
+-- keeps its key while entries arrive: it expires max_age after the last one
+-- (set once per call, by finish).
+local log_written = nil  -- {key, max_age} once an outcome is logged in this call
 local function log_outcome(log_key, max_entries, max_age, kind, id, reward)
   if not max_entries or tonumber(max_entries) <= 0 then
     return
   end
   redis.call('XADD', log_key, 'MAXLEN', '~', max_entries, '*',
              'type', kind, 'id', id, 'reward', reward)
-  redis.call('EXPIRE', log_key, max_age)
+  log_written = {log_key, max_age}
+end
+
+-- The end of a call that added or logged outcomes: the sums added to are
+-- written back, and the log expires max_age after its last entry.
+local function finish(stats_key)
+  flush_sums(stats_key)
+  if log_written then
+    redis.call('EXPIRE', log_written[1], log_written[2])
+  end
 end

