@@ -27,6 +27,7 @@ import numpy as np
 from policies.config import PolicyConfig, PolicyName
 from policies.ridge import (
     Array,
+    Equilibrated,
     Factor,
     factorise,
     predict,
@@ -177,9 +178,10 @@ def prepare_lints_gaussian(config: PolicyConfig, state: State, contexts: Array) 
     variance of the rewards seen so far (here the unbiased n-1 form; 1 before
     two rewards).
     """
-    theta = ridge(state["xtx"], state["xty"], config.reg)
+    system = Equilibrated.of(state["xtx"], config.reg)  # once, for the solve and the factor
+    theta = system.solve(state["xty"][..., None])[..., 0]
     scale = np.sqrt(reward_variance(state))[..., None]
-    return {"theta": theta, **_stored("posterior", factorise(state["xtx"], config.reg)),
+    return {"theta": theta, **_stored("posterior", system.factor()),
             "scale": scale, "contexts": contexts}
 
 
@@ -235,11 +237,12 @@ def prepare_lints_inverse_gamma(config: PolicyConfig, state: State, contexts: Ar
     prior variance of theta is ``2 / 0.2 = 10 = 1 / lambda`` as in the appendix.
     """
     precision = config.ig_prior_precision
-    theta = ridge(state["xtx"], state["xty"], precision)
+    system = Equilibrated.of(state["xtx"], precision)  # once, for the solve and the factor
+    theta = system.solve(state["xty"][..., None])[..., 0]
     shape = config.ig_alpha + 0.5 * state["n"]
     fit = quadratic(theta, regularised(state["xtx"], precision))
     rate = config.ig_beta + 0.5 * np.maximum(reward_squares(state) - fit, 0.0)
-    return {"theta": theta, **_stored("posterior", factorise(state["xtx"], precision)),
+    return {"theta": theta, **_stored("posterior", system.factor()),
             "shape": shape, "rate": rate, "contexts": contexts}
 
 
@@ -266,17 +269,16 @@ def law_lints_inverse_gamma(config: PolicyConfig, prepared: Prepared) -> Law:
 
 
 def _prepare_perturbed_ridge(
-    state: State, reg: float, gram_weight: Array | float, noise_scale: Array, contexts: Array
+    state: State, gram: Equilibrated, noise_scale: Array, contexts: Array
 ) -> Prepared:
     """The fixed parts of ``(w X'X + reg I)^-1 (X'y + s X' xi)`` with ``X' xi ~ N(0, X'X)``.
 
     The common core of LinPHE and LinGIRO: both perturb the history, and for
     many past rounds the perturbation ``X' xi`` of the normal equations is
     Gaussian with covariance proportional to ``X'X`` (central limit theorem).
+    ``gram`` is ``w X'X + reg I``, equilibrated.
     """
-    xtx = state["xtx"]
-    weighted = np.asarray(gram_weight)[..., None, None] * xtx
-    return {**_stored("root", factorise(xtx)), **_stored("gram", factorise(weighted, reg)),
+    return {**_stored("root", factorise(state["xtx"])), **_stored("gram", gram.factor()),
             "xty": state["xty"], "noise_scale": noise_scale, "contexts": contexts}
 
 
@@ -322,7 +324,8 @@ def prepare_linphe(config: PolicyConfig, state: State, contexts: Array) -> Prepa
     et al. (README, "Deviations from the authors' code").
     """
     scale = np.full(state["n"].shape, math.sqrt(config.phe_a) * config.reward_bound)
-    return _prepare_perturbed_ridge(state, config.reg, 1.0 + config.phe_a, scale, contexts)
+    gram = Equilibrated.of((1.0 + config.phe_a) * state["xtx"], config.reg)
+    return _prepare_perturbed_ridge(state, gram, scale, contexts)
 
 
 def prepare_lingiro(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
@@ -339,14 +342,15 @@ def prepare_lingiro(config: PolicyConfig, state: State, contexts: Array) -> Prep
     """
     weight = 1.0 + 2.0 * config.giro_a
     xtx, xty = state["xtx"], state["xty"]
-    theta_bar = ridge(weight * xtx, xty, config.reg)
+    gram = Equilibrated.of(weight * xtx, config.reg)  # once, for theta_bar and the draws
+    theta_bar = gram.solve(xty[..., None])[..., 0]
     fit = quadratic(theta_bar, xtx)
     cross = np.einsum("bmd,bmd->bm", theta_bar, xty)
     rss = np.maximum(reward_squares(state) - 2.0 * cross + fit, 0.0)
     n = np.maximum(state["n"], 1.0)
     a, bound = config.giro_a, config.reward_bound
     mean_square = 2.0 * a * bound**2 + (rss + 2.0 * a * fit) / n
-    return _prepare_perturbed_ridge(state, config.reg, weight, np.sqrt(mean_square), contexts)
+    return _prepare_perturbed_ridge(state, gram, np.sqrt(mean_square), contexts)
 
 
 def ucb_radius(config: PolicyConfig, n_obs: Array) -> Array:
