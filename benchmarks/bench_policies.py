@@ -16,6 +16,11 @@ are what this machine's noise changes least. Mean final regret of both (batched)
 as a check that the floor plays the same algorithm. The paper's per-run
 times (appendix, "Computational Cost") scale with the horizon.
 
+With ``--service``: the policy CPU of the service instead, per policy, at
+K = 100 and d = 20 after 1,000 rewards, B = 1 as the service calls it:
+``prepare`` once per state change (a reward; in the contextual setting
+also per request, its contexts being new) and ``draw`` per decision.
+
 The per-repetition random streams (:class:`policies.ridge.BufferedStreams`,
 which make the service and the simulator agree) are timed once against one
 generator for the whole batch, before the table.
@@ -33,7 +38,7 @@ import numpy as np
 
 from benchmarks.policy_floor import play_floor
 from loadtest.simulate import Cell, play
-from policies import PAPER_POLICIES, POLICIES, SETTINGS
+from policies import PAPER_POLICIES, POLICIES, SETTINGS, draw, init_state, prepare, update
 from policies.ridge import BufferedStreams, standard_normals
 
 # Appendix table "Computational Cost": seconds per 10,000-round run.
@@ -85,6 +90,31 @@ def stream_cost(batch: int, n_arms: int = 100, rounds: int = 2_000) -> tuple[flo
     return (middle - start) / rounds * 1e6, (end - middle) / rounds * 1e6
 
 
+def service_cost(setting: str, policy: str, calls: int = 2_000) -> tuple[float, float]:
+    """CPU microseconds of ``prepare`` and of ``draw``, B = 1, K = 100, d = 20, best of 3."""
+    cell = Cell(setting, 20, policy)  # type: ignore[arg-type]
+    config = cell.config()
+    rng = np.random.default_rng(1)
+    state = init_state(config, 100)
+    contexts = rng.uniform(0.0, 1.0, (1, 100, 20))
+    contexts /= np.linalg.norm(contexts, axis=-1, keepdims=True)
+    for _ in range(1_000):
+        arm = rng.integers(100, size=1)
+        update(config, state, arm, contexts[:, arm[0]], rng.normal(0.5, 0.3, 1))
+    generators = [np.random.default_rng(2)]
+    best = [np.inf, np.inf]
+    for _ in range(3):
+        start = time.process_time()
+        for _ in range(calls):
+            ready = prepare(config, state, contexts)
+        middle = time.process_time()
+        for _ in range(calls):
+            draw(ready, generators)
+        end = time.process_time()
+        best = [min(best[0], (middle - start) / calls), min(best[1], (end - middle) / calls)]
+    return best[0] * 1e6, best[1] * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
@@ -93,7 +123,17 @@ def main() -> None:
     parser.add_argument("--horizon", type=int, default=2_000)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--service", action="store_true",
+                        help="time prepare and draw as the service calls them instead")
     args = parser.parse_args()
+    if args.service:
+        print("| policy | setting | prepare µs (per state change) | draw µs (per decision) |")
+        print("|---|---|---|---|")
+        for policy in args.policies:
+            for setting in ("stochastic", "contextual"):
+                prepared, drawn = service_cost(setting, policy)
+                print(f"| {policy} | {setting} | {prepared:.0f} | {drawn:.0f} |", flush=True)
+        return
     own, single = stream_cost(args.batch)
     print(f"normals for {args.batch} x 100 arms per round: per-repetition streams "
           f"{own:.0f} µs, one generator {single:.0f} µs\n")

@@ -1,9 +1,11 @@
 """The index (score) each policy gives every arm, vectorised over experiments.
 
 Every index is two functions: ``prepare(config, state, contexts) -> Prepared``
-does everything that does not depend on randomness (ridge solves, Cholesky
-factors, residual sums), and ``draw(config, prepared, rngs) -> (B, K)`` draws
-the random part. ``contexts`` has shape ``(B, K, d)`` (in the covariates
+does everything that does not depend on randomness (ridge solves, equilibrated
+systems, Cholesky factors, residual sums), and ``draw(config, prepared, rngs)
+-> (B, K)`` draws the random part: for a Thompson or perturbed draw, one solve
+of the prepared system with a perturbed right-hand side, the least work such
+a draw needs. ``contexts`` has shape ``(B, K, d)`` (in the covariates
 setting every arm sees the same context), ``rngs`` one
 ``numpy.random.Generator`` per experiment. The simulator prepares and draws
 every round; the service prepares once per state and context set and then
@@ -80,6 +82,15 @@ def _stored(name: str, factor: Factor) -> Prepared:
 
 def _factor(prepared: Prepared, name: str) -> Factor:
     return Factor(prepared[f"{name}.scale"], prepared[f"{name}.root"])
+
+
+def _stored_system(name: str, system: Equilibrated) -> Prepared:
+    """An equilibrated system as two named arrays (its scale is its factor's)."""
+    return {f"{name}.system": system.system, f"{name}.scale": system.scale}
+
+
+def _system(prepared: Prepared, name: str) -> Equilibrated:
+    return Equilibrated(prepared[f"{name}.system"], prepared[f"{name}.scale"])
 
 
 def per_arm(values: Array, n_arms: int) -> Array:
@@ -178,18 +189,23 @@ def prepare_lints_gaussian(config: PolicyConfig, state: State, contexts: Array) 
     variance of the rewards seen so far (here the unbiased n-1 form; 1 before
     two rewards).
     """
-    system = Equilibrated.of(state["xtx"], config.reg)  # once, for the solve and the factor
-    theta = system.solve(state["xty"][..., None])[..., 0]
+    system = Equilibrated.of(state["xtx"], config.reg)
     scale = np.sqrt(reward_variance(state))[..., None]
-    return {"theta": theta, **_stored("posterior", system.factor()),
-            "scale": scale, "contexts": contexts}
+    return {**_stored_system("posterior", system), "posterior.root": system.factor().root,
+            "xty": state["xty"], "scale": scale, "contexts": contexts}
 
 
 def draw_lints_gaussian(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Array:
-    theta = prepared["theta"]
-    z = standard_normals(rngs, theta.shape[1:])
-    direction = _factor(prepared, "posterior").colour(z)
-    return predict(theta + prepared["scale"] * direction, prepared["contexts"])
+    """``theta = V^-1 (X'y + v L z)`` with ``L L' = V``: ``theta_hat + v V^-1 L z``.
+
+    ``V^-1 L z ~ N(0, V^-1)``, so this is the posterior draw in one solve, the
+    least work a draw needs (the floor of ``benchmarks/bench_policies.py``).
+    """
+    xty = prepared["xty"]
+    z = standard_normals(rngs, xty.shape[1:])
+    noise = prepared["scale"] * _factor(prepared, "posterior").times_root(z)
+    theta = _system(prepared, "posterior").solve((xty + noise)[..., None])[..., 0]
+    return predict(theta, prepared["contexts"])
 
 
 def _whitened(factor: Factor, contexts: Array) -> Array:
@@ -225,7 +241,8 @@ def _law(config: PolicyConfig, mean: Array, loadings: Array, dof: Array | None =
 def law_lints_gaussian(config: PolicyConfig, prepared: Prepared) -> Law:
     """``x_k' theta_hat + scale x_k' S R'^-1 z``: normal, loadings ``scale R^-1 S x_k``."""
     whitened = _whitened(_factor(prepared, "posterior"), prepared["contexts"])
-    mean = predict(prepared["theta"], prepared["contexts"])
+    theta = _system(prepared, "posterior").solve(prepared["xty"][..., None])[..., 0]
+    mean = predict(theta, prepared["contexts"])
     return _law(config, mean, prepared["scale"] * whitened)
 
 
@@ -278,7 +295,7 @@ def _prepare_perturbed_ridge(
     Gaussian with covariance proportional to ``X'X`` (central limit theorem).
     ``gram`` is ``w X'X + reg I``, equilibrated.
     """
-    return {**_stored("root", factorise(state["xtx"])), **_stored("gram", gram.factor()),
+    return {**_stored("root", factorise(state["xtx"])), **_stored_system("gram", gram),
             "xty": state["xty"], "noise_scale": noise_scale, "contexts": contexts}
 
 
@@ -287,7 +304,7 @@ def draw_perturbed_ridge(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -
     xty = prepared["xty"]
     z = standard_normals(rngs, xty.shape[1:])
     noise = prepared["noise_scale"][..., None] * _factor(prepared, "root").times_root(z)
-    theta = _factor(prepared, "gram").solve(xty + noise)
+    theta = _system(prepared, "gram").solve((xty + noise)[..., None])[..., 0]
     return predict(theta, prepared["contexts"])
 
 
@@ -296,9 +313,10 @@ def law_perturbed_ridge(config: PolicyConfig, prepared: Prepared) -> Law:
 
     ``G`` is the Gram factor, ``S^-1 R`` the root of ``X'X`` (``times_root``).
     """
-    gram, root = _factor(prepared, "gram"), _factor(prepared, "root")
+    system, root = _system(prepared, "gram"), _factor(prepared, "root")
+    gram = system.factor()
     contexts = prepared["contexts"]
-    mean = predict(gram.solve(prepared["xty"]), contexts)
+    mean = predict(system.solve(prepared["xty"][..., None])[..., 0], contexts)
     weighted = _inverse_times(gram, contexts) / root.scale
     if config.shared:
         loadings = np.matmul(weighted, root.root[:, 0])
