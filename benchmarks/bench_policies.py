@@ -1,25 +1,45 @@
-"""Run time of one 10,000-round run, alone and amortised in a batch of 100.
+"""Run time of each policy against the floor, batched over repetitions and alone.
 
 Usage::
 
     python -m benchmarks.bench_policies [--settings ...] [--dims ...] [--policies ...]
-        [--horizon 10000] [--batch 100] [--repeats 3]
+        [--horizon 2000] [--batch 100] [--repeats 2]
 
-For every cell: the wall time of a single run (B = 1) and of a batch of B
-repetitions, in the same process, best of ``repeats``; the ratio between them
-is what this machine's noise does not change much. The paper's own per-run
-times (appendix, "Computational Cost") are printed alongside.
+For every cell, in the same process and interleaved: the project's
+:func:`loadtest.simulate.play` and the floor's
+(:func:`benchmarks.policy_floor.play_floor`, a minimal batched NumPy round of
+the same algorithm in the same worlds), each in a batch of ``batch``
+repetitions (seconds per run: the batch's time divided by ``batch``) and
+alone (B = 1), best of ``repeats``, in CPU seconds of this process (the
+set-up of the worlds included, the same for both). The ratios project / floor
+are what this machine's noise changes least. Mean final regret of both (batched) is shown
+as a check that the floor plays the same algorithm. The paper's per-run
+times (appendix, "Computational Cost") scale with the horizon.
+
+With ``--service``: the policy CPU of the service instead, per policy, at
+K = 100 and d = 20 after 1,000 rewards, B = 1 as the service calls it:
+``prepare`` once per state change (a reward; in the contextual setting
+also per request, its contexts being new) and ``draw`` per decision.
+
+The per-repetition random streams (:class:`policies.ridge.BufferedStreams`,
+which make the service and the simulator agree) are timed once against one
+generator for the whole batch, before the table.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import time
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+import numpy as np
+
+from benchmarks.policy_floor import play_floor
 from loadtest.simulate import Cell, play
-from policies import PAPER_POLICIES, SETTINGS
+from policies import PAPER_POLICIES, POLICIES, SETTINGS, draw, init_state, prepare, update
+from policies.ridge import BufferedStreams, standard_normals
 
 # Appendix table "Computational Cost": seconds per 10,000-round run.
 PAPER_SECONDS = {
@@ -35,32 +55,107 @@ PAPER_SECONDS = {
 }
 
 
-def best_of(repeats: int, cell: Cell, reps: int, horizon: int) -> float:
-    return min(play(cell, reps, horizon, seed=0).seconds for _ in range(repeats))
+def time_cell(cell: Cell, reps: int, horizon: int, repeats: int) -> dict[str, float]:
+    """Best-of-``repeats`` CPU seconds of project and floor (interleaved), and their regret.
+
+    CPU time of this process (BLAS single-threaded), not wall time: on a
+    machine shared with other jobs, waiting for a core is not the policy's cost.
+    """
+    times: dict[str, list[float]] = {"project": [], "floor": []}
+    regret = {}
+    for _ in range(repeats):
+        start = time.process_time()
+        played = play(cell, reps, horizon, seed=0)
+        times["project"].append(time.process_time() - start)
+        regret["project"] = float(played.cumulative[:, -1].mean())
+        start = time.process_time()
+        floor = play_floor(cell, reps, horizon, seed=0)
+        times["floor"].append(time.process_time() - start)
+        regret["floor"] = floor.final_regret
+    return {"project": min(times["project"]), "floor": min(times["floor"]),
+            "project_regret": regret["project"], "floor_regret": regret["floor"]}
+
+
+def stream_cost(batch: int, n_arms: int = 100, rounds: int = 2_000) -> tuple[float, float]:
+    """Microseconds per round of ``(batch, n_arms)`` normals: per-repetition streams, one."""
+    streams = BufferedStreams([np.random.default_rng(i) for i in range(batch)])
+    one = np.random.default_rng(0)
+    start = time.process_time()
+    for _ in range(rounds):
+        standard_normals(streams, (n_arms,))
+    middle = time.process_time()
+    for _ in range(rounds):
+        one.standard_normal((batch, n_arms))
+    end = time.process_time()
+    return (middle - start) / rounds * 1e6, (end - middle) / rounds * 1e6
+
+
+def service_cost(setting: str, policy: str, calls: int = 2_000) -> tuple[float, float]:
+    """CPU microseconds of ``prepare`` and of ``draw``, B = 1, K = 100, d = 20, best of 3."""
+    cell = Cell(setting, 20, policy)  # type: ignore[arg-type]
+    config = cell.config()
+    rng = np.random.default_rng(1)
+    state = init_state(config, 100)
+    contexts = rng.uniform(0.0, 1.0, (1, 100, 20))
+    contexts /= np.linalg.norm(contexts, axis=-1, keepdims=True)
+    for _ in range(1_000):
+        arm = rng.integers(100, size=1)
+        update(config, state, arm, contexts[:, arm[0]], rng.normal(0.5, 0.3, 1))
+    generators = [np.random.default_rng(2)]
+    best = [np.inf, np.inf]
+    for _ in range(3):
+        start = time.process_time()
+        for _ in range(calls):
+            ready = prepare(config, state, contexts)
+        middle = time.process_time()
+        for _ in range(calls):
+            draw(ready, generators)
+        end = time.process_time()
+        best = [min(best[0], (middle - start) / calls), min(best[1], (end - middle) / calls)]
+    return best[0] * 1e6, best[1] * 1e6
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--settings", nargs="+", default=["stochastic"], choices=SETTINGS)
-    parser.add_argument("--dims", nargs="+", type=int, default=[20])
-    parser.add_argument("--policies", nargs="+", default=["linreboot"])
-    parser.add_argument("--horizon", type=int, default=10_000)
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
+    parser.add_argument("--dims", nargs="+", type=int, default=[5, 10, 20])
+    parser.add_argument("--policies", nargs="+", default=list(PAPER_POLICIES), choices=POLICIES)
+    parser.add_argument("--horizon", type=int, default=2_000)
     parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--service", action="store_true",
+                        help="time prepare and draw as the service calls them instead")
     args = parser.parse_args()
-    print("| setting | d | policy | paper s/run | 1 run s | batch of "
-          f"{args.batch}: s/run | batch speed-up | vs paper |")
-    print("|---|---|---|---|---|---|---|---|")
+    if args.service:
+        print("| policy | setting | prepare µs (per state change) | draw µs (per decision) |")
+        print("|---|---|---|---|")
+        for policy in args.policies:
+            for setting in ("stochastic", "contextual"):
+                prepared, drawn = service_cost(setting, policy)
+                print(f"| {policy} | {setting} | {prepared:.0f} | {drawn:.0f} |", flush=True)
+        return
+    own, single = stream_cost(args.batch)
+    print(f"normals for {args.batch} x 100 arms per round: per-repetition streams "
+          f"{own:.0f} µs, one generator {single:.0f} µs\n")
+    print(f"| setting | d | policy | paper s/run (10k rounds) | batch of {args.batch}: floor "
+          "s/run | project s/run | **ratio** | 1 run: floor s | project s | **ratio** | "
+          "regret floor / project |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for setting in args.settings:
         for dim in args.dims:
             for policy in args.policies:
                 cell = Cell(setting, dim, policy)
-                alone = best_of(args.repeats, cell, 1, args.horizon)
-                batched = best_of(args.repeats, cell, args.batch, args.horizon) / args.batch
-                paper = PAPER_SECONDS.get((setting, dim), {}).get(policy)
-                versus = f"{paper / batched:.0f}x" if paper else "–"
-                print(f"| {setting} | {dim} | {policy} | {paper or '–'} | {alone:.2f} | "
-                      f"{batched:.4f} | {alone / batched:.0f}x | {versus} |", flush=True)
+                batched = time_cell(cell, args.batch, args.horizon, args.repeats)
+                alone = time_cell(cell, 1, args.horizon, args.repeats)
+                paper = PAPER_SECONDS.get((setting, dim), {}).get(policy, "–")
+                print(f"| {setting} | {dim} | {policy} | {paper} | "
+                      f"{batched['floor'] / args.batch:.4f} | "
+                      f"{batched['project'] / args.batch:.4f} | "
+                      f"**{batched['project'] / batched['floor']:.2f}** | "
+                      f"{alone['floor']:.3f} | {alone['project']:.3f} | "
+                      f"**{alone['project'] / alone['floor']:.2f}** | "
+                      f"{batched['floor_regret']:.1f} / {batched['project_regret']:.1f} |",
+                      flush=True)
 
 
 if __name__ == "__main__":

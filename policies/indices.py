@@ -1,9 +1,11 @@
 """The index (score) each policy gives every arm, vectorised over experiments.
 
 Every index is two functions: ``prepare(config, state, contexts) -> Prepared``
-does everything that does not depend on randomness (ridge solves, Cholesky
-factors, residual sums), and ``draw(config, prepared, rngs) -> (B, K)`` draws
-the random part. ``contexts`` has shape ``(B, K, d)`` (in the covariates
+does everything that does not depend on randomness (ridge solves, equilibrated
+systems, Cholesky factors, residual sums), and ``draw(config, prepared, rngs)
+-> (B, K)`` draws the random part: for a Thompson or perturbed draw, one solve
+of the prepared system with a perturbed right-hand side, the least work such
+a draw needs. ``contexts`` has shape ``(B, K, d)`` (in the covariates
 setting every arm sees the same context), ``rngs`` one
 ``numpy.random.Generator`` per experiment. The simulator prepares and draws
 every round; the service prepares once per state and context set and then
@@ -27,6 +29,7 @@ import numpy as np
 from policies.config import PolicyConfig, PolicyName
 from policies.ridge import (
     Array,
+    Equilibrated,
     Factor,
     factorise,
     predict,
@@ -79,6 +82,15 @@ def _stored(name: str, factor: Factor) -> Prepared:
 
 def _factor(prepared: Prepared, name: str) -> Factor:
     return Factor(prepared[f"{name}.scale"], prepared[f"{name}.root"])
+
+
+def _stored_system(name: str, system: Equilibrated) -> Prepared:
+    """An equilibrated system as two named arrays (its scale is its factor's)."""
+    return {f"{name}.system": system.system, f"{name}.scale": system.scale}
+
+
+def _system(prepared: Prepared, name: str) -> Equilibrated:
+    return Equilibrated(prepared[f"{name}.system"], prepared[f"{name}.scale"])
 
 
 def per_arm(values: Array, n_arms: int) -> Array:
@@ -177,17 +189,23 @@ def prepare_lints_gaussian(config: PolicyConfig, state: State, contexts: Array) 
     variance of the rewards seen so far (here the unbiased n-1 form; 1 before
     two rewards).
     """
-    theta = ridge(state["xtx"], state["xty"], config.reg)
+    system = Equilibrated.of(state["xtx"], config.reg)
     scale = np.sqrt(reward_variance(state))[..., None]
-    return {"theta": theta, **_stored("posterior", factorise(state["xtx"], config.reg)),
-            "scale": scale, "contexts": contexts}
+    return {**_stored_system("posterior", system), "posterior.root": system.factor().root,
+            "xty": state["xty"], "scale": scale, "contexts": contexts}
 
 
 def draw_lints_gaussian(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Array:
-    theta = prepared["theta"]
-    z = standard_normals(rngs, theta.shape[1:])
-    direction = _factor(prepared, "posterior").colour(z)
-    return predict(theta + prepared["scale"] * direction, prepared["contexts"])
+    """``theta = V^-1 (X'y + v L z)`` with ``L L' = V``: ``theta_hat + v V^-1 L z``.
+
+    ``V^-1 L z ~ N(0, V^-1)``, so this is the posterior draw in one solve, the
+    least work a draw needs (the floor of ``benchmarks/bench_policies.py``).
+    """
+    xty = prepared["xty"]
+    z = standard_normals(rngs, xty.shape[1:])
+    noise = prepared["scale"] * _factor(prepared, "posterior").times_root(z)
+    theta = _system(prepared, "posterior").solve((xty + noise)[..., None])[..., 0]
+    return predict(theta, prepared["contexts"])
 
 
 def _whitened(factor: Factor, contexts: Array) -> Array:
@@ -223,7 +241,8 @@ def _law(config: PolicyConfig, mean: Array, loadings: Array, dof: Array | None =
 def law_lints_gaussian(config: PolicyConfig, prepared: Prepared) -> Law:
     """``x_k' theta_hat + scale x_k' S R'^-1 z``: normal, loadings ``scale R^-1 S x_k``."""
     whitened = _whitened(_factor(prepared, "posterior"), prepared["contexts"])
-    mean = predict(prepared["theta"], prepared["contexts"])
+    theta = _system(prepared, "posterior").solve(prepared["xty"][..., None])[..., 0]
+    mean = predict(theta, prepared["contexts"])
     return _law(config, mean, prepared["scale"] * whitened)
 
 
@@ -235,11 +254,12 @@ def prepare_lints_inverse_gamma(config: PolicyConfig, state: State, contexts: Ar
     prior variance of theta is ``2 / 0.2 = 10 = 1 / lambda`` as in the appendix.
     """
     precision = config.ig_prior_precision
-    theta = ridge(state["xtx"], state["xty"], precision)
+    system = Equilibrated.of(state["xtx"], precision)  # once, for the solve and the factor
+    theta = system.solve(state["xty"][..., None])[..., 0]
     shape = config.ig_alpha + 0.5 * state["n"]
     fit = quadratic(theta, regularised(state["xtx"], precision))
     rate = config.ig_beta + 0.5 * np.maximum(reward_squares(state) - fit, 0.0)
-    return {"theta": theta, **_stored("posterior", factorise(state["xtx"], precision)),
+    return {"theta": theta, **_stored("posterior", system.factor()),
             "shape": shape, "rate": rate, "contexts": contexts}
 
 
@@ -266,17 +286,16 @@ def law_lints_inverse_gamma(config: PolicyConfig, prepared: Prepared) -> Law:
 
 
 def _prepare_perturbed_ridge(
-    state: State, reg: float, gram_weight: Array | float, noise_scale: Array, contexts: Array
+    state: State, gram: Equilibrated, noise_scale: Array, contexts: Array
 ) -> Prepared:
     """The fixed parts of ``(w X'X + reg I)^-1 (X'y + s X' xi)`` with ``X' xi ~ N(0, X'X)``.
 
     The common core of LinPHE and LinGIRO: both perturb the history, and for
     many past rounds the perturbation ``X' xi`` of the normal equations is
     Gaussian with covariance proportional to ``X'X`` (central limit theorem).
+    ``gram`` is ``w X'X + reg I``, equilibrated.
     """
-    xtx = state["xtx"]
-    weighted = np.asarray(gram_weight)[..., None, None] * xtx
-    return {**_stored("root", factorise(xtx)), **_stored("gram", factorise(weighted, reg)),
+    return {**_stored("root", factorise(state["xtx"])), **_stored_system("gram", gram),
             "xty": state["xty"], "noise_scale": noise_scale, "contexts": contexts}
 
 
@@ -285,7 +304,7 @@ def draw_perturbed_ridge(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -
     xty = prepared["xty"]
     z = standard_normals(rngs, xty.shape[1:])
     noise = prepared["noise_scale"][..., None] * _factor(prepared, "root").times_root(z)
-    theta = _factor(prepared, "gram").solve(xty + noise)
+    theta = _system(prepared, "gram").solve((xty + noise)[..., None])[..., 0]
     return predict(theta, prepared["contexts"])
 
 
@@ -294,9 +313,10 @@ def law_perturbed_ridge(config: PolicyConfig, prepared: Prepared) -> Law:
 
     ``G`` is the Gram factor, ``S^-1 R`` the root of ``X'X`` (``times_root``).
     """
-    gram, root = _factor(prepared, "gram"), _factor(prepared, "root")
+    system, root = _system(prepared, "gram"), _factor(prepared, "root")
+    gram = system.factor()
     contexts = prepared["contexts"]
-    mean = predict(gram.solve(prepared["xty"]), contexts)
+    mean = predict(system.solve(prepared["xty"][..., None])[..., 0], contexts)
     weighted = _inverse_times(gram, contexts) / root.scale
     if config.shared:
         loadings = np.matmul(weighted, root.root[:, 0])
@@ -322,7 +342,8 @@ def prepare_linphe(config: PolicyConfig, state: State, contexts: Array) -> Prepa
     et al. (README, "Deviations from the authors' code").
     """
     scale = np.full(state["n"].shape, math.sqrt(config.phe_a) * config.reward_bound)
-    return _prepare_perturbed_ridge(state, config.reg, 1.0 + config.phe_a, scale, contexts)
+    gram = Equilibrated.of((1.0 + config.phe_a) * state["xtx"], config.reg)
+    return _prepare_perturbed_ridge(state, gram, scale, contexts)
 
 
 def prepare_lingiro(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
@@ -339,14 +360,15 @@ def prepare_lingiro(config: PolicyConfig, state: State, contexts: Array) -> Prep
     """
     weight = 1.0 + 2.0 * config.giro_a
     xtx, xty = state["xtx"], state["xty"]
-    theta_bar = ridge(weight * xtx, xty, config.reg)
+    gram = Equilibrated.of(weight * xtx, config.reg)  # once, for theta_bar and the draws
+    theta_bar = gram.solve(xty[..., None])[..., 0]
     fit = quadratic(theta_bar, xtx)
     cross = np.einsum("bmd,bmd->bm", theta_bar, xty)
     rss = np.maximum(reward_squares(state) - 2.0 * cross + fit, 0.0)
     n = np.maximum(state["n"], 1.0)
     a, bound = config.giro_a, config.reward_bound
     mean_square = 2.0 * a * bound**2 + (rss + 2.0 * a * fit) / n
-    return _prepare_perturbed_ridge(state, config.reg, weight, np.sqrt(mean_square), contexts)
+    return _prepare_perturbed_ridge(state, gram, np.sqrt(mean_square), contexts)
 
 
 def ucb_radius(config: PolicyConfig, n_obs: Array) -> Array:

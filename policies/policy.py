@@ -89,23 +89,33 @@ def prepare(
     if contexts.shape != (batch, n_arms, config.dim):
         expected = (batch, n_arms, config.dim)
         raise ValueError(f"contexts must have shape {expected}, got {contexts.shape}")
-    if eligible is None:
-        eligible = np.ones((batch, n_arms), dtype=bool)
-    eligible = np.asarray(eligible)
-    if eligible.dtype != np.bool_ or eligible.shape != (batch, n_arms):
-        raise ValueError(f"eligible must be a boolean array of shape {(batch, n_arms)}")
-    if not eligible.any(axis=1).all():
-        raise ValueError("every experiment needs at least one eligible arm")
     state = discounted(config, state)
-    unexplored = eligible & (state["pulls"] == 0)
+    unexplored = state["pulls"] == 0
+    if eligible is None:  # the common case, in few array operations: every arm eligible
+        eligible = np.ones((batch, n_arms), dtype=bool)
+        restricted = False
+    else:
+        eligible = np.asarray(eligible)
+        if eligible.dtype != np.bool_ or eligible.shape != (batch, n_arms):
+            raise ValueError(f"eligible must be a boolean array of shape {(batch, n_arms)}")
+        if not eligible.any(axis=1).all():
+            raise ValueError("every experiment needs at least one eligible arm")
+        unexplored &= eligible
+        restricted = not eligible.all()
+    exploring = unexplored.any(axis=1)
+    exploring_rows = np.flatnonzero(exploring) if exploring.any() else _NO_ROWS
     return Ready(
         config=config,
         prepared=index_of(config).prepare(config, state, contexts),
         eligible=eligible,
         unexplored=unexplored,
-        exploring_rows=np.flatnonzero(unexplored.any(axis=1)),
-        masked=bool(unexplored.any() or not eligible.all()),
+        exploring_rows=exploring_rows,
+        masked=bool(exploring_rows.size) or restricted,
     )
+
+
+_NO_ROWS = np.zeros(0, dtype=np.int64)
+_NO_ROWS.flags.writeable = False
 
 
 def draw(ready: Ready, rngs: Sequence[np.random.Generator]) -> Choice:
@@ -129,11 +139,13 @@ def draw(ready: Ready, rngs: Sequence[np.random.Generator]) -> Choice:
     if ready.masked:
         scores = np.where(ready.unexplored, np.inf, np.where(ready.eligible, scores, -np.inf))
     arms = np.argmax(scores, axis=1)
-    best = np.take_along_axis(scores, arms[:, None], axis=1)
-    tied = np.count_nonzero(scores == best, axis=1) > 1
-    tied[ready.exploring_rows] = False  # chosen below, among the unexplored arms
-    for row in np.flatnonzero(tied).tolist():
-        arms[row] = _uniform(rngs[row], scores[row] == best[row])
+    best = scores.max(axis=1, keepdims=True)  # the value at arms
+    top = scores == best
+    tied = np.count_nonzero(top, axis=1) > 1
+    if tied.any():  # rare but for point masses
+        tied[ready.exploring_rows] = False  # chosen below, among the unexplored arms
+        for row in np.flatnonzero(tied).tolist():
+            arms[row] = _uniform(rngs[row], top[row])
     for row in ready.exploring_rows.tolist():
         arms[row] = _uniform(rngs[row], ready.unexplored[row])
     if config.epsilon > 0.0:

@@ -38,6 +38,7 @@ Higham, *Accuracy and Stability of Numerical Algorithms* (2002), sections 7.3
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -65,7 +66,9 @@ def _equilibrate(xtx: Array, reg: float) -> tuple[Array, Array]:
     """
     diagonal = np.diagonal(xtx, axis1=-2, axis2=-1) + reg
     scale = np.where(diagonal > 0, diagonal, 1.0) ** -0.5
-    system = xtx * (scale[..., :, None] * scale[..., None, :])
+    # One temporary: the outer product of the scales, multiplied in place.
+    system = np.multiply(scale[..., :, None], scale[..., None, :])
+    np.multiply(xtx, system, out=system)
     d = xtx.shape[-1]
     # The ridge and the floor go onto the diagonal in place (a strided view).
     system.reshape(*system.shape[:-2], d * d)[..., :: d + 1] += reg * scale * scale + JITTER
@@ -129,27 +132,73 @@ def solve(xtx: Array, reg: float, rhs: Array) -> Array:
     -------
     ndarray, shape (..., d, m)
     """
-    system, scale = _equilibrate(xtx, reg)
-    # C order: a broadcast product may come out in another, which LAPACK must copy.
-    scaled = np.multiply(scale[..., None], rhs, order="C")
-    try:
-        solution = np.linalg.solve(system, scaled)
-    except np.linalg.LinAlgError:  # an exactly singular row: the others keep the fast path
-        flat_rhs = np.broadcast_to(scaled, (*system.shape[:-2], *scaled.shape[-2:]))
-        solution = np.stack([
-            _solve_one(m, b) for m, b in zip(
-                system.reshape(-1, *system.shape[-2:]),
-                flat_rhs.reshape(-1, *scaled.shape[-2:]), strict=True,
-            )
-        ]).reshape(flat_rhs.shape)
-    # On the floored system ||column|| <= ||rhs column|| / JITTER; twice that
-    # (or a NaN) means rounding made it indefinite.
-    squares = np.einsum("...ij,...ij->...j", solution, solution) * JITTER**2
-    suspect = ~(squares <= 4.0 * np.einsum("...ij,...ij->...j", scaled, scaled)).all(axis=-1)
-    if suspect.any():
-        solution[suspect] = _spectral_solve(system[suspect], scaled[suspect])
-    solution *= scale[..., None]  # in place: a fresh array of this size costs page faults
-    return solution
+    return Equilibrated(*_equilibrate(xtx, reg)).solve(rhs)
+
+
+@dataclass(frozen=True)
+class Equilibrated:
+    """The floored, equilibrated system of one stack of ``X'X + reg I`` (module notes).
+
+    Made once per state, it serves every solve and the factor of that matrix:
+    a policy that needs both (the Thompson samplers) equilibrates once.
+
+    Attributes
+    ----------
+    system : ndarray, shape (..., d, d)
+        ``S (X'X + reg I) S + JITTER I``.
+    scale : ndarray, shape (..., d)
+        ``s = diag(X'X + reg I)^(-1/2)``.
+    """
+
+    system: Array
+    scale: Array
+
+    @classmethod
+    def of(cls, xtx: Array, reg: float) -> Equilibrated:
+        return cls(*_equilibrate(xtx, reg))
+
+    def solve(self, rhs: Array) -> Array:
+        """``(X'X + reg I)^-1 rhs`` (floored); rhs shape (..., d, m)."""
+        system, scale = self.system, self.scale
+        # C order: a broadcast product may come out in another, which LAPACK must copy.
+        scaled = np.multiply(scale[..., None], rhs, order="C")
+        try:
+            solution = np.linalg.solve(system, scaled)
+        except np.linalg.LinAlgError:  # an exactly singular row: the others keep the fast path
+            solution = _solve_rows(system, scaled)
+        # On the floored system ||column|| <= ||rhs column|| / JITTER; twice that
+        # (or a NaN) means rounding made it indefinite.
+        squares = np.einsum("...ij,...ij->...j", solution, solution)
+        bounds = np.einsum("...ij,...ij->...j", scaled, scaled)
+        bounds *= 4.0 / JITTER**2
+        fine = squares <= bounds
+        if not fine.all():
+            suspect = ~fine.all(axis=-1)
+            solution[suspect] = _spectral_solve(system[suspect], scaled[suspect])
+        solution *= scale[..., None]  # in place: a fresh array of this size costs page faults
+        return solution
+
+    def factor(self) -> Factor:
+        """The :class:`Factor` of this system: Cholesky, spectral for a row it refuses."""
+        system = self.system
+        try:
+            root = np.linalg.cholesky(system)
+        except np.linalg.LinAlgError:
+            root = np.stack([
+                _cholesky_one(m) for m in system.reshape(-1, *system.shape[-2:])
+            ]).reshape(system.shape)
+        return Factor(self.scale, root)
+
+
+def _solve_rows(system: Array, scaled: Array) -> Array:
+    """Row by row, so that a singular row does not change how the others are solved."""
+    flat_rhs = np.broadcast_to(scaled, (*system.shape[:-2], *scaled.shape[-2:]))
+    return np.stack([
+        _solve_one(m, b) for m, b in zip(
+            system.reshape(-1, *system.shape[-2:]),
+            flat_rhs.reshape(-1, *scaled.shape[-2:]), strict=True,
+        )
+    ]).reshape(flat_rhs.shape)
 
 
 def _solve_one(matrix: Array, rhs: Array) -> Array:
@@ -203,14 +252,7 @@ def factorise(xtx: Array, reg: float = 0.0) -> Factor:
     xtx : ndarray, shape (..., d, d), positive semi-definite
     reg : float, non-negative
     """
-    system, scale = _equilibrate(xtx, reg)
-    try:
-        root = np.linalg.cholesky(system)
-    except np.linalg.LinAlgError:
-        root = np.stack([
-            _cholesky_one(m) for m in system.reshape(-1, *system.shape[-2:])
-        ]).reshape(system.shape)
-    return Factor(scale, root)
+    return Equilibrated.of(xtx, reg).factor()
 
 
 def _cholesky_one(matrix: Array) -> Array:
@@ -267,14 +309,18 @@ class BufferedStreams(Sequence[np.random.Generator]):
 
     def gammas(self, shapes: Array) -> Array:
         """``Gamma(shapes[b])`` draws from experiment b's generator, unbuffered."""
-        return np.stack([g.standard_gamma(s) for g, s in zip(self._rngs, shapes, strict=True)])
+        return _gammas(self._rngs, shapes)
 
     def normals(self, shape: tuple[int, ...]) -> Array:
-        size = int(np.prod(shape))
+        size = math.prod(shape)
         if self._buffer is None or self._position + size > self._buffer.shape[1]:
             # Every experiment consumes the same number of normals per round, so
             # all refill together; a remainder too short for a request is dropped.
-            self._buffer = np.stack([g.standard_normal(self._block * size) for g in self._rngs])
+            # Each generator fills its row in place (the values of a fresh
+            # draw): no stacking copy. A new buffer, so earlier blocks stay valid.
+            self._buffer = np.empty((len(self._rngs), self._block * size))
+            for generator, row in zip(self._rngs, self._buffer, strict=True):
+                generator.standard_normal(out=row)
             self._position = 0
         out = self._buffer[:, self._position : self._position + size]
         self._position += size
@@ -302,4 +348,18 @@ def standard_gammas(rngs: Sequence[np.random.Generator], shapes: Array) -> Array
     """
     if isinstance(rngs, BufferedStreams):
         return rngs.gammas(shapes)
+    return _gammas(rngs, shapes)
+
+
+def _gammas(rngs: Sequence[np.random.Generator], shapes: Array) -> Array:
+    """Row b's draws from ``rngs[b]``, shape of ``shapes``.
+
+    With one shape per row (a shared model) each draw takes a Python float:
+    NumPy's scalar path gives the value a one-element array would, about ten
+    times faster (the array path's set-up dominates a single draw).
+    """
+    if shapes[0].size == 1:
+        values = [g.standard_gamma(s) for g, s in zip(rngs, shapes.reshape(-1).tolist(),
+                                                      strict=True)]
+        return np.array(values).reshape(shapes.shape)
     return np.stack([rng.standard_gamma(s) for rng, s in zip(rngs, shapes, strict=True)])

@@ -220,20 +220,33 @@ def apply_observations(
     outer = x[:, :, None] * x[:, None, :]
     # A shared model is slot 0 of every row: a plain slice, no fancy indexing.
     model = (slice(None), 0) if config.shared else (rows, arms)
-    if config.discounted:
-        if numbers is None:
-            numbers = clock(state) + 1.0
-        observation = _Observation(outer, rewards[:, None] * x, rewards, numbers)
-        _add_discounted(config, state, "model", model, observation)
-        _add_discounted(config, state, "arm", (rows, arms), observation)
+    if not config.discounted:
+        _add_plain(config, state, model, rows, arms, outer, x, rewards)
         return
+    if numbers is None:
+        numbers = clock(state) + 1.0
+    observation = _Observation(outer, rewards[:, None] * x, rewards, numbers)
+    _add_discounted(config, state, "model", model, observation)
+    _add_discounted(config, state, "arm", (rows, arms), observation)
+
+
+def _add_plain(config: PolicyConfig, state: State, model: Any, rows: NDArray[np.int64],
+               arms: NDArray[np.int64], outer: Array, x: Array, rewards: Array) -> None:
+    """The additions without forgetting: a sum per field, in layout order."""
+    r_x = rewards[:, None] * x
     state["xtx"][model] += outer
-    state["xty"][model] += rewards[:, None] * x
+    state["xty"][model] += r_x
     _add_shifted(state, model, ("n", "shift_y", "sum_dy", "sum_dy2"), rewards)
-    _add_shifted(state, (rows, arms), ("pulls", "shift_r", "sum_dr", "sum_dr2"), rewards)
+    arm_fields = ("pulls", "shift_r", "sum_dr", "sum_dr2")
+    if all(state[name].flags.c_contiguous for name in arm_fields):
+        # Per-arm scalars through their flat views: one integer index, not a pair.
+        arm_slot = rows * state["pulls"].shape[1] + arms
+        _add_shifted(state, arm_slot, arm_fields, rewards, flat=True)
+    else:
+        _add_shifted(state, (rows, arms), arm_fields, rewards)
     if "arm_xtx" in state:
         state["arm_xtx"][rows, arms] += outer
-        state["arm_xty"][rows, arms] += rewards[:, None] * x
+        state["arm_xty"][rows, arms] += r_x
     if "sum_x" in state:
         state["sum_x"][model] += x
     if "theta_norm_max" in state:
@@ -241,17 +254,22 @@ def apply_observations(
         state["theta_norm_max"][model] = np.maximum(state["theta_norm_max"][model], norms)
 
 
-def _add_shifted(
-    state: State, slots: Any, names: tuple[str, str, str, str], rewards: Array
-) -> None:
-    """Count, shift and shifted sums of one observation per row, in place."""
-    count, shift, sum_d, sum_d2 = names
-    first = np.where(state[count][slots] == 0.0, rewards, state[shift][slots])
-    state[shift][slots] = first
+def _add_shifted(state: State, slots: Any, names: tuple[str, str, str, str], rewards: Array,
+                 flat: bool = False) -> None:
+    """Count, shift and shifted sums of one observation per row, in place.
+
+    With ``flat``, ``slots`` index the fields' flattened views (the fields
+    must be C-contiguous, so that those views are the fields themselves).
+    """
+    count, shift, sum_d, sum_d2 = (state[name].reshape(-1) if flat else state[name]
+                                   for name in names)
+    counted = count[slots]
+    first = np.where(counted == 0.0, rewards, shift[slots])
+    shift[slots] = first
     deviation = rewards - first
-    state[count][slots] += 1.0
-    state[sum_d][slots] += deviation
-    state[sum_d2][slots] += deviation * deviation
+    count[slots] = counted + 1.0
+    sum_d[slots] += deviation
+    sum_d2[slots] += deviation * deviation
 
 
 # -- forgetting (see the module docstring) ------------------------------------

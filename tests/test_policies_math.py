@@ -171,6 +171,52 @@ def test_factor_solves_draws_and_roots_match_dense_algebra(stack: int) -> None:
     np.testing.assert_allclose(rows @ np.swapaxes(rows, -1, -2), floored(a), rtol=RTOL)
 
 
+@pytest.mark.parametrize("name", ["lints-g", "linphe", "lingiro"])
+@pytest.mark.parametrize("setting", ["stochastic", "covariates"])
+def test_one_solve_draws_equal_the_mean_plus_coloured_noise(name: str, setting: Setting) -> None:
+    """A draw ``V^-1 (X'y + c L z)`` (one solve) is ``theta_hat + c V^-1 L z`` with the same z.
+
+    LinTS-G: ``V^-1 L z = S R'^-1 z`` (the factor's ``colour``); LinPHE and
+    LinGIRO: ``G^-1 (X'y + c S^-1 R z)`` through the factors of G and X'X.
+    """
+    from policies.indices import reward_variance
+
+    config = PolicyConfig(name=name, setting=setting, dim=4)  # type: ignore[arg-type]
+    histories = [make_history(setting, 3, 4, 40, seed) for seed in (1, 2)]
+    state = build_state(config, histories, 3)
+    contexts = np.stack([h.current for h in histories])
+    index = INDEX[config.name]
+    scores = index.draw(config, index.prepare(config, state, contexts),
+                        [np.random.default_rng(s) for s in (7, 8)])
+    z = np.stack([np.random.default_rng(s).standard_normal(state["xty"].shape[1:])
+                  for s in (7, 8)])
+    xtx, xty = state["xtx"], state["xty"]
+    if name == "lints-g":
+        spread = np.sqrt(reward_variance(state))[..., None]
+        theta: Array = ridge(xtx, xty, config.reg) + spread * factorise(xtx, config.reg).colour(z)
+    else:
+        weight = 1.0 + (config.phe_a if name == "linphe" else 2.0 * config.giro_a)
+        noise: Array = factorise(xtx).times_root(z)
+        if name == "linphe":
+            noise *= np.sqrt(config.phe_a) * config.reward_bound
+        else:
+            noise *= index.prepare(config, state, contexts)["noise_scale"][..., None]
+        theta = factorise(weight * xtx, config.reg).solve(xty + noise)
+    np.testing.assert_allclose(scores, predict(theta, contexts), rtol=RTOL, atol=ATOL)
+
+
+def test_scalar_gamma_draws_equal_the_one_element_array_draws() -> None:
+    """The shared model's Gamma draws take a float (faster); the values must not change."""
+    from policies.ridge import standard_gammas
+
+    shapes = np.random.default_rng(3).uniform(2.0, 600.0, (5, 1))
+    fast = standard_gammas([np.random.default_rng(s) for s in range(5)], shapes)
+    generators = [np.random.default_rng(s) for s in range(5)]
+    slow = np.stack([g.standard_gamma(s) for g, s in zip(generators, shapes, strict=True)])
+    np.testing.assert_array_equal(fast, slow)
+    assert fast.shape == shapes.shape
+
+
 @pytest.mark.parametrize("n_models", [1, 3])
 @pytest.mark.parametrize("batch", [2, 50])
 def test_solve_with_many_right_hand_sides_and_predict_match_direct(
