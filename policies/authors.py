@@ -67,6 +67,7 @@ from policies.indices import (
     _law,
     _linucb_with,
     _stored,
+    _stored_system,
     _whitened,
     draw_deterministic,
     draw_lints_gaussian,
@@ -74,9 +75,11 @@ from policies.indices import (
     law_deterministic,
     law_lints_gaussian,
     law_perturbed_ridge,
+    prepare_lints_gaussian,
 )
 from policies.ridge import (
     Array,
+    Equilibrated,
     factorise,
     predict,
     regularised,
@@ -104,10 +107,9 @@ def prepare_lints_g_authors(config: PolicyConfig, state: State, contexts: Array)
     n, total, squares = state["n"], state["sum_dy"], state["sum_dy2"]
     mean = np.divide(total, n, out=np.zeros_like(total), where=n > 0)
     variance = np.divide(squares - total * mean, n, out=np.ones_like(total), where=n > 0)
-    theta = ridge(state["xtx"], state["xty"], config.reg)
-    scale = np.sqrt(np.maximum(variance, 0.0))[..., None]
-    return {"theta": theta, **_stored("posterior", factorise(state["xtx"], config.reg)),
-            "scale": scale, "contexts": contexts}
+    prepared = prepare_lints_gaussian(config, state, contexts)
+    prepared["scale"] = np.sqrt(np.maximum(variance, 0.0))[..., None]
+    return prepared
 
 
 def prepare_linucb_authors(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
@@ -186,7 +188,7 @@ def prepare_linphe_authors(config: PolicyConfig, state: State, contexts: Array) 
     weight = 1.0 + config.phe_a
     mean, scale, matrix = phe_authors_moments(config, state)
     return {**_stored("root", factorise(matrix)),
-            **_stored("gram", factorise(weight * state["xtx"], weight * config.reg)),
+            **_stored_system("gram", Equilibrated.of(weight * state["xtx"], weight * config.reg)),
             "xty": state["xty"] + mean, "noise_scale": np.array(scale), "contexts": contexts}
 
 
