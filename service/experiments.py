@@ -143,6 +143,7 @@ class View:
     rewards: int
     last_number: int  # the highest decision number this worker has seen
     state: State  # every arm, in registration order (ArmRecord.index)
+    behind: int = 0  # rewards this worker applied since the statistics were read
     _last: _Prepared | None = field(default=None, repr=False)
 
     @functools.cached_property
@@ -487,6 +488,10 @@ class ExperimentService:
             raise _missing(api_key)
         key_hash = None if api_key is None else _hash_key(api_key)
         view = await self._view_for(experiment_id, key_hash)
+        if view.behind > view.definition.spec.max_stale_rewards:
+            # decide.lua would refuse a decision from this view: read first, rather
+            # than prepare, draw and compute a propensity twice.
+            view = await self._caught_up(experiment_id, view, key_hash)
         bound = self._settings.feature_bound
         try:
             candidates = view.ready(request, bound)
@@ -566,6 +571,9 @@ class ExperimentService:
         for (decision_id, _), reply in zip(items, replies, strict=True):
             status = _status(reply)
             outcomes.append(RewardOutcome(decision_id, status, _REWARD_MESSAGES[status]))
+        view = self._views.get(experiment_id)
+        if view is not None:
+            view.behind += sum(outcome.status == "applied" for outcome in outcomes)
         return outcomes
 
     async def read_log(
@@ -608,6 +616,14 @@ class ExperimentService:
         if key_hash is not None and not hmac.compare_digest(key_hash, meta["key_hash"]):
             raise Forbidden(_WRONG_KEY)  # nothing kept
         return self._remember(experiment_id, _parse_definition(meta, arms), snapshot)
+
+    async def _caught_up(self, experiment_id: str, view: View, key_hash: str | None) -> View:
+        """The view with the statistics read now (and the definition, if arms changed)."""
+        snapshot = await self._store.read_snapshot(experiment_id)
+        if snapshot is None:
+            self._forget(experiment_id)
+            raise _missing(key_hash)
+        return await self._refresh_view(experiment_id, view, snapshot)
 
     async def _refresh_view(self, experiment_id: str, view: View, snapshot: Snapshot) -> View:
         """The view after a stale reply: its statistics, and the definition if arms changed.

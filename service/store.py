@@ -151,6 +151,11 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _snapshot(meta: Mapping[str, str], raw_stats: Mapping[bytes, bytes]) -> Snapshot:
+    stats = {_text(k): v for k, v in raw_stats.items()}
+    return Snapshot(int(meta["version"]), int(stats.get(keys.REWARDS, 0)), stats)
+
+
 _UPGRADE_ATTEMPTS = 50
 _DELETE_CHUNK = 1000  # decisions deleted per round trip
 
@@ -694,9 +699,16 @@ class Store:
         if not meta:
             return None
         as_text = {_text(k): _text(v) for k, v in meta.items()}
-        stats = {_text(k): v for k, v in raw_stats.items()}
-        snapshot = Snapshot(int(as_text["version"]), int(stats.get(keys.REWARDS, 0)), stats)
-        return as_text, {_text(k): _text(v) for k, v in arms.items()}, snapshot
+        return as_text, {_text(k): _text(v) for k, v in arms.items()}, _snapshot(as_text, raw_stats)
+
+    @_translated
+    async def read_snapshot(self, experiment_id: str) -> Snapshot | None:
+        """The statistics and the meta version, read together; None if the experiment
+        does not exist."""
+        meta, raw_stats = await self._hashes(keys.meta(experiment_id), keys.stats(experiment_id))
+        if not meta:
+            return None
+        return _snapshot({_text(k): _text(v) for k, v in meta.items()}, raw_stats)
 
     @_translated
     async def decide(

@@ -155,6 +155,38 @@ async def test_a_stale_view_decides_again_from_the_current_statistics(
     assert record[b"rewards_seen"] == b"3"
 
 
+@pytest.mark.parametrize("max_stale_rewards", [0, 1])
+async def test_a_worker_that_applied_a_reward_reads_before_it_decides(
+    service: ExperimentService, monkeypatch: pytest.MonkeyPatch, redis_db: str,
+    max_stale_rewards: int,
+) -> None:
+    key = await _experiment(service, "own", max_stale_rewards=max_stale_rewards)
+    attempts: list[tuple[int, int] | None] = []
+    decide = Store.decide
+
+    async def counted(self: Store, *args: Any, **kwargs: Any) -> Any:
+        attempts.append(kwargs["seen"])
+        return await decide(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "decide", counted)
+    for rewarded in range(1, 6):
+        decision = await service.choose("own", ChooseRequest(), key)
+        assert (await service.reward("own", [(decision.decision_id, 1.0)], key))[0].status \
+            == "applied"
+        after = await service.choose("own", ChooseRequest(), key)
+        # Within the allowed lag the view is kept; beyond it the statistics are read
+        # first, so the decision is made once, from the current statistics.
+        lag = rewarded % (max_stale_rewards + 1)
+        client = redis.Redis.from_url(redis_db)
+        try:
+            seen = int(client.hget(keys.decision("own", after.decision_id), "rewards_seen"))  # type: ignore[arg-type]
+        finally:
+            client.close()
+        assert seen == rewarded - lag
+    assert all(seen is not None for seen in attempts)  # never a stale reply, never a retry
+    assert len(attempts) == 10
+
+
 def _rewards_seen(url: str, decision_id: str) -> int:
     client = redis.Redis.from_url(url)
     try:
