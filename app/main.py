@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI
+from threadpoolctl import threadpool_limits
 
 from app.errors import install_error_handlers
 from app.logs import configure_logging
@@ -79,6 +80,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
+    # A request's matrices are at most 64 x 64: BLAS threads only contend with the
+    # event loop and the propensity thread. A worker is one core; scale with workers.
+    with threadpool_limits(limits=1):
+        async with _service(app, settings):
+            yield
+
+
+@asynccontextmanager
+async def _service(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
     service = await ExperimentService.open(settings)
     if settings.default_admin_token:
         logger.warning(

@@ -532,44 +532,68 @@ def _separation_of_variables(
     """``P(rows @ W >= bounds)``, W standard normal (or multivariate t with ``dof``)."""
     if ((last < 0) & (bounds > 0)).any():  # a constraint no variable can meet
         return 0.0, 0.0
-    groups = [np.flatnonzero(last == j) for j in range(int(last.max()) + 1)]
+    groups = [_Group.of(rows, bounds, np.flatnonzero(last == j), j)
+              for j in range(int(last.max()) + 1)]
     # One uniform per variable but the last (integrated exactly), one for t's scale.
     uniforms = max(len(groups) - 1 + (dof is not None), 1)
     shifts = np.random.default_rng(_SEED).random((SHIFTS, 1, uniforms))
-    points = 256
+    # Richtmyer points 1..n are the first n of 1..2n: each doubling adds the next n.
+    done, points, total = 0, 256, np.zeros(SHIFTS)
     while True:
-        lattice = (np.arange(1, points + 1)[:, None] * _RICHTMYER[:uniforms]) % 1.0
-        grid = np.abs(2.0 * ((lattice + shifts) % 1.0) - 1.0)  # (SHIFTS, points, u); periodised
-        estimates = _sov_estimates(rows, bounds, groups, dof, grid).mean(axis=1)
+        lattice = (np.arange(done + 1, points + 1)[:, None] * _RICHTMYER[:uniforms]) % 1.0
+        grid = np.abs(2.0 * ((lattice + shifts) % 1.0) - 1.0)  # (SHIFTS, new, u); periodised
+        total += _sov_estimates(groups, dof, grid.reshape(-1, uniforms)).reshape(
+            SHIFTS, -1).sum(axis=1)
+        done = points
+        estimates = total / points
         error = float(estimates.std(ddof=1) / math.sqrt(SHIFTS))
         if error <= target_se or 2 * points * SHIFTS > SHARED_MAX_POINTS:
             return float(estimates.mean()), error
         points *= 2
 
 
-def _sov_estimates(
-    rows: Array, bounds: Array, groups: list[NDArray[np.int64]], dof: float | None, grid: Array
-) -> Array:
-    """The product of conditional interval probabilities at each point, shape (SHIFTS, points)."""
-    uniforms = iter(np.moveaxis(grid, -1, 0))
-    if dof is not None:  # T = W / s with s^2 ~ chi2_dof / dof: the bounds scale by s
-        bounds = bounds * np.sqrt(special.chdtri(dof, next(uniforms)) / dof)[..., None]
-    else:
-        bounds = np.broadcast_to(bounds, (*grid.shape[:2], bounds.size))
-    w = np.zeros((*grid.shape[:2], len(groups)))
-    estimate = np.ones(grid.shape[:2])
-    for j, members in enumerate(groups):
-        coefficient = rows[members, j]
-        rest = bounds[..., members] - w[..., :j] @ rows[members, :j].T
-        cut = rest / coefficient  # significant coefficients only (see _trapezoidal)
-        low = np.where(coefficient > 0, cut, -np.inf).max(axis=-1, initial=-np.inf)
-        high = np.where(coefficient < 0, cut, np.inf).min(axis=-1, initial=np.inf)
+@dataclass(frozen=True)
+class _Group:
+    """The constraints that end at variable j, solved for it: ``W_j >= lower_i - W @ down_i``
+    (positive coefficients), ``W_j <= upper_i - W @ up_i`` (negative); W the earlier ones."""
+
+    lower: Array
+    upper: Array
+    slopes: Array  # (j, lower.size + upper.size): down, then up
+
+    @staticmethod
+    def of(rows: Array, bounds: Array, members: NDArray[np.int64], j: int) -> _Group:
+        coefficient = rows[members, j]  # significant (see _trapezoidal)
+        order = np.argsort(coefficient < 0, kind="stable")  # positive first
+        members, coefficient = members[order], coefficient[order]
+        positive = int(np.sum(coefficient > 0))
+        cut = bounds[members] / coefficient
+        slopes = (rows[members, :j] / coefficient[:, None]).T
+        return _Group(cut[:positive], cut[positive:], np.ascontiguousarray(slopes))
+
+
+def _sov_estimates(groups: list[_Group], dof: float | None, grid: Array) -> Array:
+    """The product of conditional interval probabilities at each point, shape (points,)."""
+    uniforms = iter(grid.T)
+    # T = W / s with s^2 ~ chi2_dof / dof: every bound scales by s.
+    scale = None if dof is None else np.sqrt(special.chdtri(dof, next(uniforms)) / dof)
+    w = np.empty((grid.shape[0], len(groups)))
+    estimate = np.ones(grid.shape[0])
+    for j, group in enumerate(groups):
+        n_lower = group.lower.size
+        cut = np.concatenate([group.lower, group.upper])
+        cut = np.broadcast_to(cut, (grid.shape[0], cut.size)) if scale is None \
+            else scale[:, None] * cut
+        if j:
+            cut = cut - w[:, :j] @ group.slopes
+        low = cut[:, :n_lower].max(axis=1, initial=-np.inf)
+        high = cut[:, n_lower:].min(axis=1, initial=np.inf)
         below = special.ndtr(low)
         inside = np.maximum(special.ndtr(high) - below, 0.0)
         estimate *= inside
         if j < len(groups) - 1:  # draw W_j from its truncated normal
             fraction = below + next(uniforms) * inside
-            w[..., j] = special.ndtri(np.clip(fraction, 1e-300, 1.0 - 2**-53))
+            w[:, j] = special.ndtri(np.clip(fraction, 1e-300, 1.0 - 2**-53))
     return estimate
 
 

@@ -16,6 +16,7 @@ import httpx
 import pytest
 import redis
 from fastapi import FastAPI
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from app.logs import JsonFormatter, request_id
 from app.main import create_app
@@ -744,6 +745,20 @@ async def test_persistence_warnings_are_logged_at_start(
     for warning in warnings:
         assert any(warning in message for message in logged)
     assert not hasattr(app.state, "service")  # closed and released at shutdown
+
+
+async def test_a_running_app_keeps_blas_to_one_thread_and_restores_it_at_shutdown(
+    app_settings: Settings,
+) -> None:
+    def blas_threads() -> set[int]:
+        return {pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"}
+
+    app = create_app(app_settings)
+    with threadpool_limits(limits=2, user_api="blas"):  # as on a machine with 2+ cores
+        assert blas_threads() == {2}
+        async with app.router.lifespan_context(app):
+            assert blas_threads() == {1}
+        assert blas_threads() == {2}
 
 
 def test_create_app_opens_nothing_and_settings_validate_the_log_level() -> None:
