@@ -233,12 +233,41 @@ def _independent(
         stays = np.where(alive, below, 1.0).prod(axis=1)
         out[at_top] = (stays / np.maximum(tied, 1))[rows[at_top]]
     integrate = alive[rows, cols]
+    if rows.size == 1 and dof is None and not points and integrate[0]:  # the service's case
+        row, arm = int(rows[0]), int(cols[0])
+        value = _smooth_one(mean[row], spread[row], alive[row], high[row],
+                            max(float(low[row, arm]), float(floor[row])), arm)
+        if value is not None:
+            return np.array([value])
     if integrate.all():  # the usual case: no copies
         return _Window(family, mean, spread, low, high, alive, floor, top, rows, cols).integrals()
     if integrate.any():
         out[integrate] = _Window(family, mean, spread, low, high, alive, floor, top,
                                  rows[integrate], cols[integrate]).integrals()
     return out
+
+
+def _smooth_one(
+    mean: Array, spread: Array, alive: NDArray[np.bool_], high: Array, start: float, arm: int
+) -> float | None:
+    """:meth:`_Window.trapezoid` for one pair of normal arms, the same numbers with a
+    third of the NumPy calls (a decision's propensity in the service); None where
+    the smooth rule does not serve (a factor narrower than ``SMOOTH`` times arm a)."""
+    factors = alive & (high > start)
+    factors[arm] = False
+    shifted, scale = mean[factors], spread[factors]
+    mu, sd = float(mean[arm]), float(spread[arm])
+    ratio = float(scale.min()) / sd if scale.size else math.inf
+    if ratio < SMOOTH:
+        return None
+    step = 0.75 * min(ratio, 1.0)
+    last = math.floor(5.0 / step)
+    first = max(-last, math.ceil((start - mu) / sd / step))
+    g = np.arange(first, max(last, first) + 1) * step
+    weights = np.exp(-0.5 * g * g) if last >= first else np.zeros(1)
+    u = ((mu + sd * g)[:, None] - shifted) / scale
+    total = float(np.cumsum(weights * special.ndtr(u).prod(axis=1))[-1])
+    return min(total * (step / _ROOT_TAU), 1.0)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ import pytest
 from numpy.typing import NDArray
 from scipy import integrate, special
 
+import policies.propensity as propensity_module
 from policies import (
     POLICIES,
     SETTINGS,
@@ -317,6 +318,33 @@ def test_an_experiment_gets_the_same_numbers_alone_and_in_a_batch(
             assert propensities(alone, np.array([arm]))[0] == together[row, arm]
     assert np.allclose(together.sum(axis=1), 1.0, atol=5 * 4 * SHARED_TARGET_SE)
     assert np.all(together[::3, 1] == 0.0)
+
+
+@pytest.mark.parametrize("accuracy", [FINE, SERVICE])
+def test_one_arms_propensity_is_the_batched_rules_number(
+    accuracy: Accuracy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service asks for one arm (a lean path for the smooth rule): the same bits as
+    the batched rule, whichever rule serves."""
+    served: list[bool] = []
+    lean = propensity_module._smooth_one
+
+    def counted(*args: Any) -> float | None:
+        value = lean(*args)
+        served.append(value is not None)
+        return value
+
+    monkeypatch.setattr(propensity_module, "_smooth_one", counted)
+    rng = np.random.default_rng(5)
+    for _ in range(60):
+        n_arms = int(rng.integers(2, 30))
+        mean = rng.normal(size=n_arms) * rng.choice([0.1, 1.0, 3.0])
+        spread = np.exp(rng.normal(size=n_arms) * rng.choice([0.1, 0.3, 3.0]))
+        ready = ready_for(mean.tolist(), spread.tolist())
+        every = propensities(ready, accuracy=accuracy)[0]
+        for arm in range(n_arms):
+            assert propensities(ready, np.array([arm]), accuracy=accuracy)[0] == every[arm]
+    assert 0 < sum(served) < len(served)  # both the lean path and the fallback were taken
 
 
 def test_the_shared_model_estimate_reports_its_standard_error() -> None:
