@@ -268,6 +268,11 @@ class CreateExperimentIn(_Request):
         description="the decision log drops entries older than this "
         "(default LINREBOOT_DEFAULT_LOG_MAX_AGE_SECONDS)",
     )
+    log_all_contexts: bool = Field(
+        default=False, description="contextual setting: log every eligible arm's context "
+        "with each decision (8 d bytes per arm), not only the chosen arm's, so that "
+        "`linreboot evaluate` can evaluate the experiment; needs a decision log",
+    )
 
     @model_validator(mode="after")
     def _distinct_arms(self) -> Self:
@@ -301,6 +306,7 @@ class CreateExperimentIn(_Request):
             log_max_entries=(settings.default_log_max_entries if self.log_max_entries is None
                              else self.log_max_entries),
             log_max_age_seconds=self.log_max_age_seconds or settings.default_log_max_age_seconds,
+            log_all_contexts=self.log_all_contexts,
         )
 
 
@@ -546,6 +552,8 @@ class ExperimentOut(BaseModel):
         "(the service was stopped for longer than LINREBOOT_DEFAULT_REWARD_GRACE_SECONDS)")
     log_max_entries: int = Field(default=0, description="decision log bound; 0: no log")
     log_max_age_seconds: int = Field(default=0, description="decision log age bound")
+    log_all_contexts: bool = Field(
+        default=False, description="every eligible arm's context is logged with a decision")
 
     @classmethod
     def from_domain(cls, view: ExperimentView) -> ExperimentOut:
@@ -572,6 +580,7 @@ class ExperimentOut(BaseModel):
             defaults_missed=view.defaults_missed,
             log_max_entries=spec.log_max_entries,
             log_max_age_seconds=spec.log_max_age_seconds,
+            log_all_contexts=spec.log_all_contexts,
         )
 
 
@@ -693,6 +702,9 @@ class LogEntryOut(BaseModel):
     arm_id: str | None = Field(default=None, description="the arm chosen")
     context: list[float] | None = Field(default=None, description="the chosen arm's context")
     eligible: list[str] | None = Field(default=None, description="the arms it was chosen from")
+    contexts: list[list[float]] | None = Field(
+        default=None, description="their contexts, in that order (an experiment with "
+        "log_all_contexts); else null")
     propensity: float | None = Field(
         default=None, description="probability of choosing this arm; null if not recorded")
     version: int | None = Field(default=None, description="definition version it was made at")
@@ -707,6 +719,7 @@ class LogEntryOut(BaseModel):
             decision_id=entry.decision_id, number=entry.number, arm_id=entry.arm_id,
             context=None if entry.context is None else list(entry.context),
             eligible=None if entry.eligible is None else list(entry.eligible),
+            contexts=None if entry.contexts is None else [list(c) for c in entry.contexts],
             propensity=entry.propensity, version=entry.version,
             rewards_seen=entry.rewards_seen, reward=entry.reward,
         )

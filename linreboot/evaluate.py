@@ -129,11 +129,11 @@ def _setting(feedback: dict[str, Any]) -> Setting:
     if setting is None or "eligible" not in feedback or "config" not in feedback:
         raise ValueError("the log lacks the experiment's setting: export it again with "
                          "linreboot export --format obp")
-    if setting == "contextual":
-        raise ValueError("a contextual experiment's log keeps only the chosen arm's context, "
-                         "and the target's choice needs every arm's: only stochastic and "
-                         "covariates experiments can be evaluated")
-    if setting not in ("stochastic", "covariates"):
+    if setting == "contextual" and "arm_contexts" not in feedback:
+        raise ValueError("this contextual experiment's log keeps only the chosen arm's "
+                         "context, and the target's choice needs every arm's: create the "
+                         "experiment with log_all_contexts true to evaluate it")
+    if setting not in ("stochastic", "contextual", "covariates"):
         raise ValueError(f"the log names an unknown setting {setting!r}")
     return cast(Setting, setting)
 
@@ -144,6 +144,8 @@ def _contexts(feedback: dict[str, Any], setting: str) -> np.ndarray[Any, Any]:
     if setting == "stochastic":
         features = np.asarray(feedback["action_context"], dtype=np.float64)
         return np.broadcast_to(features, (n, *features.shape))
+    if setting == "contextual":
+        return np.asarray(feedback["arm_contexts"], dtype=np.float64)
     context = np.asarray(feedback["context"], dtype=np.float64)
     return np.broadcast_to(context[:, None, :], (n, n_arms, context.shape[1]))
 

@@ -81,7 +81,8 @@ def join(experiment: dict[str, Any], entries: Sequence[dict[str, Any]]) -> list[
                 "decision_id": entry["decision_id"], "time": entry["time"],
                 "number": entry["number"], "arm_id": entry["arm_id"],
                 "arm_index": index[entry["arm_id"]], "context": entry["context"],
-                "eligible": entry["eligible"], "propensity": entry["propensity"],
+                "eligible": entry["eligible"], "contexts": entry.get("contexts"),
+                "propensity": entry["propensity"],
                 "version": entry["version"], "rewards_seen": entry["rewards_seen"],
                 "outcome": None, "late_rewards": [],
             }
@@ -121,7 +122,9 @@ def bandit_feedback(experiment: dict[str, Any], records: Sequence[dict[str, Any]
     an experiment with a ``discount`` weighs its outcomes by; ``eligible``
     (not OBP's, rounds x arms) the arms each decision was chosen from, and
     ``setting`` and ``config`` (JSON) the experiment's, which ``linreboot
-    evaluate`` needs.
+    evaluate`` needs; and ``arm_contexts`` (not OBP's, rounds x arms x d)
+    every eligible arm's context in each round (zeros for the others), when
+    a contextual experiment logged them all (``log_all_contexts``).
     """
     rounds = in_application_order(records)
     arms = experiment["arms"]
@@ -129,7 +132,10 @@ def bandit_feedback(experiment: dict[str, Any], records: Sequence[dict[str, Any]
     features = [a.get("features") for a in arms]
     action_context = (np.array(features, dtype=np.float64) if all(f is not None for f in features)
                       else np.eye(len(arms)))
+    every = ({"arm_contexts": _arm_contexts(arms, rounds, dim)}
+             if rounds and all(r.get("contexts") is not None for r in rounds) else {})
     return {
+        **every,
         "n_rounds": len(rounds),
         "n_actions": len(arms),
         "action": np.array([r["arm_index"] for r in rounds], dtype=np.int64),
@@ -145,6 +151,15 @@ def bandit_feedback(experiment: dict[str, Any], records: Sequence[dict[str, Any]
         "setting": np.array(experiment["setting"]),
         "config": np.array(json.dumps(experiment["config"], sort_keys=True)),
     }
+
+
+def _arm_contexts(arms: Sequence[dict[str, Any]], rounds: Sequence[dict[str, Any]], dim: int
+                  ) -> np.ndarray[Any, np.dtype[np.float64]]:
+    index = {arm["id"]: i for i, arm in enumerate(arms)}
+    out = np.zeros((len(rounds), len(arms), dim))
+    for row, record in enumerate(rounds):
+        out[row, [index[a] for a in record["eligible"]]] = record["contexts"]
+    return out
 
 
 def _eligible(arms: Sequence[dict[str, Any]], rounds: Sequence[dict[str, Any]]

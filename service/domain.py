@@ -56,7 +56,9 @@ class ExperimentSpec:
     ``default_reward``: applied, once, to every decision whose reward window
     ends without a reward (None: such decisions just expire).
     ``log_max_entries`` and ``log_max_age_seconds`` bound the decision log
-    (0 entries: no log).
+    (0 entries: no log). ``log_all_contexts`` (contextual setting) logs every
+    eligible arm's context with each decision, not only the chosen arm's:
+    what an off-policy evaluation of a contextual experiment needs.
     """
 
     id: str
@@ -71,6 +73,7 @@ class ExperimentSpec:
     default_reward: float | None = None
     log_max_entries: int = 0  # decisions and outcomes kept in the decision log; 0: no log
     log_max_age_seconds: int = 7 * 24 * 3600
+    log_all_contexts: bool = False  # contextual: every eligible arm's context in the log
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,8 @@ class LogEntry:
     reward applied; ``default``: the default reward applied; ``late``: a
     reward that arrived after the window, not applied) has ``reward``.
     ``context`` is the chosen arm's; ``eligible`` the arms it was chosen
-    from; ``propensity`` None where the decision recorded none.
+    from; ``contexts`` theirs, in that order (an experiment with
+    ``log_all_contexts``); ``propensity`` None where the decision recorded none.
     """
 
     entry_id: str  # "<ms>-<seq>": the log's order, which is the order things happened
@@ -157,6 +161,7 @@ class LogEntry:
     arm_id: str | None = None
     context: tuple[float, ...] | None = None
     eligible: tuple[str, ...] | None = None
+    contexts: tuple[tuple[float, ...], ...] | None = None
     propensity: float | None = None
     version: int | None = None
     rewards_seen: int | None = None

@@ -513,13 +513,14 @@ class ExperimentService:
             x = np.ascontiguousarray(contexts[picked], dtype="<f8").tobytes()
             propensity = await view.propensity(ready, picked)
             fields = _decision_fields(view, arms[picked], x, propensity)
+            every = contexts if definition.spec.log_all_contexts else None
             reply = await self._store.decide(
                 experiment_id, decision_id, key_hash=key_hash,
                 incarnation=definition.incarnation, seen=seen, number=number,
                 reserved=reserved, ttl_seconds=definition.spec.reward_window_seconds,
                 max_lag=definition.spec.max_stale_rewards,
                 grace_seconds=self._settings.default_reward_grace_seconds,
-                fields=fields, logged=_log_entry_fields(decision_id, arms, x, view, fields),
+                fields=fields, logged=_log_entry_fields(decision_id, arms, x, view, fields, every),
             )
             if reply.status == "recorded":
                 view.last_number = max(view.last_number, reply.number)
@@ -706,6 +707,10 @@ class ExperimentService:
         if spec.log_max_entries < 0 or spec.log_max_age_seconds < 1:
             raise InvalidInput("log_max_entries must be 0 or more and log_max_age_seconds "
                                "1 or more")
+        if spec.log_all_contexts and (spec.setting != "contextual" or spec.log_max_entries == 0):
+            raise InvalidInput("log_all_contexts needs the contextual setting and a decision "
+                               "log (log_max_entries above 0): elsewhere the log has every "
+                               "context already")
         self._validate_arms(spec.setting, spec.dim, spec.arms)
         try:
             check_hyperparameters(spec.policy, spec.hyperparameters)
@@ -932,18 +937,20 @@ def parse_index_ranges(text: str) -> list[int]:
 
 def _log_entry_fields(
     decision_id: str, arms: Sequence[ArmRecord], x: bytes, view: View,
-    fields: dict[str, str | bytes],
+    fields: dict[str, str | bytes], contexts: np.ndarray | None = None,
 ) -> dict[str, str | bytes]:
     """The decision's entry in the decision log (decide.lua adds its number): the chosen
     arm (from ``fields``, the decision's record) and its context, the arms it was chosen
-    from, the statistics it was made from, and its propensity ('' if unknown; taken out
-    of ``fields``, as the record does not need it)."""
+    from (and, given, their ``contexts``), the statistics it was made from, and its
+    propensity ('' if unknown; taken out of ``fields``, as the record does not need it)."""
     definition = view.definition
     eligible = (definition.active_ranges if arms is definition.active_arms
                 else index_ranges([a.index for a in arms]))
+    every = {} if contexts is None else {
+        "contexts": np.ascontiguousarray(contexts, dtype="<f8").tobytes()}
     return {"type": "decision", "id": decision_id, "arm": fields["arm"], "x": x,
             "version": fields["version"], "rewards_seen": fields["rewards_seen"],
-            "eligible": eligible, "propensity": fields.pop("propensity", "")}
+            "eligible": eligible, **every, "propensity": fields.pop("propensity", "")}
 
 
 _OUTCOMES: dict[str, LogEntryType] = {"reward": "reward", "default": "default", "late": "late"}
@@ -951,7 +958,7 @@ _OUTCOMES: dict[str, LogEntryType] = {"reward": "reward", "default": "default", 
 
 def _log_entry(definition: Definition, entry_id: str, fields: dict[str, bytes]) -> LogEntry:
     """A decision-log entry as decide.lua, reward.lua or settle.lua wrote it."""
-    text = {k: v.decode() for k, v in fields.items() if k != "x"}
+    text = {k: v.decode() for k, v in fields.items() if k not in ("x", "contexts")}
     time_ms = int(entry_id.split("-", 1)[0])
     kind = text["type"]
     if kind != "decision":
@@ -964,6 +971,8 @@ def _log_entry(definition: Definition, entry_id: str, fields: dict[str, bytes]) 
         arm_id=text["arm"],
         context=tuple(np.frombuffer(fields["x"], dtype="<f8").tolist()),
         eligible=tuple(arms[i].id for i in parse_index_ranges(text["eligible"])),
+        contexts=(tuple(map(tuple, np.frombuffer(fields["contexts"], dtype="<f8").reshape(
+            -1, definition.spec.dim).tolist())) if "contexts" in fields else None),
         propensity=float(text["propensity"]) if text.get("propensity") else None,
         version=int(text["version"]) if text["version"] else None,
         rewards_seen=int(text["rewards_seen"]) if text["rewards_seen"] else None,

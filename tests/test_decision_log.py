@@ -33,6 +33,7 @@ from policies.config import PolicyName
 from policies.propensity import SERVICE, propensities
 from service import keys
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec, LogEntry
+from service.errors import InvalidInput
 from service.experiments import ExperimentService, index_ranges, parse_index_ranges
 from service.settings import Settings
 from tests.conftest import ADMIN, ADMIN_TOKEN, Api
@@ -163,6 +164,41 @@ async def test_decision_entries_hold_what_the_decision_was_made_from(
     pulled = first.arm_id in ("arm1", "arm4")
     assert three.propensity == third.propensity == (1.0 if pulled else 1 / 2)
     assert reward.reward == 1.0 and reward.time >= one.time
+
+
+async def test_log_all_contexts_logs_every_eligible_arms_context(
+    service: ExperimentService,
+) -> None:
+    arms = tuple(ArmSpec(f"arm{i}") for i in range(4))
+    await service.create(ExperimentSpec(id="all", setting="contextual", dim=2, arms=arms,
+                                        seed=3, log_max_entries=100, log_all_contexts=True))
+    await service.create(ExperimentSpec(id="chosen", setting="contextual", dim=2, arms=arms,
+                                        seed=3, log_max_entries=100))
+    given = {f"arm{i}": (float(i), -0.5 * i) for i in range(4)}
+    request = ChooseRequest(arm_contexts={a: x for a, x in given.items() if a != "arm2"},
+                            excluded=("arm2",))
+    for experiment_id in ("all", "chosen"):
+        decision = await service.choose(experiment_id, request)
+        (entry,), _ = await service.read_log(experiment_id)
+        assert entry.eligible == ("arm0", "arm1", "arm3")
+        assert entry.context == given[decision.arm_id]
+        assert entry.contexts == (tuple(given[a] for a in entry.eligible)
+                                  if experiment_id == "all" else None)
+    assert (await service.get("all")).spec.log_all_contexts  # kept with the spec
+
+
+@pytest.mark.parametrize(("setting", "log_max_entries"), [
+    ("covariates", 100), ("stochastic", 100), ("contextual", 0)])
+async def test_log_all_contexts_is_refused_where_it_means_nothing(
+    service: ExperimentService, setting: str, log_max_entries: int
+) -> None:
+    arms = tuple(ArmSpec(f"arm{i}", (1.0, float(i)) if setting == "stochastic" else None)
+                 for i in range(3))
+    with pytest.raises(InvalidInput, match="log_all_contexts needs the contextual setting"):
+        await service.create(ExperimentSpec(
+            id="nothing", setting=setting, dim=2, arms=arms,  # type: ignore[arg-type]
+            log_max_entries=log_max_entries, log_all_contexts=True))
+    assert await service.list() == ([], None)
 
 
 @pytest.mark.parametrize(("setting", "policy"), [("covariates", "linreboot"),
@@ -466,26 +502,30 @@ async def test_the_log_drops_entries_older_than_its_age(
 # -- off-policy evaluation of an export ---------------------------------------
 
 
-async def _evaluable_export(api: Api, tmp_path: Path, setting: str) -> Path:
+async def _evaluable_export(
+    api: Api, tmp_path: Path, setting: str, log_all_contexts: bool = False
+) -> Path:
     """120 decisions of an experiment with epsilon 0.3, rewarded by arm; its obp export."""
     arms = [{"id": a, **({"features": [1.0, float(i)]} if setting == "stochastic" else {})}
             for i, a in enumerate(ARMS)]
-    key = await api.create({"id": setting, "setting": setting, "dim": 2, "seed": 3,
-                            "arms": arms, "hyperparameters": {"epsilon": 0.3}})
+    experiment_id = f"{setting}-all" if log_all_contexts else setting
+    key = await api.create({"id": experiment_id, "setting": setting, "dim": 2, "seed": 3,
+                            "arms": arms, "hyperparameters": {"epsilon": 0.3},
+                            **({"log_all_contexts": True} if log_all_contexts else {})})
     rng = np.random.default_rng(5)
     for _ in range(120):
-        body: dict[str, Any] = {"experiment_id": setting}
-        if setting != "stochastic":  # a constant first feature: the arm's mean is learnable
+        body: dict[str, Any] = {"experiment_id": experiment_id}
+        if setting == "covariates":  # a constant first feature: the arm's mean is learnable
             body["context"] = [1.0, float(rng.normal())]
-        if setting == "contextual":
-            body = {"experiment_id": setting,
-                    "arm_contexts": {a: rng.normal(size=2).tolist() for a in ARMS}}
+        if setting == "contextual":  # the second feature names the arm, blurred
+            body["arm_contexts"] = {a: [1.0, i + float(rng.normal(scale=0.3))]
+                                    for i, a in enumerate(ARMS)}
         decision = (await api.choose(key, body)).json()
         reward = ARMS.index(decision["arm_id"]) * 0.5 + float(rng.normal(scale=0.1))
-        await api.reward(key, {"experiment_id": setting, "decision_id": decision["decision_id"],
-                               "reward": reward})
-    out = tmp_path / f"{setting}.npz"
-    assert await export(api.http, setting, ADMIN_TOKEN, out, "obp") == 120
+        await api.reward(key, {"experiment_id": experiment_id,
+                               "decision_id": decision["decision_id"], "reward": reward})
+    out = tmp_path / f"{experiment_id}.npz"
+    assert await export(api.http, experiment_id, ADMIN_TOKEN, out, "obp") == 120
     return out
 
 
@@ -494,7 +534,7 @@ def _evaluate_cli(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120, check=False)
 
 
-@pytest.mark.parametrize("setting", ["covariates", "stochastic"])
+@pytest.mark.parametrize("setting", ["covariates", "stochastic", "contextual"])
 async def test_evaluate_estimates_a_target_from_an_export(
     api: Api, tmp_path: Path, setting: str
 ) -> None:
@@ -502,9 +542,10 @@ async def test_evaluate_estimates_a_target_from_an_export(
 
     Arm c pays 1.0, b 0.5, a 0.0 (noise 0.1). Greedy fitted on 60 rounds of a
     log that tried every arm picks c: the estimates are near 1.0, and the
-    logging policy, which explores, earned less.
+    logging policy, which explores, earned less. A contextual experiment
+    logs every arm's context for it (``log_all_contexts``).
     """
-    npz = await _evaluable_export(api, tmp_path, setting)
+    npz = await _evaluable_export(api, tmp_path, setting, setting == "contextual")
     table = _evaluate_cli("--log", str(npz), "--policy", "greedy")
     assert table.returncode == 0, table.stderr
     assert "| DR |" in table.stdout and "fitted on the first 60 rounds" in table.stdout
