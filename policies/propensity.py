@@ -32,19 +32,23 @@ References
 ----------
 Genz, A. and Bretz, F. (2009). *Computation of Multivariate Normal and t
 Probabilities*. Springer. Sections 4.1.1-4.1.3 (separation of variables,
-variable ordering), 4.2.2 (randomised lattice rules).
+variable ordering), 4.2 (randomised quasi-Monte Carlo).
+Owen, A. B. (1995). Randomly permuted (t,m,s)-nets and (t,s)-sequences.
+(scipy.stats.qmc.Sobol's scrambling.)
 Trefethen, L. N. and Weideman, J. A. C. (2014). The exponentially convergent
 trapezoidal rule. SIAM Review 56(3), 385-458.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import NDArray
 from scipy import special
+from scipy.stats import qmc
 
 from policies.authors import index_of
 from policies.indices import Law
@@ -82,7 +86,7 @@ FINE = Accuracy(Z, STEP, SHARED_TARGET_SE)
 SERVICE = Accuracy(5.0, 0.5, 1e-3)
 """What ``/choose`` asks: errors below ``1e-3`` (tests/test_propensity.py), at a third to
 a half of the work of :data:`FINE` where the merged rule serves (BENCHMARKS.md §8)."""
-_SEED = 20240611  # lattice shifts of the shared-model estimate: the same for the same statistics
+_SEED = 20240611  # scrambles of the shared-model estimate: the same for the same statistics
 
 
 def propensities(
@@ -481,9 +485,11 @@ def shared_propensity(
     Genz and Bretz 2009, 4.1.3), so each variable in turn is drawn from its
     normal truncated to the interval that the constraints ending at it
     leave, and the estimate is the product of those intervals'
-    probabilities: smooth in the uniforms, which come from randomly shifted
-    Richtmyer lattices. ``SHIFTS`` shifts give an unbiased standard error;
-    points double until it is at most ``accuracy.shared_se`` or
+    probabilities: smooth in the uniforms, which come from scrambled Sobol'
+    sequences (at the same number of points, a standard error a third to a
+    half of randomly shifted Richtmyer lattices' in the paper's worlds).
+    ``SHIFTS`` independent scrambles give an unbiased standard error; points
+    double until it is at most ``accuracy.shared_se`` or
     ``SHARED_MAX_POINTS`` are used.
 
     Arms with identical scores in every draw (the same mean and loadings,
@@ -514,7 +520,8 @@ def shared_propensity(
 
 
 SHIFTS = 8
-"""Random shifts of the lattice in :func:`shared_propensity` (its standard error's sample)."""
+"""Independent scrambles of the Sobol' sequence in :func:`shared_propensity` (its standard
+error's sample)."""
 SHARED_MAX_POINTS = 8 * 8192
 """Cap on the points of :func:`shared_propensity` (then its error may exceed the target)."""
 
@@ -565,20 +572,28 @@ def _separation_of_variables(
               for j in range(int(last.max()) + 1)]
     # One uniform per variable but the last (integrated exactly), one for t's scale.
     uniforms = max(len(groups) - 1 + (dof is not None), 1)
-    shifts = np.random.default_rng(_SEED).random((SHIFTS, 1, uniforms))
-    # Richtmyer points 1..n are the first n of 1..2n: each doubling adds the next n.
+    # Each doubling adds the next points of every sequence: 2^m points in all.
     done, points, total = 0, 256, np.zeros(SHIFTS)
     while True:
-        lattice = (np.arange(done + 1, points + 1)[:, None] * _RICHTMYER[:uniforms]) % 1.0
-        grid = np.abs(2.0 * ((lattice + shifts) % 1.0) - 1.0)  # (SHIFTS, new, u); periodised
-        total += _sov_estimates(groups, dof, grid.reshape(-1, uniforms)).reshape(
-            SHIFTS, -1).sum(axis=1)
+        grid = _sobol(uniforms, points)[:, done:].reshape(-1, uniforms)
+        total += _sov_estimates(groups, dof, grid).reshape(SHIFTS, -1).sum(axis=1)
         done = points
         estimates = total / points
         error = float(estimates.std(ddof=1) / math.sqrt(SHIFTS))
         if error <= target_se or 2 * points * SHIFTS > SHARED_MAX_POINTS:
             return float(estimates.mean()), error
         points *= 2
+
+
+@functools.lru_cache(maxsize=32)
+def _sobol(uniforms: int, points: int) -> Array:
+    """The first ``points`` of ``SHIFTS`` scrambled Sobol' sequences, (SHIFTS, points,
+    uniforms): seeded, so the same statistics get the same estimate; kept, as making
+    the scrambles costs more than a small estimate."""
+    engines = [qmc.Sobol(uniforms, seed=np.random.default_rng([_SEED, i])) for i in range(SHIFTS)]
+    grid = np.stack([engine.random(points) for engine in engines])
+    grid.flags.writeable = False
+    return grid
 
 
 @dataclass(frozen=True)
@@ -624,18 +639,3 @@ def _sov_estimates(groups: list[_Group], dof: float | None, grid: Array) -> Arra
             fraction = below + next(uniforms) * inside
             w[:, j] = special.ndtri(np.clip(fraction, 1e-300, 1.0 - 2**-53))
     return estimate
-
-
-def _primes(count: int) -> Array:
-    """The first ``count`` primes (count <= 300)."""
-    sieve = np.ones(2000, dtype=bool)
-    sieve[:2] = False
-    for i in range(2, 45):
-        if sieve[i]:
-            sieve[i * i :: i] = False
-    return np.flatnonzero(sieve)[:count].astype(float)
-
-
-# Square roots of the primes (mod 1): Richtmyer's lattice, as in Genz's MVN codes;
-# one more than the largest dimension, for Student t's scale.
-_RICHTMYER = np.sqrt(_primes(257)) % 1.0
