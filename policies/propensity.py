@@ -48,7 +48,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numpy.typing import NDArray
 from scipy import special
-from scipy.stats import qmc
 
 from policies.authors import index_of
 from policies.indices import Law
@@ -590,6 +589,8 @@ def _sobol(uniforms: int, points: int) -> Array:
     """The first ``points`` of ``SHIFTS`` scrambled Sobol' sequences, (SHIFTS, points,
     uniforms): seeded, so the same statistics get the same estimate; kept, as making
     the scrambles costs more than a small estimate."""
+    from scipy.stats import qmc  # here: importing scipy.stats takes about a second
+
     engines = [qmc.Sobol(uniforms, seed=np.random.default_rng([_SEED, i])) for i in range(SHIFTS)]
     grid = np.stack([engine.random(points) for engine in engines])
     grid.flags.writeable = False
