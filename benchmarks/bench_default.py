@@ -81,6 +81,9 @@ def main() -> None:
     parser.add_argument("--horizon", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--paired", default="pooled",
+                        help="also print this policy's difference to every other, seed by "
+                        "seed (every policy of a row sees the same worlds)")
     args = parser.parse_args()
     if args.table == "synthetic":
         rows = [(s, d) for s in args.settings for d in args.dims]
@@ -99,11 +102,27 @@ def main() -> None:
     print(head + " | ".join(args.policies) + " |")
     print("|---" * (len(args.policies) + 2) + "|")
     with ProcessPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(fn, jobs))  # type: ignore[arg-type]
+        results = list(pool.map(fn, jobs))
     per_row = len(args.policies)
     for i, (a, b) in enumerate(rows):
         cells = [_cell_text(r) for r in results[i * per_row:(i + 1) * per_row]]
         print(f"| {a} | {b or ''} | " + " | ".join(cells) + " |", flush=True)
+    if args.paired not in args.policies:
+        return
+    own = args.policies.index(args.paired)
+    print(f"\n{args.paired} minus each policy, seed by seed: mean ± s.e. of the difference")
+    print(head + " | ".join(args.policies) + " |")
+    print("|---" * (len(args.policies) + 2) + "|")
+    for i, (a, b) in enumerate(rows):
+        block = [np.asarray(r) for r in results[i * per_row:(i + 1) * per_row]]
+        cells = [_difference(block[own] - other) for other in block]
+        print(f"| {a} | {b or ''} | " + " | ".join(cells) + " |", flush=True)
+
+
+def _difference(values: np.ndarray) -> str:
+    if not values.any():
+        return "0"
+    return f"{values.mean():+.1f} ± {values.std(ddof=1) / math.sqrt(values.size):.1f}"
 
 
 if __name__ == "__main__":
