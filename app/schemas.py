@@ -195,6 +195,11 @@ class Hyperparameters(_Request):
         default=None, description="LinReBoot residuals against the current or the observed "
         f"contexts ({_policies_taking('residuals')})",
     )
+    spread: Literal["paper", "pooled"] | None = Field(
+        default=None, description="LinReBoot bootstrap spread: paper (Section 3.3, every arm "
+        "pulled once first, sigma_omega tuned per setting) or pooled (no first pass, every arm "
+        f"keeps a spread, sigma_omega 0.5 in every setting) ({_policies_taking('spread')})",
+    )
     ig_alpha: float | None = _hyperparameter("ig_alpha")
     ig_beta: float | None = _hyperparameter("ig_beta")
     ig_prior_precision: float | None = _hyperparameter("ig_prior_precision")

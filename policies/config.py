@@ -16,6 +16,12 @@ PolicyName = Literal[
     "linreboot", "lints-g", "lints-ig", "linphe", "lingiro", "linucb", "linucb-const", "greedy"
 ]
 Residuals = Literal["current", "observed"]
+# How LinReBoot sizes each arm's bootstrap spread. "paper": Section 3.3,
+# ``sigma_omega sqrt(RSS_k) / s_k`` after one forced pull of every arm (the
+# paper's algorithm, with its tuned sigma_omega). "pooled": no forced pull, a
+# pseudo-residual of the variance pooled over the arms, and a cap from the
+# shared model (policies.indices.pooled_scale), with one sigma_omega.
+Spread = Literal["paper", "pooled"]
 # "project": the textbook form of each baseline (the default, and the only one
 # the service offers); "authors": as the paper's authors' experiment code runs
 # it (policies.authors), for reproducing their published figures.
@@ -37,6 +43,9 @@ _PAPER_SIGMA_OMEGA: dict[Setting, dict[int, float]] = {
     "contextual": {5: 0.05, 10: 0.05, 20: 0.05},
     "covariates": {5: 1.0, 10: 1.0, 20: 0.5},
 }
+# The one sigma_omega of spread="pooled", whatever the setting (RESULTS.md,
+# "A LinReBoot that needs no tuning").
+POOLED_SIGMA_OMEGA = 0.5
 _FALLBACK_SIGMA_OMEGA: dict[Setting, float] = {
     "stochastic": 0.5, "contextual": 0.05, "covariates": 1.0,
 }
@@ -113,7 +122,7 @@ RANGES: dict[str, Range] = {
 # Every policy is driven by sums, so every one can forget (``discount``);
 # ``epsilon`` is read by policies.draw, so every policy takes it.
 HYPERPARAMETERS: dict[PolicyName, tuple[str, ...]] = {
-    "linreboot": ("reg", "sigma_omega", "residuals", "discount", "epsilon"),
+    "linreboot": ("reg", "sigma_omega", "residuals", "spread", "discount", "epsilon"),
     "greedy": ("reg", "residuals", "discount", "epsilon"),
     "lints-g": ("reg", "discount", "epsilon"),
     "lints-ig": ("ig_alpha", "ig_beta", "ig_prior_precision", "discount", "epsilon"),
@@ -156,6 +165,9 @@ class PolicyConfig:
     sigma_omega : LinReBoot bootstrap-weight standard deviation (0 gives greedy).
     residuals : LinReBoot residuals against the ``current`` context (Algorithms 2, 3)
         or the context each reward was ``observed`` with.
+    spread : LinReBoot's bootstrap spread: ``paper`` (Section 3.3, after one
+        forced pull of every arm) or ``pooled`` (no forced pull; every arm
+        keeps a spread, :func:`policies.indices.pooled_scale`).
     ig_alpha, ig_beta, ig_prior_precision : LinTS-IG normal-inverse-gamma prior.
     phe_a, giro_a : LinPHE / LinGIRO perturbation scale a.
     reward_bound : |reward| bound U used by LinPHE / LinGIRO pseudo-rewards.
@@ -183,6 +195,7 @@ class PolicyConfig:
     reg: float = 0.1
     sigma_omega: float = 0.5
     residuals: Residuals = "current"
+    spread: Spread = "paper"
     ig_alpha: float = 2.0
     ig_beta: float = 2.0
     ig_prior_precision: float = 0.2
@@ -205,6 +218,10 @@ class PolicyConfig:
             raise ValueError(f"unknown setting {self.setting!r}; choose one of {SETTINGS}")
         if self.residuals not in get_args(Residuals):
             raise ValueError("residuals must be 'current' or 'observed'")
+        if self.spread not in get_args(Spread):
+            raise ValueError("spread must be 'paper' or 'pooled'")
+        if self.spread == "pooled" and self.name != "linreboot":
+            raise ValueError("only linreboot has a pooled spread")
         if self.variant not in get_args(Variant):
             raise ValueError("variant must be 'project' or 'authors'")
         if self.variant == "authors" and self.name not in AUTHORS_VARIANTS:
@@ -224,6 +241,11 @@ class PolicyConfig:
     def discounted(self) -> bool:
         """The statistics forget (``discount < 1``)."""
         return self.discount < 1.0
+
+    @property
+    def first_pass(self) -> bool:
+        """Every arm is pulled once before any competes (the paper's first K rounds)."""
+        return self.spread == "paper"
 
     @property
     def shared(self) -> bool:
@@ -267,12 +289,19 @@ def paper_config(name: PolicyName, setting: Setting, dim: int, **overrides: obje
 
     ``greedy`` is LinReBoot with sigma_omega = 0; ``residuals`` defaults to
     ``current`` (Algorithm 2), the variant that measured better (BENCHMARKS.md).
+    LinReBoot with ``spread="pooled"`` takes :data:`POOLED_SIGMA_OMEGA` in
+    every setting, unless ``sigma_omega`` is given.
     With ``variant="authors"`` the authors' scripts' values come first
     (:func:`authors_hyperparameters`), then ``overrides``. The paper's values
     are those of the authors' reading of the environments; for the literal
     one, override with :func:`reading_hyperparameters`.
     """
-    sigma_omega = 0.0 if name == "greedy" else paper_sigma_omega(setting, dim)
+    if name == "greedy":
+        sigma_omega = 0.0
+    elif overrides.get("spread") == "pooled":
+        sigma_omega = POOLED_SIGMA_OMEGA
+    else:
+        sigma_omega = paper_sigma_omega(setting, dim)
     base = PolicyConfig(
         name=name,
         setting=setting,

@@ -142,14 +142,53 @@ def prepare_linreboot(config: PolicyConfig, state: State, contexts: Array) -> Pr
     the inner loop over residual weights. With forgetting (``policies.state``),
     ``RSS_k`` and ``s_k`` are the discounted sums: the spread of an arm grows as
     its outcomes age (``sqrt(RSS_k) / s_k`` scales as ``1 / sqrt(weight)``), so
-    an arm left alone is explored again.
+    an arm left alone is explored again. With ``spread="pooled"`` the scale of
+    the normal is :func:`pooled_scale` instead.
     """
-    theta = ridge(state["xtx"], state["xty"], config.reg)
+    if config.spread == "pooled":
+        theta, leverage = ridge_and_leverage(state, contexts, config.reg)
+    else:
+        theta = ridge(state["xtx"], state["xty"], config.reg)
     mu_hat = predict(theta, contexts)
     rss = residual_sum_of_squares(config, state, mu_hat, theta)
     pulls = state["pulls"]
-    scale = np.divide(np.sqrt(rss), pulls, out=np.zeros_like(rss), where=pulls > 0)
+    if config.spread == "pooled":
+        scale = pooled_scale(state, rss, leverage)
+    else:
+        scale = np.divide(np.sqrt(rss), pulls, out=np.zeros_like(rss), where=pulls > 0)
     return {"mu_hat": mu_hat, "spread": config.sigma_omega * scale}
+
+
+def pooled_scale(state: State, rss: Array, leverage: Array) -> Array:
+    """The spread of ``spread="pooled"`` before ``sigma_omega``, shape (B, K); never 0.
+
+    Every arm gets one pseudo-residual of the residual variance pooled over
+    the arms, ``v = (sum_k RSS_k + v_0) / (sum_k s_k + 1)``, so an arm never
+    pulled (``s_k = 0``), or whose rewards so far are fitted exactly
+    (``RSS_k = 0``: 0/1 rewards that were all 0), keeps a spread. Its own
+    variance is then ``v_k = (RSS_k + v) / (s_k + 1)`` and the spread
+
+        ``min( sqrt(RSS_k + v) / (s_k + 1),  sqrt(v_k x_k' V^-1 x_k) )``:
+
+    the first is the paper's ``sqrt(RSS_k) / s_k`` with the pseudo-residual
+    (one more pull), the second the model's own uncertainty about
+    ``x_k' theta``. With one theta shared by many arms the second is far
+    smaller than what an arm's few pulls suggest, and keeps one sigma_omega
+    right in every setting (RESULTS.md). ``v_0 = (SS + 1) / (n + 1)``, with
+    ``SS`` the rewards' sum of squares about their model's mean and ``n`` the
+    rewards so far: their variance, with one pseudo-reward of unit deviation
+    so that it is positive even when every reward so far was the same (its
+    weight in ``v`` falls as ``1 / n^2``). No arm needs a first pull.
+    """
+    n, deviations, squares = state["n"], state["sum_dy"], state["sum_dy2"]
+    within = squares - np.divide(deviations**2, n, out=np.zeros_like(n), where=n > 0)
+    prior = (np.maximum(within, 0.0).sum(axis=1) + 1.0) / (n.sum(axis=1) + 1.0)
+    pulls = state["pulls"]
+    pooled = (rss.sum(axis=1) + prior) / (pulls.sum(axis=1) + 1.0)
+    own = rss + pooled[:, None]
+    by_arm = np.sqrt(own) / (pulls + 1.0)
+    by_model = np.sqrt(own / (pulls + 1.0) * leverage)
+    return np.minimum(by_arm, by_model)
 
 
 def draw_linreboot(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Array:
@@ -383,11 +422,10 @@ def ucb_radius(config: PolicyConfig, n_obs: Array) -> Array:
     ) * config.theta_bound
 
 
-def _linucb_with(radius: Array, state: State, contexts: Array, reg: float) -> Prepared:
-    """Scores ``x_k' theta_hat + radius ||x_k||_(A^-1)``, from one solve for both terms."""
+def ridge_and_leverage(state: State, contexts: Array, reg: float) -> tuple[Array, Array]:
+    """``theta_hat`` per model (B, M, d) and ``x_k' V^-1 x_k`` per arm (B, K), from one solve."""
     xtx, xty = state["xtx"], state["xty"]
-    n_arms = contexts.shape[1]
-    if xtx.shape[1] == 1:  # one model: theta and every arm's A^-1 x_k together
+    if xtx.shape[1] == 1:  # one model: theta and every arm's V^-1 x_k together
         rhs = np.concatenate([xty[..., None], np.swapaxes(contexts, 1, 2)[:, None]], axis=-1)
         solved = solve(xtx, reg, rhs)[:, 0]  # (B, d, 1 + K)
         theta, lifted = solved[:, None, :, 0], solved[..., 1:]
@@ -396,8 +434,14 @@ def _linucb_with(radius: Array, state: State, contexts: Array, reg: float) -> Pr
         solved = solve(xtx, reg, np.stack([xty, contexts], axis=-1))  # (B, K, d, 2)
         theta = solved[..., 0]
         squares = np.einsum("bkd,bkd->bk", solved[..., 1], contexts)
-    width = np.sqrt(np.maximum(squares, 0.0))
-    return {"scores": predict(theta, contexts) + per_arm(radius, n_arms) * width}
+    return theta, np.maximum(squares, 0.0)
+
+
+def _linucb_with(radius: Array, state: State, contexts: Array, reg: float) -> Prepared:
+    """Scores ``x_k' theta_hat + radius ||x_k||_(A^-1)``, from one solve for both terms."""
+    theta, squares = ridge_and_leverage(state, contexts, reg)
+    width = np.sqrt(squares)
+    return {"scores": predict(theta, contexts) + per_arm(radius, contexts.shape[1]) * width}
 
 
 def prepare_linucb(config: PolicyConfig, state: State, contexts: Array) -> Prepared:

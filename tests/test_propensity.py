@@ -125,7 +125,7 @@ def _shared(ready: Ready) -> bool:
 
 def state_after(
     name: PolicyName, setting: Setting, rounds: int, seed: int, n_arms: int = 4, dim: int = 3,
-    **overrides: float,
+    **overrides: float | str,
 ) -> tuple[PolicyConfig, Ready]:
     """A policy's prepared decision after ``rounds`` rounds of a seeded world."""
     config = paper_config(name, setting, dim, **overrides)
