@@ -328,10 +328,10 @@ async def test_a_pending_decision_keeps_every_value_within_64_bytes(
     assert view.theta_hat["shared"] != [0.0] * 20
 
 
-async def test_a_context_of_more_than_eight_chunks_is_read_back_whole(
+async def test_a_context_of_more_chunks_than_the_first_read_is_read_back_whole(
     app_settings: Settings, redis_db: str
 ) -> None:
-    """d = 72: nine 64-byte chunks, the ninth read by a second HMGET in reward.lua."""
+    """d = 72: nine 64-byte chunks, the fifth to ninth read by a second HMGET in reward.lua."""
     from tests.test_service_durability import (
         Observation,
         assert_stats_equal,
