@@ -3,6 +3,7 @@
 Usage::
 
     python -m benchmarks.bench_redis_cpu --against REV [--blocks 8] [--calls 1000]
+    python -m benchmarks.bench_redis_cpu --breakdown D [--blocks 8] [--calls 1000]
 
 Starts an embedded Redis (AOF on, as the service's) and calls the scripts as
 the service does, on experiments as created over HTTP (stochastic
@@ -16,7 +17,10 @@ LinReBoot, K = 100 arms, the decision log on, no default reward):
 Each figure is Redis's own ``usec_per_call`` of EVALSHA (INFO commandstats,
 reset before each kind of call), so the client's cost is not in it; the two
 versions run in alternate blocks so that both see the same machine load,
-and the report gives the median over blocks (and the lowest block). One
+and the report gives the median over blocks (and the lowest block), and
+their ratio as the median of the blocks' ratios. ``--breakdown D`` times
+instead the scripts cut short before each step, to show where a call's
+time goes. One
 Redis runs one script at a time on one core, so 1e6 / µs is what one shard
 applies per second at most: its ceiling.
 """
@@ -149,7 +153,8 @@ def _block(client: redis.Redis, version: Version, dim: int, calls: int) -> None:
 
 
 def _report(versions: list[Version], blocks: int) -> None:
-    print(f"Redis µs per call (median of {blocks} blocks; lowest block in brackets)\n")
+    print(f"Redis µs per call (median of {blocks} blocks; lowest block in brackets; "
+          "this / other: median of the blocks' ratios)\n")
     print("| d | request | " + " | ".join(v.name for v in versions)
           + " | this / other | shard ceiling, this (per s) |")
     print("|---|---|" + "---:|" * len(versions) + "---:|---:|")
@@ -160,7 +165,11 @@ def _report(versions: list[Version], blocks: int) -> None:
                 times = v.times[(dim, kind)]
                 medians.append(statistics.median(times))
                 cells.append(f"{medians[-1]:.1f} ({min(times):.1f})")
-            ratio = medians[0] / medians[-1] if len(medians) > 1 else 1.0
+            # Block i of each version ran back to back: the median of their
+            # ratios follows the machine's load better than a ratio of medians.
+            ratio = statistics.median(
+                a / b for a, b in zip(versions[0].times[(dim, kind)],
+                                      versions[-1].times[(dim, kind)], strict=True))
             print(f"| {dim} | {kind} | " + " | ".join(cells)
                   + f" | {ratio:.2f} | {1e6 / medians[0]:,.0f} |")
     print()
@@ -173,16 +182,96 @@ def _report(versions: list[Version], blocks: int) -> None:
               f"single one; one shard applies {1e6 / pair:,.0f} choose+reward pairs/s")
 
 
+# Where a call's time goes: the script cut short (``do return ... end``)
+# before each of these lines, one cut per row, each row timed in the same
+# blocks as the whole script; a row's figure is what the script has done up
+# to its cut.
+_CUT = "do return {'cut'} end\n"
+_REWARD_CUTS = (
+    ("sums.lua's definitions", "-- Apply a batch of rewards"),
+    ("+ the meta read, the recipes split", "local incarnation = meta[1]"),
+    ("+ the decision read",
+     "  if not decision[STATUS] or decision[INCARNATION] ~= incarnation then"),
+    ("+ the sums read and unpacked", "  local gamma, number = recipes.discount"),
+    ("+ the additions",
+     "    redis.call('HSET', KEYS[k], 'status', 'rewarded', 'reward', reward)"),
+    ("+ the decision marked, its log entry", "finish(KEYS[2])"),
+)
+_DECIDE_CUTS = (
+    ("+ the meta read", "if redis.call('EXISTS', KEYS[3]) == 1 then"),
+    ("+ existence, counters, number, clock", "local window = tonumber(ARGV[7])"),
+    ("+ the decision's record and its TTL", "local id = string.match(KEYS[3], ':decision:(.*)$')"),
+    ("+ the pending list and its TTL", "local max_entries = tonumber(meta[5] or '0')"),
+)
+
+
+def _cut(script: str, line: str) -> str:
+    at = script.index("\n" + line) + 1  # ValueError when a script no longer has the line
+    return script[:at] + _CUT + script[at:]
+
+
+def _breakdown(client: redis.Redis, dim: int, blocks: int, calls: int) -> None:
+    """Print Redis µs per call of each cut of decide.lua and of reward.lua (one decision)."""
+    decide, reward = _read(None, "decide"), _read(None, "sums") + _read(None, "reward")
+    rows = [("decide.lua", "empty script", "return {'cut'}"),
+            *(("decide.lua", label, _cut(decide, line)) for label, line in _DECIDE_CUTS),
+            ("decide.lua", "the whole script", decide),
+            ("reward.lua", "empty script", "return {'cut'}"),
+            *(("reward.lua", label, _cut(reward, line)) for label, line in _REWARD_CUTS),
+            ("reward.lua", "the whole script", reward)]
+    full_decide = str(client.script_load(decide))
+    shas = [str(client.script_load(script)) for _, _, script in rows]
+    times: list[list[float]] = [[] for _ in rows]
+    for block in range(blocks):
+        order = range(len(rows)) if block % 2 == 0 else reversed(range(len(rows)))
+        for i in order:
+            experiment = f"cut{i}-d{dim}"
+            if not client.exists(keys.meta(experiment)):
+                _create(client, experiment, dim)
+                # a reward applied in full first: the cuts unpack real sums, not none
+                client.evalsha(full_decide, *_decide_args(experiment, dim, "first"))
+                client.evalsha(shas[-1], *_reward_args(experiment, ["first"]))
+            ids = [secrets.token_hex(16) for _ in range(calls)]
+            if rows[i][0] == "decide.lua":
+                times[i].append(_timed(client, shas[i],
+                                       [_decide_args(experiment, dim, d) for d in ids]))
+            else:
+                _timed(client, full_decide, [_decide_args(experiment, dim, d) for d in ids])
+                times[i].append(_timed(client, shas[i],
+                                       [_reward_args(experiment, [d]) for d in ids]))
+            with client.pipeline(transaction=False) as pipe:
+                for d in ids:
+                    pipe.unlink(keys.decision(experiment, d))
+                pipe.unlink(keys.pending(experiment), keys.log(experiment))
+                pipe.execute()
+    print(f"Where the time goes at d = {dim}: Redis µs per call of the script cut short "
+          f"(median of {blocks} blocks; lowest block in brackets)\n")
+    # The steps from the lowest blocks: on a shared machine the least disturbed
+    # block is the best guess at a step's own cost (medians carry the load).
+    print("| script | done before the cut | µs per call | step (lowest blocks) |")
+    print("|---|---|---:|---:|")
+    previous = 0.0
+    for (script, label, _), row in zip(rows, times, strict=True):
+        step = "" if label == "empty script" else f"{min(row) - previous:+.1f}"
+        print(f"| {script} | {label} | {statistics.median(row):.1f} ({min(row):.1f}) | {step} |")
+        previous = min(row)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", help="also time the scripts as of this git revision")
     parser.add_argument("--blocks", type=int, default=8)
     parser.add_argument("--calls", type=int, default=1000, help="single rewards per block")
+    parser.add_argument("--breakdown", type=int, metavar="D",
+                        help="instead, where a call's time goes at dimension D (script cuts)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         embedded = EmbeddedRedis(Path(tmp), port=free_port()).start()
         try:
             client = redis.Redis.from_url(embedded.url)
+            if args.breakdown:
+                _breakdown(client, args.breakdown, args.blocks, args.calls)
+                return
             versions = [_version(client, "this", None)]
             if args.against:
                 versions.append(_version(client, args.against, args.against))

@@ -14,14 +14,20 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import re
+import typing
+from importlib import resources
 from typing import Any
 
 import numpy as np
 import pytest
 import redis
 
-from policies import PolicyConfig
+from policies import PolicyConfig, paper_config
+from policies import config as policy_config
 from service import keys
+from service.codec import recipe
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.experiments import ExperimentService
 from service.settings import Settings
@@ -328,10 +334,10 @@ async def test_a_pending_decision_keeps_every_value_within_64_bytes(
     assert view.theta_hat["shared"] != [0.0] * 20
 
 
-async def test_a_context_of_more_than_eight_chunks_is_read_back_whole(
+async def test_a_context_of_more_chunks_than_the_first_read_is_read_back_whole(
     app_settings: Settings, redis_db: str
 ) -> None:
-    """d = 72: nine 64-byte chunks, the ninth read by a second HMGET in reward.lua."""
+    """d = 72: nine 64-byte chunks, the fifth to ninth read by a second HMGET in reward.lua."""
     from tests.test_service_durability import (
         Observation,
         assert_stats_equal,
@@ -357,3 +363,31 @@ async def test_a_context_of_more_than_eight_chunks_is_read_back_whole(
         await service.close()
     assert_stats_equal(config, ["a", "b"], stored_stats(redis_db, "big"),
                        expected_state(config, 2, observations))
+
+
+def _recipes_written() -> set[str]:
+    """Every recipe service.codec writes for the paper's configurations."""
+    written = set()
+    for name, setting, residuals, discount in itertools.product(
+        typing.get_args(policy_config.PolicyName), typing.get_args(policy_config.Setting),
+        typing.get_args(policy_config.Residuals), (None, 0.99),
+    ):
+        options: dict[str, object] = {"residuals": residuals}
+        if discount is not None:
+            options["discount"] = discount
+        config = paper_config(name, setting, 3, **options)
+        written |= {recipe(config, "model"), recipe(config, "arm")}
+    return written
+
+
+def test_the_recipes_split_by_lookup_are_the_codecs_split_at_commas() -> None:
+    """sums.lua splits today's recipes by a lookup (split_common), as the split would."""
+    lua = resources.files("service").joinpath("lua", "sums.lua").read_text()
+    body = lua[lua.index("local function split_common"):lua.index("local function split_recipe")]
+    lookup = {text: re.findall(r"'([a-z_0-9]+)'", listed) for text, listed in re.findall(
+        r"text == '([^']*)' then\s*return \{([^}]*)\}", body)}
+    assert lookup, "split_common not found"
+    for text, listed in lookup.items():
+        assert listed == text.split(","), text
+    # every recipe the service writes today takes the lookup, none the slow split
+    assert _recipes_written() <= set(lookup)

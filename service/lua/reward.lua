@@ -37,6 +37,7 @@ if unusable then
   return unusable
 end
 local incarnation = meta[1]
+local numbered = recipes.discount ~= nil  -- a decision's number matters when the sums forget
 local FIRST = 4  -- KEYS[FIRST..] are the decisions; ARGV[k - FIRST + 2] is KEYS[k]'s reward
 
 -- A batch is checked whole before anything is written, so a store that does
@@ -45,7 +46,7 @@ local FIRST = 4  -- KEYS[FIRST..] are the decisions; ARGV[k - FIRST + 2] is KEYS
 local read = {}  -- decision key -> its fields, as the check read them
 if #KEYS > FIRST then
   for k = FIRST, #KEYS do
-    local decision = read[KEYS[k]] or read_decision(KEYS[k])
+    local decision = read[KEYS[k]] or read_decision(KEYS[k], numbered)
     read[KEYS[k]] = decision
     if decision[STATUS] == 'pending' and decision[INCARNATION] == incarnation then
       local refused = load_sums(KEYS[2], recipes, decision)
@@ -72,13 +73,13 @@ local statuses = {}
 local applied, duplicates = 0, 0  -- counted once at the end
 for k = FIRST, #KEYS do
   local reward = ARGV[k - FIRST + 2]
-  local decision = read[KEYS[k]] or read_decision(KEYS[k])
+  local decision = read[KEYS[k]] or read_decision(KEYS[k], numbered)
   -- A decision made before its experiment was deleted (and perhaps created
   -- again under the same id) belongs to no current experiment.
   if not decision[STATUS] or decision[INCARNATION] ~= incarnation then
     statuses[#statuses + 1] = 'not_found'
   elseif decision[STATUS] == 'rewarded' then
-    if decision[REWARD] == reward then
+    if reward_of(KEYS[k], decision) == reward then
       duplicates = duplicates + 1
       statuses[#statuses + 1] = 'duplicate'
     else

@@ -43,7 +43,7 @@ local function deadline(entry)
 end
 
 -- The given entries still at the head of the list and due, with their decisions.
-local function claimable()
+local function claimable(numbered)
   local given = #KEYS - FIRST + 1
   local head = redis.call('LRANGE', KEYS[4], 0, given - 1)
   local decisions = {}
@@ -56,7 +56,7 @@ local function claimable()
     if decision_id(key) ~= string.match(entry, ' (.*)$') then
       return nil, redis.error_reply('settle.lua: decision key ' .. i .. ' does not match its entry')
     end
-    decisions[i] = read_decision(key)
+    decisions[i] = read_decision(key, numbered)
   end
   return decisions, nil
 end
@@ -91,7 +91,7 @@ if #KEYS >= FIRST then
   if unusable then
     return unusable
   end
-  local decisions, mismatch = claimable()
+  local decisions, mismatch = claimable(recipes.discount ~= nil)
   if mismatch then
     return mismatch
   end
