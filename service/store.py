@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import re
 import secrets
 import time
@@ -37,6 +38,7 @@ from importlib import resources
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import hiredis
+import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import Connection
@@ -97,6 +99,20 @@ def _transient(exc: ResponseError) -> bool:
             or bool(_TRANSIENT.search(str(exc))))
 
 
+_REDIS_PACKAGE = os.path.dirname(redis.__file__)
+
+
+def _connection_race(exc: AttributeError) -> bool:
+    """redis-py's own fault, not ours: its asyncio cluster client can use a connection
+    that another task is closing (``'NoneType' object has no attribute 'writelines'``,
+    seen during a slot migration). Like a dropped connection, the command may or may
+    not have run; the caller retries, and ids make the retry safe."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_filename.startswith(_REDIS_PACKAGE)
+
+
 def _out_of_memory(exc: ResponseError) -> bool:
     """Redis refused a write for lack of memory (maxmemory reached, noeviction).
 
@@ -120,6 +136,10 @@ def _call(fn: StoreMethod[P, T], *, bounded: bool) -> StoreMethod[P, T]:
                 return await fn(self, *args, **kwargs)
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(_UNAVAILABLE_MESSAGE) from exc
+        except AttributeError as exc:
+            if _connection_race(exc):
+                raise StoreUnavailable(_UNAVAILABLE_MESSAGE) from exc
+            raise
         except ResponseError as exc:
             if _out_of_memory(exc):
                 self.refused_at = time.monotonic()

@@ -34,6 +34,7 @@ from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.errors import StoreFull, StoreUnavailable
 from service.experiments import ExperimentService
 from service.settings import Settings
+from service.store import Store, _translated
 from tests.conftest import ADMIN, ADMIN_TOKEN
 
 pytestmark = pytest.mark.anyio
@@ -411,3 +412,32 @@ async def test_a_stalled_redis_fails_each_call_at_its_deadline_and_the_store_rec
         assert (await service.reward("mem", [(decision.decision_id, 2.0)]))[0].status == "applied"
     finally:
         await service.close()
+
+
+async def test_a_connection_closed_under_the_client_is_a_503_not_a_500(
+    redis_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py's asyncio cluster client can write to a connection another task is
+    closing (seen in a slot migration): ``AttributeError: 'NoneType' object has no
+    attribute 'writelines'`` from inside redis-py. That is the store unavailable, as
+    a dropped connection is; an AttributeError of our own stays a bug."""
+    from redis.asyncio.connection import Connection
+
+    store = Store.from_url(redis_db, 2.0)
+    try:
+        await store.ping()
+        monkeypatch.setattr(Connection, "is_connected", property(lambda self: True))
+        for connection in store._client.connection_pool._available_connections:
+            connection._writer = None  # closed by "another task"
+        with pytest.raises(StoreUnavailable):
+            await store.ping()
+        monkeypatch.undo()
+
+        async def ours(self: Store) -> None:
+            raise AttributeError("a bug of ours")
+
+        monkeypatch.setattr(Store, "list_ids", _translated(ours))
+        with pytest.raises(AttributeError, match="a bug of ours"):
+            await store.list_ids()
+    finally:
+        await store.close()
