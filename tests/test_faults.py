@@ -421,12 +421,14 @@ async def test_a_connection_closed_under_the_client_is_a_503_not_a_500(
     closing (seen in a slot migration): ``AttributeError: 'NoneType' object has no
     attribute 'writelines'`` from inside redis-py. That is the store unavailable, as
     a dropped connection is; an AttributeError of our own stays a bug."""
+    from redis.asyncio import Redis
     from redis.asyncio.connection import Connection
 
     store = Store.from_url(redis_db, 2.0)
     try:
         await store.ping()
         monkeypatch.setattr(Connection, "is_connected", property(lambda self: True))
+        assert isinstance(store._client, Redis)
         for connection in store._client.connection_pool._available_connections:
             connection._writer = None  # closed by "another task"
         with pytest.raises(StoreUnavailable):
