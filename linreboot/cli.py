@@ -39,6 +39,7 @@ def _add_simulate(sub: argparse._SubParsersAction[_Parser]) -> None:
     p.add_argument("--reps", type=int, default=100, help="repetitions per cell (default 100)")
     p.add_argument("--horizon", type=int, default=10_000, help="rounds (default 10000)")
     p.add_argument("--seed", type=int, default=0)
+    _add_spreads(p)
     p.add_argument(
         "--sigma-omega", nargs="+", type=float, default=None,
         help="LinReBoot sigma_omega values to sweep (default: the paper's per setting and d)",
@@ -86,7 +87,7 @@ def _simulate(args: argparse.Namespace) -> int:
         raise SystemExit("--baselines authors runs without forgetting: leave --discount at 1")
     cells = grid(args.settings, args.dims, args.policies, args.sigma_omega, args.reading, overrides,
                  discounts=args.discount, switch_every=args.switch_every,
-                 baselines=args.baselines, centres=args.centres)
+                 baselines=args.baselines, centres=args.centres, spreads=args.spreads)
     run = run_grid(cells, args.reps, args.horizon, args.seed, args.jobs,
                    time_single=args.time_single_runs)
     drift = f", theta switching every {args.switch_every} rounds" if args.switch_every else ""
@@ -121,13 +122,21 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _add_grid_args(p: argparse.ArgumentParser, *, settings: Sequence[str], dims: Sequence[int],
-                   policies: Sequence[str], reps: int, horizon: int) -> None:
+                   policies: Sequence[str], reps: int, horizon: int,
+                   spreads: Sequence[str] = ("paper",)) -> None:
     p.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(settings))
     p.add_argument("--dims", nargs="+", type=int, default=list(dims))
     p.add_argument("--policies", nargs="+", choices=POLICIES, default=list(policies))
     p.add_argument("--reps", type=int, default=reps, help=f"repetitions per cell (default {reps})")
     p.add_argument("--horizon", type=int, default=horizon, help=f"rounds (default {horizon})")
     p.add_argument("--seed", type=int, default=0)
+    _add_spreads(p, spreads)
+
+
+def _add_spreads(p: argparse.ArgumentParser, default: Sequence[str] = ("paper",)) -> None:
+    p.add_argument("--spreads", nargs="+", choices=("paper", "pooled"), default=list(default),
+                   help="LinReBoot once per spread rule: paper (Section 3.3) and/or pooled "
+                   f"(no tuning, no forced first pass; docs/API.md); default {' '.join(default)}")
 
 
 def _add_http_args(p: argparse.ArgumentParser) -> None:
@@ -163,7 +172,8 @@ def _add_demo(sub: argparse._SubParsersAction[_Parser]) -> None:
         "print the regret table and write the plot",
     )
     _add_grid_args(p, settings=("stochastic",), dims=(5,),
-                   policies=(*PAPER_POLICIES, "greedy", "linucb-const"), reps=4, horizon=400)
+                   policies=(*PAPER_POLICIES, "greedy", "linucb-const"), reps=4, horizon=400,
+                   spreads=("paper", "pooled"))
     _add_http_args(p)
     p.add_argument("--out", type=Path, default=Path("results/demo"))
 
@@ -174,7 +184,7 @@ def _cells(args: argparse.Namespace) -> list[Cell]:
     for value in (args.reps, args.horizon):
         if value < 1:
             raise SystemExit("--reps and --horizon must be positive")
-    return grid(args.settings, args.dims, args.policies)
+    return grid(args.settings, args.dims, args.policies, spreads=args.spreads)
 
 
 def _replay(args: argparse.Namespace) -> int:

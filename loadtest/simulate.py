@@ -7,6 +7,7 @@ service runs, with ``B = reps``.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from policies import (
     paper_config,
     update,
 )
-from policies.config import authors_hyperparameters, reading_hyperparameters
+from policies.config import Spread, authors_hyperparameters, reading_hyperparameters
 from policies.ridge import BufferedStreams
 
 Progress = Callable[[int], None]
@@ -211,8 +212,10 @@ def grid(
     switch_every: int = 0,
     baselines: Variant = "project",
     centres: Centres = "per-repetition",
+    spreads: Sequence[Spread] = ("paper",),
 ) -> list[Cell]:
-    """Every cell of settings x dims x policies x discounts; LinReBoot once per sigma_omega.
+    """Every cell of settings x dims x policies x discounts; LinReBoot once per sigma_omega
+    and spread (``paper``, the plain label, or ``pooled``: see ``PolicyConfig.spread``).
 
     Each policy gets the ``overrides`` it takes (``policies.HYPERPARAMETERS``);
     a discount of 1 (no forgetting) is no override, so its label is the plain one.
@@ -229,9 +232,10 @@ def grid(
                 own = tuple((k, v) for k, v in overrides if k in HYPERPARAMETERS[policy])
                 if baselines == "authors" and policy in AUTHORS_VARIANTS:
                     own += (("variant", "authors"),)
-                for sigma in sweep:
-                    for discount in discounts:
-                        forget = (("discount", discount),) if discount != 1.0 else ()
-                        cells.append(Cell(setting, dim, policy, sigma, reading, own + forget,
-                                          switch_every, centres))
+                kinds = [(("spread", s),) if s != "paper" else () for s in spreads] \
+                    if policy == "linreboot" else [()]
+                for kind, sigma, discount in itertools.product(kinds, sweep, discounts):
+                    forget = (("discount", discount),) if discount != 1.0 else ()
+                    cells.append(Cell(setting, dim, policy, sigma, reading, kind + own + forget,
+                                      switch_every, centres))
     return cells

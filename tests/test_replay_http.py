@@ -22,6 +22,7 @@ CELLS = [
     Cell("stochastic", 3, "linreboot"),
     Cell("contextual", 3, "lints-g"),
     Cell("covariates", 3, "linucb"),
+    Cell("stochastic", 3, "linreboot", overrides=(("spread", "pooled"),)),
 ]
 
 pytestmark = pytest.mark.slow

@@ -10,6 +10,7 @@ import pytest
 from loadtest.experiment import GridRun, write_outputs
 from loadtest.results import read_curves, recorded_rounds, summarise
 from loadtest.simulate import Cell, grid, play, run_cell
+from policies.config import POOLED_SIGMA_OMEGA
 from policies.ridge import BufferedStreams, standard_normals
 
 
@@ -58,6 +59,14 @@ def test_grid_sweeps_sigma_omega_for_linreboot_only() -> None:
     assert labels == ["linreboot (σω=0.1)", "linreboot (σω=0.5)", "linucb"]
     assert len(cells) == 2 * 3
     assert {c.config().sigma_omega for c in cells if c.policy == "linreboot"} == {0.1, 0.5}
+
+
+def test_grid_plays_linreboot_once_per_spread_rule() -> None:
+    cells = grid(["stochastic"], [5], ["linreboot", "greedy"], spreads=["paper", "pooled"])
+    assert [c.label for c in cells] == ["linreboot", "linreboot (spread=pooled)", "greedy"]
+    paper, pooled, greedy = (c.config() for c in cells)
+    assert (paper.spread, pooled.spread, greedy.spread) == ("paper", "pooled", "paper")
+    assert pooled.sigma_omega == POOLED_SIGMA_OMEGA != paper.sigma_omega
 
 
 def test_outputs_round_trip(tmp_path: Path) -> None:
