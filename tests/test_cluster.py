@@ -20,14 +20,24 @@ import redis
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 from pydantic import SecretStr
+from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 import tests.test_app_api as api_tests
 from app.main import create_app
+from policies import PolicyConfig
+from service import keys
+from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.experiments import ExperimentService
 from service.settings import Settings
 from tests.cluster import LocalCluster, id_on, local_cluster
 from tests.conftest import ADMIN, ADMIN_TOKEN, CONTEXTUAL, COVARIATES, STOCHASTIC, Api
+from tests.test_service_durability import (
+    _LEGACY_RECIPES,
+    _legacy_blob,
+    _unpacked,
+    assert_stats_equal,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -333,3 +343,72 @@ async def test_a_live_experiment_migrates_during_a_replay_exactly_once(
         assert plain.exists("lrb:{cov}:meta") == 1  # the experiment is on the target now
     finally:
         plain.close()
+
+
+def _stats(client: RedisCluster, experiment_id: str) -> dict[str, bytes]:
+    raw: dict[bytes, bytes] = client.hgetall(keys.stats(experiment_id))  # type: ignore[assignment]
+    return {k.decode(): v for k, v in raw.items()}
+
+
+async def test_the_start_up_upgrade_reaches_experiments_on_every_master(
+    cluster: LocalCluster, redis_db: str
+) -> None:
+    """What an earlier version stored (raw sums, old recipes, pending decisions without
+    field names), on all three masters: one worker upgrades every experiment, its
+    sums are the same, and each pending decision (found by SCAN on its own master)
+    still takes its reward."""
+    settings = _settings(redis_db)
+    ids = [id_on(cluster, master, "old") for master in cluster.masters]
+    service = await ExperimentService.open(settings)
+    pending: dict[str, tuple[str, str]] = {}
+    try:
+        for experiment_id in ids:
+            _, key = await service.create(ExperimentSpec(
+                id=experiment_id, setting="covariates", dim=3,
+                arms=(ArmSpec("a"), ArmSpec("b")), seed=2))
+            for context in ((1.0, 0.5, -0.25), (0.5, 2.0, 1.0), (-1.0, 0.0, 3.0)):
+                decision = await service.choose(experiment_id, ChooseRequest(context=context),
+                                                key)
+                await service.reward(experiment_id, [(decision.decision_id, sum(context))], key)
+            waiting = await service.choose(experiment_id, ChooseRequest(context=(0.2, 0.4, 1.0)),
+                                           key)
+            pending[experiment_id] = (key, waiting.decision_id)
+        config = PolicyConfig(**(await service.get(ids[0])).config)  # type: ignore[arg-type]
+    finally:
+        await service.close()
+
+    client = RedisCluster.from_url(redis_db)
+    try:
+        current = {e: _stats(client, e) for e in ids}
+        for experiment_id in ids:  # as the version that stored raw sums left them
+            client.hset(keys.meta(experiment_id), mapping=_LEGACY_RECIPES["raw sums"])
+            client.hdel(keys.decision(experiment_id, pending[experiment_id][1]),
+                        "model_field", "arm_field")
+            for name, blob in current[experiment_id].items():
+                axis = "model" if name.startswith("model") else "arm" if name.startswith(
+                    "arm:") else ""
+                if axis:
+                    client.hset(keys.stats(experiment_id),
+                                mapping={name: _legacy_blob(config, axis, blob, False)})
+    finally:
+        client.close()
+
+    upgraded = await ExperimentService.open(settings)
+    again = await ExperimentService.open(settings)  # a second worker: nothing left to do
+    try:
+        assert upgraded.upgraded == sorted(ids) and again.upgraded == []
+        assert upgraded.upgrade_failures == []
+        client = RedisCluster.from_url(redis_db)
+        try:
+            for experiment_id in ids:
+                assert_stats_equal(config, ["a", "b"], _stats(client, experiment_id),
+                                   _unpacked(config, current[experiment_id]), rtol=1e-12)
+        finally:
+            client.close()
+        for experiment_id, (key, decision_id) in pending.items():
+            outcome = await upgraded.reward(experiment_id, [(decision_id, 0.5)], key)
+            assert outcome[0].status == "applied"
+            assert (await upgraded.get(experiment_id)).rewards == 4
+    finally:
+        await upgraded.close()
+        await again.close()
