@@ -602,19 +602,18 @@ class _Group:
     """The constraints that end at variable j, solved for it: ``W_j >= lower_i - W @ down_i``
     (positive coefficients), ``W_j <= upper_i - W @ up_i`` (negative); W the earlier ones."""
 
-    lower: Array
-    upper: Array
-    slopes: Array  # (j, lower.size + upper.size): down, then up
+    cuts: Array  # lower, then upper
+    n_lower: int
+    slopes: Array  # (j, cuts.size): down, then up
 
     @staticmethod
     def of(rows: Array, bounds: Array, members: NDArray[np.int64], j: int) -> _Group:
         coefficient = rows[members, j]  # significant (see _trapezoidal)
         order = np.argsort(coefficient < 0, kind="stable")  # positive first
         members, coefficient = members[order], coefficient[order]
-        positive = int(np.sum(coefficient > 0))
-        cut = bounds[members] / coefficient
         slopes = (rows[members, :j] / coefficient[:, None]).T
-        return _Group(cut[:positive], cut[positive:], np.ascontiguousarray(slopes))
+        return _Group(bounds[members] / coefficient, int(np.sum(coefficient > 0)),
+                      np.ascontiguousarray(slopes))
 
 
 def _sov_estimates(groups: list[_Group], dof: float | None, grid: Array) -> Array:
@@ -625,14 +624,12 @@ def _sov_estimates(groups: list[_Group], dof: float | None, grid: Array) -> Arra
     w = np.empty((grid.shape[0], len(groups)))
     estimate = np.ones(grid.shape[0])
     for j, group in enumerate(groups):
-        n_lower = group.lower.size
-        cut = np.concatenate([group.lower, group.upper])
-        cut = np.broadcast_to(cut, (grid.shape[0], cut.size)) if scale is None \
-            else scale[:, None] * cut
+        cut = np.broadcast_to(group.cuts, (grid.shape[0], group.cuts.size)) if scale is None \
+            else scale[:, None] * group.cuts
         if j:
             cut = cut - w[:, :j] @ group.slopes
-        low = cut[:, :n_lower].max(axis=1, initial=-np.inf)
-        high = cut[:, n_lower:].min(axis=1, initial=np.inf)
+        low = cut[:, :group.n_lower].max(axis=1, initial=-np.inf)
+        high = cut[:, group.n_lower:].min(axis=1, initial=np.inf)
         below = special.ndtr(low)
         inside = np.maximum(special.ndtr(high) - below, 0.0)
         estimate *= inside
