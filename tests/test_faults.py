@@ -40,6 +40,13 @@ from tests.conftest import ADMIN, ADMIN_TOKEN
 pytestmark = pytest.mark.anyio
 
 DEADLINE_SECONDS = 1.0
+# Spins for three whole seconds, timed to the microsecond: timed in whole seconds
+# it ran anywhere from 1 to 2 s, and a short run ended inside the 1.3 s the
+# reward below waits (0.3 s + the deadline), which then succeeded.
+BUSY_FOR_3_SECONDS = (
+    "local function now() local t = redis.call('TIME') "
+    "return tonumber(t[1]) * 1000000 + tonumber(t[2]) end "
+    "local stop = now() + 3000000 while now() < stop do end return 1")
 STALL_SECONDS = 2.5  # longer than the deadline: the stall must show as 503s
 FIRST_503_SLACK_SECONDS = 0.5  # the bound: the deadline plus 0.5 s
 
@@ -362,8 +369,7 @@ async def test_redis_refusing_commands_for_now_is_503_and_readiness_says_so(
                 else:
                     client.config_set("lua-time-limit", 50)
                     blocker = asyncio.create_task(asyncio.to_thread(
-                        client.eval, "local t = tonumber(redis.call('TIME')[1]) + 2 "
-                        "while tonumber(redis.call('TIME')[1]) < t do end return 1", 0))
+                        client.eval, BUSY_FOR_3_SECONDS, 0))
                     await asyncio.sleep(0.3)
                     answers = [await http.post("/reward", json=reward, headers=key)]
                     await blocker
