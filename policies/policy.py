@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -95,7 +96,7 @@ def prepare(
     # scores it like any other (policies.indices.pooled_scale).
     unexplored = state["pulls"] == 0 if config.first_pass else np.zeros((batch, n_arms), bool)
     if eligible is None:  # the common case, in few array operations: every arm eligible
-        eligible = np.ones((batch, n_arms), dtype=bool)
+        eligible = _all_eligible(batch, n_arms)
         restricted = False
     else:
         eligible = np.asarray(eligible)
@@ -105,8 +106,9 @@ def prepare(
             raise ValueError("every experiment needs at least one eligible arm")
         unexplored &= eligible
         restricted = not eligible.all()
-    exploring = unexplored.any(axis=1)
-    exploring_rows = np.flatnonzero(exploring) if exploring.any() else _NO_ROWS
+    # count_nonzero: one call, cheaper than any() on a single experiment's arms
+    exploring_rows = (np.flatnonzero(unexplored.any(axis=1)) if np.count_nonzero(unexplored)
+                      else _NO_ROWS)
     return Ready(
         config=config,
         prepared=index_of(config).prepare(config, state, contexts),
@@ -119,6 +121,14 @@ def prepare(
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)
 _NO_ROWS.flags.writeable = False
+
+
+@functools.lru_cache(maxsize=64)
+def _all_eligible(batch: int, n_arms: int) -> NDArray[np.bool_]:
+    """All arms eligible (read-only: shared by every decision of that shape)."""
+    eligible = np.ones((batch, n_arms), dtype=bool)
+    eligible.flags.writeable = False
+    return eligible
 
 
 def draw(ready: Ready, rngs: Sequence[np.random.Generator]) -> Choice:
@@ -144,8 +154,10 @@ def draw(ready: Ready, rngs: Sequence[np.random.Generator]) -> Choice:
     arms = np.argmax(scores, axis=1)
     best = scores.max(axis=1, keepdims=True)  # the value at arms
     top = scores == best
-    tied = np.count_nonzero(top, axis=1) > 1
-    if tied.any():  # rare but for point masses
+    # One count over the batch first (per-row counts cost several times more):
+    # a row has one top score, none if it holds a NaN (max is NaN), or a tie.
+    if np.count_nonzero(top) > batch - np.count_nonzero(np.isnan(best)):  # rare: a tie
+        tied = np.count_nonzero(top, axis=1) > 1
         tied[ready.exploring_rows] = False  # chosen below, among the unexplored arms
         for row in np.flatnonzero(tied).tolist():
             arms[row] = _uniform(rngs[row], top[row])
@@ -155,7 +167,7 @@ def draw(ready: Ready, rngs: Sequence[np.random.Generator]) -> Choice:
         for row in range(batch):
             if rngs[row].random() < config.epsilon:
                 arms[row] = _uniform(rngs[row], ready.eligible[row])
-    return Choice(arms=arms.astype(np.int64), scores=scores)
+    return Choice(arms=arms.astype(np.int64, copy=False), scores=scores)
 
 
 def _uniform(rng: np.random.Generator, allowed: NDArray[np.bool_]) -> int:

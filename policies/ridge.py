@@ -27,8 +27,11 @@ solve here therefore works on the same well-posed system:
    handled one at a time, so a row's result does not depend on the rest of
    the batch (an experiment decides the same alone and in a batch of 100).
 
-The solves are LAPACK's, one call per stack (``numpy.linalg``): no per-machine
-tuning.
+The solves are LAPACK's, one call per stack: no per-machine tuning. They call
+the generalised ufuncs behind ``numpy.linalg.solve`` and ``cholesky``
+directly (:func:`lu_solve`, :func:`cholesky`): the same LAPACK routine on the
+same arrays, so the same bits, without the wrapper's per-call checks, which
+cost more than a 20 x 20 solve itself in a single experiment's round.
 
 References
 ----------
@@ -51,6 +54,42 @@ Array = NDArray[np.floating[Any]]
 JITTER = 1e-10
 """Relative floor added to the equilibrated system (see the module notes)."""
 
+try:  # the gufuncs numpy.linalg wraps; private, hence the fallback and the test
+    from numpy.linalg import _umath_linalg
+
+    _LU_SOLVE: Any = _umath_linalg.solve
+    _CHOLESKY: Any = _umath_linalg.cholesky_lo
+except (ImportError, AttributeError):  # pragma: no cover - another numpy's layout
+    _LU_SOLVE = _CHOLESKY = None
+
+
+def lu_solve(matrix: Array, rhs: Array) -> Array:
+    """``numpy.linalg.solve(matrix, rhs)`` for float64 stacks, rhs shape (..., d, m).
+
+    A singular row gives NaN (numpy.linalg raises for the whole stack), which
+    every caller's check sends down its fallback, row by row.
+    """
+    if _LU_SOLVE is None:  # pragma: no cover
+        return _solve_rows(matrix, rhs)
+    with np.errstate(all="ignore"):
+        return _LU_SOLVE(matrix, rhs, signature="dd->d")
+
+
+def cholesky(matrix: Array) -> Array:
+    """``numpy.linalg.cholesky`` for a float64 stack; NaN rows where it is not definite."""
+    if _CHOLESKY is None:  # pragma: no cover
+        return np.stack([_cholesky_nan(m) for m in matrix.reshape(-1, *matrix.shape[-2:])]
+                        ).reshape(matrix.shape)
+    with np.errstate(all="ignore"):
+        return _CHOLESKY(matrix, signature="d->d")
+
+
+def _cholesky_nan(matrix: Array) -> Array:
+    try:
+        return np.linalg.cholesky(matrix)
+    except np.linalg.LinAlgError:
+        return np.full_like(matrix, np.nan)
+
 
 def regularised(xtx: Array, reg: float) -> Array:
     """``X'X + reg I`` for a stack of Gram matrices, shape (..., d, d)."""
@@ -64,12 +103,14 @@ def _equilibrate(xtx: Array, reg: float) -> tuple[Array, Array]:
     ``s = diag(xtx + reg I)^(-1/2)``, or 1 where that diagonal is zero (a
     coordinate no data has touched, with ``reg = 0``).
     """
-    diagonal = np.diagonal(xtx, axis1=-2, axis2=-1) + reg
-    scale = np.where(diagonal > 0, diagonal, 1.0) ** -0.5
+    d = xtx.shape[-1]
+    # The diagonal as a strided view of the flattened matrices (cheaper than np.diagonal).
+    diagonal = xtx.reshape(*xtx.shape[:-2], d * d)[..., :: d + 1] + reg
+    # A Gram matrix's diagonal is a sum of squares: with a ridge it is positive.
+    scale = (diagonal if reg > 0 else np.where(diagonal > 0, diagonal, 1.0)) ** -0.5
     # One temporary: the outer product of the scales, multiplied in place.
     system = np.multiply(scale[..., :, None], scale[..., None, :])
     np.multiply(xtx, system, out=system)
-    d = xtx.shape[-1]
     # The ridge and the floor go onto the diagonal in place (a strided view).
     system.reshape(*system.shape[:-2], d * d)[..., :: d + 1] += reg * scale * scale + JITTER
     return system, scale
@@ -162,17 +203,15 @@ class Equilibrated:
         system, scale = self.system, self.scale
         # C order: a broadcast product may come out in another, which LAPACK must copy.
         scaled = np.multiply(scale[..., None], rhs, order="C")
-        try:
-            solution = np.linalg.solve(system, scaled)
-        except np.linalg.LinAlgError:  # an exactly singular row: the others keep the fast path
-            solution = _solve_rows(system, scaled)
+        solution = lu_solve(system, scaled)  # NaN for an exactly singular row
         # On the floored system ||column|| <= ||rhs column|| / JITTER; twice that
         # (or a NaN) means rounding made it indefinite.
-        squares = np.einsum("...ij,...ij->...j", solution, solution)
-        bounds = np.einsum("...ij,...ij->...j", scaled, scaled)
+        # (numpy's stubs do not know a gufunc's axis argument)
+        squares = np.vecdot(solution, solution, axis=-2)  # type: ignore[call-overload]
+        bounds = np.vecdot(scaled, scaled, axis=-2)  # type: ignore[call-overload]
         bounds *= 4.0 / JITTER**2
         fine = squares <= bounds
-        if not fine.all():
+        if np.count_nonzero(fine) < fine.size:  # count_nonzero: cheaper than all()
             suspect = ~fine.all(axis=-1)
             solution[suspect] = _spectral_solve(system[suspect], scaled[suspect])
         solution *= scale[..., None]  # in place: a fresh array of this size costs page faults
@@ -181,12 +220,10 @@ class Equilibrated:
     def factor(self) -> Factor:
         """The :class:`Factor` of this system: Cholesky, spectral for a row it refuses."""
         system = self.system
-        try:
-            root = np.linalg.cholesky(system)
-        except np.linalg.LinAlgError:
-            root = np.stack([
-                _cholesky_one(m) for m in system.reshape(-1, *system.shape[-2:])
-            ]).reshape(system.shape)
+        root = cholesky(system)  # NaN rows where Cholesky refuses
+        refused = np.isnan(root[..., -1, -1])
+        if np.count_nonzero(refused):
+            root[refused] = [_spectral_root(m) for m in system[refused]]
         return Factor(self.scale, root)
 
 
@@ -205,7 +242,7 @@ def _solve_one(matrix: Array, rhs: Array) -> Array:
     try:
         return np.linalg.solve(matrix, rhs)
     except np.linalg.LinAlgError:
-        return _spectral_solve(matrix, rhs)
+        return np.full(rhs.shape, np.nan)
 
 
 @dataclass(frozen=True)
@@ -228,15 +265,15 @@ class Factor:
 
     def solve(self, rhs: Array) -> Array:
         """``A^-1 rhs``; rhs shape (..., d)."""
-        inner = np.linalg.solve(self.root, (self.scale * rhs)[..., None])
-        return self.scale * np.linalg.solve(np.swapaxes(self.root, -1, -2), inner)[..., 0]
+        inner = lu_solve(self.root, (self.scale * rhs)[..., None])
+        return self.scale * lu_solve(np.swapaxes(self.root, -1, -2), inner)[..., 0]
 
     def colour(self, z: Array) -> Array:
         """``S R'^-1 z``: a draw from ``N(0, A^-1)`` when ``z`` is standard normal.
 
         The GUIDE's ``solve(L.T, z)``: no matrix inverse and no SVD per draw.
         """
-        lifted = np.linalg.solve(np.swapaxes(self.root, -1, -2), z[..., None])[..., 0]
+        lifted = lu_solve(np.swapaxes(self.root, -1, -2), z[..., None])[..., 0]
         return self.scale * lifted
 
     def times_root(self, z: Array) -> Array:
@@ -253,13 +290,6 @@ def factorise(xtx: Array, reg: float = 0.0) -> Factor:
     reg : float, non-negative
     """
     return Equilibrated.of(xtx, reg).factor()
-
-
-def _cholesky_one(matrix: Array) -> Array:
-    try:
-        return np.linalg.cholesky(matrix)
-    except np.linalg.LinAlgError:
-        return _spectral_root(matrix)
 
 
 def predict(theta: Array, contexts: Array) -> Array:

@@ -216,7 +216,7 @@ def apply_observations(
     -----
     The additions of :func:`layout`'s fields, vectorised over the batch.
     """
-    rows = np.arange(arms.shape[0])
+    rows = _rows(arms.shape[0])
     outer = x[:, :, None] * x[:, None, :]
     # A shared model is slot 0 of every row: a plain slice, no fancy indexing.
     model = (slice(None), 0) if config.shared else (rows, arms)
@@ -230,6 +230,14 @@ def apply_observations(
     _add_discounted(config, state, "arm", (rows, arms), observation)
 
 
+@functools.lru_cache(maxsize=64)
+def _rows(batch: int) -> NDArray[np.int64]:
+    """``arange(batch)``, read-only: every update of a batch indexes its rows with it."""
+    rows = np.arange(batch)
+    rows.flags.writeable = False
+    return rows
+
+
 def _add_plain(config: PolicyConfig, state: State, model: Any, rows: NDArray[np.int64],
                arms: NDArray[np.int64], outer: Array, x: Array, rewards: Array) -> None:
     """The additions without forgetting: a sum per field, in layout order."""
@@ -238,7 +246,8 @@ def _add_plain(config: PolicyConfig, state: State, model: Any, rows: NDArray[np.
     state["xty"][model] += r_x
     _add_shifted(state, model, ("n", "shift_y", "sum_dy", "sum_dy2"), rewards)
     arm_fields = ("pulls", "shift_r", "sum_dr", "sum_dr2")
-    if all(state[name].flags.c_contiguous for name in arm_fields):
+    if (state["pulls"].flags.c_contiguous and state["shift_r"].flags.c_contiguous
+            and state["sum_dr"].flags.c_contiguous and state["sum_dr2"].flags.c_contiguous):
         # Per-arm scalars through their flat views: one integer index, not a pair.
         arm_slot = rows * state["pulls"].shape[1] + arms
         _add_shifted(state, arm_slot, arm_fields, rewards, flat=True)
@@ -264,8 +273,11 @@ def _add_shifted(state: State, slots: Any, names: tuple[str, str, str, str], rew
     count, shift, sum_d, sum_d2 = (state[name].reshape(-1) if flat else state[name]
                                    for name in names)
     counted = count[slots]
-    first = np.where(counted == 0.0, rewards, shift[slots])
-    shift[slots] = first
+    first = shift[slots]
+    fresh = counted == 0.0
+    if np.count_nonzero(fresh):  # a slot's first observation sets its shift
+        first = np.where(fresh, rewards, first)
+        shift[slots] = first
     deviation = rewards - first
     count[slots] = counted + 1.0
     sum_d[slots] += deviation

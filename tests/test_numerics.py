@@ -40,7 +40,7 @@ from policies import (
     update,
 )
 from policies.indices import residual_sum_of_squares, reward_variance
-from policies.ridge import JITTER, factorise, ridge, solve
+from policies.ridge import JITTER, Equilibrated, cholesky, factorise, lu_solve, ridge, solve
 from tests.conftest import Api
 
 Array = NDArray[Any]
@@ -166,6 +166,35 @@ def test_an_indefinite_row_is_redone_alone_and_does_not_disturb_the_batch() -> N
     # The fallback clips the negative eigenvalues: the floored estimate of the PSD part.
     factor = factorise(stack, REG)
     assert np.isfinite(factor.solve(xty)).all()
+
+
+def test_the_lapack_gufuncs_give_numpy_linalgs_bits_and_nan_for_a_refused_row() -> None:
+    """ridge.lu_solve and ridge.cholesky call numpy.linalg's gufuncs without the wrapper:
+    the same numbers, and a NaN row where numpy.linalg raises for the whole stack."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(3, 2, 30, 7))
+    grams = np.swapaxes(x, -1, -2) @ x + np.eye(7)
+    rhs = rng.normal(size=(3, 2, 7, 4))
+    assert np.array_equal(lu_solve(grams, rhs), np.linalg.solve(grams, rhs))
+    assert np.array_equal(cholesky(grams), np.linalg.cholesky(grams))
+    grams[1, 0] = np.zeros((7, 7))  # singular, and not positive definite
+    solved, root = lu_solve(grams, rhs), cholesky(grams)
+    assert np.isnan(solved[1, 0]).all() and np.isnan(root[1, 0]).all()
+    for row in ((0, 0), (1, 1), (2, 1)):
+        assert np.array_equal(solved[row], np.linalg.solve(grams[row], rhs[row]))
+        assert np.array_equal(root[row], np.linalg.cholesky(grams[row]))
+
+
+def test_a_singular_row_of_an_equilibrated_system_is_solved_spectrally_alone() -> None:
+    """LU gives NaN for an exactly singular row; the check sends it, and only it, down
+    the spectral path (the pseudo-inverse solution of the floored system)."""
+    system = np.stack([np.eye(3) * 2.0, np.zeros((3, 3))])[:, None]
+    rhs = np.ones((2, 1, 3, 1))
+    solved = Equilibrated(system, np.ones((2, 1, 3))).solve(rhs)
+    assert np.array_equal(solved[0], np.full((1, 3, 1), 0.5))
+    np.testing.assert_allclose(solved[1], np.full((1, 3, 1), 1.0 / JITTER))
+    root = Equilibrated(system, np.ones((2, 1, 3))).factor().root
+    np.testing.assert_allclose(root[1, 0] @ root[1, 0].T, JITTER * np.eye(3), rtol=1e-12)
 
 
 @pytest.mark.anyio

@@ -212,6 +212,21 @@ def test_equal_top_scores_are_split_evenly() -> None:
     assert abs(share - 0.5) <= 4.5 * np.sqrt(0.25 / draws)  # 4.5 standard errors
 
 
+def test_a_tie_is_split_even_beside_a_row_without_a_top_score() -> None:
+    """draw() looks for ties with one count over the batch: a row holding a NaN has
+    no top score, and must not hide another row's tie (0 + 2 tops in 2 rows)."""
+    config, state, contexts = _tied_greedy()
+    tied = prepare(config, state, contexts).prepared["mu_hat"][0]
+    broken = tied.copy()
+    broken[0] = np.nan
+    ready = prepare(config, {name: np.concatenate([v, v]) for name, v in state.items()},
+                    np.concatenate([contexts, contexts]))
+    ready.prepared["mu_hat"][:] = np.stack([broken, tied])
+    arms = {int(draw(ready, [np.random.default_rng(i), np.random.default_rng(i)]).arms[1])
+            for i in range(40)}
+    assert arms == {1, 3}  # each missed with probability 2^-39 if split evenly
+
+
 @pytest.mark.parametrize("name", ["linreboot", "lints-ig", "linucb"])
 def test_without_epsilon_a_decision_uses_only_its_index_draw(name: PolicyName) -> None:
     """epsilon 0 (the default) takes nothing more from the generator: seeded replays of
