@@ -34,7 +34,6 @@ from policies.ridge import (
     factorise,
     predict,
     quadratic,
-    regularised,
     ridge,
     solve,
     standard_gammas,
@@ -294,23 +293,31 @@ def prepare_lints_inverse_gamma(config: PolicyConfig, state: State, contexts: Ar
     Prior ``sigma^2 ~ IG(alpha, beta)``, ``theta | sigma^2 ~ N(0, sigma^2 / p I)``
     with ``alpha = beta = 2`` (prior mean of sigma^2 is 2) and ``p = 0.2``, so the
     prior variance of theta is ``2 / 0.2 = 10 = 1 / lambda`` as in the appendix.
+    The posterior mean and its rate are left to the draw, which solves for the
+    mean and the direction together (:func:`draw_lints_inverse_gamma`).
     """
-    precision = config.ig_prior_precision
-    system = Equilibrated.of(state["xtx"], precision)  # once, for the solve and the factor
-    theta = system.solve(state["xty"][..., None])[..., 0]
-    shape = config.ig_alpha + 0.5 * state["n"]
-    fit = quadratic(theta, regularised(state["xtx"], precision))
-    rate = config.ig_beta + 0.5 * np.maximum(reward_squares(state) - fit, 0.0)
-    return {"theta": theta, **_stored("posterior", system.factor()),
-            "shape": shape, "rate": rate, "contexts": contexts}
+    system = Equilibrated.of(state["xtx"], config.ig_prior_precision)  # solve and factor
+    return {**_stored_system("posterior", system), "posterior.root": system.factor().root,
+            "xty": state["xty"], "shape": config.ig_alpha + 0.5 * state["n"],
+            "squares": reward_squares(state), "contexts": contexts}
+
+
+def _inverse_gamma_rate(config: PolicyConfig, prepared: Prepared, theta: Array) -> Array:
+    """``beta + (y'y - mu' V mu) / 2``, with ``mu' V mu = mu' X'y`` as ``V mu = X'y``."""
+    fit = np.vecdot(theta, prepared["xty"])
+    return config.ig_beta + 0.5 * np.maximum(prepared["squares"] - fit, 0.0)
 
 
 def draw_lints_inverse_gamma(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Array:
-    theta, shape = prepared["theta"], prepared["shape"]
+    """``mu + sigma V^-1 S^-1 R z`` (``S^-1 R z ~ N(0, V)``, so the second term is
+    ``N(0, sigma^2 V^-1)``), with ``mu`` and the direction from one solve."""
+    xty, shape = prepared["xty"], prepared["shape"]
     gammas = standard_gammas(rngs, shape)
-    sigma = np.sqrt(prepared["rate"] / gammas)[..., None]
-    z = standard_normals(rngs, theta.shape[1:])
-    direction = _factor(prepared, "posterior").colour(z)
+    z = standard_normals(rngs, xty.shape[1:])
+    lifted = _factor(prepared, "posterior").times_root(z)
+    solved = _system(prepared, "posterior").solve(np.stack([xty, lifted], axis=-1))
+    theta, direction = solved[..., 0], solved[..., 1]
+    sigma = np.sqrt(_inverse_gamma_rate(config, prepared, theta) / gammas)[..., None]
     return predict(theta + sigma * direction, prepared["contexts"])
 
 
@@ -321,32 +328,60 @@ def law_lints_inverse_gamma(config: PolicyConfig, prepared: Prepared) -> Law:
     ``sqrt(rate / shape)`` times ``z / sqrt(chi2_(2 shape) / (2 shape))``.
     """
     whitened = _whitened(_factor(prepared, "posterior"), prepared["contexts"])
+    theta = _system(prepared, "posterior").solve(prepared["xty"][..., None])[..., 0]
     shape = prepared["shape"]
-    scale = np.sqrt(prepared["rate"] / shape)[..., None]
-    mean = predict(prepared["theta"], prepared["contexts"])
+    scale = np.sqrt(_inverse_gamma_rate(config, prepared, theta) / shape)[..., None]
+    mean = predict(theta, prepared["contexts"])
     return _law(config, mean, scale * whitened, 2.0 * shape)
 
 
 def _prepare_perturbed_ridge(
-    state: State, gram: Equilibrated, noise_scale: Array, contexts: Array
+    state: State, gram: Equilibrated, contexts: Array, **scale: Array
 ) -> Prepared:
     """The fixed parts of ``(w X'X + reg I)^-1 (X'y + s X' xi)`` with ``X' xi ~ N(0, X'X)``.
 
     The common core of LinPHE and LinGIRO: both perturb the history, and for
     many past rounds the perturbation ``X' xi`` of the normal equations is
     Gaussian with covariance proportional to ``X'X`` (central limit theorem).
-    ``gram`` is ``w X'X + reg I``, equilibrated.
+    ``gram`` is ``w X'X + reg I``, equilibrated; ``scale`` holds ``s`` itself
+    (``noise_scale``, LinPHE) or what :func:`_noise_scale` makes it of (LinGIRO).
     """
     return {**_stored("root", factorise(state["xtx"])), **_stored_system("gram", gram),
-            "xty": state["xty"], "noise_scale": noise_scale, "contexts": contexts}
+            "xty": state["xty"], "contexts": contexts, **scale}
+
+
+def _noise_scale(config: PolicyConfig, prepared: Prepared, theta_bar: Array) -> Array:
+    """``s`` of the perturbed ridge, (B, M): LinPHE's fixed one, or LinGIRO's from ``theta_bar``.
+
+    LinGIRO's is the root mean square residual of the augmented rows,
+    ``c = 2 a U^2 + (RSS(theta_bar) + 2 a theta_bar' X'X theta_bar) / n``.
+    """
+    if "noise_scale" in prepared:
+        return prepared["noise_scale"]
+    fit = quadratic(theta_bar, prepared["giro.xtx"])
+    cross = np.vecdot(theta_bar, prepared["xty"])
+    rss = np.maximum(prepared["giro.squares"] - 2.0 * cross + fit, 0.0)
+    a, bound = config.giro_a, config.reward_bound
+    return np.sqrt(2.0 * a * bound**2 + (rss + 2.0 * a * fit) / prepared["giro.n"])
 
 
 def draw_perturbed_ridge(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Array:
-    """Scores ``x_k' theta`` for one perturbed ridge estimate ``theta``, shape (B, K)."""
+    """Scores ``x_k' theta`` for one perturbed ridge estimate ``theta``, shape (B, K).
+
+    ``theta = G^-1 (X'y + s S^-1 R z)``: one solve. When ``s`` depends on
+    ``theta_bar = G^-1 X'y`` (LinGIRO), the solve takes both right-hand sides,
+    ``theta_bar + s G^-1 S^-1 R z``: still one factorisation per draw.
+    """
     xty = prepared["xty"]
     z = standard_normals(rngs, xty.shape[1:])
-    noise = prepared["noise_scale"][..., None] * _factor(prepared, "root").times_root(z)
-    theta = _system(prepared, "gram").solve((xty + noise)[..., None])[..., 0]
+    lifted = _factor(prepared, "root").times_root(z)
+    gram = _system(prepared, "gram")
+    if "noise_scale" in prepared:
+        theta = gram.solve((xty + prepared["noise_scale"][..., None] * lifted)[..., None])
+        return predict(theta[..., 0], prepared["contexts"])
+    solved = gram.solve(np.stack([xty, lifted], axis=-1))
+    theta_bar, direction = solved[..., 0], solved[..., 1]
+    theta = theta_bar + _noise_scale(config, prepared, theta_bar)[..., None] * direction
     return predict(theta, prepared["contexts"])
 
 
@@ -358,13 +393,14 @@ def law_perturbed_ridge(config: PolicyConfig, prepared: Prepared) -> Law:
     system, root = _system(prepared, "gram"), _factor(prepared, "root")
     gram = system.factor()
     contexts = prepared["contexts"]
-    mean = predict(system.solve(prepared["xty"][..., None])[..., 0], contexts)
+    theta_bar = system.solve(prepared["xty"][..., None])[..., 0]
+    mean = predict(theta_bar, contexts)
     weighted = _inverse_times(gram, contexts) / root.scale
     if config.shared:
         loadings = np.matmul(weighted, root.root[:, 0])
     else:
         loadings = np.einsum("bki,bkij->bkj", weighted, root.root)
-    return _law(config, mean, prepared["noise_scale"][..., None] * loadings)
+    return _law(config, mean, _noise_scale(config, prepared, theta_bar)[..., None] * loadings)
 
 
 def prepare_linphe(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
@@ -385,7 +421,7 @@ def prepare_linphe(config: PolicyConfig, state: State, contexts: Array) -> Prepa
     """
     scale = np.full(state["n"].shape, math.sqrt(config.phe_a) * config.reward_bound)
     gram = Equilibrated.of((1.0 + config.phe_a) * state["xtx"], config.reg)
-    return _prepare_perturbed_ridge(state, gram, scale, contexts)
+    return _prepare_perturbed_ridge(state, gram, contexts, noise_scale=scale)
 
 
 def prepare_lingiro(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
@@ -401,16 +437,10 @@ def prepare_lingiro(config: PolicyConfig, state: State, contexts: Array) -> Prep
     Drawing from that limit keeps the cost per round independent of ``t``.
     """
     weight = 1.0 + 2.0 * config.giro_a
-    xtx, xty = state["xtx"], state["xty"]
-    gram = Equilibrated.of(weight * xtx, config.reg)  # once, for theta_bar and the draws
-    theta_bar = gram.solve(xty[..., None])[..., 0]
-    fit = quadratic(theta_bar, xtx)
-    cross = np.einsum("bmd,bmd->bm", theta_bar, xty)
-    rss = np.maximum(reward_squares(state) - 2.0 * cross + fit, 0.0)
-    n = np.maximum(state["n"], 1.0)
-    a, bound = config.giro_a, config.reward_bound
-    mean_square = 2.0 * a * bound**2 + (rss + 2.0 * a * fit) / n
-    return _prepare_perturbed_ridge(state, gram, np.sqrt(mean_square), contexts)
+    gram = Equilibrated.of(weight * state["xtx"], config.reg)  # theta_bar's and the draws'
+    giro = {"giro.xtx": state["xtx"], "giro.squares": reward_squares(state),
+            "giro.n": np.maximum(state["n"], 1.0)}
+    return _prepare_perturbed_ridge(state, gram, contexts, **giro)
 
 
 def ucb_radius(config: PolicyConfig, n_obs: Array) -> Array:

@@ -218,11 +218,12 @@ def apply_observations(
     """
     rows = _rows(arms.shape[0])
     outer = x[:, :, None] * x[:, None, :]
+    if not config.discounted:
+        _add_plain(config, state, _Slots.of(config, rows, arms, state["pulls"].shape[1]),
+                   outer, x, rewards)
+        return
     # A shared model is slot 0 of every row: a plain slice, no fancy indexing.
     model = (slice(None), 0) if config.shared else (rows, arms)
-    if not config.discounted:
-        _add_plain(config, state, model, rows, arms, outer, x, rewards)
-        return
     if numbers is None:
         numbers = clock(state) + 1.0
     observation = _Observation(outer, rewards[:, None] * x, rewards, numbers)
@@ -238,9 +239,35 @@ def _rows(batch: int) -> NDArray[np.int64]:
     return rows
 
 
-def _add_plain(config: PolicyConfig, state: State, model: Any, rows: NDArray[np.int64],
-               arms: NDArray[np.int64], outer: Array, x: Array, rewards: Array) -> None:
+@dataclass(frozen=True)
+class _Slots:
+    """Where one observation per row goes: its model's slot and its arm's.
+
+    Fancy indices for a batch; for one experiment (the service's batch, a
+    single run) basic slices instead, whose views are added to in place: the
+    same additions without a gather and a scatter per field.
+    """
+
+    model: Any  # indexes (B, M, ...) fields
+    arm: Any  # indexes (B, K, ...) fields
+    arm_flat: Any  # indexes the flattened (B, K) fields
+
+    @classmethod
+    def of(cls, config: PolicyConfig, rows: NDArray[np.int64], arms: NDArray[np.int64],
+           n_arms: int) -> _Slots:
+        if rows.shape[0] == 1:
+            k = int(arms[0])
+            arm = (slice(None), slice(k, k + 1))
+            return cls((slice(None), 0) if config.shared else arm, arm, slice(k, k + 1))
+        # A shared model is slot 0 of every row: a plain slice, no fancy indexing.
+        pair = (rows, arms)
+        return cls((slice(None), 0) if config.shared else pair, pair, rows * n_arms + arms)
+
+
+def _add_plain(config: PolicyConfig, state: State, slots: _Slots, outer: Array, x: Array,
+               rewards: Array) -> None:
     """The additions without forgetting: a sum per field, in layout order."""
+    model = slots.model
     r_x = rewards[:, None] * x
     state["xtx"][model] += outer
     state["xty"][model] += r_x
@@ -249,13 +276,12 @@ def _add_plain(config: PolicyConfig, state: State, model: Any, rows: NDArray[np.
     if (state["pulls"].flags.c_contiguous and state["shift_r"].flags.c_contiguous
             and state["sum_dr"].flags.c_contiguous and state["sum_dr2"].flags.c_contiguous):
         # Per-arm scalars through their flat views: one integer index, not a pair.
-        arm_slot = rows * state["pulls"].shape[1] + arms
-        _add_shifted(state, arm_slot, arm_fields, rewards, flat=True)
+        _add_shifted(state, slots.arm_flat, arm_fields, rewards, flat=True)
     else:
-        _add_shifted(state, (rows, arms), arm_fields, rewards)
+        _add_shifted(state, slots.arm, arm_fields, rewards)
     if "arm_xtx" in state:
-        state["arm_xtx"][rows, arms] += outer
-        state["arm_xty"][rows, arms] += r_x
+        state["arm_xtx"][slots.arm] += outer
+        state["arm_xty"][slots.arm] += r_x
     if "sum_x" in state:
         state["sum_x"][model] += x
     if "theta_norm_max" in state:

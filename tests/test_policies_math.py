@@ -199,9 +199,43 @@ def test_one_solve_draws_equal_the_mean_plus_coloured_noise(name: str, setting: 
         noise: Array = factorise(xtx).times_root(z)
         if name == "linphe":
             noise *= np.sqrt(config.phe_a) * config.reward_bound
-        else:
-            noise *= index.prepare(config, state, contexts)["noise_scale"][..., None]
+        else:  # c from theta_bar = G^-1 X'y, as the docstring of prepare_lingiro has it
+            from policies.indices import reward_squares
+
+            theta_bar = ridge(weight * xtx, xty, config.reg)
+            fit = np.einsum("bmi,bmij,bmj->bm", theta_bar, xtx, theta_bar)
+            rss = reward_squares(state) - 2.0 * np.einsum("bmd,bmd->bm", theta_bar, xty) + fit
+            a, bound = config.giro_a, config.reward_bound
+            c = 2.0 * a * bound**2 + (np.maximum(rss, 0.0) + 2.0 * a * fit) / np.maximum(
+                state["n"], 1.0)
+            noise *= np.sqrt(c)[..., None]
         theta = factorise(weight * xtx, config.reg).solve(xty + noise)
+    np.testing.assert_allclose(scores, predict(theta, contexts), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("setting", ["stochastic", "covariates"])
+def test_lints_ig_draws_the_textbook_posterior_from_one_solve(setting: Setting) -> None:
+    """The draw solves for the mean and the direction together; it must equal
+    ``theta_hat + sqrt(rate / G) colour(z)`` with the textbook rate
+    ``beta + (y'y - theta_hat' V theta_hat) / 2``, the same G and z."""
+    from policies.indices import reward_squares
+
+    config = PolicyConfig(name="lints-ig", setting=setting, dim=4)
+    histories = [make_history(setting, 3, 4, 40, seed) for seed in (1, 2)]
+    state = build_state(config, histories, 3)
+    contexts = np.stack([h.current for h in histories])
+    index = INDEX[config.name]
+    scores = index.draw(config, index.prepare(config, state, contexts),
+                        [np.random.default_rng(s) for s in (7, 8)])
+    xtx, xty, p = state["xtx"], state["xty"], config.ig_prior_precision
+    shape = config.ig_alpha + 0.5 * state["n"]
+    generators = [np.random.default_rng(s) for s in (7, 8)]
+    gammas = np.stack([g.standard_gamma(k) for g, k in zip(generators, shape, strict=True)])
+    z = np.stack([g.standard_normal(xty.shape[1:]) for g in generators])
+    theta_hat = ridge(xtx, xty, p)
+    fit = np.einsum("bmi,bmij,bmj->bm", theta_hat, xtx + p * np.eye(4), theta_hat)
+    rate = config.ig_beta + 0.5 * np.maximum(reward_squares(state) - fit, 0.0)
+    theta = theta_hat + np.sqrt(rate / gammas)[..., None] * factorise(xtx, p).colour(z)
     np.testing.assert_allclose(scores, predict(theta, contexts), rtol=RTOL, atol=ATOL)
 
 

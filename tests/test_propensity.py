@@ -267,12 +267,16 @@ def test_the_student_t_integral_against_adaptive_quadrature(
         mean = rng.normal(size=n_arms) * rng.choice([0.1, 1.0, 3.0])
         spread = np.exp(rng.normal(size=n_arms) * rng.choice([0.3, 1.0, 3.0]))
         dof = rng.choice([2.0, 3.0, 5.0, 12.0, 60.0, 500.0], size=n_arms)
-        # rate / shape = spread^2 with shape = dof / 2, loadings of norm 1 (d = 1)
-        config = PolicyConfig("lints-ig", "covariates", 1)
+        # rate / shape = spread^2 with shape = dof / 2, loadings of norm 1 (d = 1): V = 1,
+        # so theta = X'y = mean and rate = beta + (y'y - mean^2) / 2
+        beta = 1e-6
+        config = PolicyConfig("lints-ig", "covariates", 1, ig_beta=beta)
         shape = dof / 2
-        prepared = {"theta": mean[None, :, None], "posterior.scale": np.ones((1, n_arms, 1)),
+        squares = 2.0 * (spread**2 * shape - beta) + mean**2
+        prepared = {"xty": mean[None, :, None], "posterior.scale": np.ones((1, n_arms, 1)),
+                    "posterior.system": np.ones((1, n_arms, 1, 1)),
                     "posterior.root": np.ones((1, n_arms, 1, 1)), "shape": shape[None],
-                    "rate": (spread**2 * shape)[None], "contexts": np.ones((1, n_arms, 1))}
+                    "squares": squares[None], "contexts": np.ones((1, n_arms, 1))}
         ok = np.ones((1, n_arms), dtype=bool)
         ready = Ready(config, prepared, ok, ~ok, np.zeros(0, dtype=np.int64), False)
         p = propensities(ready, accuracy=accuracy)[0]
