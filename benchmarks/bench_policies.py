@@ -5,14 +5,14 @@ Usage::
     python -m benchmarks.bench_policies [--settings ...] [--dims ...] [--policies ...]
         [--horizon 2000] [--batch 100] [--repeats 2]
 
-For every cell, in the same process and interleaved: the project's
-:func:`loadtest.simulate.play` and the floor's
-(:func:`benchmarks.policy_floor.play_floor`, a minimal batched NumPy round of
-the same algorithm in the same worlds), each in a batch of ``batch``
-repetitions (seconds per run: the batch's time divided by ``batch``) and
-alone (B = 1), best of ``repeats``, in CPU seconds of this process (the
-set-up of the worlds included, the same for both). The ratios project / floor
-are what this machine's noise changes least. Mean final regret of both (batched) is shown
+For every cell, in the same process and round by round in turn: the
+project's run (:func:`loadtest.simulate.rounds`, what ``play`` plays) and the
+floor's (:func:`benchmarks.policy_floor.floor_rounds`, a minimal batched
+NumPy round of the same algorithm in the same worlds), each in a batch of
+``batch`` repetitions (seconds per run: the batch's time divided by
+``batch``) and alone (B = 1), best of ``repeats``, in CPU seconds of this
+process (the set-up of the worlds included, the same for both). The ratios
+project / floor are what this machine's noise changes least. Mean final regret of both (batched) is shown
 as a check that the floor plays the same algorithm. The paper's per-run
 times (appendix, "Computational Cost") scale with the horizon.
 
@@ -36,8 +36,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np
 
-from benchmarks.policy_floor import play_floor
-from loadtest.simulate import Cell, play
+from benchmarks.policy_floor import floor_rounds
+from loadtest.simulate import Cell, rounds
 from policies import PAPER_POLICIES, POLICIES, SETTINGS, draw, init_state, prepare, update
 from policies.ridge import BufferedStreams, standard_normals
 
@@ -56,22 +56,32 @@ PAPER_SECONDS = {
 
 
 def time_cell(cell: Cell, reps: int, horizon: int, repeats: int) -> dict[str, float]:
-    """Best-of-``repeats`` CPU seconds of project and floor (interleaved), and their regret.
+    """Best-of-``repeats`` CPU seconds of project and floor, and their mean final regret.
 
-    CPU time of this process (BLAS single-threaded), not wall time: on a
-    machine shared with other jobs, waiting for a core is not the policy's cost.
+    The two runs advance in turn, one round each (which goes first alternates),
+    and every round is timed with this process's CPU clock (BLAS
+    single-threaded): both runs meet the same machine at the same moments, so
+    load that comes and goes on a shared machine slows them alike. Whole runs
+    timed one after the other measured mostly that load: one cell's ratio
+    moved by a third between two runs.
     """
     times: dict[str, list[float]] = {"project": [], "floor": []}
-    regret = {}
+    regret: dict[str, float] = {}
     for _ in range(repeats):
-        start = time.process_time()
-        played = play(cell, reps, horizon, seed=0)
-        times["project"].append(time.process_time() - start)
-        regret["project"] = float(played.cumulative[:, -1].mean())
-        start = time.process_time()
-        floor = play_floor(cell, reps, horizon, seed=0)
-        times["floor"].append(time.process_time() - start)
-        regret["floor"] = floor.final_regret
+        runs = {"project": rounds(cell, reps, horizon, seed=0),
+                "floor": floor_rounds(cell, reps, horizon, seed=0)}
+        spent = dict.fromkeys(runs, 0.0)
+        lost = dict.fromkeys(runs, 0.0)
+        for t in range(horizon + 1):  # the last step runs each update after its last round
+            for name in (("project", "floor") if t % 2 == 0 else ("floor", "project")):
+                start = time.process_time()
+                step = next(runs[name], None)
+                spent[name] += time.process_time() - start
+                if step is not None:
+                    lost[name] += float(step[0].mean())
+        for name in runs:
+            times[name].append(spent[name])
+            regret[name] = lost[name]
     return {"project": min(times["project"]), "floor": min(times["floor"]),
             "project_regret": regret["project"], "floor_regret": regret["floor"]}
 

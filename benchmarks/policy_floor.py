@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,6 +168,20 @@ class FloorRun:
 
 def play_floor(cell: Cell, reps: int, horizon: int, seed: int) -> FloorRun:
     """The floor's run of ``cell``: the worlds of :func:`loadtest.simulate.play`."""
+    regret = np.empty((reps, horizon))  # the bookkeeping of play()
+    chosen = np.empty((reps, horizon), dtype=np.int32)
+    start = time.perf_counter()
+    for t, (lost, arms) in enumerate(floor_rounds(cell, reps, horizon, seed)):
+        regret[:, t] = lost
+        chosen[:, t] = arms
+    seconds = time.perf_counter() - start
+    return FloorRun(seconds, float(regret.sum(axis=1).mean()))
+
+
+def floor_rounds(
+    cell: Cell, reps: int, horizon: int, seed: int
+) -> Iterator[tuple[Array, NDArray[np.int64]]]:
+    """:func:`play_floor` round by round, as :func:`loadtest.simulate.rounds` plays the project."""
     config = cell.config()
     spec = cell.env_spec()
     env_rngs, policy_rngs = split_rngs(cell_seed(seed, cell), reps)
@@ -177,18 +191,12 @@ def play_floor(cell: Cell, reps: int, horizon: int, seed: int) -> FloorRun:
     sums = _zeros(reps, 1 if config.shared else k, k, config.dim)
     score = SCORES[config.name]
     rows = np.arange(reps)
-    regret = np.empty((reps, horizon))  # the bookkeeping of play()
-    chosen = np.empty((reps, horizon), dtype=np.int32)
-    start = time.perf_counter()
-    for t in range(horizon):
+    for _ in range(horizon):
         contexts = env.contexts()
         scores = np.where(sums.pulls == 0.0, np.inf, score(config, sums, contexts, rng))
         arms = np.argmax(scores, axis=1)
         means = env.means(contexts)
-        regret[:, t] = means.max(axis=1) - means[rows, arms]
-        chosen[:, t] = arms
+        yield means.max(axis=1) - means[rows, arms], arms
         rewards = env.rewards(contexts, arms)
         model = (slice(None), 0) if config.shared else (rows, arms)
         _update(sums, model, rows, arms, contexts[rows, arms], rewards)
-    seconds = time.perf_counter() - start
-    return FloorRun(seconds, float(regret.sum(axis=1).mean()))

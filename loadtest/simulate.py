@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -147,15 +147,33 @@ def play(
     number ``t + 1``, as in a service experiment, which is what a policy that
     forgets counts ages in.
     """
+    regret = np.empty((reps, horizon))
+    chosen = np.empty((reps, horizon), dtype=np.int32)
+    start = time.perf_counter()
+    for t, (lost, arms) in enumerate(rounds(cell, reps, horizon, seed, per_decision_rng)):
+        regret[:, t] = lost
+        chosen[:, t] = arms
+        if progress is not None and (t + 1) % 250 == 0:
+            progress(250)
+    if progress is not None:
+        progress(horizon % 250)
+    return Played(np.cumsum(regret, axis=1), chosen, time.perf_counter() - start)
+
+
+def rounds(
+    cell: Cell, reps: int, horizon: int, seed: int, per_decision_rng: bool = False
+) -> Iterator[tuple[Array, NDArray[np.int64]]]:
+    """:func:`play` round by round: each round's regret and chosen arms, shape (reps,).
+
+    A generator, so that a benchmark can time the rounds of two runs in turn
+    (``benchmarks/bench_policies.py``).
+    """
     config = cell.config()
     spec = cell.env_spec(seed)
     env_rngs, policy_rngs = split_rngs(cell_seed(seed, cell), reps)
     env = Environment(spec, env_rngs)
     state = init_state(config, spec.n_arms, reps)
     rows = np.arange(reps)
-    regret = np.empty((reps, horizon))
-    chosen = np.empty((reps, horizon), dtype=np.int32)
-    start = time.perf_counter()
     streams = BufferedStreams(policy_rngs)
     seeds = [decision_seed(seed, cell, rep) for rep in range(reps)]
     for t in range(horizon):
@@ -163,16 +181,10 @@ def play(
         rngs = decision_rngs(seeds, t + 1) if per_decision_rng else streams
         arms = choose(config, state, contexts, rngs).arms
         means = env.means(contexts)
-        regret[:, t] = means.max(axis=1) - means[rows, arms]
-        chosen[:, t] = arms
+        yield means.max(axis=1) - means[rows, arms], arms
         rewards = env.rewards(contexts, arms)
         numbers = np.full(reps, t + 1.0) if config.discounted else None
         update(config, state, arms, contexts[rows, arms], rewards, numbers)
-        if progress is not None and (t + 1) % 250 == 0:
-            progress(250)
-    if progress is not None:
-        progress(horizon % 250)
-    return Played(np.cumsum(regret, axis=1), chosen, time.perf_counter() - start)
 
 
 def run_cell(
