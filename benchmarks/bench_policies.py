@@ -12,8 +12,9 @@ NumPy round of the same algorithm in the same worlds), each in a batch of
 ``batch`` repetitions (seconds per run: the batch's time divided by
 ``batch``) and alone (B = 1), best of ``repeats``, in CPU seconds of this
 process (the set-up of the worlds included, the same for both). The ratios
-project / floor are what this machine's noise changes least. Mean final regret of both (batched) is shown
-as a check that the floor plays the same algorithm. The paper's per-run
+project / floor are what this machine's noise changes least. Mean final
+regret of both (batched) is shown as a check that the floor plays the same
+algorithm. The paper's per-run
 times (appendix, "Computational Cost") scale with the horizon.
 
 With ``--service``: the policy CPU of the service instead, per policy, at

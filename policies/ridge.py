@@ -115,8 +115,10 @@ def _equilibrate(xtx: Array, reg: float) -> tuple[Array, Array]:
     # One temporary: the outer product of the scales, multiplied in place.
     system = np.multiply(scale[..., :, None], scale[..., None, :])
     np.multiply(xtx, system, out=system)
-    # The ridge and the floor go onto the diagonal in place (a strided view).
-    system.reshape(*system.shape[:-2], d * d)[..., :: d + 1] += reg * scale * scale + JITTER
+    # The diagonal with its ridge and floor, written in place (a strided view):
+    # s_i^2 (xtx_ii + reg) is 1 by the choice of s, 0 where that diagonal is 0.
+    on_diagonal = system.reshape(*system.shape[:-2], d * d)[..., :: d + 1]
+    on_diagonal[...] = 1.0 + JITTER if reg > 0 else np.where(diagonal > 0, 1.0 + JITTER, JITTER)
     return system, scale
 
 
