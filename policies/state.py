@@ -255,9 +255,9 @@ class _Slots:
     @classmethod
     def of(cls, config: PolicyConfig, rows: NDArray[np.int64], arms: NDArray[np.int64],
            n_arms: int) -> _Slots:
-        if rows.shape[0] == 1:
+        if rows.shape[0] == 1:  # the same shapes as the fancy indices give: (1, ...)
             k = int(arms[0])
-            arm = (slice(None), slice(k, k + 1))
+            arm = (slice(None), k)
             return cls((slice(None), 0) if config.shared else arm, arm, slice(k, k + 1))
         # A shared model is slot 0 of every row: a plain slice, no fancy indexing.
         pair = (rows, arms)
