@@ -244,8 +244,9 @@ class _Slots:
     """Where one observation per row goes: its model's slot and its arm's.
 
     Fancy indices for a batch; for one experiment (the service's batch, a
-    single run) basic slices instead, whose views are added to in place: the
-    same additions without a gather and a scatter per field.
+    single run) basic indices instead (the arm's number), whose views are
+    added to in place: the same additions without a gather and a scatter per
+    field.
     """
 
     model: Any  # indexes (B, M, ...) fields
