@@ -107,7 +107,8 @@ def _equilibrate(xtx: Array, reg: float) -> tuple[Array, Array]:
     # The diagonal as a strided view of the flattened matrices (cheaper than np.diagonal).
     diagonal = xtx.reshape(*xtx.shape[:-2], d * d)[..., :: d + 1] + reg
     # A Gram matrix's diagonal is a sum of squares: with a ridge it is positive.
-    positive = diagonal if reg > 0 else np.where(diagonal > 0, diagonal, 1.0)
+    touched = None if reg > 0 else diagonal > 0
+    positive = diagonal if touched is None else np.where(touched, diagonal, 1.0)
     # 1 / sqrt, not ** -0.5: pow costs about 25 ns an element, which at B = K = 100
     # and d = 20 (a model per arm) was a third of a round.
     scale = np.sqrt(positive)
@@ -118,7 +119,7 @@ def _equilibrate(xtx: Array, reg: float) -> tuple[Array, Array]:
     # The diagonal with its ridge and floor, written in place (a strided view):
     # s_i^2 (xtx_ii + reg) is 1 by the choice of s, 0 where that diagonal is 0.
     on_diagonal = system.reshape(*system.shape[:-2], d * d)[..., :: d + 1]
-    on_diagonal[...] = 1.0 + JITTER if reg > 0 else np.where(diagonal > 0, 1.0 + JITTER, JITTER)
+    on_diagonal[...] = 1.0 + JITTER if touched is None else np.where(touched, 1.0 + JITTER, JITTER)
     return system, scale
 
 

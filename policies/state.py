@@ -251,7 +251,7 @@ class _Slots:
 
     model: Any  # indexes (B, M, ...) fields
     arm: Any  # indexes (B, K, ...) fields
-    arm_flat: Any  # indexes the flattened (B, K) fields
+    arm_flat: Any  # indexes the flattened (B, K) fields; None where ``arm`` is basic
 
     @classmethod
     def of(cls, config: PolicyConfig, rows: NDArray[np.int64], arms: NDArray[np.int64],
@@ -259,7 +259,7 @@ class _Slots:
         if rows.shape[0] == 1:  # the same shapes as the fancy indices give: (1, ...)
             k = int(arms[0])
             arm = (slice(None), k)
-            return cls((slice(None), 0) if config.shared else arm, arm, slice(k, k + 1))
+            return cls((slice(None), 0) if config.shared else arm, arm, None)
         # A shared model is slot 0 of every row: a plain slice, no fancy indexing.
         pair = (rows, arms)
         return cls((slice(None), 0) if config.shared else pair, pair, rows * n_arms + arms)
@@ -274,7 +274,8 @@ def _add_plain(config: PolicyConfig, state: State, slots: _Slots, outer: Array, 
     state["xty"][model] += r_x
     _add_shifted(state, model, ("n", "shift_y", "sum_dy", "sum_dy2"), rewards)
     arm_fields = ("pulls", "shift_r", "sum_dr", "sum_dr2")
-    if (state["pulls"].flags.c_contiguous and state["shift_r"].flags.c_contiguous
+    if slots.arm_flat is not None and (
+            state["pulls"].flags.c_contiguous and state["shift_r"].flags.c_contiguous
             and state["sum_dr"].flags.c_contiguous and state["sum_dr2"].flags.c_contiguous):
         # Per-arm scalars through their flat views: one integer index, not a pair.
         _add_shifted(state, slots.arm_flat, arm_fields, rewards, flat=True)
