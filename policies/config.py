@@ -35,7 +35,7 @@ PAPER_POLICIES: tuple[PolicyName, ...] = (
 # PolicyConfig fields the service never takes (not hyperparameters on the wire).
 SIMULATION_ONLY: tuple[str, ...] = ("variant",)
 # The baselines whose authors' variant differs from ours (policies.authors).
-AUTHORS_VARIANTS: tuple[PolicyName, ...] = ("lints-g", "lints-ig", "linphe", "linucb")
+AUTHORS_VARIANTS: tuple[PolicyName, ...] = ("lints-g", "lints-ig", "lingiro", "linphe", "linucb")
 
 # Paper's tuned sigma_omega (appendix, "LinReBoot in ..." subsections).
 _PAPER_SIGMA_OMEGA: dict[Setting, dict[int, float]] = {
