@@ -13,7 +13,8 @@ from :mod:`policies.authors`.
   explicitly, and both are checked against the closed-form moments.
 * LinGIRO is drawn from the normal with the first two moments of its
   resample's perturbation of the normal equations, computed here from the
-  augmented history their loop builds; their resample itself is simulated.
+  augmented history their loop builds; their resample itself is simulated, and
+  their start without a first pass is checked arm by arm.
 """
 
 from __future__ import annotations
@@ -405,6 +406,27 @@ def test_authors_lingiro_by_hand() -> None:
         assert cov[k, k] == pytest.approx(variance, rel=RTOL)
 
 
+def test_authors_lingiro_per_arm_starts_as_their_loop() -> None:
+    # Linear_GIRO with coefficient_sharing=False has no first pass: an arm without
+    # rows has beta = 0 and scores 0, and np.argmax takes the first of equal scores.
+    config = authors("lingiro", "covariates")
+    assert not config.first_pass and authors("lingiro", "contextual").first_pass
+    assert paper_config("lingiro", "covariates", DIM).first_pass  # ours pulls each arm first
+    state = init_state(config, N_ARMS)
+    contexts = np.ones((1, N_ARMS, DIM)) / math.sqrt(DIM)
+    rngs = [np.random.default_rng(3)]
+    assert choose(config, state, contexts, rngs).arms[0] == 0  # all tied at 0: the first
+    update(config, state, np.array([0]), contexts[:, 0], np.array([0.9]))
+    scores = index_of(config)(config, state, contexts, rngs)[0]
+    assert scores[1] == 0.0 and scores[2] == -np.inf  # arm 1 stands for the untried arms
+    # Arm 0 wins where its draw is above 0, else arm 1 is tried: never arm 2 before arm 1.
+    arms = [choose(config, state, contexts, [np.random.default_rng(s)]).arms[0]
+            for s in range(200)]
+    assert set(arms) == {0, 1}
+    with pytest.raises(ValueError, match="before every arm is pulled"):
+        propensities(prepare(config, state, contexts))
+
+
 @pytest.mark.parametrize("setting", SETTINGS)
 def test_authors_lingiro_has_the_moments_of_their_resample(setting: Setting) -> None:
     config = authors("lingiro", setting)
@@ -422,7 +444,7 @@ def test_authors_lingiro_has_the_moments_of_their_resample(setting: Setting) -> 
                              np.repeat(h.current[None], N_DRAWS, axis=0), rngs)
     assert_score_moments(config, draws, mean, cov)
     # Ours pools the residuals and, with one shared model, gives the first pass
-    # pseudo-rows too: another law.
+    # pseudo-rows too: another law, by far more than the tolerance above.
     ours = paper_config("lingiro", setting, DIM)
     _, ours_cov = law_moments(ours, build_state(ours, [h], N_ARMS), h.current[None])
     assert np.max(np.abs(np.diag(ours_cov) / np.diag(cov) - 1.0)) > 0.02
