@@ -30,10 +30,12 @@ experiments like every index:
   through that one binomial by ``-U^2 m / n^2 sum x_k sum x_j'``, are drawn
   independently.
 
-Where the code forces a first pass over the arms or not is not followed: every
-policy here pulls each arm once first (:func:`policies.choose`), which the
-authors' covariates LinTS-G, LinTS-IG and LinGIRO do not (at most K = 10
-rounds of regret).
+Where the code forces a first pass over the arms or not is followed for
+LinGIRO only (below): every other policy here pulls each arm once first
+(:func:`policies.choose`), which the authors' covariates LinTS-G and LinTS-IG
+do not; their untried arms draw from a prior of variance 10, so they are
+tried at once anyway (at most K = 10 rounds of regret). LinGIRO's untried arms
+score exactly 0, which makes its start cost far more than that.
 
 * **LinTS-G**: ``theta ~ N(theta_hat, v^2 V^-1)`` with ``v`` the ``np.std`` of
   the model's rewards: the n (not n - 1) form, 1 before any reward and **0
@@ -49,7 +51,7 @@ rounds of regret).
   scores 0, and ``np.argmax`` gives equal scores to the first of them, so the
   arms are first tried in index order, each only when every arm tried so far
   scores below 0 (``PolicyConfig.first_pass`` is off for this variant; this
-  start alone costs 58 regret at d = 5 in the covariates setting, RESULTS.md).
+  start alone costs 67 regret at d = 5 in the covariates setting, RESULTS.md).
   The resample costs O(s d^2) per decision and a stored history, so, as their
   LinPHE, it is drawn from the normal with the exact first two moments of its
   perturbation of the normal equations at ``theta_bar = A^-1 X'y``,

@@ -84,7 +84,8 @@ def test_the_authors_hyperparameters_come_with_the_variant() -> None:
     ("name", "overrides", "message"),
     [("linucb-const", {}, "only lints-g, lints-ig, lingiro, linphe, linucb"),
      ("linreboot", {}, "only lints-g"),
-     ("linucb", {"discount": 0.99}, "do not forget")],
+     ("linucb", {"discount": 0.99}, "do not forget"),
+     ("lingiro", {"giro_a": 1.5}, "whole number")],
 )
 def test_a_variant_that_does_not_exist_is_refused(
     name: PolicyName, overrides: dict[str, float], message: str
