@@ -48,7 +48,7 @@ score exactly 0, which makes its start cost far more than that.
   regression ``(X*'X* + lambda I)^-1 X*'y*`` (``lambda`` not scaled) on a
   with-replacement resample of all ``s`` augmented rows of each model. With a
   model per arm there is **no first pass**: an arm never pulled has no rows and
-  scores 0, and ``np.argmax`` gives equal scores to the first of them, so the
+  scores 0, and ``np.argmax`` takes the first of equal scores, so the
   arms are first tried in index order, each only when every arm tried so far
   scores below 0 (``PolicyConfig.first_pass`` is off for this variant; this
   start alone costs 67 regret at d = 5 in the covariates setting, RESULTS.md).
