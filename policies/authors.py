@@ -1,7 +1,7 @@
 """The baselines as the paper's authors' experiment code runs them.
 
 The paper's Figure 1 was made with the authors' ``Algorithms.py`` (public
-repository ShuangWu22/LinReBoot_Experiments). Four of its five baselines differ
+repository ShuangWu22/LinReBoot_Experiments). Its five baselines differ
 from the textbook forms that :mod:`policies.indices` implements, and those
 differences, not noise, separate our baseline curves from theirs
 (RESULTS.md, "The authors' baselines"). ``PolicyConfig(variant="authors")``
@@ -30,24 +30,50 @@ experiments like every index:
   through that one binomial by ``-U^2 m / n^2 sum x_k sum x_j'``, are drawn
   independently.
 
-Where the code forces a first pass over the arms or not is not followed: every
-policy here pulls each arm once first (:func:`policies.choose`), which the
-authors' covariates LinTS-G, LinTS-IG and LinGIRO do not (at most K = 10
-rounds of regret).
+Where the code forces a first pass over the arms or not is followed for
+LinGIRO only (below): every other policy here pulls each arm once first
+(:func:`policies.choose`), which the authors' covariates LinTS-G and LinTS-IG
+do not; their untried arms draw from a prior of variance 10, so they are
+tried at once anyway (at most K = 10 rounds of regret). LinGIRO's untried arms
+score exactly 0, which makes its start cost far more than that.
 
 * **LinTS-G**: ``theta ~ N(theta_hat, v^2 V^-1)`` with ``v`` the ``np.std`` of
   the model's rewards: the n (not n - 1) form, 1 before any reward and **0
   after exactly one**, so with a model per arm an arm is scored greedily from
   its first reward until it is pulled again (ours keeps 1 until the second).
 
-Not transcribed: LinGIRO (an explicit bootstrap of the history, which our
-Gaussian limit replaces).
+* **LinGIRO**: each reward adds its row and ``a`` rows ``(x, +U)`` and ``a``
+  rows ``(x, -U)`` to the history, except, with one shared model, the rewards
+  of the first pass over the K arms (no pseudo-rows); each decision fits ridge
+  regression ``(X*'X* + lambda I)^-1 X*'y*`` (``lambda`` not scaled) on a
+  with-replacement resample of all ``s`` augmented rows of each model. With a
+  model per arm there is **no first pass**: an arm never pulled has no rows and
+  scores 0, and ``np.argmax`` takes the first of equal scores, so the
+  arms are first tried in index order, each only when every arm tried so far
+  scores below 0 (``PolicyConfig.first_pass`` is off for this variant; this
+  start alone costs 67 regret at d = 5 in the covariates setting, RESULTS.md).
+  The resample costs O(s d^2) per decision and a stored history, so, as their
+  LinPHE, it is drawn from the normal with the exact first two moments of its
+  perturbation of the normal equations at ``theta_bar = A^-1 X'y``,
+  ``A = X'X + 2a X_late'X_late + lambda I``: ``theta = theta_bar + A^-1 u``,
+  ``u = sum_i (w_i - 1) x_i e_i`` with multinomial counts ``w``, mean 0 and
+  covariance ``sum_i e_i^2 x_i x_i' - (lambda theta_bar)(lambda theta_bar)' / s``
+  over the augmented rows (:func:`giro_authors_moments`). The squared residuals
+  are not pooled as ours pools them, so the state keeps sums to fourth order in
+  ``x`` (``O(d^4 / 4)`` per model; simulation only). What the normal form drops
+  is the resample's second order (the randomness of ``X*'X*``, of relative size
+  ``d / s``) and its discreteness; a model's first rows share one context, for
+  which the linear form is exact. Played literally
+  (``benchmarks/giro_resample.py``), their resample gives the same regret within
+  one standard error (covariates, d = 5, 1,000 rounds). The arms of a model
+  per arm are drawn apart, as their loop resamples each arm's history apart.
 
 References
 ----------
 S. Wu, C.-H. Wang, Y. Li, G. Cheng. Residual Bootstrap Exploration for
 Stochastic Linear Bandit. UAI 2022; experiment code ``Algorithms.py``
-(``Linear_UCB``, ``Linear_TS_IG``, ``Linear_PHE``).
+(``Linear_UCB``, ``Linear_TS_IG``, ``Linear_PHE``, ``Linear_TS_G``,
+``Linear_GIRO``).
 """
 
 from __future__ import annotations
@@ -178,6 +204,82 @@ def phe_authors_moments(config: PolicyConfig, state: State) -> tuple[Array, Arra
     return mean, scale, matrix
 
 
+def giro_authors_moments(config: PolicyConfig, state: State) -> tuple[Equilibrated, Array, Array]:
+    """Gram system ``A``, centre ``theta_bar`` (B, M, d) and covariance (B, M, d, d) of ``u``.
+
+    ``A = X'X + 2a X_late'X_late + lambda I`` is the augmented history's
+    (``X_late``: the rows that brought pseudo-rows), ``theta_bar = A^-1 X'y``
+    (the pseudo-rewards cancel in pairs). ``u = sum_i (w_i - 1) x_i e_i`` over
+    the ``s`` augmented rows, ``e_i = y_i - x_i' theta_bar``, with multinomial
+    counts ``w``: covariance ``sum_i e_i^2 x_i x_i' - (lambda theta_bar)(lambda theta_bar)' / s``
+    (``sum_i x_i e_i = lambda theta_bar``), where ``sum_i e_i^2 x_i x_i'`` is
+    ``sum r^2 x x' + 2 a U^2 X_late'X_late - 2 sum r (x' theta_bar) x x'
+    + sum_aug (x' theta_bar)^2 x x'`` (each pseudo pair's ``+U`` and ``-U`` cancel
+    in the odd term).
+    """
+    a, bound, reg = config.giro_a, config.reward_bound, config.reg
+    late_xtx = state["late_xtx"]
+    gram = Equilibrated.of(state["xtx"] + 2.0 * a * late_xtx, reg)
+    theta = gram.solve(state["xty"][..., None])[..., 0]
+    d = config.dim
+    rows, cols = np.triu_indices(d)
+    # (x' theta)^2 = sum_(i <= j) c_ij theta_i theta_j x_i x_j, c_ij = 2 off the diagonal.
+    pairs = theta[..., rows] * theta[..., cols] * np.where(rows == cols, 1.0, 2.0)
+    fourth_upper = np.einsum("...pq,...q->...p", state["aug_x4"], pairs)
+    fourth = np.empty((*theta.shape, d))
+    fourth[..., rows, cols] = fourth_upper
+    fourth[..., cols, rows] = fourth_upper
+    third = np.einsum("...ijk,...k->...ij", state["r_x3"], theta)
+    squares = state["r2_xtx"] + 2.0 * a * bound**2 * late_xtx - 2.0 * third + fourth
+    rows_total = np.maximum(state["n"] + 2.0 * a * state["late_n"], 1.0)
+    score = reg * theta
+    covariance = squares - score[..., :, None] * score[..., None, :] / rows_total[..., None, None]
+    return gram, theta, covariance
+
+
+def prepare_lingiro_authors(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
+    """The authors' LinGIRO: ``A^-1 (X'y + u)``, ``u`` normal with the resample's moments.
+
+    Laid out as :func:`policies.indices.draw_perturbed_ridge` reads it (``root``
+    the covariance of :func:`giro_authors_moments`, unit ``noise_scale``), with
+    each model's count of rewards ``n``.
+    """
+    gram, _, covariance = giro_authors_moments(config, state)
+    return {**_stored("root", factorise(covariance)), **_stored_system("gram", gram),
+            "xty": state["xty"], "noise_scale": np.ones(state["n"].shape), "contexts": contexts,
+            "n": state["n"]}
+
+
+def draw_lingiro_authors(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Array:
+    """Scores of one draw; with a model per arm, their loop's start without a first pass.
+
+    An arm never pulled has no rows, so its estimate is 0 and it scores 0; as
+    ``np.argmax`` takes the first of equal scores, of the arms never pulled only
+    the first can be chosen (the others score ``-inf`` here).
+    """
+    scores = draw_perturbed_ridge(config, prepared, rngs)
+    if config.shared:
+        return scores
+    never = prepared["n"] == 0
+    # (The normal form of an empty model is 0 but for the factor's floor: made exact.)
+    first = np.where(never & (np.cumsum(never, axis=1) == 1), 0.0, -np.inf)
+    return np.where(never, first, scores)
+
+
+def law_lingiro_authors(config: PolicyConfig, prepared: Prepared) -> Law:
+    """The normal law of :func:`policies.indices.law_perturbed_ridge` once every arm was pulled.
+
+    Raises
+    ------
+    ValueError
+        With a model per arm while an arm was never pulled (arms tied at 0 go to
+        the first of them, not evenly).
+    """
+    if not config.shared and np.any(prepared["n"] == 0):
+        raise ValueError("the authors' LinGIRO has no propensity here before every arm is pulled")
+    return law_perturbed_ridge(config, prepared)
+
+
 def prepare_linphe_authors(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
     """The authors' LinPHE: ``((1+a)(X'X + lambda I))^-1 (X'y + X'z)``, ``X'z`` as above.
 
@@ -197,6 +299,7 @@ AUTHORS_INDEX: dict[str, Index] = {
     "linucb": Index(prepare_linucb_authors, draw_deterministic, law_deterministic),
     "lints-ig": Index(prepare_lints_ig_authors, draw_lints_ig_authors, law_lints_ig_authors,
                       True),
+    "lingiro": Index(prepare_lingiro_authors, draw_lingiro_authors, law_lingiro_authors, True),
     "linphe": Index(prepare_linphe_authors, draw_perturbed_ridge, law_perturbed_ridge, True),
 }
 

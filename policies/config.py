@@ -35,7 +35,7 @@ PAPER_POLICIES: tuple[PolicyName, ...] = (
 # PolicyConfig fields the service never takes (not hyperparameters on the wire).
 SIMULATION_ONLY: tuple[str, ...] = ("variant",)
 # The baselines whose authors' variant differs from ours (policies.authors).
-AUTHORS_VARIANTS: tuple[PolicyName, ...] = ("lints-g", "lints-ig", "linphe", "linucb")
+AUTHORS_VARIANTS: tuple[PolicyName, ...] = ("lints-g", "lints-ig", "lingiro", "linphe", "linucb")
 
 # Paper's tuned sigma_omega (appendix, "LinReBoot in ..." subsections).
 _PAPER_SIGMA_OMEGA: dict[Setting, dict[int, float]] = {
@@ -236,6 +236,9 @@ class PolicyConfig:
                 float(value)
             ):
                 raise ValueError(f"{field} must be a number from {bounds.low:g} to {bounds.high:g}")
+        if self.variant == "authors" and self.name == "lingiro" and self.giro_a % 1 != 0:
+            raise ValueError("the authors' LinGIRO adds whole pairs of pseudo-rows: "
+                             "giro_a must be a whole number")
 
     @property
     def discounted(self) -> bool:
@@ -244,8 +247,14 @@ class PolicyConfig:
 
     @property
     def first_pass(self) -> bool:
-        """Every arm is pulled once before any competes (the paper's first K rounds)."""
-        return self.spread == "paper"
+        """Every arm is pulled once before any competes (the paper's first K rounds).
+
+        Not with ``spread="pooled"``, nor in the authors' LinGIRO with a model per
+        arm, whose loop has no such pass (an arm never pulled scores 0 there).
+        """
+        authors_giro_per_arm = (self.variant == "authors" and self.name == "lingiro"
+                                and not self.shared)
+        return self.spread == "paper" and not authors_giro_per_arm
 
     @property
     def shared(self) -> bool:

@@ -89,10 +89,13 @@ Axis = Literal["model", "arm"]
 # add r - c ("dr") or (r - c)^2 ("dr2"). With forgetting: hold the slot's clock
 # ("at", see Forgetting above) and count undiscounted ("tally").
 # The authors' variants (policies.authors, simulation only, never in the store)
-# add x itself ("x") and keep the largest norm of the ridge estimate so far
-# ("norm_max").
+# add x itself ("x"), keep the largest norm of the ridge estimate so far
+# ("norm_max"), and for LinGIRO's bootstrap add the count and Gram matrix of the
+# rows that bring pseudo-rewards ("late_one", "late_outer"), r^2 x x' ("r2_outer"),
+# r x (x) x (x) x ("r_x3") and the pseudo-row-weighted fourth moments ("aug_x4").
 Addition = Literal[
-    "outer", "r_x", "one", "first_r", "dr", "dr2", "at", "tally", "x", "norm_max"
+    "outer", "r_x", "one", "first_r", "dr", "dr2", "at", "tally", "x", "norm_max",
+    "late_one", "late_outer", "r2_outer", "r_x3", "aug_x4",
 ]
 # What keeps its value when a slot is discounted to a later clock.
 _NOT_DECAYED: frozenset[Addition] = frozenset({"first_r", "at", "tally"})
@@ -147,15 +150,45 @@ def _authors_fields(config: PolicyConfig) -> dict[str, FieldSpec]:
     """What the authors' variants keep besides the sums (:mod:`policies.authors`).
 
     Their LinPHE shifts the perturbation by a multiple of ``sum x``; their
-    LinUCB's radius holds the largest ``||theta_hat||`` of every update so far.
+    LinUCB's radius holds the largest ``||theta_hat||`` of every update so far;
+    the moments of their LinGIRO's resample need the sums of its augmented
+    history up to fourth order in ``x`` (:func:`giro_rows`), the fourth as the
+    Gram matrix of the upper triangles of ``x x'`` (:func:`upper_triangle`).
     """
     if config.variant != "authors":
         return {}
+    d = config.dim
     if config.name == "linphe":
-        return {"sum_x": FieldSpec("model", (config.dim,), "x")}
+        return {"sum_x": FieldSpec("model", (d,), "x")}
     if config.name == "linucb":
         return {"theta_norm_max": FieldSpec("model", (), "norm_max")}
+    if config.name == "lingiro":
+        p = d * (d + 1) // 2
+        return {"late_n": FieldSpec("model", (), "late_one"),
+                "late_xtx": FieldSpec("model", (d, d), "late_outer"),
+                "r2_xtx": FieldSpec("model", (d, d), "r2_outer"),
+                "r_x3": FieldSpec("model", (d, d, d), "r_x3"),
+                "aug_x4": FieldSpec("model", (p, p), "aug_x4")}
     return {}
+
+
+def upper_triangle(matrices: Array) -> Array:
+    """The row-major upper triangles of a stack of (d, d) matrices, shape (..., d (d+1) / 2)."""
+    rows, cols = np.triu_indices(matrices.shape[-1])
+    return matrices[..., rows, cols]
+
+
+def giro_rows(config: PolicyConfig, state: State, model: Any) -> Array:
+    """1 where the observation just counted in ``model`` brings the authors' pseudo-rows, else 0.
+
+    Their ``Linear_GIRO`` adds ``a`` rows ``(x, +U)`` and ``a`` rows ``(x, -U)``
+    with every reward, except, with one shared model, the rewards of the first
+    pass over the K arms (its rounds 1..K), shape (B,).
+    """
+    count = state["n"][model]
+    if not config.shared:
+        return np.ones_like(count)
+    return (count > state["pulls"].shape[1]).astype(np.float64)
 
 
 def needs_arm_gram(config: PolicyConfig) -> bool:
@@ -289,6 +322,21 @@ def _add_plain(config: PolicyConfig, state: State, slots: _Slots, outer: Array, 
     if "theta_norm_max" in state:
         norms = np.linalg.norm(ridge(state["xtx"][model], state["xty"][model], config.reg), axis=-1)
         state["theta_norm_max"][model] = np.maximum(state["theta_norm_max"][model], norms)
+    if "aug_x4" in state:
+        _add_giro(config, state, model, outer, x, rewards)
+
+
+def _add_giro(config: PolicyConfig, state: State, model: Any, outer: Array, x: Array,
+              rewards: Array) -> None:
+    """The authors' LinGIRO's sums of one observation per row (``n`` already counts it)."""
+    late = giro_rows(config, state, model)
+    state["late_n"][model] += late
+    state["late_xtx"][model] += late[:, None, None] * outer
+    state["r2_xtx"][model] += (rewards * rewards)[:, None, None] * outer
+    state["r_x3"][model] += (rewards[:, None, None] * outer)[..., None] * x[:, None, None, :]
+    upper = upper_triangle(outer)
+    weight = 1.0 + 2.0 * config.giro_a * late  # the row and its 2a pseudo-rows
+    state["aug_x4"][model] += (weight[:, None] * upper)[:, :, None] * upper[:, None, :]
 
 
 def _add_shifted(state: State, slots: Any, names: tuple[str, str, str, str], rewards: Array,

@@ -1,20 +1,26 @@
-"""The authors' variants of LinUCB, LinTS-IG and LinPHE against direct transcriptions.
+"""The authors' variants of the baselines against direct transcriptions.
 
 Each direct computation below is written from the authors' ``Algorithms.py``
 (ShuangWu22/LinReBoot_Experiments: ``Linear_UCB``, ``Linear_TS_IG``,
-``Linear_PHE``) as plain loops over the raw history, step by step as their
-code updates: not from the policy's state or from :mod:`policies.authors`.
+``Linear_PHE``, ``Linear_TS_G``, ``Linear_GIRO``) as plain loops over the raw
+history, step by step as their code updates: not from the policy's state or
+from :mod:`policies.authors`.
 
 * LinUCB is deterministic: its scores must match to rounding.
 * LinTS-IG is reproduced draw for draw from identically seeded generators.
 * LinPHE is drawn from the normal with its perturbation's mean and
   covariance; the authors' binomial-multinomial perturbation is simulated
   explicitly, and both are checked against the closed-form moments.
+* LinGIRO is drawn from the normal with the first two moments of its
+  resample's perturbation of the normal equations, computed here from the
+  augmented history their loop builds; their resample itself is simulated, and
+  their start without a first pass is checked arm by arm.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -24,7 +30,16 @@ from scipy.special import ndtr
 
 from loadtest.environments import Environment, Reading, make_spec, seeded_rngs
 from loadtest.simulate import Cell
-from policies import PolicyConfig, choose, init_state, layout, paper_config, prepare, update
+from policies import (
+    PolicyConfig,
+    State,
+    choose,
+    init_state,
+    layout,
+    paper_config,
+    prepare,
+    update,
+)
 from policies.authors import index_of
 from policies.config import PolicyName, Setting
 from policies.propensity import propensities
@@ -67,9 +82,10 @@ def test_the_authors_hyperparameters_come_with_the_variant() -> None:
 
 @pytest.mark.parametrize(
     ("name", "overrides", "message"),
-    [("lingiro", {}, "only lints-g, lints-ig, linphe, linucb"),
+    [("linucb-const", {}, "only lints-g, lints-ig, lingiro, linphe, linucb"),
      ("linreboot", {}, "only lints-g"),
-     ("linucb", {"discount": 0.99}, "do not forget")],
+     ("linucb", {"discount": 0.99}, "do not forget"),
+     ("lingiro", {"giro_a": 1.5}, "whole number")],
 )
 def test_a_variant_that_does_not_exist_is_refused(
     name: PolicyName, overrides: dict[str, float], message: str
@@ -82,9 +98,11 @@ def test_only_the_authors_variants_keep_more_than_sums() -> None:
     # The store adds sums only: the extra fields must never reach a service layout.
     assert "theta_norm_max" in layout(authors("linucb", "contextual"))
     assert "sum_x" in layout(authors("linphe", "covariates"))
-    for name in ("linucb", "linphe", "lints-ig"):
+    extra = {"theta_norm_max", "sum_x", "late_n", "late_xtx", "r2_xtx", "r_x3", "aug_x4"}
+    assert extra - {"theta_norm_max", "sum_x"} <= set(layout(authors("lingiro", "covariates")))
+    for name in ("linucb", "linphe", "lints-ig", "lingiro"):
         fields = layout(paper_config(name, "contextual", DIM))
-        assert not {"theta_norm_max", "sum_x"} & set(fields)
+        assert not extra & set(fields)
 
 
 # --------------------------------------------------------------------------- LinUCB
@@ -307,6 +325,169 @@ def test_authors_linphe_has_the_moments_of_their_perturbation(setting: Setting) 
     assert np.max(np.abs(ours_mean - mean)) > 0.05
 
 
+# --------------------------------------------------------------------------- LinGIRO
+
+
+def giro_history(config: PolicyConfig, h: History) -> list[tuple[Array, Array]]:
+    """``Linear_GIRO``'s (X, Y) per model: each reward's row, then ``a`` rows
+    ``(x, R_upper)`` and ``(x, R_lower)`` in turn, but for the shared model's
+    first pass over the K arms (its rounds 1..K append the reward alone)."""
+    a, u = int(config.giro_a), config.reward_bound
+    xs: list[list[Array]] = [[] for _ in range(n_models(config))]
+    ys: list[list[float]] = [[] for _ in range(n_models(config))]
+    for t, (arm, x, r) in enumerate(zip(h.arms, h.x, h.rewards, strict=True)):
+        m = model_of(config, int(arm))
+        xs[m].append(x)
+        ys[m].append(float(r))
+        if config.shared and t < N_ARMS:
+            continue
+        for _ in range(a):
+            xs[m] += [x, x]
+            ys[m] += [u, -u]
+    return [(np.array(x_rows).reshape(-1, config.dim), np.array(y))
+            for x_rows, y in zip(xs, ys, strict=True)]
+
+
+def giro_resample_moments(config: PolicyConfig, x_rows: Array, y: Array) -> tuple[Array, Array]:
+    """Mean and covariance of ``theta_bar + A^-1 X*'(w - 1) e`` for their resample's counts
+    ``w ~ Multinomial(s, 1/s)``: ``Cov w = I - 1 1'/s``, so ``X' (diag e^2 - e e'/s) X``."""
+    a_matrix = x_rows.T @ x_rows + config.reg * np.eye(config.dim)
+    a_inv = np.linalg.inv(a_matrix)
+    theta = a_inv @ x_rows.T @ y
+    e = y - x_rows @ theta
+    meat = (x_rows.T * e**2) @ x_rows - np.outer(x_rows.T @ e, x_rows.T @ e) / y.size
+    return theta, a_inv @ meat @ a_inv
+
+
+def giro_score_moments(config: PolicyConfig, h: History) -> tuple[Array, Array]:
+    moments = [giro_resample_moments(config, x_rows, y) for x_rows, y in giro_history(config, h)]
+    mean = np.array([h.current[k] @ moments[model_of(config, k)][0] for k in range(N_ARMS)])
+    cov = np.array([[h.current[k] @ moments[model_of(config, k)][1] @ h.current[j]
+                     if model_of(config, k) == model_of(config, j) else 0.0
+                     for j in range(N_ARMS)] for k in range(N_ARMS)])
+    return mean, cov
+
+
+def law_moments(config: PolicyConfig, state: State, contexts: Array) -> tuple[Array, Array]:
+    """Mean and covariance of one experiment's scores from the index's law."""
+    law = index_of(config).law(config, prepare(config, state, contexts).prepared)
+    if law.loadings is not None:
+        return law.mean[0], law.loadings[0] @ law.loadings[0].T
+    assert law.spread is not None
+    return law.mean[0], np.diag(law.spread[0] ** 2)
+
+
+def test_authors_lingiro_by_hand() -> None:
+    # One coordinate, two arms, U = 2, lambda = 0.1, a = 1. Shared model: the first
+    # pass (0.5 on arm 0, -0.5 on arm 1) brings no pseudo-rows, the third reward
+    # (1 on arm 0) brings (1, 2) and (1, -2): y = (0.5, -0.5, 1, 2, -2), x = 1.
+    config = PolicyConfig("lingiro", "contextual", 1, variant="authors", reward_bound=2.0)
+    state = init_state(config, 2)
+    for arm, r in ((0, 0.5), (1, -0.5), (0, 1.0)):
+        update(config, state, np.array([arm]), np.ones((1, 1)), np.array([r]))
+    y = np.array([0.5, -0.5, 1.0, 2.0, -2.0])
+    theta = y.sum() / (5 + 0.1)  # 1 / 5.1
+    sum_e2 = (y**2).sum() - 2 * theta * y.sum() + 5 * theta**2
+    variance = (sum_e2 - (0.1 * theta) ** 2 / 5) / 5.1**2  # 9.3997 / 26.01
+    mean, cov = law_moments(config, state, np.ones((1, 2, 1)))
+    np.testing.assert_allclose(mean, [theta, theta], rtol=RTOL)
+    np.testing.assert_allclose(cov, np.full((2, 2), variance), rtol=RTOL)
+    # A model per arm: every reward brings its pseudo-rows. Arm 0: (0.5, 2, -2) and
+    # (1, 2, -2); arm 1: (-0.5, 2, -2).
+    config = replace(config, setting="covariates")
+    state = init_state(config, 2)
+    for arm, r in ((0, 0.5), (1, -0.5), (0, 1.0)):
+        update(config, state, np.array([arm]), np.ones((1, 1)), np.array([r]))
+    mean, cov = law_moments(config, state, np.ones((1, 2, 1)))
+    for k, y in enumerate([np.array([0.5, 2, -2, 1, 2, -2]), np.array([-0.5, 2, -2])]):
+        theta = y.sum() / (y.size + 0.1)
+        e = y - theta
+        variance = ((e**2).sum() - (0.1 * theta) ** 2 / y.size) / (y.size + 0.1) ** 2
+        assert mean[k] == pytest.approx(theta, rel=RTOL)
+        assert cov[k, k] == pytest.approx(variance, rel=RTOL)
+
+
+def test_authors_lingiro_per_arm_starts_as_their_loop() -> None:
+    # Linear_GIRO with coefficient_sharing=False has no first pass: an arm without
+    # rows has beta = 0 and scores 0, and np.argmax takes the first of equal scores.
+    config = authors("lingiro", "covariates")
+    assert not config.first_pass and authors("lingiro", "contextual").first_pass
+    assert paper_config("lingiro", "covariates", DIM).first_pass  # ours pulls each arm first
+    state = init_state(config, N_ARMS)
+    contexts = np.ones((1, N_ARMS, DIM)) / math.sqrt(DIM)
+    rngs = [np.random.default_rng(3)]
+    assert choose(config, state, contexts, rngs).arms[0] == 0  # all tied at 0: the first
+    update(config, state, np.array([0]), contexts[:, 0], np.array([0.9]))
+    scores = index_of(config)(config, state, contexts, rngs)[0]
+    assert scores[1] == 0.0 and scores[2] == -np.inf  # arm 1 stands for the untried arms
+    # Arm 0 wins where its draw is above 0, else arm 1 is tried: never arm 2 before arm 1.
+    arms = [choose(config, state, contexts, [np.random.default_rng(s)]).arms[0]
+            for s in range(200)]
+    assert set(arms) == {0, 1}
+    with pytest.raises(ValueError, match="before every arm is pulled"):
+        propensities(prepare(config, state, contexts))
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_authors_lingiro_has_the_moments_of_their_resample(setting: Setting) -> None:
+    config = authors("lingiro", setting)
+    (h,) = histories_for(setting, (19,), rounds=45)
+    mean, cov = giro_score_moments(config, h)
+    state = build_state(config, [h], N_ARMS)
+    law_mean, law_cov = law_moments(config, state, h.current[None])
+    np.testing.assert_allclose(law_mean, mean, rtol=RTOL, atol=1e-12)
+    # The variant assembles sum e^2 x x' from sums in r and x' theta_bar that cancel
+    # (r^2 - 2 r x' theta + (x' theta)^2): a few digits fewer than the direct residuals.
+    np.testing.assert_allclose(law_cov, cov, rtol=1e-7, atol=1e-7 * np.max(np.diag(cov)))
+    # The draws have them too.
+    rngs = np.random.default_rng(21).spawn(N_DRAWS)
+    draws = index_of(config)(config, replicate(state, N_DRAWS),
+                             np.repeat(h.current[None], N_DRAWS, axis=0), rngs)
+    assert_score_moments(config, draws, mean, cov)
+    # Ours pools the residuals and, with one shared model, gives the first pass
+    # pseudo-rows too: another law, by far more than the tolerance above.
+    ours = paper_config("lingiro", setting, DIM)
+    _, ours_cov = law_moments(ours, build_state(ours, [h], N_ARMS), h.current[None])
+    assert np.max(np.abs(np.diag(ours_cov) / np.diag(cov) - 1.0)) > 0.02
+
+
+N_RESAMPLES, N_GAUSSIAN = 6_000, 12_000
+# Sampling error of a ratio of two sample variances.
+RESAMPLE_RATIO_SE = math.sqrt(2.0 / N_RESAMPLES + 2.0 / N_GAUSSIAN)
+# What the Gaussian form neglects: the second-order terms of the resample's ratio
+# (G*^-1 b*, of relative size d / s) with s >= 300 augmented rows per model.
+SECOND_ORDER = 0.03
+
+
+@pytest.mark.parametrize("setting", SHARED_AND_PER_ARM)
+def test_authors_lingiro_matches_their_resample(setting: Setting) -> None:
+    """``Linear_GIRO``'s ``np.random.choice(s, s)`` resample, fitted by ridge, against
+    the Gaussian form on a 400-round history: means within 4 two-sample standard
+    errors, each score's variance within ``4 RESAMPLE_RATIO_SE + SECOND_ORDER``
+    (6% + 3%)."""
+    config = authors("lingiro", setting)
+    (h,) = histories_for(setting, (16,), rounds=400)
+    state = build_state(config, [h], N_ARMS)
+    rngs = np.random.default_rng(17).spawn(N_GAUSSIAN)
+    drawn = index_of(config)(config, replicate(state, N_GAUSSIAN),
+                             np.repeat(h.current[None], N_GAUSSIAN, axis=0), rngs)
+    rng = np.random.default_rng(18)
+    history = giro_history(config, h)
+    explicit = np.empty((N_RESAMPLES, N_ARMS))
+    for k in range(N_ARMS):
+        x_rows, y = history[model_of(config, k)]
+        assert y.size >= 300
+        idx = rng.integers(0, y.size, size=(N_RESAMPLES, y.size))  # np.random.choice(s, s)
+        xb, yb = x_rows[idx], y[idx]
+        gram = np.einsum("bni,bnj->bij", xb, xb) + config.reg * np.eye(DIM)
+        theta = np.linalg.solve(gram, np.einsum("bni,bn->bi", xb, yb)[..., None])[..., 0]
+        explicit[:, k] = theta @ h.current[k]
+    se = np.sqrt(explicit.var(axis=0) / N_RESAMPLES + drawn.var(axis=0) / N_GAUSSIAN)
+    np.testing.assert_array_less(np.abs(explicit.mean(axis=0) - drawn.mean(axis=0)), 4 * se)
+    ratio = explicit.var(axis=0) / drawn.var(axis=0)
+    np.testing.assert_array_less(np.abs(ratio - 1.0), 4 * RESAMPLE_RATIO_SE + SECOND_ORDER)
+
+
 # --------------------------------------------------------------------------- propensities
 
 
@@ -319,7 +500,7 @@ def ready_after(config: PolicyConfig, setting: Setting, seed: int) -> Any:
 @pytest.mark.parametrize(("name", "setting"), [
     ("linucb", "contextual"), ("linucb", "covariates"), ("linphe", "contextual"),
     ("linphe", "covariates"), ("lints-ig", "covariates"), ("lints-g", "contextual"),
-    ("lints-g", "covariates"),
+    ("lints-g", "covariates"), ("lingiro", "contextual"), ("lingiro", "covariates"),
 ])
 def test_the_authors_variants_propensities_against_their_draws(
     name: PolicyName, setting: Setting
