@@ -6,7 +6,7 @@ equilibration, no fallback), ``np.linalg.cholesky`` where a draw needs a
 square root, one generator for the whole batch, unexplored arms first by an
 infinite score (the lowest index, not a uniform one), no eligibility, no
 forgetting, no input checks. It plays the same :class:`loadtest.environments.Environment`
-for the same horizon as :func:`loadtest.simulate.play`, so
+for the same horizon as :func:`loadtest.simulate.rounds`, so
 ``project seconds / floor seconds`` is what the project's generality and
 robustness cost on this machine. Its regret is reported too, as a check that
 it runs the same algorithm.
@@ -25,7 +25,6 @@ Per round (``A = X'X + lambda I``, ``G`` the perturbed policies' Gram,
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -160,28 +159,13 @@ def _update(s: Sums, model: Any, rows: Any, arms: Any, x: Array, r: Array) -> No
     s.rr[rows, arms] += r * r
 
 
-@dataclass(frozen=True)
-class FloorRun:
-    seconds: float
-    final_regret: float  # mean over repetitions
-
-
-def play_floor(cell: Cell, reps: int, horizon: int, seed: int) -> FloorRun:
-    """The floor's run of ``cell``: the worlds of :func:`loadtest.simulate.play`."""
-    regret = np.empty((reps, horizon))  # the bookkeeping of play()
-    chosen = np.empty((reps, horizon), dtype=np.int32)
-    start = time.perf_counter()
-    for t, (lost, arms) in enumerate(floor_rounds(cell, reps, horizon, seed)):
-        regret[:, t] = lost
-        chosen[:, t] = arms
-    seconds = time.perf_counter() - start
-    return FloorRun(seconds, float(regret.sum(axis=1).mean()))
-
-
 def floor_rounds(
     cell: Cell, reps: int, horizon: int, seed: int
 ) -> Iterator[tuple[Array, NDArray[np.int64]]]:
-    """:func:`play_floor` round by round, as :func:`loadtest.simulate.rounds` plays the project."""
+    """The floor's run of ``cell`` round by round: each round's regret and arms, shape (reps,).
+
+    The worlds of :func:`loadtest.simulate.rounds`, which plays the project.
+    """
     config = cell.config()
     spec = cell.env_spec()
     env_rngs, policy_rngs = split_rngs(cell_seed(seed, cell), reps)

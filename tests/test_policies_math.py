@@ -171,6 +171,17 @@ def test_factor_solves_draws_and_roots_match_dense_algebra(stack: int) -> None:
     np.testing.assert_allclose(rows @ np.swapaxes(rows, -1, -2), floored(a), rtol=RTOL)
 
 
+def _drawn_from_histories(config: PolicyConfig, setting: Setting) -> tuple[State, Array, Array]:
+    """Two experiments' statistics, this round's contexts and one draw (generators 7, 8)."""
+    histories = [make_history(setting, 3, 4, 40, seed) for seed in (1, 2)]
+    state = build_state(config, histories, 3)
+    contexts = np.stack([h.current for h in histories])
+    index = INDEX[config.name]
+    scores = index.draw(config, index.prepare(config, state, contexts),
+                        [np.random.default_rng(s) for s in (7, 8)])
+    return state, contexts, scores
+
+
 @pytest.mark.parametrize("name", ["lints-g", "linphe", "lingiro"])
 @pytest.mark.parametrize("setting", ["stochastic", "covariates"])
 def test_one_solve_draws_equal_the_mean_plus_coloured_noise(name: str, setting: Setting) -> None:
@@ -182,12 +193,7 @@ def test_one_solve_draws_equal_the_mean_plus_coloured_noise(name: str, setting: 
     from policies.indices import reward_variance
 
     config = PolicyConfig(name=name, setting=setting, dim=4)  # type: ignore[arg-type]
-    histories = [make_history(setting, 3, 4, 40, seed) for seed in (1, 2)]
-    state = build_state(config, histories, 3)
-    contexts = np.stack([h.current for h in histories])
-    index = INDEX[config.name]
-    scores = index.draw(config, index.prepare(config, state, contexts),
-                        [np.random.default_rng(s) for s in (7, 8)])
+    state, contexts, scores = _drawn_from_histories(config, setting)
     z = np.stack([np.random.default_rng(s).standard_normal(state["xty"].shape[1:])
                   for s in (7, 8)])
     xtx, xty = state["xtx"], state["xty"]
@@ -221,12 +227,7 @@ def test_lints_ig_draws_the_textbook_posterior_from_one_solve(setting: Setting) 
     from policies.indices import reward_squares
 
     config = PolicyConfig(name="lints-ig", setting=setting, dim=4)
-    histories = [make_history(setting, 3, 4, 40, seed) for seed in (1, 2)]
-    state = build_state(config, histories, 3)
-    contexts = np.stack([h.current for h in histories])
-    index = INDEX[config.name]
-    scores = index.draw(config, index.prepare(config, state, contexts),
-                        [np.random.default_rng(s) for s in (7, 8)])
+    state, contexts, scores = _drawn_from_histories(config, setting)
     xtx, xty, p = state["xtx"], state["xty"], config.ig_prior_precision
     shape = config.ig_alpha + 0.5 * state["n"]
     generators = [np.random.default_rng(s) for s in (7, 8)]
