@@ -55,8 +55,9 @@ def _add_simulate(sub: argparse._SubParsersAction[_Parser]) -> None:
                    help="a drifting world: theta is drawn afresh every ROUNDS rounds "
                    "(default 0: never)")
     p.add_argument("--baselines", choices=("project", "authors"), default="project",
-                   help="LinTS-G, LinTS-IG, LinPHE and LinUCB as this project implements them "
-                   "(default) or as the paper's authors' code runs them (policies.authors)")
+                   help="LinReBoot, LinTS-G, LinTS-IG, LinPHE, LinGIRO and LinUCB as this project "
+                   "implements them (default) or as the paper's authors' code runs them "
+                   "(policies.authors)")
     p.add_argument("--centres", choices=("per-repetition", "once"), default="per-repetition",
                    help="arm features / context centres drawn per repetition (default) or "
                    "once per cell, as the authors' contextual script does")

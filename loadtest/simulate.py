@@ -231,8 +231,9 @@ def grid(
 
     Each policy gets the ``overrides`` it takes (``policies.HYPERPARAMETERS``);
     a discount of 1 (no forgetting) is no override, so its label is the plain one.
-    ``baselines="authors"`` runs the baselines that have one in their authors'
-    variant (``policies.AUTHORS_VARIANTS``); ``centres`` as in :class:`Cell`.
+    ``baselines="authors"`` runs the policies that have one in their authors'
+    variant (``policies.AUTHORS_VARIANTS``, LinReBoot with the paper's spread
+    among them); ``centres`` as in :class:`Cell`.
     """
     cells = []
     for setting in settings:
@@ -248,6 +249,8 @@ def grid(
                     if policy == "linreboot" else [()]
                 for kind, sigma, discount in itertools.product(kinds, sweep, discounts):
                     forget = (("discount", discount),) if discount != 1.0 else ()
-                    cells.append(Cell(setting, dim, policy, sigma, reading, kind + own + forget,
+                    # The pooled spread is ours only: the authors' LinReBoot is the paper's.
+                    mine = tuple(o for o in own if o != ("variant", "authors")) if kind else own
+                    cells.append(Cell(setting, dim, policy, sigma, reading, kind + mine + forget,
                                       switch_every, centres))
     return cells

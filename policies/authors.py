@@ -30,6 +30,13 @@ experiments like every index:
   through that one binomial by ``-U^2 m / n^2 sum x_k sum x_j'``, are drawn
   independently.
 
+* **LinReBoot** (``Linear_ReBoot_G``) with one shared model is the paper's
+  and ours. With a model per arm their loop refreshes ``beta`` only for the
+  arm pulled in the round before, and only from round K + 1 on: after the
+  first pass every arm but the last keeps ``beta = 0``, so scores ``0`` with
+  spread ``sigma_omega sqrt(sum r^2) / s`` (its residuals about 0), until it
+  is pulled again. The state marks the arms refreshed (``refreshed``).
+
 Where the code forces a first pass over the arms or not is followed for
 LinGIRO only (below): every other policy here pulls each arm once first
 (:func:`policies.choose`), which the authors' covariates LinTS-G and LinTS-IG
@@ -96,11 +103,15 @@ from policies.indices import (
     _stored_system,
     _whitened,
     draw_deterministic,
+    draw_linreboot,
     draw_lints_gaussian,
     draw_perturbed_ridge,
     law_deterministic,
+    law_linreboot,
     law_lints_gaussian,
     law_perturbed_ridge,
+    linreboot_at,
+    prepare_linreboot,
     prepare_lints_gaussian,
 )
 from policies.ridge import (
@@ -294,7 +305,16 @@ def prepare_linphe_authors(config: PolicyConfig, state: State, contexts: Array) 
             "xty": state["xty"] + mean, "noise_scale": np.array(scale), "contexts": contexts}
 
 
+def prepare_linreboot_authors(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
+    """``Linear_ReBoot_G``: ours, but with a model per arm an arm not yet refreshed has beta = 0."""
+    if config.shared:
+        return prepare_linreboot(config, state, contexts)
+    theta = ridge(state["xtx"], state["xty"], config.reg) * state["refreshed"][..., None]
+    return linreboot_at(config, state, contexts, theta)
+
+
 AUTHORS_INDEX: dict[str, Index] = {
+    "linreboot": Index(prepare_linreboot_authors, draw_linreboot, law_linreboot),
     "lints-g": Index(prepare_lints_g_authors, draw_lints_gaussian, law_lints_gaussian, True),
     "linucb": Index(prepare_linucb_authors, draw_deterministic, law_deterministic),
     "lints-ig": Index(prepare_lints_ig_authors, draw_lints_ig_authors, law_lints_ig_authors,

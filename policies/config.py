@@ -34,8 +34,9 @@ PAPER_POLICIES: tuple[PolicyName, ...] = (
 )
 # PolicyConfig fields the service never takes (not hyperparameters on the wire).
 SIMULATION_ONLY: tuple[str, ...] = ("variant",)
-# The baselines whose authors' variant differs from ours (policies.authors).
-AUTHORS_VARIANTS: tuple[PolicyName, ...] = ("lints-g", "lints-ig", "lingiro", "linphe", "linucb")
+# The policies whose authors' variant differs from ours (policies.authors).
+AUTHORS_VARIANTS: tuple[PolicyName, ...] = (
+    "linreboot", "lints-g", "lints-ig", "lingiro", "linphe", "linucb")
 
 # Paper's tuned sigma_omega (appendix, "LinReBoot in ..." subsections).
 _PAPER_SIGMA_OMEGA: dict[Setting, dict[int, float]] = {
@@ -175,7 +176,7 @@ class PolicyConfig:
         (Abbasi-Yadkori et al. 2011, Theorem 2).
     ucb_alpha : constant width of ``linucb-const``.
     variant : ``project`` (default) or ``authors``, the form the paper's
-        authors' experiment code gives LinTS-G, LinTS-IG, LinPHE and LinUCB
+        authors' experiment code gives LinReBoot, LinTS-G, LinTS-IG, LinPHE, LinGIRO and LinUCB
         (:mod:`policies.authors`). Simulation only: not a service
         hyperparameter (the authors' LinUCB keeps a running maximum, which
         is not a sum the store can add to), and without forgetting.
@@ -228,6 +229,8 @@ class PolicyConfig:
             raise ValueError(f"only {', '.join(AUTHORS_VARIANTS)} have an authors' variant")
         if self.variant == "authors" and self.discount < 1.0:
             raise ValueError("the authors' variants do not forget: discount must be 1")
+        if self.variant == "authors" and self.spread != "paper":
+            raise ValueError("the authors' LinReBoot is the paper's: spread must be 'paper'")
         if not 1 <= self.dim <= 256:
             raise ValueError("dim must be between 1 and 256")
         for field, bounds in RANGES.items():

@@ -146,16 +146,19 @@ def prepare_linreboot(config: PolicyConfig, state: State, contexts: Array) -> Pr
     """
     if config.spread == "pooled":
         theta, leverage = ridge_and_leverage(state, contexts, config.reg)
-    else:
-        theta = ridge(state["xtx"], state["xty"], config.reg)
+        mu_hat = predict(theta, contexts)
+        rss = residual_sum_of_squares(config, state, mu_hat, theta)
+        return {"mu_hat": mu_hat, "spread": config.sigma_omega * pooled_scale(state, rss, leverage)}
+    return linreboot_at(config, state, contexts, ridge(state["xtx"], state["xty"], config.reg))
+
+
+def linreboot_at(config: PolicyConfig, state: State, contexts: Array, theta: Array) -> Prepared:
+    """The paper's LinReBoot index about the estimate ``theta``, shape (B, M, d)."""
     mu_hat = predict(theta, contexts)
     rss = residual_sum_of_squares(config, state, mu_hat, theta)
     pulls = state["pulls"]
-    if config.spread == "pooled":
-        scale = pooled_scale(state, rss, leverage)
-    else:
-        # 0 for an arm never pulled: sqrt(RSS) / inf (a divide's where= costs more)
-        scale = np.sqrt(rss) / np.where(pulls > 0, pulls, np.inf)
+    # 0 for an arm never pulled: sqrt(RSS) / inf (a divide's where= costs more)
+    scale = np.sqrt(rss) / np.where(pulls > 0, pulls, np.inf)
     return {"mu_hat": mu_hat, "spread": config.sigma_omega * scale}
 
 

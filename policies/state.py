@@ -90,12 +90,13 @@ Axis = Literal["model", "arm"]
 # ("at", see Forgetting above) and count undiscounted ("tally").
 # The authors' variants (policies.authors, simulation only, never in the store)
 # add x itself ("x"), keep the largest norm of the ridge estimate so far
-# ("norm_max"), and for LinGIRO's bootstrap add the count and Gram matrix of the
+# ("norm_max"), mark the arms whose estimate their LinReBoot has refreshed
+# ("fresh"), and for LinGIRO's bootstrap add the count and Gram matrix of the
 # rows that bring pseudo-rewards ("late_one", "late_outer"), r^2 x x' ("r2_outer"),
 # r x (x) x (x) x ("r_x3") and the pseudo-row-weighted fourth moments ("aug_x4").
 Addition = Literal[
     "outer", "r_x", "one", "first_r", "dr", "dr2", "at", "tally", "x", "norm_max",
-    "late_one", "late_outer", "r2_outer", "r_x3", "aug_x4",
+    "fresh", "late_one", "late_outer", "r2_outer", "r_x3", "aug_x4",
 ]
 # What keeps its value when a slot is discounted to a later clock.
 _NOT_DECAYED: frozenset[Addition] = frozenset({"first_r", "at", "tally"})
@@ -151,6 +152,9 @@ def _authors_fields(config: PolicyConfig) -> dict[str, FieldSpec]:
 
     Their LinPHE shifts the perturbation by a multiple of ``sum x``; their
     LinUCB's radius holds the largest ``||theta_hat||`` of every update so far;
+    their LinReBoot with a model per arm refreshes an arm's estimate only in
+    the round after the arm is pulled, and only from round K + 1 on
+    (``refreshed``: 1 once it has been, :mod:`policies.authors`);
     the moments of their LinGIRO's resample need the sums of its augmented
     history up to fourth order in ``x`` (:func:`giro_rows`), the fourth as the
     Gram matrix of the upper triangles of ``x x'`` (:func:`upper_triangle`).
@@ -162,6 +166,8 @@ def _authors_fields(config: PolicyConfig) -> dict[str, FieldSpec]:
         return {"sum_x": FieldSpec("model", (d,), "x")}
     if config.name == "linucb":
         return {"theta_norm_max": FieldSpec("model", (), "norm_max")}
+    if config.name == "linreboot" and not config.shared:
+        return {"refreshed": FieldSpec("arm", (), "fresh")}
     if config.name == "lingiro":
         p = d * (d + 1) // 2
         return {"late_n": FieldSpec("model", (), "late_one"),
@@ -322,6 +328,10 @@ def _add_plain(config: PolicyConfig, state: State, slots: _Slots, outer: Array, 
     if "theta_norm_max" in state:
         norms = np.linalg.norm(ridge(state["xtx"][model], state["xty"][model], config.reg), axis=-1)
         state["theta_norm_max"][model] = np.maximum(state["theta_norm_max"][model], norms)
+    if "refreshed" in state:
+        # Their loop refreshes the arm it just pulled from round K + 1 on: the
+        # pulls of the first pass but the last leave their arm at beta = 0.
+        state["refreshed"][slots.arm] = np.all(state["pulls"] > 0, axis=1)
     if "aug_x4" in state:
         _add_giro(config, state, model, outer, x, rewards)
 

@@ -82,8 +82,9 @@ def test_the_authors_hyperparameters_come_with_the_variant() -> None:
 
 @pytest.mark.parametrize(
     ("name", "overrides", "message"),
-    [("linucb-const", {}, "only lints-g, lints-ig, lingiro, linphe, linucb"),
-     ("linreboot", {}, "only lints-g"),
+    [("linucb-const", {}, "only linreboot, lints-g, lints-ig, lingiro, linphe, linucb"),
+     ("greedy", {}, "only linreboot"),
+     ("linreboot", {"spread": "pooled"}, "spread must be 'paper'"),
      ("linucb", {"discount": 0.99}, "do not forget"),
      ("lingiro", {"giro_a": 1.5}, "whole number")],
 )
@@ -98,11 +99,97 @@ def test_only_the_authors_variants_keep_more_than_sums() -> None:
     # The store adds sums only: the extra fields must never reach a service layout.
     assert "theta_norm_max" in layout(authors("linucb", "contextual"))
     assert "sum_x" in layout(authors("linphe", "covariates"))
-    extra = {"theta_norm_max", "sum_x", "late_n", "late_xtx", "r2_xtx", "r_x3", "aug_x4"}
-    assert extra - {"theta_norm_max", "sum_x"} <= set(layout(authors("lingiro", "covariates")))
-    for name in ("linucb", "linphe", "lints-ig", "lingiro"):
+    assert "refreshed" in layout(authors("linreboot", "covariates"))
+    assert "refreshed" not in layout(authors("linreboot", "contextual"))  # theirs refreshes it
+    extra = {"theta_norm_max", "sum_x", "late_n", "late_xtx", "r2_xtx", "r_x3", "aug_x4",
+             "refreshed"}
+    assert extra - {"theta_norm_max", "sum_x", "refreshed"} <= set(
+        layout(authors("lingiro", "covariates")))
+    for name in ("linucb", "linphe", "lints-ig", "lingiro", "linreboot"):
         fields = layout(paper_config(name, "contextual", DIM))
         assert not extra & set(fields)
+
+
+# --------------------------------------------------------------------------- LinReBoot
+
+
+def direct_authors_reboot(config: PolicyConfig, contexts: Array, arms: list[int],
+                          rewards: Array) -> list[tuple[Array, Array]]:
+    """``Linear_ReBoot_G`` with ``coefficient_sharing=False``, round by round: the mean
+    and sd of its bootstrapped means in every round after the first pass.
+
+    Rounds 1..K pull arm t (no estimate is refreshed); from round K + 1 on the
+    loop first refreshes ``beta`` of the arm pulled in the round before, then
+    scores every arm at this round's context ``c``: ``mu = c' beta_k`` and
+    ``Sigma = (Sum2 + n mu^2 - 2 mu Sum1) / n^2``.
+    """
+    n_arms, d, lam = len(set(arms)), config.dim, config.reg
+    v = [lam * np.eye(d) for _ in range(n_arms)]
+    g = [np.zeros(d) for _ in range(n_arms)]
+    beta = np.zeros((d, n_arms))
+    sum1, sum2, count = np.zeros(n_arms), np.zeros(n_arms), np.zeros(n_arms)
+    laws = []
+    for t, (c, a, r) in enumerate(zip(contexts, arms, rewards, strict=True)):
+        if t >= n_arms:
+            previous = arms[t - 1]
+            beta[:, previous] = np.linalg.inv(v[previous]) @ g[previous]
+            mu = c @ beta
+            sigma = (sum2 + count * mu * mu - 2 * mu * sum1) / (count * count)
+            laws.append((mu, config.sigma_omega * np.sqrt(sigma)))
+        v[a] = v[a] + np.outer(c, c)
+        g[a] = g[a] + r * c
+        sum1[a] += r
+        sum2[a] += r * r
+        count[a] += 1
+    return laws
+
+
+def test_authors_linreboot_per_arm_keeps_beta_zero_until_refreshed() -> None:
+    config = authors("linreboot", "covariates")
+    rng = np.random.default_rng(5)
+    # First pass 0, 1, 2 in their order, then arm 2 twice, arm 0, arm 2: arm 1 is
+    # never pulled again, so their loop never fits it.
+    arms = [0, 1, 2, 2, 2, 0, 2]
+    contexts = rng.normal(size=(len(arms) + 1, DIM)) / math.sqrt(DIM)
+    rewards = rng.normal(0.5, 0.3, size=len(arms) + 1)
+    expected = direct_authors_reboot(config, contexts, [*arms, 0], rewards)
+    state = init_state(config, 3)
+    for t, (arm, r) in enumerate(zip(arms, rewards, strict=False)):
+        update(config, state, np.array([arm]), contexts[None, t], np.array([r]))
+        if t + 1 < 3:
+            continue
+        round_contexts = np.broadcast_to(contexts[t + 1], (1, 3, DIM))
+        mean, cov = law_moments(config, state, round_contexts)
+        mu, sd = expected[t + 1 - 3]
+        np.testing.assert_allclose(mean, mu, rtol=RTOL, atol=1e-12)
+        np.testing.assert_allclose(np.sqrt(np.diag(cov)), sd, rtol=RTOL)
+    assert mean[1] == 0.0  # arm 1: beta = 0 to the end
+    # Ours fits arm 1 from its first reward: the variant is not ours.
+    ours = paper_config("linreboot", "covariates", DIM)
+    ours_state = build_from(ours, arms, contexts, rewards)
+    ours_mean, _ = law_moments(ours, ours_state, round_contexts)
+    assert ours_mean[1] != 0.0
+    np.testing.assert_allclose(ours_mean[[0, 2]], mean[[0, 2]], rtol=RTOL)
+
+
+def test_authors_linreboot_with_one_model_is_ours() -> None:
+    histories = histories_for("contextual", (1, 2))
+    contexts = contexts_of(histories)
+    ours = paper_config("linreboot", "contextual", DIM)
+    theirs = authors("linreboot", "contextual")
+    for config in (ours, theirs):
+        assert config.sigma_omega == ours.sigma_omega
+    mine = prepare(ours, build_state(ours, histories, N_ARMS), contexts).prepared
+    them = prepare(theirs, build_state(theirs, histories, N_ARMS), contexts).prepared
+    for key in ("mu_hat", "spread"):
+        np.testing.assert_array_equal(mine[key], them[key])
+
+
+def build_from(config: PolicyConfig, arms: list[int], contexts: Array, rewards: Array) -> State:
+    state = init_state(config, 3)
+    for t, arm in enumerate(arms):
+        update(config, state, np.array([arm]), contexts[None, t], np.array([rewards[t]]))
+    return state
 
 
 # --------------------------------------------------------------------------- LinUCB

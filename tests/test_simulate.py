@@ -69,6 +69,15 @@ def test_grid_plays_linreboot_once_per_spread_rule() -> None:
     assert pooled.sigma_omega == POOLED_SIGMA_OMEGA != paper.sigma_omega
 
 
+def test_the_authors_baselines_run_the_authors_linreboot_with_the_papers_spread_only() -> None:
+    cells = grid(["covariates"], [5], ["linreboot", "greedy", "linucb"],
+                 baselines="authors", spreads=["paper", "pooled"])
+    variants = {c.label: c.config().variant for c in cells}
+    assert variants == {"linreboot (variant=authors)": "authors",
+                        "linreboot (spread=pooled)": "project",
+                        "greedy": "project", "linucb (variant=authors)": "authors"}
+
+
 def test_outputs_round_trip(tmp_path: Path) -> None:
     cells = grid(["stochastic", "covariates"], [3], ["linreboot", "greedy"])
     curves = [run_cell(c, reps=3, horizon=120, seed=0, points=30) for c in cells]
