@@ -198,7 +198,8 @@ class Hyperparameters(_Request):
     spread: Literal["paper", "pooled"] | None = Field(
         default=None, description="LinReBoot bootstrap spread: paper (Section 3.3, every arm "
         "pulled once first, sigma_omega tuned per setting) or pooled (no first pass, every arm "
-        f"keeps a spread, sigma_omega 0.5 in every setting) ({_policies_taking('spread')})",
+        "keeps a spread, sigma_omega 0.5 in every setting; the default) "
+        f"({_policies_taking('spread')})",
     )
     ig_alpha: float | None = _hyperparameter("ig_alpha")
     ig_beta: float | None = _hyperparameter("ig_beta")

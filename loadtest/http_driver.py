@@ -22,6 +22,7 @@ import numpy as np
 from linreboot.client import AsyncClient, Decision
 from loadtest.environments import Environment, split_rngs
 from loadtest.simulate import Cell, Played, cell_seed, decision_seed
+from policies import HYPERPARAMETERS
 
 Progress = Callable[[int], None]
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
@@ -61,6 +62,9 @@ def experiment_spec(cell: Cell, env: Environment, rep: int, seed: int) -> dict[s
     hyper: dict[str, Any] = dict(cell.overrides)
     if cell.sigma_omega is not None:
         hyper["sigma_omega"] = cell.sigma_omega
+    if "spread" in HYPERPARAMETERS[cell.policy]:
+        # The service's default spread is not the simulator's: name the cell's.
+        hyper.setdefault("spread", cell.config().spread)
     return {
         "setting": cell.setting,
         "dim": cell.dim,

@@ -149,6 +149,11 @@ def _pairs(
         out[explore] = ready.unexplored[rows[explore], cols[explore]] / counts
         todo &= ~explore
         candidates = candidates & ~exploring[:, None]
+    # An arm that is the only candidate is chosen for sure: 1, not an integral's 1 - 1e-7.
+    lone = todo & (candidates.sum(axis=1)[rows] == 1)
+    if lone.any():
+        out[lone] = 1.0
+        todo &= ~lone
     if not todo.any():
         return out
     law = index_of(ready.config).law(ready.config, ready.prepared)

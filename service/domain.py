@@ -8,7 +8,7 @@ them against the experiment (dimensions, arm ids) and raises
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from policies import PolicyName, Setting
@@ -74,6 +74,21 @@ class ExperimentSpec:
     log_max_entries: int = 0  # decisions and outcomes kept in the decision log; 0: no log
     log_max_age_seconds: int = 7 * 24 * 3600
     log_all_contexts: bool = False  # contextual: every eligible arm's context in the log
+
+
+# The spread a LinReBoot experiment gets when its client names none: the rule
+# that needs no tuning (no first pass over the arms, one sigma_omega, a spread
+# for every arm; RESULTS.md, "A LinReBoot that needs no tuning"). The paper's
+# is ``spread="paper"``. Written into the spec when the experiment is created,
+# so an experiment keeps the rule it was created with.
+SERVICE_SPREAD = "pooled"
+
+
+def with_service_defaults(spec: ExperimentSpec) -> ExperimentSpec:
+    """``spec`` with the service's LinReBoot spread where the client named none."""
+    if spec.policy != "linreboot" or "spread" in spec.hyperparameters:
+        return spec
+    return replace(spec, hyperparameters={**spec.hyperparameters, "spread": SERVICE_SPREAD})
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ from service.domain import (
     RewardStatus,
     valid_arm_id,
     valid_experiment_id,
+    with_service_defaults,
 )
 from service.embedded import EmbeddedRedis
 from service.errors import (
@@ -339,6 +340,7 @@ class ExperimentService:
     # -- management -------------------------------------------------------
 
     async def create(self, spec: ExperimentSpec) -> tuple[ExperimentView, str]:
+        spec = with_service_defaults(spec)
         config = self._validate_spec(spec)
         api_key = secrets.token_urlsafe(32)
         meta = {

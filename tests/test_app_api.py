@@ -200,8 +200,9 @@ async def test_create_get_list_delete(api: Api) -> None:
     await api.create({**STOCHASTIC, "hyperparameters": {"sigma_omega": 0.25}})
     assert await api.ids() == ["cov", "sto"]
     sto = await api.experiment("sto")
-    assert sto["hyperparameters"] == {"sigma_omega": 0.25}
-    assert sto["config"]["sigma_omega"] == 0.25
+    # LinReBoot without a named spread gets the service's (pooled), in its spec too.
+    assert sto["hyperparameters"] == {"sigma_omega": 0.25, "spread": "pooled"}
+    assert sto["config"]["sigma_omega"] == 0.25 and sto["config"]["spread"] == "pooled"
 
     deleted = await api.http.delete("/experiments/cov", headers=ADMIN)
     assert deleted.status_code == 204

@@ -135,7 +135,7 @@ async def test_decision_entries_hold_what_the_decision_was_made_from(
 ) -> None:
     await service.create(ExperimentSpec(
         id="what", setting="covariates", dim=2, arms=tuple(ArmSpec(f"arm{i}") for i in range(6)),
-        seed=3, log_max_entries=100))
+        seed=3, log_max_entries=100, hyperparameters={"spread": "paper"}))  # its first pass
     await service.retire_arms("what", ["arm2"])
     first = await service.choose("what", ChooseRequest(context=(0.5, -1.0)))
     second = await service.choose("what", ChooseRequest(context=(1e-300, 3.0),

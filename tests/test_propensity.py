@@ -393,3 +393,18 @@ def test_the_services_coarser_shared_estimate_is_within_its_standard_error(
     coarse = propensities(ready, accuracy=SERVICE)[0]
     assert np.all(np.abs(coarse - accurate) <= 4.5 * (SERVICE.shared_se + SHARED_TARGET_SE))
     assert not estimated(state_after("linreboot", "contextual", rounds=5, seed=1, n_arms=3)[1])
+
+
+@pytest.mark.parametrize("policy", ["linreboot", "lints-g", "linucb"])
+def test_the_only_eligible_arm_is_chosen_with_probability_exactly_one(policy: str) -> None:
+    config = paper_config(policy, "covariates", 2, **(  # type: ignore[arg-type]
+        {"spread": "pooled"} if policy == "linreboot" else {}))
+    state = init_state(config, 3)
+    rng = np.random.default_rng(0)
+    for arm in (0, 1, 2, 0):
+        update(config, state, np.array([arm]), rng.normal(size=(1, 2)), rng.normal(size=1))
+    contexts = np.broadcast_to(rng.normal(size=2), (1, 3, 2))
+    eligible = np.array([[False, True, False]])
+    ready = prepare(config, state, contexts, eligible)
+    assert propensities(ready).tolist() == [[0.0, 1.0, 0.0]]
+    assert propensities(ready, np.array([1])).tolist() == [1.0]

@@ -57,7 +57,8 @@ async def _experiment(
 ) -> str:
     spec = ExperimentSpec(id=experiment_id, setting="stochastic", dim=2,
                           arms=tuple(ArmSpec(f"a{i}", f) for i, f in enumerate(FEATURES)),
-                          max_stale_rewards=max_stale_rewards)
+                          max_stale_rewards=max_stale_rewards,
+                          hyperparameters={"spread": "paper"})  # a first pass to see
     _, key = await service.create(spec)
     return key
 
