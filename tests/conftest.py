@@ -128,6 +128,17 @@ async def app(app_settings: Settings) -> AsyncIterator[FastAPI]:
 
 
 @pytest.fixture
+async def patient_app(app_settings: Settings) -> AsyncIterator[FastAPI]:
+    """The app with a Redis timeout of 30 s, for tests that check what it decides, not
+    how fast: on a loaded machine a 2 s timeout can turn one call into a 503."""
+    from app.main import create_app
+
+    application = create_app(app_settings.model_copy(update={"redis_timeout_seconds": 30.0}))
+    async with application.router.lifespan_context(application):
+        yield application
+
+
+@pytest.fixture
 async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:

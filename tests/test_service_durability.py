@@ -744,11 +744,11 @@ async def _replay(app: FastAPI, settings: Settings, cell: Cell, reps: int, horiz
     Cell("covariates", 5, "lints-g", overrides=(("discount", 0.9),), switch_every=60),
 ], ids=lambda cell: cell.setting + (" forgetting" if cell.overrides else ""))
 async def test_service_decides_like_the_simulator_with_per_decision_rngs(
-    app: FastAPI, app_settings: Settings, cell: Cell
+    patient_app: FastAPI, app_settings: Settings, cell: Cell
 ) -> None:
     reps, horizon, seed = 2, 150, 8
     simulated = play(cell, reps=reps, horizon=horizon, seed=seed, per_decision_rng=True)
-    arms, cumulative = await _replay(app, app_settings, cell, reps, horizon, seed)
+    arms, cumulative = await _replay(patient_app, app_settings, cell, reps, horizon, seed)
     mismatch = np.argwhere(arms != simulated.arms)
     assert mismatch.size == 0, f"first differing (rep, round): {mismatch[:3].tolist()}"
     np.testing.assert_array_equal(cumulative, simulated.cumulative)
