@@ -183,7 +183,8 @@ def _hyperparameter(name: str) -> Any:
 
 
 class Hyperparameters(_Request):
-    """Overrides of the paper's defaults; omit to keep them.
+    """Overrides of the paper's defaults; omit to keep them (LinReBoot's spread
+    excepted: the service's default is ``pooled``).
 
     Each policy takes only its own (``policies.HYPERPARAMETERS``); another
     policy's is refused at creation.
@@ -537,7 +538,9 @@ class ExperimentOut(BaseModel):
     seed: int | None
     reward_window_seconds: int
     max_stale_rewards: int
-    hyperparameters: dict[str, float | str] = Field(description="the overrides given at creation")
+    hyperparameters: dict[str, float | str] = Field(
+        description="the overrides given at creation, with the service's LinReBoot spread "
+        "where none was given")
     config: dict[str, float | str | int] = Field(description="every hyperparameter in force")
     created_at: float = Field(description="Unix time, seconds")
     arms: list[ArmOut]

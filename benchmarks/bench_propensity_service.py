@@ -67,8 +67,11 @@ def _spec(name: str, world: Environment, policy: PolicyName) -> ExperimentSpec:
     features = world.contexts()[0] if setting == "stochastic" else None
     arms = tuple(ArmSpec(f"a{i}", None if features is None else tuple(features[i]))
                  for i in range(ARMS))
+    # LinReBoot with the paper's spread, as BENCHMARKS.md measured it (the service's
+    # default is pooled).
+    hyper: dict[str, float | str] = {"spread": "paper"} if policy == "linreboot" else {}
     return ExperimentSpec(id=name, setting=setting, dim=DIM, arms=arms, policy=policy,
-                          log_max_entries=10_000)
+                          log_max_entries=10_000, hyperparameters=hyper)
 
 
 async def _workload(service: ExperimentService, name: str, world: Environment, reward: bool,

@@ -145,6 +145,8 @@ def _experiment(url: str, token: str, experiment_id: str = "bench",
         "id": experiment_id, "setting": "stochastic", "dim": 20, "policy": "linreboot",
         "arms": [{"id": f"a{k}", "features": f.tolist()} for k, f in enumerate(features)],
         "max_stale_rewards": max_stale_rewards,
+        # The paper's spread, as BENCHMARKS.md measured it (the service's default is pooled).
+        "hyperparameters": {"spread": "paper"},
     }
     r = httpx.post(f"{url}/experiments", json=body,
                    headers={"Authorization": f"Bearer {token}"}, timeout=30)

@@ -361,7 +361,10 @@ def _add_evaluate(sub: argparse._SubParsersAction[_Parser]) -> None:
     )
     p.add_argument("--log", type=Path, required=True, help="the .npz that export wrote")
     p.add_argument("--policy", choices=POLICIES, default=None,
-                   help="the target policy (default: the logged experiment's)")
+                   help="the target policy (default: the logged experiment's, with its "
+                   "hyperparameters); a named policy takes the paper's defaults, so "
+                   "--policy linreboot is the paper's spread: add --set spread=pooled for "
+                   "the service's default")
     p.add_argument("--set", nargs="+", default=[], metavar="NAME=VALUE",
                    help="the target's hyperparameters, e.g. --set ucb_alpha=0.5 epsilon=0.1")
     p.add_argument("--train-fraction", type=float, default=0.5,

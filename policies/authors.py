@@ -124,7 +124,7 @@ from policies.ridge import (
     standard_gammas,
     standard_normals,
 )
-from policies.state import State
+from policies.state import State, kept_theta
 
 
 def authors_ucb_radius(config: PolicyConfig, state: State) -> Array:
@@ -309,7 +309,7 @@ def prepare_linreboot_authors(config: PolicyConfig, state: State, contexts: Arra
     """``Linear_ReBoot_G``: ours, but with a model per arm an arm not yet refreshed has beta = 0."""
     if config.shared:
         return prepare_linreboot(config, state, contexts)
-    theta = ridge(state["xtx"], state["xty"], config.reg) * state["refreshed"][..., None]
+    theta = kept_theta(state, config.reg) * state["refreshed"][..., None]
     return linreboot_at(config, state, contexts, theta)
 
 

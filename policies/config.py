@@ -229,6 +229,8 @@ class PolicyConfig:
             raise ValueError(f"only {', '.join(AUTHORS_VARIANTS)} have an authors' variant")
         if self.variant == "authors" and self.discount < 1.0:
             raise ValueError("the authors' variants do not forget: discount must be 1")
+        if self.variant == "authors" and self.epsilon > 0.0:
+            raise ValueError("the authors' variants explore as their code does: epsilon must be 0")
         if self.variant == "authors" and self.spread != "paper":
             raise ValueError("the authors' LinReBoot is the paper's: spread must be 'paper'")
         if not 1 <= self.dim <= 256:
@@ -258,6 +260,16 @@ class PolicyConfig:
         authors_giro_per_arm = (self.variant == "authors" and self.name == "lingiro"
                                 and not self.shared)
         return self.spread == "paper" and not authors_giro_per_arm
+
+    @property
+    def first_pass_in_order(self) -> bool:
+        """The first pass takes the arms in their order, not at random.
+
+        The authors' LinReBoot with a model per arm pulls arm t in round t,
+        and which arm comes last matters there: it is the only one whose
+        estimate their loop refreshes after the pass (:mod:`policies.authors`).
+        """
+        return self.variant == "authors" and self.name == "linreboot" and not self.shared
 
     @property
     def shared(self) -> bool:

@@ -34,12 +34,11 @@ from policies.ridge import (
     factorise,
     predict,
     quadratic,
-    ridge,
     solve,
     standard_gammas,
     standard_normals,
 )
-from policies.state import State, raw_reward_sums
+from policies.state import State, kept_fit, kept_theta, raw_reward_sums
 
 Rngs = Sequence[np.random.Generator]
 Prepared = dict[str, Array]
@@ -149,7 +148,7 @@ def prepare_linreboot(config: PolicyConfig, state: State, contexts: Array) -> Pr
         mu_hat = predict(theta, contexts)
         rss = residual_sum_of_squares(config, state, mu_hat, theta)
         return {"mu_hat": mu_hat, "spread": config.sigma_omega * pooled_scale(state, rss, leverage)}
-    return linreboot_at(config, state, contexts, ridge(state["xtx"], state["xty"], config.reg))
+    return linreboot_at(config, state, contexts, kept_theta(state, config.reg))
 
 
 def linreboot_at(config: PolicyConfig, state: State, contexts: Array, theta: Array) -> Prepared:
@@ -466,10 +465,10 @@ def ridge_and_leverage(state: State, contexts: Array, reg: float) -> tuple[Array
         solved = solve(xtx, reg, rhs)[:, 0]  # (B, d, 1 + K)
         theta, lifted = solved[:, None, :, 0], solved[..., 1:]
         squares = np.einsum("bdk,bkd->bk", lifted, contexts)
-    else:  # a model per arm, each with its arm's context
-        solved = solve(xtx, reg, np.stack([xty, contexts], axis=-1))  # (B, K, d, 2)
-        theta = solved[..., 0]
-        squares = np.einsum("bkd,bkd->bk", solved[..., 1], contexts)
+    else:  # a model per arm, each with its arm's context: solutions kept between rounds
+        theta, inverse = kept_fit(state, reg)
+        lifted = np.matmul(inverse, contexts[..., None])[..., 0]
+        squares = np.einsum("bkd,bkd->bk", lifted, contexts)
     return theta, np.maximum(squares, 0.0)
 
 

@@ -106,6 +106,8 @@ def prepare(
             raise ValueError("every experiment needs at least one eligible arm")
         unexplored &= eligible
         restricted = not eligible.all()
+    if config.first_pass_in_order:
+        unexplored = _lowest(unexplored)
     # count_nonzero: one call, cheaper than any() on a single experiment's arms
     exploring_rows = (np.flatnonzero(unexplored.any(axis=1)) if np.count_nonzero(unexplored)
                       else _NO_ROWS)
@@ -117,6 +119,14 @@ def prepare(
         exploring_rows=exploring_rows,
         masked=bool(exploring_rows.size) or restricted,
     )
+
+
+def _lowest(unexplored: NDArray[np.bool_]) -> NDArray[np.bool_]:
+    """Only the lowest-numbered unexplored arm of each experiment."""
+    lowest = np.zeros_like(unexplored)
+    rows = np.flatnonzero(unexplored.any(axis=1))
+    lowest[rows, unexplored[rows].argmax(axis=1)] = True
+    return lowest
 
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)

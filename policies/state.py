@@ -79,7 +79,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from policies.config import PolicyConfig
-from policies.ridge import ridge
+from policies.ridge import ridge, solve
 
 Array = NDArray[np.floating[Any]]
 State = dict[str, Array]
@@ -176,6 +176,80 @@ def _authors_fields(config: PolicyConfig) -> dict[str, FieldSpec]:
                 "r_x3": FieldSpec("model", (d, d, d), "r_x3"),
                 "aug_x4": FieldSpec("model", (p, p), "aug_x4")}
     return {}
+
+
+# Kept solutions
+# ---------------
+# With a model per arm one reward changes one of the K models, yet a round
+# solved all K: the state keeps each model's ``theta_hat`` and ``V^-1``
+# (``V = X'X + reg I``) once asked for, and :func:`update` marks the model it
+# changes, so that only marked models are solved again. LAPACK solves each
+# matrix of a stack alone, so a kept solution has the bits a fresh one would.
+# Not kept with forgetting, where every model changes with the clock.
+_KEPT = {what: (f"kept.{what}", f"kept.{what}.reg", f"kept.{what}.stale")
+         for what in ("theta", "fit")}
+_STALE = tuple(names[2] for names in _KEPT.values())
+
+
+def kept_theta(state: State, reg: float) -> Array:
+    """``theta_hat`` of every model, (B, M, d): :func:`policies.ridge.ridge`'s, kept."""
+    return _kept(state, reg, "theta")
+
+
+def kept_fit(state: State, reg: float) -> tuple[Array, Array]:
+    """``theta_hat`` (B, M, d) and ``(X'X + reg I)^-1`` (B, M, d, d) of every model, kept.
+
+    From one floored solve with ``[X'y, I]`` as right-hand sides.
+    """
+    fit = _kept(state, reg, "fit")
+    return fit[..., 0], fit[..., 1:]
+
+
+def _kept(state: State, reg: float, what: str) -> Array:
+    name, reg_name, stale_name = _KEPT[what]
+    xtx, xty = state["xtx"], state["xty"]
+    if "model_at" in state:  # forgetting: nothing to keep
+        return _solved(xtx, xty, reg, what)
+    kept = state.get(name)
+    if kept is None or state[reg_name][()] != reg:
+        kept = state[name] = _solved(xtx, xty, reg, what)
+        state[reg_name] = np.array(reg)
+        state[stale_name] = np.zeros(xtx.shape[:2], dtype=bool)
+        return kept
+    stale = state[stale_name]
+    changed = np.count_nonzero(stale)
+    if changed == 1:  # one run: its one changed model, through views
+        row, model = divmod(int(stale.argmax()), stale.shape[1])
+        kept[row, model] = _solved(xtx[row:row + 1, model], xty[row:row + 1, model], reg, what)[0]
+    elif changed == stale.size:  # one shared model per row, say: all of it, no gather
+        kept[...] = _solved(xtx, xty, reg, what)
+    elif changed:
+        where = np.nonzero(stale)
+        kept[where] = _solved(xtx[where], xty[where], reg, what)
+    if changed:
+        stale[...] = False
+    return kept
+
+
+def _solved(xtx: Array, xty: Array, reg: float, what: str) -> Array:
+    if what == "theta":
+        return ridge(xtx, xty, reg)
+    identity = np.broadcast_to(_identity(xtx.shape[-1]), xtx.shape)
+    return solve(xtx, reg, np.concatenate([xty[..., None], identity], axis=-1))
+
+
+@functools.lru_cache(maxsize=16)
+def _identity(d: int) -> Array:
+    eye = np.eye(d)
+    eye.flags.writeable = False
+    return eye
+
+
+def _mark_changed(state: State, model: Any) -> None:
+    """The kept solutions of the models just added to are stale."""
+    for name in _STALE:
+        if name in state:
+            state[name][model] = True
 
 
 def upper_triangle(matrices: Array) -> Array:
@@ -311,6 +385,7 @@ def _add_plain(config: PolicyConfig, state: State, slots: _Slots, outer: Array, 
     r_x = rewards[:, None] * x
     state["xtx"][model] += outer
     state["xty"][model] += r_x
+    _mark_changed(state, model)
     _add_shifted(state, model, ("n", "shift_y", "sum_dy", "sum_dy2"), rewards)
     arm_fields = ("pulls", "shift_r", "sum_dr", "sum_dr2")
     if slots.arm_flat is not None and (

@@ -85,6 +85,7 @@ def test_the_authors_hyperparameters_come_with_the_variant() -> None:
     [("linucb-const", {}, "only linreboot, lints-g, lints-ig, lingiro, linphe, linucb"),
      ("greedy", {}, "only linreboot"),
      ("linreboot", {"spread": "pooled"}, "spread must be 'paper'"),
+     ("linucb", {"epsilon": 0.1}, "epsilon must be 0"),
      ("linucb", {"discount": 0.99}, "do not forget"),
      ("lingiro", {"giro_a": 1.5}, "whole number")],
 )
@@ -106,8 +107,9 @@ def test_only_the_authors_variants_keep_more_than_sums() -> None:
     assert extra - {"theta_norm_max", "sum_x", "refreshed"} <= set(
         layout(authors("lingiro", "covariates")))
     for name in ("linucb", "linphe", "lints-ig", "lingiro", "linreboot"):
-        fields = layout(paper_config(name, "contextual", DIM))
-        assert not extra & set(fields)
+        for setting in SHARED_AND_PER_ARM:
+            fields = layout(paper_config(name, setting, DIM))
+            assert not extra & set(fields)
 
 
 # --------------------------------------------------------------------------- LinReBoot
@@ -170,6 +172,31 @@ def test_authors_linreboot_per_arm_keeps_beta_zero_until_refreshed() -> None:
     ours_mean, _ = law_moments(ours, ours_state, round_contexts)
     assert ours_mean[1] != 0.0
     np.testing.assert_allclose(ours_mean[[0, 2]], mean[[0, 2]], rtol=RTOL)
+
+
+def test_authors_linreboot_per_arm_takes_the_first_pass_in_arm_order() -> None:
+    # Their loop pulls arm t in round t, so the last arm of the pass (the one
+    # refreshed) is always arm K; ours picks the unexplored arms at random.
+    theirs, ours = authors("linreboot", "covariates"), paper_config("linreboot", "covariates", DIM)
+    assert theirs.first_pass_in_order and not ours.first_pass_in_order
+    assert not authors("linreboot", "contextual").first_pass_in_order
+    rng = np.random.default_rng(4)
+    passes = {}
+    for config in (theirs, ours):
+        state = init_state(config, 5, 3)
+        picked = []
+        for _ in range(5):
+            contexts = np.broadcast_to(rng.normal(size=(3, 1, DIM)), (3, 5, DIM))
+            ready = prepare(config, state, contexts)
+            choice = choose(config, state, contexts, [np.random.default_rng(s) for s in range(3)])
+            if config is theirs:  # the lowest unexplored arm, for sure
+                assert propensities(ready, choice.arms).tolist() == [1.0, 1.0, 1.0]
+            update(config, state, choice.arms, contexts[:, 0], rng.normal(size=3))
+            picked.append(choice.arms.tolist())
+        passes[config.variant] = picked
+    assert passes["authors"] == [[k] * 3 for k in range(5)]
+    assert passes["project"] != passes["authors"]
+    assert sorted(np.array(passes["project"]).T.tolist()[0]) == list(range(5))  # still a pass
 
 
 def test_authors_linreboot_with_one_model_is_ours() -> None:

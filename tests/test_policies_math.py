@@ -527,3 +527,48 @@ def test_explicit_bootstrap_rejects_invalid_input(
 ) -> None:
     with pytest.raises(ValueError):
         explicit_bootstrap_index(mu_hat, rewards, sigma_omega, weights, np.random.default_rng(0))
+
+
+# --------------------------------------------------------------------------- kept solutions
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_kept_solutions_equal_fresh_solves_bit_for_bit(batch: int) -> None:
+    # A model per arm: each update changes one model per row, and only that one
+    # is solved again; what is kept must be what a fresh solve of every model
+    # gives, bit for bit, after every update (the single-row update takes basic
+    # indices, a batch fancy ones: both must mark the model they change).
+    from policies.state import kept_fit, kept_theta
+
+    config = PolicyConfig("linreboot", "covariates", 3)
+    state = init_state(config, 4, batch)
+    rng = np.random.default_rng(11)
+    eye = np.broadcast_to(np.eye(3), state["xtx"].shape)
+    rhs = np.concatenate([state["xty"][..., None], eye], axis=-1)
+    for step in range(12):
+        arms = rng.integers(0, 4, size=batch)
+        update(config, state, arms, rng.normal(size=(batch, 3)) * 10.0 ** (step % 3),
+               rng.normal(size=batch))
+        if step % 3 == 2:
+            continue  # two updates between looks: both models marked
+        rhs[..., 0] = state["xty"]
+        fresh = solve(state["xtx"], config.reg, rhs)
+        fit_theta, inverse = kept_fit(state, config.reg)
+        np.testing.assert_array_equal(fit_theta, fresh[..., 0])
+        np.testing.assert_array_equal(inverse, fresh[..., 1:])
+        theta = kept_theta(state, config.reg)
+        np.testing.assert_array_equal(theta, ridge(state["xtx"], state["xty"], config.reg))
+    # Another regulariser is solved afresh, not served from the kept one.
+    np.testing.assert_array_equal(kept_theta(state, 5.0), ridge(state["xtx"], state["xty"], 5.0))
+    assert not np.array_equal(kept_theta(state, 5.0), ridge(state["xtx"], state["xty"], 0.1))
+
+
+def test_nothing_is_kept_with_forgetting() -> None:
+    # Every model changes with the clock: a kept solution would be stale.
+    from policies.state import kept_theta
+
+    config = PolicyConfig("linreboot", "covariates", 2, discount=0.9)
+    state = init_state(config, 3)
+    update(config, state, np.array([1]), np.ones((1, 2)), np.array([1.0]))
+    kept_theta(state, config.reg)
+    assert not any(name.startswith("kept.") for name in state)

@@ -50,7 +50,8 @@ class Experiment(_Answer):
     seed: int | None = None
     reward_window_seconds: int
     max_stale_rewards: int = 0
-    hyperparameters: dict[str, float | str] = {}  # the overrides given at creation
+    # The overrides given at creation (LinReBoot: with the service's spread if none was)
+    hyperparameters: dict[str, float | str] = {}
     config: dict[str, float | str | int] = {}  # every hyperparameter in force
     created_at: float  # Unix time, seconds
     arms: list[Arm]
