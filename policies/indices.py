@@ -465,10 +465,14 @@ def ridge_and_leverage(state: State, contexts: Array, reg: float) -> tuple[Array
         solved = solve(xtx, reg, rhs)[:, 0]  # (B, d, 1 + K)
         theta, lifted = solved[:, None, :, 0], solved[..., 1:]
         squares = np.einsum("bdk,bkd->bk", lifted, contexts)
-    else:  # a model per arm, each with its arm's context: solutions kept between rounds
-        theta, inverse = kept_fit(state, reg)
+    elif (fit := kept_fit(state, reg)) is not None:  # a model per arm, solutions kept
+        theta, inverse = fit
         lifted = np.matmul(inverse, contexts[..., None])[..., 0]
         squares = np.einsum("bkd,bkd->bk", lifted, contexts)
+    else:  # a model per arm, each with its arm's context, asked once
+        solved = solve(xtx, reg, np.stack([xty, contexts], axis=-1))  # (B, K, d, 2)
+        theta = solved[..., 0]
+        squares = np.einsum("bkd,bkd->bk", solved[..., 1], contexts)
     return theta, np.maximum(squares, 0.0)
 
 

@@ -196,11 +196,18 @@ def kept_theta(state: State, reg: float) -> Array:
     return _kept(state, reg, "theta")
 
 
-def kept_fit(state: State, reg: float) -> tuple[Array, Array]:
-    """``theta_hat`` (B, M, d) and ``(X'X + reg I)^-1`` (B, M, d, d) of every model, kept.
+def kept_fit(state: State, reg: float) -> tuple[Array, Array] | None:
+    """``theta_hat`` (B, M, d) and ``(X'X + reg I)^-1`` (B, M, d, d) of every model, kept;
+    None the first time a state is asked.
 
-    From one floored solve with ``[X'y, I]`` as right-hand sides.
+    From one floored solve with ``[X'y, I]`` as right-hand sides, which costs
+    about three solves with two: worth it for a state that is asked again (the
+    simulator's, round after round; a service view that serves several
+    requests), not for one asked once (a view that a reward replaces at once).
     """
+    if "kept.fit" not in state and "kept.fit.asked" not in state and "model_at" not in state:
+        state["kept.fit.asked"] = np.array(True)
+        return None
     fit = _kept(state, reg, "fit")
     return fit[..., 0], fit[..., 1:]
 

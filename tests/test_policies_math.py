@@ -545,6 +545,7 @@ def test_kept_solutions_equal_fresh_solves_bit_for_bit(batch: int) -> None:
     rng = np.random.default_rng(11)
     eye = np.broadcast_to(np.eye(3), state["xtx"].shape)
     rhs = np.concatenate([state["xty"][..., None], eye], axis=-1)
+    assert kept_fit(state, config.reg) is None  # a state asked once keeps nothing
     for step in range(12):
         arms = rng.integers(0, 4, size=batch)
         update(config, state, arms, rng.normal(size=(batch, 3)) * 10.0 ** (step % 3),
@@ -553,7 +554,9 @@ def test_kept_solutions_equal_fresh_solves_bit_for_bit(batch: int) -> None:
             continue  # two updates between looks: both models marked
         rhs[..., 0] = state["xty"]
         fresh = solve(state["xtx"], config.reg, rhs)
-        fit_theta, inverse = kept_fit(state, config.reg)
+        fit = kept_fit(state, config.reg)
+        assert fit is not None
+        fit_theta, inverse = fit
         np.testing.assert_array_equal(fit_theta, fresh[..., 0])
         np.testing.assert_array_equal(inverse, fresh[..., 1:])
         theta = kept_theta(state, config.reg)
