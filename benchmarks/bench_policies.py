@@ -19,8 +19,10 @@ times (appendix, "Computational Cost") scale with the horizon.
 
 With ``--service``: the policy CPU of the service instead, per policy, at
 K = 100 and d = 20 after 1,000 rewards, B = 1 as the service calls it:
-``prepare`` once per state change (a reward; in the contextual setting
-also per request, its contexts being new) and ``draw`` per decision.
+``prepare`` once per state change (a reward: a new view of the sums), in the
+contextual and covariates settings again per request on the same view (its
+contexts being new; with a model per arm the view keeps its solutions from
+the second request on, ``policies.state.kept_fit``) and ``draw`` per decision.
 
 The per-repetition random streams (:class:`policies.ridge.BufferedStreams`,
 which make the service and the simulator agree) are timed once against one
@@ -39,7 +41,7 @@ import numpy as np
 
 from benchmarks.policy_floor import floor_rounds
 from loadtest.simulate import Cell, rounds
-from policies import PAPER_POLICIES, POLICIES, SETTINGS, draw, init_state, prepare, update
+from policies import PAPER_POLICIES, POLICIES, SETTINGS, draw, init_state, layout, prepare, update
 from policies.ridge import BufferedStreams, standard_normals
 
 # Appendix table "Computational Cost": seconds per 10,000-round run.
@@ -101,29 +103,38 @@ def stream_cost(batch: int, n_arms: int = 100, rounds: int = 2_000) -> tuple[flo
     return (middle - start) / rounds * 1e6, (end - middle) / rounds * 1e6
 
 
-def service_cost(setting: str, policy: str, calls: int = 2_000) -> tuple[float, float]:
-    """CPU microseconds of ``prepare`` and of ``draw``, B = 1, K = 100, d = 20, best of 3."""
-    cell = Cell(setting, 20, policy)  # type: ignore[arg-type]
+def service_cost(setting: str, policy: str, calls: int = 2_000,
+                 overrides: tuple[tuple[str, object], ...] = ()) -> tuple[float, float, float]:
+    """CPU microseconds, B = 1, K = 100, d = 20, best of 3: ``prepare`` on a new view
+    (after a state change), ``prepare`` again on the same view with new contexts (a
+    request's, in the contextual and covariates settings), and ``draw``."""
+    cell = Cell(setting, 20, policy, overrides=overrides)  # type: ignore[arg-type]
     config = cell.config()
     rng = np.random.default_rng(1)
     state = init_state(config, 100)
-    contexts = rng.uniform(0.0, 1.0, (1, 100, 20))
+    contexts = rng.uniform(0.0, 1.0, (calls, 1, 100, 20))
     contexts /= np.linalg.norm(contexts, axis=-1, keepdims=True)
     for _ in range(1_000):
         arm = rng.integers(100, size=1)
-        update(config, state, arm, contexts[:, arm[0]], rng.normal(0.5, 0.3, 1))
+        update(config, state, arm, contexts[0, :, arm[0]], rng.normal(0.5, 0.3, 1))
+    fields = list(layout(config))
     generators = [np.random.default_rng(2)]
-    best = [np.inf, np.inf]
+    best = [np.inf, np.inf, np.inf]
     for _ in range(3):
+        views = [{name: state[name] for name in fields} for _ in range(calls)]
         start = time.process_time()
-        for _ in range(calls):
-            ready = prepare(config, state, contexts)
-        middle = time.process_time()
+        for view in views:  # what the service's view holds after a reward: the sums only
+            ready = prepare(config, view, contexts[0])
+        first = time.process_time()
+        for request in contexts:
+            prepare(config, view, request)
+        second = time.process_time()
         for _ in range(calls):
             draw(ready, generators)
         end = time.process_time()
-        best = [min(best[0], (middle - start) / calls), min(best[1], (end - middle) / calls)]
-    return best[0] * 1e6, best[1] * 1e6
+        times = (first - start, second - first, end - second)
+        best = [min(b, t / calls) for b, t in zip(best, times, strict=True)]
+    return best[0] * 1e6, best[1] * 1e6, best[2] * 1e6
 
 
 def main() -> None:
@@ -138,12 +149,18 @@ def main() -> None:
                         help="time prepare and draw as the service calls them instead")
     args = parser.parse_args()
     if args.service:
-        print("| policy | setting | prepare µs (per state change) | draw µs (per decision) |")
-        print("|---|---|---|---|")
-        for policy in args.policies:
-            for setting in ("stochastic", "contextual"):
-                prepared, drawn = service_cost(setting, policy)
-                print(f"| {policy} | {setting} | {prepared:.0f} | {drawn:.0f} |", flush=True)
+        print("| policy | setting | prepare µs, new view (per state change) | prepare µs, "
+              "same view (per request) | draw µs (per decision) |")
+        print("|---|---|---|---|---|")
+        # LinReBoot with the pooled spread too: the service's default.
+        rows = [(p, ()) for p in args.policies] + [("linreboot", (("spread", "pooled"),))] * (
+            "linreboot" in args.policies)
+        for policy, overrides in rows:
+            label = policy + (" (pooled)" if overrides else "")
+            for setting in args.settings:
+                fresh, again, drawn = service_cost(setting, policy, overrides=overrides)
+                print(f"| {label} | {setting} | {fresh:.0f} | {again:.0f} | {drawn:.0f} |",
+                      flush=True)
         return
     own, single = stream_cost(args.batch)
     print(f"normals for {args.batch} x 100 arms per round: per-repetition streams "
