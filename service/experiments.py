@@ -149,8 +149,13 @@ class View:
 
     @functools.cached_property
     def nbytes(self) -> int:
-        """Memory it may hold: the statistics, and as much again for a request's subset."""
-        return 2 * sum(a.nbytes for a in self.state.values())
+        """Memory it may hold: the statistics, as much again for a request's subset, and
+        with a model per arm the solutions the subset keeps (``policies.state.kept_fit``:
+        about one more Gram matrix and two more X'y)."""
+        sums = sum(a.nbytes for a in self.state.values())
+        if self.definition.config.shared:
+            return 2 * sums
+        return 2 * sums + self.state["xtx"].nbytes + 2 * self.state["xty"].nbytes
 
     def ready(
         self, request: ChooseRequest, bound: float
