@@ -43,6 +43,7 @@ from benchmarks.policy_floor import floor_rounds
 from loadtest.simulate import Cell, rounds
 from policies import PAPER_POLICIES, POLICIES, SETTINGS, draw, init_state, layout, prepare, update
 from policies.ridge import BufferedStreams, standard_normals
+from policies.state import Sums
 
 # Appendix table "Computational Cost": seconds per 10,000-round run.
 PAPER_SECONDS = {
@@ -121,7 +122,7 @@ def service_cost(setting: str, policy: str, calls: int = 2_000,
     generators = [np.random.default_rng(2)]
     best = [np.inf, np.inf, np.inf]
     for _ in range(3):
-        views = [{name: state[name] for name in fields} for _ in range(calls)]
+        views = [Sums({name: state[name] for name in fields}) for _ in range(calls)]
         start = time.process_time()
         for view in views:  # what the service's view holds after a reward: the sums only
             ready = prepare(config, view, contexts[0])

@@ -181,14 +181,29 @@ def _authors_fields(config: PolicyConfig) -> dict[str, FieldSpec]:
 # Kept solutions
 # ---------------
 # With a model per arm one reward changes one of the K models, yet a round
-# solved all K: the state keeps each model's ``theta_hat`` and ``V^-1``
-# (``V = X'X + reg I``) once asked for, and :func:`update` marks the model it
-# changes, so that only marked models are solved again. LAPACK solves each
-# matrix of a stack alone, so a kept solution has the bits a fresh one would.
-# Not kept with forgetting, where every model changes with the clock.
-_KEPT = {what: (f"kept.{what}", f"kept.{what}.reg", f"kept.{what}.stale")
-         for what in ("theta", "fit")}
-_STALE = tuple(names[2] for names in _KEPT.values())
+# solved all K: a :class:`Sums` state keeps each model's ``theta_hat`` and
+# ``V^-1`` (``V = X'X + reg I``) once asked for, beside its sums and the
+# ``X'X`` and ``X'y`` they were solved from, and solves again only the models
+# whose sums differ from those (an exact comparison: whatever changed them,
+# ``update`` or a caller writing to the arrays). LAPACK solves each matrix
+# of a stack alone, so a kept solution has the bits a fresh one would. A
+# plain dict keeps nothing (each call solves), nor does a state with
+# forgetting, where every model changes with the clock.
+
+
+class Sums(dict[str, Array]):
+    """A state (named sums, as any :data:`State`) that keeps solutions of its sums.
+
+    What it keeps is an attribute, not an item: iterating over the state,
+    copying it (``dict(state)``: the copy keeps nothing) or storing it sees
+    the sums only.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.kept: dict[str, Array] = {}
+
+_KEPT = {what: (what, f"{what}.reg", f"{what}.xtx", f"{what}.xty") for what in ("theta", "fit")}
 
 
 def kept_theta(state: State, reg: float) -> Array:
@@ -204,26 +219,37 @@ def kept_fit(state: State, reg: float) -> tuple[Array, Array] | None:
     about three solves with two: worth it for a state that is asked again (the
     simulator's, round after round; a service view that serves several
     requests), not for one asked once (a view that a reward replaces at once).
+    The Gram matrix stays what is kept and added to: ``V^-1`` is solved from
+    it afresh whenever it changes, never updated, and serves the quadratic
+    forms ``x' V^-1 x`` (the leverage), whose rounding error is of the order
+    of a solve's (``cond(V) eps``); draws still solve.
     """
-    if "kept.fit" not in state and "kept.fit.asked" not in state and "model_at" not in state:
-        state["kept.fit.asked"] = np.array(True)
+    kept = getattr(state, "kept", None)
+    if kept is None or "model_at" in state:
+        return None
+    if "fit" not in kept and "fit.asked" not in kept:
+        kept["fit.asked"] = np.array(True)
         return None
     fit = _kept(state, reg, "fit")
     return fit[..., 0], fit[..., 1:]
 
 
 def _kept(state: State, reg: float, what: str) -> Array:
-    name, reg_name, stale_name = _KEPT[what]
+    name, reg_name, xtx_name, xty_name = _KEPT[what]
     xtx, xty = state["xtx"], state["xty"]
-    if "model_at" in state:  # forgetting: nothing to keep
+    store = getattr(state, "kept", None)
+    if store is None or "model_at" in state:  # nothing to keep in, or forgetting
         return _solved(xtx, xty, reg, what)
-    kept = state.get(name)
-    if kept is None or state[reg_name][()] != reg:
-        kept = state[name] = _solved(xtx, xty, reg, what)
-        state[reg_name] = np.array(reg)
-        state[stale_name] = np.zeros(xtx.shape[:2], dtype=bool)
+    kept = store.get(name)
+    if kept is None or store[reg_name][()] != reg or store[xtx_name].shape != xtx.shape:
+        kept = store[name] = _solved(xtx, xty, reg, what)
+        store[reg_name] = np.array(reg)
+        store[xtx_name], store[xty_name] = xtx.copy(), xty.copy()
         return kept
-    stale = state[stale_name]
+    seen_xtx, seen_xty = store[xtx_name], store[xty_name]
+    # Models whose sums moved since they were solved (a NaN never equals itself: solved again).
+    stale = (xtx != seen_xtx).reshape(*xtx.shape[:2], -1).any(axis=-1)
+    stale |= (xty != seen_xty).any(axis=-1)
     changed = np.count_nonzero(stale)
     if changed == 1:  # one run: its one changed model, through views
         row, model = divmod(int(stale.argmax()), stale.shape[1])
@@ -234,7 +260,7 @@ def _kept(state: State, reg: float, what: str) -> Array:
         where = np.nonzero(stale)
         kept[where] = _solved(xtx[where], xty[where], reg, what)
     if changed:
-        stale[...] = False
+        seen_xtx[stale], seen_xty[stale] = xtx[stale], xty[stale]
     return kept
 
 
@@ -250,13 +276,6 @@ def _identity(d: int) -> Array:
     eye = np.eye(d)
     eye.flags.writeable = False
     return eye
-
-
-def _mark_changed(state: State, model: Any) -> None:
-    """The kept solutions of the models just added to are stale."""
-    for name in _STALE:
-        if name in state:
-            state[name][model] = True
 
 
 def upper_triangle(matrices: Array) -> Array:
@@ -295,12 +314,12 @@ def needs_arm_gram(config: PolicyConfig) -> bool:
 def init_state(config: PolicyConfig, n_arms: int, batch: int = 1) -> State:
     """Zero statistics for ``batch`` independent experiments with ``n_arms`` arms."""
     n_models = 1 if config.shared else n_arms
-    return {
+    return Sums({
         name: np.zeros(
             (batch, n_models if spec.axis == "model" else n_arms, *spec.shape), dtype=np.float64
         )
         for name, spec in layout(config).items()
-    }
+    })
 
 
 def raw_reward_sums(count: Array, shift: Array, sum_d: Array, sum_d2: Array
@@ -392,7 +411,6 @@ def _add_plain(config: PolicyConfig, state: State, slots: _Slots, outer: Array, 
     r_x = rewards[:, None] * x
     state["xtx"][model] += outer
     state["xty"][model] += r_x
-    _mark_changed(state, model)
     _add_shifted(state, model, ("n", "shift_y", "sum_dy", "sum_dy2"), rewards)
     arm_fields = ("pulls", "shift_r", "sum_dr", "sum_dr2")
     if slots.arm_flat is not None and (

@@ -39,7 +39,7 @@ from policies import (
 )
 from policies.propensity import SERVICE, estimated, propensities
 from policies.ridge import ridge
-from policies.state import Axis
+from policies.state import Axis, Sums
 from service import keys
 from service.codec import assemble_state, legacy_recipe, recipe, upgrade_blob
 from service.domain import (
@@ -171,10 +171,11 @@ class View:
         rows = definition.active_rows if arms is definition.active_arms else _rows(arms)
         if self._last is None or self._last.rows != rows:
             take = np.array(rows)
-            sliced = {
+            # Sums: the requests on this view keep its solutions (policies.state.kept_fit).
+            sliced = Sums({
                 name: self.state[name][:, take] if spec.per_arm(config) else self.state[name]
                 for name, spec in layout(config).items()
-            }
+            })
             self._last = _Prepared(rows, sliced)
         last = self._last
         if last.ready is not None:

@@ -536,8 +536,7 @@ def test_explicit_bootstrap_rejects_invalid_input(
 def test_kept_solutions_equal_fresh_solves_bit_for_bit(batch: int) -> None:
     # A model per arm: each update changes one model per row, and only that one
     # is solved again; what is kept must be what a fresh solve of every model
-    # gives, bit for bit, after every update (the single-row update takes basic
-    # indices, a batch fancy ones: both must mark the model they change).
+    # gives, bit for bit, after every update (one changed model, several, all).
     from policies.state import kept_fit, kept_theta
 
     config = PolicyConfig("linreboot", "covariates", 3)
@@ -545,7 +544,7 @@ def test_kept_solutions_equal_fresh_solves_bit_for_bit(batch: int) -> None:
     rng = np.random.default_rng(11)
     eye = np.broadcast_to(np.eye(3), state["xtx"].shape)
     rhs = np.concatenate([state["xty"][..., None], eye], axis=-1)
-    assert kept_fit(state, config.reg) is None  # a state asked once keeps nothing
+    assert kept_fit(state, config.reg) is None  # a state asked once keeps no inverse
     for step in range(12):
         arms = rng.integers(0, 4, size=batch)
         update(config, state, arms, rng.normal(size=(batch, 3)) * 10.0 ** (step % 3),
@@ -568,10 +567,32 @@ def test_kept_solutions_equal_fresh_solves_bit_for_bit(batch: int) -> None:
 
 def test_nothing_is_kept_with_forgetting() -> None:
     # Every model changes with the clock: a kept solution would be stale.
-    from policies.state import kept_theta
+    from policies.state import Sums, kept_theta
 
     config = PolicyConfig("linreboot", "covariates", 2, discount=0.9)
     state = init_state(config, 3)
     update(config, state, np.array([1]), np.ones((1, 2)), np.array([1.0]))
     kept_theta(state, config.reg)
-    assert not any(name.startswith("kept.") for name in state)
+    assert isinstance(state, Sums) and state.kept == {}
+
+
+def test_what_is_kept_is_not_part_of_the_sums() -> None:
+    # Iterating, copying or storing a state sees its sums only; a plain dict keeps nothing.
+    from policies.state import Sums, kept_fit, kept_theta
+
+    config = PolicyConfig("linucb", "covariates", 2)
+    state = init_state(config, 3)
+    update(config, state, np.array([1]), np.ones((1, 2)), np.array([1.0]))
+    kept_theta(state, config.reg)
+    kept_fit(state, config.reg)
+    kept_fit(state, config.reg)
+    assert isinstance(state, Sums) and set(state.kept) >= {"theta", "fit"}
+    assert list(state) == list(layout(config))
+    plain = dict(state)
+    assert not hasattr(plain, "kept") and kept_fit(plain, config.reg) is None
+    np.testing.assert_array_equal(kept_theta(plain, config.reg), kept_theta(state, config.reg))
+    # Sums written directly, not through update: what is kept follows them.
+    state["xtx"][0, 2] += np.eye(2)
+    state["xty"][0, 0] -= 1.0
+    np.testing.assert_array_equal(kept_theta(state, config.reg),
+                                  ridge(state["xtx"], state["xty"], config.reg))
