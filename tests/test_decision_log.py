@@ -106,13 +106,14 @@ async def test_replaying_the_log_reproduces_the_stored_sums_bit_for_bit(
                  for i, a in enumerate(ARMS))
     await service.create(ExperimentSpec(
         id="replay", setting=setting, dim=dim, arms=arms, hyperparameters=hyperparameters,
-        reward_window_seconds=1, default_reward=0.125, log_max_entries=10_000))
+        # 3 s: the rewards below must land within the window on a loaded machine too.
+        reward_window_seconds=3, default_reward=0.125, log_max_entries=10_000))
     early = [await service.choose("replay", request_for(setting, rng, dim)) for _ in range(12)]
     random.Random(5).shuffle(early)
     for d in early[:8]:  # rewarded in another order than decided, one of them twice
         await service.reward("replay", [(d.decision_id, float(rng.normal()))])
     await service.reward("replay", [(early[0].decision_id, 99.0)])  # a conflict: not applied
-    await asyncio.sleep(1.1)
+    await asyncio.sleep(3.1)
     assert await service.sweep() == 4
     await service.reward("replay", [(early[9].decision_id, 7.0)])  # late: not applied
     for _ in range(20):  # then decisions rewarded at once, with the defaults' sums in them
@@ -336,7 +337,8 @@ async def _ledgered_experiment(api: Api, service: ExperimentService) -> dict[str
         "id": "exp", "setting": "stochastic", "dim": 2, "seed": 9,
         "arms": [{"id": "a", "features": [1.0, 0.0]}, {"id": "b", "features": [0.3, 1.0]},
                  {"id": "c", "features": [-0.5, 0.25]}],
-        "reward_window_seconds": 1, "default_reward": 0.0})
+        # 3 s: the rewards below must land within the window on a loaded machine too.
+        "reward_window_seconds": 3, "default_reward": 0.0})
     rng = np.random.default_rng(8)
     made = [await api.decide(key, {"experiment_id": "exp"}) for _ in range(10)]
     applied = {}
@@ -345,7 +347,7 @@ async def _ledgered_experiment(api: Api, service: ExperimentService) -> dict[str
         await api.reward(key, {"experiment_id": "exp", "decision_id": decision_id,
                                "reward": value})
         applied[decision_id] = value
-    await asyncio.sleep(1.1)
+    await asyncio.sleep(3.1)
     assert await service.sweep() == 3
     late = await api.reward(key, {"experiment_id": "exp", "decision_id": made[4],
                                   "reward": 5.0})
