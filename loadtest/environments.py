@@ -502,7 +502,14 @@ class Environment:
             raise ValueError(f"arms must lie in [0, {self.spec.n_arms}), got {arms!r}")
         return arms
 
-    def rewards(self, contexts: np.ndarray, arms: np.ndarray) -> np.ndarray:
+    def noise(self) -> np.ndarray:
+        """This round's reward noise, shape (B,): one draw per repetition, whichever arm
+        is pulled (so policies played in the same worlds see the same noise)."""
+        return self.spec.noise_sd * self._noise.next()
+
+    def rewards(
+        self, contexts: np.ndarray, arms: np.ndarray, noise: np.ndarray | None = None
+    ) -> np.ndarray:
         """Noisy rewards of the chosen arms: true mean plus Gaussian noise.
 
         Parameters
@@ -511,6 +518,9 @@ class Environment:
             This round's contexts, as returned by `contexts`.
         arms : ndarray of int, shape (B,)
             Chosen arm of every repetition, in ``[0, K)``.
+        noise : ndarray, shape (B,), optional
+            This round's :meth:`noise`, when several policies share the round;
+            drawn here otherwise.
 
         Returns
         -------
@@ -520,7 +530,7 @@ class Environment:
         arms = self._check_arms(arms)
         x = np.asarray(contexts)[self._rows, arms]
         theta = self.theta[self._rows, arms] if self.spec.setting == "covariates" else self.theta
-        return _rowdot(x, theta) + self.spec.noise_sd * self._noise.next()
+        return _rowdot(x, theta) + (self.noise() if noise is None else noise)
 
 
 # --------------------------------------------------------------------------- regret

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from loadtest.plots import regret_grid
 from loadtest.results import Curve, final_regret_table, runtime_table, write_curves
-from loadtest.simulate import Cell, play, run_cell
+from loadtest.simulate import Cell, cell_seed, play, play_together, to_curve
 
 # The matrices are tiny (d <= 20): BLAS threads only fight the worker processes.
 _SINGLE_THREAD = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
@@ -30,10 +30,25 @@ class GridRun:
     wall_seconds: float
 
 
-def _run_cell_job(
-    cell: Cell, reps: int, horizon: int, seed: int, points: int, ticks: Any
-) -> Curve:
-    return run_cell(cell, reps, horizon, seed, points, progress=ticks.put)
+def _run_group_job(
+    cells: Sequence[Cell], reps: int, horizon: int, seed: int, points: int, ticks: Any
+) -> list[Curve]:
+    played = play_together(cells, reps, horizon, seed, progress=ticks.put)
+    return [to_curve("in-process", cell, p, points) for cell, p in zip(cells, played, strict=True)]
+
+
+def _groups(cells: Sequence[Cell], seed: int, jobs: int = 1) -> list[list[Cell]]:
+    """The cells by the worlds they play (setting, d, reading, ...), largest d first.
+
+    Fewer groups than jobs: each group is split, so that every job has work.
+    Largest first (d, then the group's size), so that no large group starts last.
+    """
+    groups: dict[tuple[object, int], list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault((cell.env_spec(seed), cell_seed(seed, cell)), []).append(cell)
+    parts = -(-jobs // len(groups)) if groups else 1
+    split = [group[i::parts] for group in groups.values() for i in range(min(parts, len(group)))]
+    return sorted(split, key=lambda group: (group[0].dim, len(group)), reverse=True)
 
 
 def _time_single_job(cell: Cell, horizon: int, seed: int) -> float:
@@ -49,17 +64,23 @@ def run_grid(
     points: int = 200,
     time_single: bool = False,
 ) -> GridRun:
-    """Play every cell (``jobs`` processes) with one progress bar over all rounds."""
+    """Play every cell (``jobs`` processes) with one progress bar over all rounds.
+
+    The cells that play the same worlds (every policy of a setting and d) are
+    played together, one job each (:func:`loadtest.simulate.play_together`).
+    """
     os.environ.update(_SINGLE_THREAD)
     start = time.perf_counter()
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager, ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
         ticks = manager.Queue()
-        futures = [
-            pool.submit(_run_cell_job, cell, reps, horizon, seed, points, ticks) for cell in cells
-        ]
+        groups = _groups(cells, seed, jobs)
+        futures = [pool.submit(_run_group_job, group, reps, horizon, seed, points, ticks)
+                   for group in groups]
         _drain(futures, ticks, total=len(cells) * horizon, desc="simulate")
-        curves = [f.result() for f in futures]
+        by_cell = {id(cell): curve for group, f in zip(groups, futures, strict=True)
+                   for cell, curve in zip(group, f.result(), strict=True)}
+        curves = [by_cell[id(cell)] for cell in cells]
         single: dict[tuple[str, int, str], float] = {}
         if time_single:
             timed = {(c.setting, c.dim, c.label): pool.submit(_time_single_job, c, horizon, seed)
@@ -69,7 +90,7 @@ def run_grid(
     return GridRun(curves, single, time.perf_counter() - start)
 
 
-def _drain(futures: Sequence[Future[Curve]], ticks: Any, total: int, desc: str) -> None:
+def _drain(futures: Sequence[Future[Any]], ticks: Any, total: int, desc: str) -> None:
     with tqdm(total=total, desc=desc, unit="round", unit_scale=True, smoothing=0.05) as bar:
         while not all(f.done() for f in futures):
             with contextlib.suppress(queue.Empty):

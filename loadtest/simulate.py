@@ -24,6 +24,7 @@ from policies import (
     PolicyConfig,
     PolicyName,
     Setting,
+    State,
     Variant,
     choose,
     init_state,
@@ -147,17 +148,86 @@ def play(
     number ``t + 1``, as in a service experiment, which is what a policy that
     forgets counts ages in.
     """
-    regret = np.empty((reps, horizon))
-    chosen = np.empty((reps, horizon), dtype=np.int32)
-    start = time.perf_counter()
-    for t, (lost, arms) in enumerate(rounds(cell, reps, horizon, seed, per_decision_rng)):
-        regret[:, t] = lost
-        chosen[:, t] = arms
+    return play_together([cell], reps, horizon, seed, progress, per_decision_rng)[0]
+
+
+def play_together(
+    cells: Sequence[Cell],
+    reps: int,
+    horizon: int,
+    seed: int,
+    progress: Progress | None = None,
+    per_decision_rng: bool = False,
+) -> list[Played]:
+    """:func:`play` for cells that share their worlds, on one :class:`Environment`.
+
+    Every policy of a (setting, d) cell plays the same worlds (:func:`cell_seed`),
+    so a round's contexts and reward noise are drawn once for all of them: each
+    cell gets the numbers it gets alone, and the contexts (most of a contextual
+    round) cost once instead of once per policy. A cell's ``seconds`` are its
+    policy's own time plus the whole of the worlds' (what it costs alone).
+    """
+    spec, env_seed = cells[0].env_spec(seed), cell_seed(seed, cells[0])
+    if any(c.env_spec(seed) != spec or cell_seed(seed, c) != env_seed for c in cells):
+        raise ValueError("cells played together must share their worlds (setting, d, reading, "
+                         "centres, switches)")
+    env = Environment(spec, split_rngs(env_seed, reps)[0])
+    players = [_Player.of(cell, seed, reps, horizon, per_decision_rng) for cell in cells]
+    worlds = 0.0
+    for t in range(horizon):
+        start = time.perf_counter()
+        contexts = env.contexts()
+        means = env.means(contexts)
+        noise = env.noise()
+        worlds += time.perf_counter() - start
+        for player in players:
+            player.step(t, env, contexts, means, noise)
         if progress is not None and (t + 1) % 250 == 0:
-            progress(250)
+            progress(250 * len(cells))
     if progress is not None:
-        progress(horizon % 250)
-    return Played(np.cumsum(regret, axis=1), chosen, time.perf_counter() - start)
+        progress(horizon % 250 * len(cells))
+    return [Played(np.cumsum(p.regret, axis=1), p.chosen, p.seconds + worlds) for p in players]
+
+
+@dataclass
+class _Player:
+    """One cell's policy, its statistics and its streams, playing round by round."""
+
+    config: PolicyConfig
+    state: State
+    streams: BufferedStreams
+    seeds: list[int]
+    per_decision_rng: bool
+    rows: NDArray[np.int64]
+    regret: Array  # (reps, horizon)
+    chosen: NDArray[np.int32]  # (reps, horizon)
+    seconds: float = 0.0
+
+    @classmethod
+    def of(cls, cell: Cell, seed: int, reps: int, horizon: int,
+           per_decision_rng: bool) -> _Player:
+        config = cell.config()
+        policy_rngs = split_rngs(cell_seed(seed, cell), reps)[1]
+        return cls(config, init_state(config, cell.env_spec(seed).n_arms, reps),
+                   BufferedStreams(policy_rngs),
+                   [decision_seed(seed, cell, rep) for rep in range(reps)], per_decision_rng,
+                   np.arange(reps), np.empty((reps, horizon)),
+                   np.empty((reps, horizon), dtype=np.int32))
+
+    def step(self, t: int, env: Environment, contexts: Array, means: Array,
+             noise: Array) -> tuple[Array, NDArray[np.int64]]:
+        """Round ``t`` (decision number ``t + 1``): choose, score, learn; regret and arms."""
+        start = time.perf_counter()
+        rows = self.rows
+        rngs = decision_rngs(self.seeds, t + 1) if self.per_decision_rng else self.streams
+        arms = choose(self.config, self.state, contexts, rngs).arms
+        lost = means.max(axis=1) - means[rows, arms]
+        self.regret[:, t], self.chosen[:, t] = lost, arms
+        rewards = env.rewards(contexts, arms, noise)
+        numbers = np.full(rows.size, t + 1.0) if self.config.discounted else None
+        update(self.config, self.state, arms, contexts[rows, arms], rewards, numbers)
+        self.seconds += time.perf_counter() - start
+        return lost, arms
 
 
 def rounds(
@@ -168,23 +238,11 @@ def rounds(
     A generator, so that a benchmark can time the rounds of two runs in turn
     (``benchmarks/bench_policies.py``).
     """
-    config = cell.config()
-    spec = cell.env_spec(seed)
-    env_rngs, policy_rngs = split_rngs(cell_seed(seed, cell), reps)
-    env = Environment(spec, env_rngs)
-    state = init_state(config, spec.n_arms, reps)
-    rows = np.arange(reps)
-    streams = BufferedStreams(policy_rngs)
-    seeds = [decision_seed(seed, cell, rep) for rep in range(reps)]
+    env = Environment(cell.env_spec(seed), split_rngs(cell_seed(seed, cell), reps)[0])
+    player = _Player.of(cell, seed, reps, horizon, per_decision_rng)
     for t in range(horizon):
         contexts = env.contexts()
-        rngs = decision_rngs(seeds, t + 1) if per_decision_rng else streams
-        arms = choose(config, state, contexts, rngs).arms
-        means = env.means(contexts)
-        yield means.max(axis=1) - means[rows, arms], arms
-        rewards = env.rewards(contexts, arms)
-        numbers = np.full(reps, t + 1.0) if config.discounted else None
-        update(config, state, arms, contexts[rows, arms], rewards, numbers)
+        yield player.step(t, env, contexts, env.means(contexts), env.noise())
 
 
 def run_cell(

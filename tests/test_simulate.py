@@ -9,7 +9,7 @@ import pytest
 
 from loadtest.experiment import GridRun, write_outputs
 from loadtest.results import read_curves, recorded_rounds, summarise
-from loadtest.simulate import Cell, grid, play, run_cell
+from loadtest.simulate import Cell, grid, play, play_together, run_cell
 from policies.config import POOLED_SIGMA_OMEGA
 from policies.ridge import BufferedStreams, standard_normals
 
@@ -76,6 +76,37 @@ def test_the_authors_baselines_run_the_authors_linreboot_with_the_papers_spread_
     assert variants == {"linreboot (variant=authors)": "authors",
                         "linreboot (spread=pooled)": "project",
                         "greedy": "project", "linucb (variant=authors)": "authors"}
+
+
+@pytest.mark.parametrize("setting", ["stochastic", "contextual", "covariates"])
+def test_cells_played_together_play_as_they_play_alone(setting: str) -> None:
+    # One environment for the policies of a setting and d: each cell must get the
+    # worlds, noise and decisions it gets alone (forgetting in a switching world too).
+    switching = (("discount", 0.9),)
+    cells = [Cell(setting, 4, "linreboot"), Cell(setting, 4, "lints-ig"),  # type: ignore[arg-type]
+             Cell(setting, 4, "linreboot", overrides=(("spread", "pooled"),)),  # type: ignore[arg-type]
+             Cell(setting, 4, "linucb-const", overrides=(("epsilon", 0.2),))]  # type: ignore[arg-type]
+    for group in (cells, [Cell(setting, 4, "greedy", overrides=switching, switch_every=40),  # type: ignore[arg-type]
+                          Cell(setting, 4, "linucb", switch_every=40)]):  # type: ignore[arg-type]
+        together = play_together(group, 5, 150, 3)
+        for cell, played in zip(group, together, strict=True):
+            alone = play(cell, 5, 150, 3)
+            np.testing.assert_array_equal(played.arms, alone.arms)
+            np.testing.assert_array_equal(played.cumulative, alone.cumulative)
+    assert len({p.arms.tobytes() for p in play_together(cells, 5, 150, 3)}) == len(cells)
+
+
+def test_only_cells_of_the_same_worlds_are_played_together() -> None:
+    from loadtest.experiment import _groups
+
+    a, b = Cell("covariates", 5, "linreboot"), Cell("covariates", 5, "linucb")
+    other_d, switching = Cell("covariates", 10, "linucb"), Cell("covariates", 5, "greedy",
+                                                                   switch_every=100)
+    with pytest.raises(ValueError, match="share their worlds"):
+        play_together([a, other_d], 2, 10, 0)
+    assert _groups([a, other_d, b, switching], seed=0) == [[other_d], [a, b], [switching]]
+    # Fewer groups than jobs: split, so that every job has work.
+    assert _groups([a, b], seed=0, jobs=2) == [[a], [b]]
 
 
 def test_outputs_round_trip(tmp_path: Path) -> None:
