@@ -22,7 +22,7 @@ K = 100 and d = 20 after 1,000 rewards, B = 1 as the service calls it:
 ``prepare`` once per state change (a reward: a new view of the sums), in the
 contextual and covariates settings again per request on the same view (its
 contexts being new; with a model per arm the view keeps its solutions from
-the second request on, ``policies.state.kept_fit``) and ``draw`` per decision.
+the first request on, ``policies.state.kept_theta``) and ``draw`` per decision.
 
 The per-repetition random streams (:class:`policies.ridge.BufferedStreams`,
 which make the service and the simulator agree) are timed once against one

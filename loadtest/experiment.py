@@ -40,13 +40,14 @@ def _run_group_job(
 def _groups(cells: Sequence[Cell], seed: int, jobs: int = 1) -> list[list[Cell]]:
     """The cells by the worlds they play (setting, d, reading, ...), largest d first.
 
-    Fewer groups than jobs: each group is split, so that every job has work.
+    Fewer than two groups per job: each group is split, so that every job has work.
     Largest first (d, then the group's size), so that no large group starts last.
     """
     groups: dict[tuple[object, int], list[Cell]] = {}
     for cell in cells:
         groups.setdefault((cell.env_spec(seed), cell_seed(seed, cell)), []).append(cell)
-    parts = -(-jobs // len(groups)) if groups else 1
+    # About two units of work per job at least, or one large group would end last alone.
+    parts = -(-2 * jobs // len(groups)) if groups and len(groups) < 2 * jobs else 1
     split = [group[i::parts] for group in groups.values() for i in range(min(parts, len(group)))]
     return sorted(split, key=lambda group: (group[0].dim, len(group)), reverse=True)
 

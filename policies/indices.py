@@ -38,7 +38,7 @@ from policies.ridge import (
     standard_gammas,
     standard_normals,
 )
-from policies.state import State, kept_fit, kept_theta, raw_reward_sums
+from policies.state import State, kept_theta, raw_reward_sums
 
 Rngs = Sequence[np.random.Generator]
 Prepared = dict[str, Array]
@@ -465,11 +465,7 @@ def ridge_and_leverage(state: State, contexts: Array, reg: float) -> tuple[Array
         solved = solve(xtx, reg, rhs)[:, 0]  # (B, d, 1 + K)
         theta, lifted = solved[:, None, :, 0], solved[..., 1:]
         squares = np.einsum("bdk,bkd->bk", lifted, contexts)
-    elif (fit := kept_fit(state, reg)) is not None:  # a model per arm, solutions kept
-        theta, inverse = fit
-        lifted = np.matmul(inverse, contexts[..., None])[..., 0]
-        squares = np.einsum("bkd,bkd->bk", lifted, contexts)
-    else:  # a model per arm, each with its arm's context, asked once
+    else:  # a model per arm, each with its arm's context
         solved = solve(xtx, reg, np.stack([xty, contexts], axis=-1))  # (B, K, d, 2)
         theta = solved[..., 0]
         squares = np.einsum("bkd,bkd->bk", solved[..., 1], contexts)

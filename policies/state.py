@@ -79,7 +79,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from policies.config import PolicyConfig
-from policies.ridge import ridge, solve
+from policies.ridge import ridge
 
 Array = NDArray[np.floating[Any]]
 State = dict[str, Array]
@@ -181,9 +181,9 @@ def _authors_fields(config: PolicyConfig) -> dict[str, FieldSpec]:
 # Kept solutions
 # ---------------
 # With a model per arm one reward changes one of the K models, yet a round
-# solved all K: a :class:`Sums` state keeps each model's ``theta_hat`` and
-# ``V^-1`` (``V = X'X + reg I``) once asked for, beside its sums and the
-# ``X'X`` and ``X'y`` they were solved from, and solves again only the models
+# solved all K: a :class:`Sums` state keeps each model's ``theta_hat`` once
+# asked for, beside its sums and the ``X'X`` and ``X'y`` it was solved from,
+# and solves again only the models
 # whose sums differ from those (an exact comparison: whatever changed them,
 # ``update`` or a caller writing to the arrays). LAPACK solves each matrix
 # of a stack alone, so a kept solution has the bits a fresh one would. A
@@ -203,79 +203,46 @@ class Sums(dict[str, Array]):
         super().__init__(*args, **kwargs)
         self.kept: dict[str, Array] = {}
 
-_KEPT = {what: (what, f"{what}.reg", f"{what}.xtx", f"{what}.xty") for what in ("theta", "fit")}
-
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A copy or a pickle carries the sums only.
+        return (Sums, (dict(self),))
 
 def kept_theta(state: State, reg: float) -> Array:
-    """``theta_hat`` of every model, (B, M, d): :func:`policies.ridge.ridge`'s, kept."""
-    return _kept(state, reg, "theta")
-
-
-def kept_fit(state: State, reg: float) -> tuple[Array, Array] | None:
-    """``theta_hat`` (B, M, d) and ``(X'X + reg I)^-1`` (B, M, d, d) of every model, kept;
-    None the first time a state is asked.
-
-    From one floored solve with ``[X'y, I]`` as right-hand sides, which costs
-    about three solves with two: worth it for a state that is asked again (the
-    simulator's, round after round; a service view that serves several
-    requests), not for one asked once (a view that a reward replaces at once).
-    The Gram matrix stays what is kept and added to: ``V^-1`` is solved from
-    it afresh whenever it changes, never updated, and serves the quadratic
-    forms ``x' V^-1 x`` (the leverage), whose rounding error is of the order
-    of a solve's (``cond(V) eps``); draws still solve.
-    """
-    kept = getattr(state, "kept", None)
-    if kept is None or "model_at" in state:
-        return None
-    if "fit" not in kept and "fit.asked" not in kept:
-        kept["fit.asked"] = np.array(True)
-        return None
-    fit = _kept(state, reg, "fit")
-    return fit[..., 0], fit[..., 1:]
-
-
-def _kept(state: State, reg: float, what: str) -> Array:
-    name, reg_name, xtx_name, xty_name = _KEPT[what]
+    """``theta_hat`` of every model, (B, M, d): :func:`policies.ridge.ridge`'s, kept
+    (read-only)."""
     xtx, xty = state["xtx"], state["xty"]
     store = getattr(state, "kept", None)
     if store is None or "model_at" in state:  # nothing to keep in, or forgetting
-        return _solved(xtx, xty, reg, what)
-    kept = store.get(name)
-    if kept is None or store[reg_name][()] != reg or store[xtx_name].shape != xtx.shape:
-        kept = store[name] = _solved(xtx, xty, reg, what)
-        store[reg_name] = np.array(reg)
-        store[xtx_name], store[xty_name] = xtx.copy(), xty.copy()
-        return kept
-    seen_xtx, seen_xty = store[xtx_name], store[xty_name]
+        return ridge(xtx, xty, reg)
+    theta = store.get("theta")
+    if theta is None or store["reg"][()] != reg or store["xtx"].shape != xtx.shape:
+        theta = store["theta"] = ridge(xtx, xty, reg)
+        store["reg"] = np.array(reg)
+        store["xtx"], store["xty"] = xtx.copy(), xty.copy()
+        return _read_only(theta)
+    seen_xtx, seen_xty = store["xtx"], store["xty"]
     # Models whose sums moved since they were solved (a NaN never equals itself: solved again).
     stale = (xtx != seen_xtx).reshape(*xtx.shape[:2], -1).any(axis=-1)
     stale |= (xty != seen_xty).any(axis=-1)
     changed = np.count_nonzero(stale)
     if changed == 1:  # one run: its one changed model, through views
         row, model = divmod(int(stale.argmax()), stale.shape[1])
-        kept[row, model] = _solved(xtx[row:row + 1, model], xty[row:row + 1, model], reg, what)[0]
+        theta[row, model] = ridge(xtx[row:row + 1, model], xty[row:row + 1, model], reg)[0]
     elif changed == stale.size:  # one shared model per row, say: all of it, no gather
-        kept[...] = _solved(xtx, xty, reg, what)
+        theta[...] = ridge(xtx, xty, reg)
     elif changed:
         where = np.nonzero(stale)
-        kept[where] = _solved(xtx[where], xty[where], reg, what)
+        theta[where] = ridge(xtx[where], xty[where], reg)
     if changed:
         seen_xtx[stale], seen_xty[stale] = xtx[stale], xty[stale]
-    return kept
+    return _read_only(theta)
 
 
-def _solved(xtx: Array, xty: Array, reg: float, what: str) -> Array:
-    if what == "theta":
-        return ridge(xtx, xty, reg)
-    identity = np.broadcast_to(_identity(xtx.shape[-1]), xtx.shape)
-    return solve(xtx, reg, np.concatenate([xty[..., None], identity], axis=-1))
-
-
-@functools.lru_cache(maxsize=16)
-def _identity(d: int) -> Array:
-    eye = np.eye(d)
-    eye.flags.writeable = False
-    return eye
+def _read_only(kept: Array) -> Array:
+    """A read-only view: what is kept is written by :func:`kept_theta` only."""
+    view = kept.view()
+    view.flags.writeable = False
+    return view
 
 
 def upper_triangle(matrices: Array) -> Array:

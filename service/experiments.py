@@ -150,11 +150,11 @@ class View:
     @functools.cached_property
     def nbytes(self) -> int:
         """Memory it may hold: the statistics, as much again for a request's subset, and
-        with a model per arm the solutions the subset keeps (``policies.state.kept_fit``:
-        about one more Gram matrix and two more X'y)."""
+        with a model per arm the solutions the subset keeps (``policies.state.kept_theta``)."""
         sums = sum(a.nbytes for a in self.state.values())
         if self.definition.config.shared:
             return 2 * sums
+        # theta, and the X'X and X'y it was solved from.
         return 2 * sums + self.state["xtx"].nbytes + 2 * self.state["xty"].nbytes
 
     def ready(
@@ -171,7 +171,7 @@ class View:
         rows = definition.active_rows if arms is definition.active_arms else _rows(arms)
         if self._last is None or self._last.rows != rows:
             take = np.array(rows)
-            # Sums: the requests on this view keep its solutions (policies.state.kept_fit).
+            # Sums: the requests on this view keep its solutions (policies.state.kept_theta).
             sliced = Sums({
                 name: self.state[name][:, take] if spec.per_arm(config) else self.state[name]
                 for name, spec in layout(config).items()
