@@ -31,8 +31,9 @@ experiments like every index:
   independently.
 
 * **LinReBoot** (``Linear_ReBoot_G``) with one shared model is the paper's
-  and ours. With a model per arm their loop refreshes ``beta`` only for the
-  arm pulled in the round before, and only from round K + 1 on: after the
+  and ours. With a model per arm their loop takes the first pass in arm
+  order (``PolicyConfig.first_pass_in_order``) and refreshes ``beta`` only for
+  the arm pulled in the round before, and only from round K + 1 on: after the
   first pass every arm but the last keeps ``beta = 0``, so scores ``0`` with
   spread ``sigma_omega sqrt(sum r^2) / s`` (its residuals about 0), until it
   is pulled again. The state marks the arms refreshed (``refreshed``).

@@ -212,7 +212,8 @@ def kept_theta(state: State, reg: float) -> Array:
     (read-only)."""
     xtx, xty = state["xtx"], state["xty"]
     store = getattr(state, "kept", None)
-    if store is None or "model_at" in state:  # nothing to keep in, or forgetting
+    # Nothing to keep in; forgetting; or one model per row, which every reward changes.
+    if store is None or "model_at" in state or xtx.shape[1] == 1:
         return ridge(xtx, xty, reg)
     theta = store.get("theta")
     if theta is None or store["reg"][()] != reg or store["xtx"].shape != xtx.shape:
@@ -228,8 +229,6 @@ def kept_theta(state: State, reg: float) -> Array:
     if changed == 1:  # one run: its one changed model, through views
         row, model = divmod(int(stale.argmax()), stale.shape[1])
         theta[row, model] = ridge(xtx[row:row + 1, model], xty[row:row + 1, model], reg)[0]
-    elif changed == stale.size:  # one shared model per row, say: all of it, no gather
-        theta[...] = ridge(xtx, xty, reg)
     elif changed:
         where = np.nonzero(stale)
         theta[where] = ridge(xtx[where], xty[where], reg)
