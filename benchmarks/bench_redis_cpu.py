@@ -12,7 +12,12 @@ LinReBoot, K = 100 arms, the decision log on, no default reward):
 * ``/choose``: ``decide.lua`` recording a decision made from a current view
   (the path of every /choose whose worker's statistics are current);
 * ``/reward``: ``reward.lua`` with one decision;
-* ``batch of 100``: ``reward.lua`` with 100 decisions, per reward.
+* ``batch of 100``: ``reward.lua`` with 100 decisions, per reward;
+* ``folds, per outcome``: where rewards are recorded as outcomes that the
+  workers add to the sums (``service.folding``), ``fold_read.lua`` and
+  ``fold.lua`` writing the sums back every ``FOLD_EVERY`` outcomes, per
+  outcome (a version that adds in ``reward.lua`` has none);
+* ``/reward + its share of the folds``: what one reward costs Redis in all.
 
 Each figure is Redis's own ``usec_per_call`` of EVALSHA (INFO commandstats,
 reset before each kind of call), so the client's cost is not in it; the two
@@ -45,11 +50,13 @@ from policies import paper_config
 from service import keys
 from service.codec import recipe
 from service.embedded import EmbeddedRedis
+from service.folding import FOLD_EVERY, folded_blobs
 
 DIMS = (5, 10, 20)
 BATCH = 100
 _LOG = {"log_max_entries": "100000", "log_max_age_seconds": "604800"}
-KINDS = ("/choose", "/reward", f"batch of {BATCH}, per reward")
+KINDS = ("/choose", "/reward", f"batch of {BATCH}, per reward", "folds, per outcome",
+         "/reward + its share of the folds")
 
 
 @dataclass
@@ -57,20 +64,35 @@ class Version:
     name: str
     decide: str  # script SHAs
     reward: str
+    fold_read: str | None  # None: the version adds in reward.lua
+    fold: str | None
     times: dict[tuple[int, str], list[float]] = field(default_factory=dict)
 
 
-def _read(rev: str | None, name: str) -> str:
+def _read(rev: str | None, name: str) -> str | None:
+    """A script as of ``rev`` (None: this checkout); None where it has no such script."""
     if rev is None:
-        return resources.files("service").joinpath("lua", f"{name}.lua").read_text()
-    return subprocess.run(["git", "show", f"{rev}:service/lua/{name}.lua"],
-                          capture_output=True, text=True, check=True).stdout
+        path = resources.files("service").joinpath("lua", f"{name}.lua")
+        return path.read_text() if path.is_file() else None
+    shown = subprocess.run(["git", "show", f"{rev}:service/lua/{name}.lua"],
+                           capture_output=True, text=True)
+    return shown.stdout if shown.returncode == 0 else None
+
+
+def _reward_script(rev: str | None) -> str:
+    """reward.lua after its shared chunk (outcomes.lua; sums.lua before it)."""
+    shared = _read(rev, "outcomes") or _read(rev, "sums")
+    reward = _read(rev, "reward")
+    assert shared and reward, f"no reward.lua at {rev}"
+    return shared + reward
 
 
 def _version(client: redis.Redis, name: str, rev: str | None) -> Version:
-    decide = client.script_load(_read(rev, "decide"))
-    reward = client.script_load(_read(rev, "sums") + _read(rev, "reward"))
-    return Version(name, str(decide), str(reward))
+    def load(script: str | None) -> str | None:
+        return None if script is None else str(client.script_load(script))
+    decide, reward = load(_read(rev, "decide")), load(_reward_script(rev))
+    assert decide and reward
+    return Version(name, decide, reward, load(_read(rev, "fold_read")), load(_read(rev, "fold")))
 
 
 def _experiment(version: Version, dim: int) -> str:
@@ -143,13 +165,39 @@ def _block(client: redis.Redis, version: Version, dim: int, calls: int) -> None:
     reward = _timed(client, version.reward, [_reward_args(experiment, [i]) for i in single])
     batches = [batched[i:i + BATCH] for i in range(0, len(batched), BATCH)]
     batch = _timed(client, version.reward, [_reward_args(experiment, b) for b in batches]) / BATCH
-    for kind, value in zip(KINDS, (choose, reward, batch), strict=True):
+    folds = _timed_folds(client, version, experiment, dim)
+    for kind, value in zip(KINDS, (choose, reward, batch, folds, reward + folds), strict=True):
         version.times.setdefault((dim, kind), []).append(value)
     with client.pipeline(transaction=False) as pipe:  # keep the memory flat over blocks
         for i in ids:
             pipe.unlink(keys.decision(experiment, i))
         pipe.unlink(keys.pending(experiment), keys.log(experiment))
         pipe.execute()
+
+
+def _timed_folds(client: redis.Redis, version: Version, experiment: str, dim: int) -> float:
+    """Redis's µs per outcome of folding every outcome waiting, FOLD_EVERY at a time, as
+    the service does (0 for a version without folds)."""
+    if version.fold_read is None or version.fold is None:
+        return 0.0
+    config = paper_config("linreboot", "stochastic", dim)
+    keyset = [keys.meta(experiment), keys.stats(experiment)]
+    client.config_resetstat()
+    folded = 0
+    while True:
+        reply: list[Any] = client.evalsha(  # type: ignore[assignment]
+            version.fold_read, len(keyset), *keyset, FOLD_EVERY)
+        incarnation, seen, outcomes, fields, blobs = reply
+        if not outcomes:
+            break
+        written = folded_blobs(config, [f.decode() for f in fields],
+                               [b or None for b in blobs], outcomes)
+        pairs = [item for pair in written.items() for item in pair]
+        assert client.evalsha(version.fold, len(keyset), *keyset, incarnation, seen,
+                              len(outcomes), *pairs) == 1
+        folded += len(outcomes)
+    stats: dict[str, dict[str, float]] = client.info("commandstats")  # type: ignore[assignment]
+    return float(stats["cmdstat_evalsha"]["usec"]) / max(folded, 1)
 
 
 def _report(versions: list[Version], blocks: int) -> None:
@@ -167,19 +215,22 @@ def _report(versions: list[Version], blocks: int) -> None:
                 cells.append(f"{medians[-1]:.1f} ({min(times):.1f})")
             # Block i of each version ran back to back: the median of their
             # ratios follows the machine's load better than a ratio of medians.
-            ratio = statistics.median(
-                a / b for a, b in zip(versions[0].times[(dim, kind)],
-                                      versions[-1].times[(dim, kind)], strict=True))
-            print(f"| {dim} | {kind} | " + " | ".join(cells)
-                  + f" | {ratio:.2f} | {1e6 / medians[0]:,.0f} |")
+            pairs = list(zip(versions[0].times[(dim, kind)], versions[-1].times[(dim, kind)],
+                             strict=True))
+            ratio = (f"{statistics.median(a / b for a, b in pairs):.2f}"
+                     if all(b > 0 for _, b in pairs) else "")
+            ceiling = f"{1e6 / medians[0]:,.0f}" if medians[0] > 0 else ""
+            print(f"| {dim} | {kind} | " + " | ".join(cells) + f" | {ratio} | {ceiling} |")
     print()
     this = versions[0]
     for dim in DIMS:
-        single = statistics.median(this.times[(dim, KINDS[1])])
-        batch = statistics.median(this.times[(dim, KINDS[2])])
+        single = statistics.median(this.times[(dim, KINDS[4])])
+        batch = (statistics.median(this.times[(dim, KINDS[2])])
+                 + statistics.median(this.times[(dim, KINDS[3])]))
         pair = statistics.median(this.times[(dim, KINDS[0])]) + single
         print(f"d = {dim}: a reward in a batch of {BATCH} costs {batch / single:.0%} of a "
-              f"single one; one shard applies {1e6 / pair:,.0f} choose+reward pairs/s")
+              f"single one (each with its share of the folds); one shard applies "
+              f"{1e6 / pair:,.0f} choose+reward pairs/s")
 
 
 # Where a call's time goes: the script cut short (``do return ... end``)
@@ -188,14 +239,11 @@ def _report(versions: list[Version], blocks: int) -> None:
 # to its cut.
 _CUT = "do return {'cut'} end\n"
 _REWARD_CUTS = (
-    ("sums.lua's definitions", "-- Apply a batch of rewards"),
-    ("+ the meta read, the recipes split", "local incarnation = meta[1]"),
-    ("+ the decision read",
-     "  if not decision[STATUS] or decision[INCARNATION] ~= incarnation then"),
-    ("+ the sums read and unpacked", "  local gamma, number = recipes.discount"),
-    ("+ the additions",
-     "    redis.call('HSET', KEYS[k], 'status', 'rewarded', 'reward', reward)"),
-    ("+ the decision marked, its log entry", "finish(KEYS[2])"),
+    ("outcomes.lua's definitions", "-- Apply a batch of rewards"),
+    ("+ the meta read", "local incarnation = meta[1]"),
+    ("+ the decision read", "local now = nil"),
+    ("+ the outcome made, the decision marked, its log entry",
+     "statuses[#statuses + 1] = finish(KEYS[2])"),
 )
 _DECIDE_CUTS = (
     ("+ the meta read", "if redis.call('EXISTS', KEYS[3]) == 1 then"),
@@ -212,7 +260,8 @@ def _cut(script: str, line: str) -> str:
 
 def _breakdown(client: redis.Redis, dim: int, blocks: int, calls: int) -> None:
     """Print Redis µs per call of each cut of decide.lua and of reward.lua (one decision)."""
-    decide, reward = _read(None, "decide"), _read(None, "sums") + _read(None, "reward")
+    decide, reward = _read(None, "decide"), _reward_script(None)
+    assert decide
     rows = [("decide.lua", "empty script", "return {'cut'}"),
             *(("decide.lua", label, _cut(decide, line)) for label, line in _DECIDE_CUTS),
             ("decide.lua", "the whole script", decide),

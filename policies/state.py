@@ -24,9 +24,8 @@ Reward sums are kept **shifted**: ``shift_r`` is the arm's first reward, and
 against their spread (mean 1e6 and sd 1: 8.8% error; mean/sd near 1e8: a
 negative RSS, clamped to 0, which silently stops the arm's exploration);
 about the first reward its terms are of the spread's size. The shift is set
-once, by the slot's first observation, so the state stays a sum that one
-atomic script can add to (``service/lua/reward.lua`` does the same IEEE
-operations).
+once, by the slot's first observation, so the state stays a sum that the
+service can add outcomes to one at a time, in any process (``service.folding``).
 
 Forgetting
 ----------
@@ -49,10 +48,9 @@ their sums by ``gamma ** (max(at, n) - at)``) and adds itself with weight
 clock (:func:`discounted`). That is the same weighted sum whatever order the
 outcomes arrive in (in exact arithmetic; in floating point the order of the
 additions, fixed by the store, decides the last bits, as without forgetting),
-never grows beyond its undiscounted size, and stays a change to two slots
-that one atomic script can apply. Powers are computed by repeated squaring
-(:func:`power`), which ``service/lua/sums.lua`` repeats multiplication for
-multiplication, so the store's sums equal these bit for bit. A slot's shift
+never grows beyond its undiscounted size, and stays a change to two slots.
+Powers are computed by repeated squaring (:func:`power`), whose products do
+not depend on the platform's ``pow``. A slot's shift
 (its first reward) does not decay: rewards that drift D away from it cost the
 RSS a relative precision of about ``eps (D / spread)^2`` (1e-8 at D = 1e4
 standard deviations), as a mean of D did before shifts. Its count, once it
@@ -120,7 +118,7 @@ def layout(config: PolicyConfig) -> dict[str, FieldSpec]:
     d = config.dim
     # Each blob's count ("one") comes before its shift, the shift before the
     # shifted sums, and its clock ("at") before everything: the order
-    # reward.lua applies them in.
+    # _add_discounted applies them in.
     clock = {"model_at": FieldSpec("model", (), "at")} if config.discounted else {}
     fields = {
         **clock,
@@ -442,9 +440,9 @@ def _add_shifted(state: State, slots: Any, names: tuple[str, str, str, str], rew
 def power(base: float, exponents: Array) -> Array:
     """``base ** k`` for whole ``k >= 0``, by repeated squaring, elementwise.
 
-    ``service/lua/sums.lua`` computes the same products in the same order
-    (the result times ``base ** (2 ** i)`` for each set bit ``i``, lowest
-    first), so both give the same bits; ``numpy.power`` may not. Exponents
+    The result times ``base ** (2 ** i)`` for each set bit ``i``, lowest
+    first: the same bits on every platform, which ``numpy.power`` (the C
+    library's ``pow``) may not give. Exponents
     below ``_TABLE`` are looked up in a table of those very products (the
     simulator's ages), which saves the loop.
     """
@@ -526,7 +524,7 @@ class _Observation:
 def _add_discounted(
     config: PolicyConfig, state: State, axis: Axis, slots: Any, o: _Observation
 ) -> None:
-    """One observation per row into one slot per row, field by field as reward.lua adds it.
+    """One observation per row into one slot per row, field by field in layout order.
 
     The slot goes to the clock ``now = max(at, n)``: its sums are multiplied
     by ``gamma ** (now - at)`` and the observation is added with weight

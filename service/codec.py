@@ -2,10 +2,10 @@
 
 A model's fields (``xtx``, ``xty``, ``n``, ``shift_y``, ...) are packed into one
 blob and an arm's fields (``pulls``, ``shift_r``, ``sum_dr``, ...) into another, in
-the order of :func:`policies.layout`, so one reward adds to exactly two blobs;
-:func:`recipe` tells ``reward.lua`` what it adds to each. A Gram matrix
-(``xtx``, ``arm_xtx``) is stored as its upper triangle, row by row: half the
-bytes, and half the arithmetic in the reward script.
+the order of :func:`policies.layout`, so one reward adds to exactly two blobs
+(``service.folding`` adds them); :func:`recipe`, stored with the experiment,
+names what a blob holds. A Gram matrix (``xtx``, ``arm_xtx``) is stored as its
+upper triangle, row by row: half the bytes.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from policies import PolicyConfig, State, layout
 from policies.state import Axis
 
 _FLOAT = np.dtype("<f8")
-# What reward.lua adds, by the policies' FieldSpec.adds; Gram matrices are stored
+# What a stored field holds, by the policies' FieldSpec.adds; Gram matrices are stored
 # as their upper triangle (they are exactly symmetric: x_i x_j == x_j x_i).
 _STORED_ADDITION = {"outer": "outer_upper"}
 
@@ -58,7 +58,7 @@ def _fields(config: PolicyConfig, axis: Axis) -> tuple[_Field, ...]:
 
 
 def recipe(config: PolicyConfig, axis: Axis) -> str:
-    """What an observation adds to each field of a blob, in order: ``reward.lua`` reads it."""
+    """What an observation adds to each field of a blob, in order (the stored format's name)."""
     return ",".join(
         _STORED_ADDITION.get(spec.adds, spec.adds)
         for spec in layout(config).values() if spec.axis == axis
@@ -81,6 +81,20 @@ def unpack(config: PolicyConfig, axis: Axis, blob: bytes | None) -> dict[str, np
     else:
         flat = np.frombuffer(blob, dtype=_FLOAT).astype(np.float64)
     return {name: value[0] for name, value in _columns(config, axis, flat[None]).items()}
+
+
+def pack(config: PolicyConfig, axis: Axis, state: State, slot: int) -> bytes:
+    """The blob of one slot of a batch-of-one ``state``: :func:`unpack`'s inverse.
+
+    A Gram matrix is stored as its upper triangle, which loses nothing: its
+    additions are exactly symmetric (``x_i x_j == x_j x_i``).
+    """
+    parts = []
+    for f in _fields(config, axis):
+        value = np.asarray(state[f.name][0, slot], dtype=np.float64)
+        parts.append(value[np.triu_indices(value.shape[0])] if f.expand is not None
+                     else value.reshape(-1))
+    return np.concatenate(parts).astype(_FLOAT).tobytes()
 
 
 def legacy_recipe(config: PolicyConfig, axis: Axis) -> str:

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import hmac
 import json
+import logging
 import math
 import secrets
 import time
@@ -67,9 +68,12 @@ from service.errors import (
     StartupError,
     StoreUnavailable,
 )
+from service.folding import FOLD_EVERY, FOLD_LIMIT, fold_into, folded_blobs
 from service.settings import Settings
 from service.store import Snapshot, Store
 from service.sweeper import Sweeper
+
+logger = logging.getLogger("linreboot.service")
 
 # A stale view costs one more attempt; a third means the experiment is being redefined.
 _DECIDE_ATTEMPTS = 3
@@ -271,7 +275,7 @@ class ExperimentService:
         self.persistence_warnings: list[str] = []
         self.upgraded: list[str] = []  # experiments brought up to date at start-up
         self.upgrade_failures: list[str] = []  # "id: reason" for those that could not be
-        self._sweeper = Sweeper(store, settings.sweep_interval_seconds)
+        self._sweeper = Sweeper(store, settings.sweep_interval_seconds, self.fold_if_due)
 
     @classmethod
     async def open(cls, settings: Settings) -> ExperimentService:
@@ -358,7 +362,7 @@ class ExperimentService:
             # Random, not 1: a worker that cached a deleted experiment of the
             # same id must see a different version and reload.
             "version": str(secrets.randbits(52) + 1),
-            # What reward.lua adds per observation, fixed for this incarnation,
+            # What the stored sums hold (service.codec), fixed for this incarnation,
             # and how fast the sums forget (policies.state, "Forgetting").
             "model_recipe": recipe(config, "model"),
             "arm_recipe": recipe(config, "arm"),
@@ -380,7 +384,7 @@ class ExperimentService:
             raise Conflict("an experiment with this id already exists")
         # From what was written, not read back: a read that failed now (Redis
         # just out of memory, say) would leave the experiment without its key.
-        return _view(_parse_definition(meta, arms), {}), api_key
+        return _view(_parse_definition(meta, arms), {}, ()), api_key
 
     async def get(self, experiment_id: str) -> ExperimentView:
         if not valid_experiment_id(experiment_id):
@@ -389,7 +393,7 @@ class ExperimentService:
         if read is None:
             raise NotFound("no experiment with this id")
         meta, arms, snapshot = read
-        return _view(_parse_definition(meta, arms), snapshot.stats)
+        return _view(_parse_definition(meta, arms), snapshot.stats, snapshot.unfolded)
 
     async def list(
         self, limit: int = 100, after: str | None = None
@@ -570,20 +574,45 @@ class ExperimentService:
             raise _missing(api_key)
         key_hash = None if api_key is None else _hash_key(api_key)
         texts = [(decision_id, _reward_text(value)) for decision_id, value in items]
-        replies = await self._store.apply_rewards(experiment_id, key_hash, texts)
-        if replies == ["missing"]:
+        reply = await self._store.apply_rewards(experiment_id, key_hash, texts)
+        if reply.statuses == ["missing"]:
             self._forget(experiment_id)
             raise _missing(api_key)
-        if replies == ["forbidden"]:
+        if reply.statuses == ["forbidden"]:
             raise Forbidden(_WRONG_KEY)
         outcomes = []
-        for (decision_id, _), reply in zip(items, replies, strict=True):
-            status = _status(reply)
+        for (decision_id, _), text in zip(items, reply.statuses, strict=True):
+            status = _status(text)
             outcomes.append(RewardOutcome(decision_id, status, _REWARD_MESSAGES[status]))
+        applied = sum(outcome.status == "applied" for outcome in outcomes)
         view = self._views.get(experiment_id)
         if view is not None:
-            view.behind += sum(outcome.status == "applied" for outcome in outcomes)
+            view.behind += applied
+        await self.fold_if_due(experiment_id, reply.outcomes, applied)
         return outcomes
+
+    async def fold_if_due(self, experiment_id: str, outcomes: int, recorded: int) -> None:
+        """Write the sums back (:mod:`service.folding`) when the ``recorded`` outcomes
+        took the experiment's outcomes counter to ``outcomes``, past a multiple of
+        FOLD_EVERY.
+
+        Exactly one call crosses each multiple. A fold that fails is logged and
+        left to the next (its outcomes wait in the stats hash, counted in every
+        view): the outcomes it would have folded are applied already.
+        """
+        if outcomes // FOLD_EVERY <= (outcomes - recorded) // FOLD_EVERY:
+            return
+        try:
+            view = self._views.get(experiment_id)
+            definition = (view.definition if view is not None
+                          else await self._definition(experiment_id))
+            await self._store.fold(experiment_id, definition.incarnation, FOLD_LIMIT,
+                                   functools.partial(folded_blobs, definition.config))
+        except (StoreUnavailable, NotFound) as exc:
+            logger.warning("experiment %s: the sums were not written back (%s); the next "
+                           "fold will", experiment_id, exc)
+        except Exception:  # a damaged entry: the views that read it fail as loudly
+            logger.exception("experiment %s: the sums were not written back", experiment_id)
 
     async def read_log(
         self, experiment_id: str, after: str | None = None, limit: int = 100
@@ -666,7 +695,8 @@ class ExperimentService:
             version=snapshot.version,
             rewards=snapshot.rewards,
             last_number=max(last_number, number),
-            state=_state_for(definition.config, list(definition.arms), snapshot.stats),
+            state=_state_for(definition.config, list(definition.arms), snapshot.stats,
+                             snapshot.unfolded),
         )
         self._forget(experiment_id)
         self._views[experiment_id] = view
@@ -832,8 +862,12 @@ def _contexts(
     return np.array(rows, dtype=np.float64)
 
 
-def _state_for(config: PolicyConfig, arms: list[ArmRecord], stats: dict[str, bytes]) -> State:
-    """The statistics of ``arms`` (every arm, for the experiment's clock), batch of one.
+def _state_for(
+    config: PolicyConfig, arms: list[ArmRecord], stats: dict[str, bytes],
+    unfolded: Sequence[bytes],
+) -> State:
+    """The statistics of ``arms`` (every arm, for the experiment's clock), batch of one:
+    the stored sums with the ``unfolded`` outcomes added (:mod:`service.folding`).
 
     An experiment that forgets gets every slot at the clock of its latest
     outcome (:func:`policies.discounted`), so a request that names a few
@@ -844,7 +878,9 @@ def _state_for(config: PolicyConfig, arms: list[ArmRecord], stats: dict[str, byt
     else:
         model_blobs = [stats.get(keys.model_field(a.id)) for a in arms]
     arm_blobs = [stats.get(keys.arm_field(a.id)) for a in arms]
-    return discounted(config, assemble_state(config, model_blobs, arm_blobs))
+    state = assemble_state(config, model_blobs, arm_blobs)
+    fold_into(config, state, {keys.arm_field(a.id): k for k, a in enumerate(arms)}, unfolded)
+    return discounted(config, state)
 
 
 def _decision_rng(seed: int | None, number: int) -> np.random.Generator:
@@ -1037,9 +1073,11 @@ def _parse_definition(meta: dict[str, str], arms_raw: dict[str, str]) -> Definit
     )
 
 
-def _view(definition: Definition, stats: dict[str, bytes]) -> ExperimentView:
+def _view(
+    definition: Definition, stats: dict[str, bytes], unfolded: Sequence[bytes]
+) -> ExperimentView:
     config = definition.config
-    state = _state_for(config, list(definition.arms), stats)
+    state = _state_for(config, list(definition.arms), stats, unfolded)
     arm_fields = [name for name, spec in layout(config).items() if spec.axis == "arm"]
     thetas = [ridge(xtx, xty, config.reg).tolist()
               for xtx, xty in zip(state["xtx"][0], state["xty"][0], strict=True)]

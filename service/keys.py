@@ -79,6 +79,15 @@ DUPLICATES = "duplicates"
 DEFAULTED = "defaulted"  # decisions that got the default reward
 LATE = "late"  # rewards that arrived after their window (and default)
 DEFAULTS_MISSED = "defaults_missed"  # decisions that expired before the default could be applied
+# Outcomes (rewards and default rewards) are not added to the sums by the
+# scripts: each is a field UNFOLDED + its sequence number (1, 2, ...) of the
+# stats hash until a worker adds it to the sums (service.folding, fold.lua).
+# In the stats hash, so that whoever reads the sums reads them too, in the
+# same HGETALL, and an experiment keeps its keys (a key created by a reward
+# is refused while its slot migrates).
+UNFOLDED = "u:"
+OUTCOMES = "outcomes"  # outcomes recorded: the last one's sequence number
+FOLDED = "folded"  # outcomes added to the sums: u:1 .. u:<folded> are gone
 
 
 def model_field(arm_id: str | None) -> str:

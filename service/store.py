@@ -172,8 +172,24 @@ def _text(value: bytes | str) -> str:
 
 
 def _snapshot(meta: Mapping[str, str], raw_stats: Mapping[bytes, bytes]) -> Snapshot:
-    stats = {_text(k): v for k, v in raw_stats.items()}
-    return Snapshot(int(meta["version"]), int(stats.get(keys.REWARDS, 0)), stats)
+    stats, unfolded = split_outcomes(raw_stats)
+    return Snapshot(int(meta["version"]), int(stats.get(keys.REWARDS, 0)), stats,
+                    unfolded=unfolded)
+
+
+def split_outcomes(raw_stats: Mapping[bytes, bytes]) -> tuple[dict[str, bytes], tuple[bytes, ...]]:
+    """The stats hash's sums and counters, and its outcomes not yet in the sums
+    (``u:<n>`` fields, :data:`keys.UNFOLDED`) in the order they were recorded."""
+    stats: dict[str, bytes] = {}
+    numbered: list[tuple[int, bytes]] = []
+    for name, value in raw_stats.items():
+        text = _text(name)
+        if text.startswith(keys.UNFOLDED):
+            numbered.append((int(text[len(keys.UNFOLDED):]), value))
+        else:
+            stats[text] = value
+    numbered.sort()
+    return stats, tuple(value for _, value in numbered)
 
 
 _UPGRADE_ATTEMPTS = 50
@@ -323,6 +339,17 @@ class Snapshot:
     rewards: int  # rewards applied: changes whenever the statistics do
     stats: dict[str, bytes]  # the stats hash: packed sums and counters
     reserved: int | None = None  # a decision number set aside for the caller
+    # Outcomes applied but not yet in the sums (keys.UNFOLDED), oldest first:
+    # the statistics are the sums with these added (service.folding).
+    unfolded: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True)
+class RewardReply:
+    """What one ``reward.lua`` call did."""
+
+    statuses: list[str]  # one per reward, or ["missing"] / ["forbidden"] for the whole call
+    outcomes: int = 0  # the outcomes counter after them (service.folding)
 
 
 @dataclass(frozen=True)
@@ -331,6 +358,7 @@ class SettleReply:
 
     defaulted: int  # decisions that got the default reward now
     missed: int  # decisions that had expired before they could
+    outcomes: int  # the outcomes counter after them (0 when none was defaulted)
     due: list[str]  # pending-list entries whose window has ended, for the next call
 
 
@@ -350,8 +378,10 @@ class Store:
         self._client = client
         self.deadline_seconds = deadline_seconds  # per call, retries included; None: none
         self.refused_at: float | None = None  # time.monotonic() of the last write refused
-        self._reward = client.register_script(_script("reward", uses=["sums"]))
-        self._settle = client.register_script(_script("settle", uses=["sums"]))
+        self._reward = client.register_script(_script("reward", uses=["outcomes"]))
+        self._settle = client.register_script(_script("settle", uses=["outcomes"]))
+        self._fold_read = client.register_script(_script("fold_read"))
+        self._fold = client.register_script(_script("fold"))
         self._create = client.register_script(_script("create"))
         self._add_arms = client.register_script(_script("add_arms"))
         self._retire_arms = client.register_script(_script("retire_arms"))
@@ -584,6 +614,7 @@ class Store:
         reply = await self._read(keys=list(names))
         return [{flat[i]: flat[i + 1] for i in range(0, len(flat), 2)} for flat in reply]
 
+
     @_translated
     async def key_hash(self, experiment_id: str) -> str | None:
         """The stored hash of an experiment's API key; None if it does not exist."""
@@ -787,9 +818,11 @@ class Store:
             return DecideReply("recorded", number=int(reply[1]))
         if status == "stale":
             version, rewards, reserved_number, *flat = reply[1:]
-            stats = {_text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+            stats, unfolded = split_outcomes({flat[i]: flat[i + 1]
+                                              for i in range(0, len(flat), 2)})
             text = _text(reserved_number)
-            snapshot = Snapshot(int(version), int(rewards), stats, int(text) if text else None)
+            snapshot = Snapshot(int(version), int(rewards), stats, int(text) if text else None,
+                                unfolded)
             return DecideReply("stale", snapshot=snapshot)
         if status == "missing":
             return DecideReply("missing")
@@ -800,17 +833,21 @@ class Store:
     @_translated
     async def apply_rewards(
         self, experiment_id: str, key_hash: str | None, items: Sequence[tuple[str, str]]
-    ) -> list[str]:
+    ) -> RewardReply:
         """Run the exactly-once reward script on (decision id, reward text) pairs.
 
         ``key_hash`` must be the experiment's; None skips the check (trusted
-        in-process callers). Returns one status per item, or ``["missing"]`` /
+        in-process callers). Returns one status per item and the outcomes counter
+        after them (:mod:`service.folding`), or the statuses ``["missing"]`` /
         ``["forbidden"]`` for the whole call (then nothing was written).
         """
         keyset = [keys.meta(experiment_id), keys.stats(experiment_id), keys.log(experiment_id)]
         keyset += [keys.decision(experiment_id, decision_id) for decision_id, _ in items]
         args = ["" if key_hash is None else key_hash, *(reward for _, reward in items)]
-        return [_text(r) for r in await self._batcher.run(self._reward, keyset, args)]
+        *statuses, length = await self._batcher.run(self._reward, keyset, args)
+        if not statuses:  # 'missing' or 'forbidden': the script's only reply
+            return RewardReply([_text(length)])
+        return RewardReply([_text(r) for r in statuses], int(length))
 
     @_translated
     async def settle(
@@ -828,8 +865,37 @@ class Store:
         reply = await self._batcher.run(self._settle, keyset, [limit, *entries])
         if reply and _text(reply[0]) == "missing":
             return None
-        defaulted, missed, *due = reply
-        return SettleReply(int(defaulted), int(missed), [_text(e) for e in due])
+        defaulted, missed, outcomes, *due = reply
+        return SettleReply(int(defaulted), int(missed), int(outcomes), [_text(e) for e in due])
+
+    @_translated
+    async def fold(
+        self,
+        experiment_id: str,
+        incarnation: str,
+        limit: int,
+        folded: Callable[[Sequence[str], Sequence[bytes | None], Sequence[bytes]],
+                         dict[str, bytes]],
+    ) -> int:
+        """Add up to ``limit`` of the oldest outcomes not yet in the sums to the sums.
+
+        ``folded(fields, blobs, outcomes)`` gives the blobs of ``fields`` with
+        ``outcomes`` added (:func:`service.folding.folded_blobs`). Returns how
+        many outcomes the sums now hold that they did not; 0 when there were
+        none, the experiment is gone or is not ``incarnation``, or another
+        fold came first (``fold.lua`` writes only if none did).
+        """
+        keyset = [keys.meta(experiment_id), keys.stats(experiment_id)]
+        reply = await self._fold_read(keys=keyset, args=[limit])
+        if not reply or _text(reply[0]) != incarnation or not reply[2]:
+            return 0
+        _, seen, entries, fields, blobs = reply
+        names = [_text(f) for f in fields]
+        written = folded(names, [b or None for b in blobs], entries)
+        args: list[str | bytes | int] = [incarnation, _text(seen), len(entries)]
+        for pair in written.items():
+            args.extend(pair)
+        return len(entries) if await self._fold(keys=keyset, args=args) else 0
 
     @_translated
     async def read_log(

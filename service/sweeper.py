@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from service.errors import StoreUnavailable
@@ -47,8 +48,14 @@ class Swept:
 class Sweeper:
     """Runs :meth:`sweep` every ``interval`` seconds (0.5 to 1.5 times that, at random)."""
 
-    def __init__(self, store: Store, interval: float) -> None:
+    def __init__(
+        self, store: Store, interval: float,
+        fold_if_due: Callable[[str, int, int], Awaitable[None]] | None = None,
+    ) -> None:
         self._store = store
+        # Called after each call that applied defaults: (experiment, outcomes
+        # counter, defaults applied); see service.folding.
+        self._fold_if_due = fold_if_due
         self._interval = interval
         self._task: asyncio.Task[None] | None = None
         self._random = random.Random()
@@ -94,6 +101,8 @@ class Sweeper:
                 return
             swept.defaulted += reply.defaulted
             swept.missed += reply.missed
+            if reply.defaulted and self._fold_if_due is not None:
+                await self._fold_if_due(experiment_id, reply.outcomes, reply.defaulted)
             entries = reply.due
             if not entries:
                 return

@@ -46,8 +46,9 @@ from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.embedded import EmbeddedRedis
 from service.errors import InvalidInput
 from service.experiments import ExperimentService
+from service.folding import fields_of, folded_blobs
 from service.settings import Settings
-from service.store import Store
+from service.store import Store, split_outcomes
 from tests.conftest import ADMIN, ADMIN_TOKEN, CONTEXTUAL, Api
 
 pytestmark = pytest.mark.anyio
@@ -76,12 +77,31 @@ def expected_state(config: PolicyConfig, n_arms: int, observations: Sequence[Obs
 
 
 def stored_stats(url: str, experiment_id: str) -> dict[str, bytes]:
+    """The stats hash as stored, its blobs with the unfolded outcomes added
+    (``service.folding``: the statistics every view reads)."""
     client = redis.Redis.from_url(url)
     try:
-        raw: dict[bytes, bytes] = client.hgetall(keys.stats(experiment_id))  # type: ignore[assignment]
+        return stats_with_unfolded(client, experiment_id)
     finally:
         client.close()
-    return {k.decode(): v for k, v in raw.items()}
+
+
+def drop_outcomes(client: Any, experiment_id: str) -> None:
+    """Remove the outcomes recorded but not yet in the sums (as a version that added
+    every outcome to the sums left the stats hash)."""
+    names = [n for n in client.hkeys(keys.stats(experiment_id)) if n.startswith(b"u:")]
+    client.hdel(keys.stats(experiment_id), keys.OUTCOMES, keys.FOLDED, *names)
+
+
+def stats_with_unfolded(client: Any, experiment_id: str) -> dict[str, bytes]:
+    """:func:`stored_stats` through a (sync) client: a Redis or a RedisCluster."""
+    stats, entries = split_outcomes(client.hgetall(keys.stats(experiment_id)))
+    config_json = client.hget(keys.meta(experiment_id), "config")
+    if entries:
+        config = PolicyConfig(**json.loads(config_json))
+        fields = fields_of(entries)
+        stats |= folded_blobs(config, fields, [stats.get(f) for f in fields], entries)
+    return stats
 
 
 SHIFTED = (("pulls", "shift_r", "sum_dr", "sum_dr2"), ("n", "shift_y", "sum_dy", "sum_dy2"))
@@ -356,8 +376,9 @@ async def test_resent_reward_script_after_a_lost_reply_counts_once(
     item = (decision.decision_id, repr(0.625))
     store = Store.from_url(redis_db, 2.0)
     try:
-        assert await store.apply_rewards("cov", None, [item]) == ["applied"]  # reply "lost"
-        assert await store.apply_rewards("cov", None, [item]) == ["duplicate"]  # the retry
+        first = await store.apply_rewards("cov", None, [item])  # reply "lost"
+        assert first.statuses == ["applied"]
+        assert (await store.apply_rewards("cov", None, [item])).statuses == ["duplicate"]
     finally:
         await store.close()
     # And a client resending through the service (as an HTTP retry would).
@@ -824,6 +845,7 @@ async def test_experiments_stored_by_earlier_versions_are_upgraded_at_start_up(
                 legacy = _legacy_blob(config, axis, blob, whole_gram=recipes != "raw sums")
                 client.hset(keys.stats("legacy"), mapping={name: legacy})
         client.hset(keys.stats("broken"), mapping={keys.model_field("a"): "\0" * 8})
+        drop_outcomes(client, "legacy")  # those versions added every reward to the sums
     finally:
         client.close()
 

@@ -14,20 +14,14 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
-import re
-import typing
-from importlib import resources
 from typing import Any
 
 import numpy as np
 import pytest
 import redis
 
-from policies import PolicyConfig, paper_config
-from policies import config as policy_config
+from policies import PolicyConfig
 from service import keys
-from service.codec import recipe
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.experiments import ExperimentService
 from service.settings import Settings
@@ -253,10 +247,11 @@ async def test_views_beyond_the_memory_budget_are_dropped_least_recently_used_fi
     assert len(calls) == reads
 
 
-async def test_a_batch_meeting_sums_that_do_not_match_the_recipe_writes_nothing(
+async def test_a_batch_meeting_a_damaged_decision_writes_nothing(
     service: ExperimentService, redis_db: str
 ) -> None:
-    """A corrupted store: the whole batch is refused before any addition."""
+    """A pending decision whose context is gone: the whole batch is refused before any
+    write (Redis does not undo a failed script's writes)."""
     spec = ExperimentSpec(id="cov", setting="covariates", dim=2,
                           arms=(ArmSpec("a"), ArmSpec("b")))
     _, key = await service.create(spec)
@@ -264,13 +259,13 @@ async def test_a_batch_meeting_sums_that_do_not_match_the_recipe_writes_nothing(
     second = await service.choose("cov", ChooseRequest(context=(1.0, 2.0), eligible=("b",)), key)
     client = redis.Redis.from_url(redis_db)
     try:
-        client.hset(keys.stats("cov"), keys.model_field("b"), "\0" * 8)  # one double
-        with pytest.raises(redis.ResponseError, match="do not match"):
+        client.hdel(keys.decision("cov", second.decision_id), "x_chunks", "x:1")
+        with pytest.raises(redis.ResponseError, match="without its fields or context"):
             await service.reward("cov", [(first.decision_id, 1.0), (second.decision_id, 1.0)],
                                  key)
         status = client.hget(keys.decision("cov", first.decision_id), "status")
         assert status == b"pending"
-        assert client.hget(keys.stats("cov"), keys.model_field("a")) is None
+        assert client.hget(keys.stats("cov"), keys.OUTCOMES) is None
         assert client.hget(keys.stats("cov"), keys.REWARDS) == b"0"
     finally:
         client.close()
@@ -364,31 +359,3 @@ async def test_a_context_of_more_chunks_than_the_first_read_is_read_back_whole(
         await service.close()
     assert_stats_equal(config, ["a", "b"], stored_stats(redis_db, "big"),
                        expected_state(config, 2, observations))
-
-
-def _recipes_written() -> set[str]:
-    """Every recipe service.codec writes for the paper's configurations."""
-    written = set()
-    for name, setting, residuals, discount in itertools.product(
-        typing.get_args(policy_config.PolicyName), typing.get_args(policy_config.Setting),
-        typing.get_args(policy_config.Residuals), (None, 0.99),
-    ):
-        options: dict[str, object] = {"residuals": residuals}
-        if discount is not None:
-            options["discount"] = discount
-        config = paper_config(name, setting, 3, **options)
-        written |= {recipe(config, "model"), recipe(config, "arm")}
-    return written
-
-
-def test_the_recipes_split_by_lookup_are_the_codecs_split_at_commas() -> None:
-    """sums.lua splits today's recipes by a lookup (split_common), as the split would."""
-    lua = resources.files("service").joinpath("lua", "sums.lua").read_text()
-    body = lua[lua.index("local function split_common"):lua.index("local function split_recipe")]
-    lookup = {text: re.findall(r"'([a-z_0-9]+)'", listed) for text, listed in re.findall(
-        r"text == '([^']*)' then\s*return \{([^}]*)\}", body)}
-    assert lookup, "split_common not found"
-    for text, listed in lookup.items():
-        assert listed == text.split(","), text
-    # every recipe the service writes today takes the lookup, none the slow split
-    assert _recipes_written() <= set(lookup)

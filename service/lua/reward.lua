@@ -1,10 +1,10 @@
--- Apply a batch of rewards, each exactly once, computing the additions here.
--- store.py puts sums.lua in front of this script.
+-- Apply a batch of rewards, each exactly once.
+-- store.py puts outcomes.lua in front of this script.
 --
--- KEYS[1]  meta hash      lrb:{exp}:meta   (incarnation, key_hash, recipes, log retention,
---                          discount)
--- KEYS[2]  stats hash     lrb:{exp}:stats  (packed float64 sums, counters)
--- KEYS[3]  decision log   lrb:{exp}:log    (a stream; written when meta has log_max_entries)
+-- KEYS[1]  meta hash      lrb:{exp}:meta     (incarnation, key_hash, model_recipe, log retention)
+-- KEYS[2]  stats hash     lrb:{exp}:stats    (counters; outcomes not yet in the sums:
+--                          outcomes.lua)
+-- KEYS[3]  decision log   lrb:{exp}:log      (a stream; written when meta has log_max_entries)
 -- KEYS[4..]  decision hashes lrb:{exp}:decision:<id>, one per reward
 -- ARGV[1]  SHA-256 (hex) of the caller's API key; '' for a trusted in-process
 --          caller (a key from HTTP always hashes to 64 hex digits)
@@ -12,7 +12,8 @@
 --            round-trips the float64
 --
 -- Returns {'missing'} when the experiment does not exist, {'forbidden'} when
--- the key is not its key, else one status per decision: 'applied',
+-- the key is not its key, else one status per decision, then the 'outcomes'
+-- counter (0 when nothing was applied). A status is 'applied',
 -- 'duplicate' (the same reward was already applied: a safe retry), 'conflict'
 -- (a different reward was applied), 'late' (the experiment has a default
 -- reward and the decision's window has ended: the default counts, or will
@@ -20,40 +21,39 @@
 -- log) or 'not_found'.
 --
 -- The decision's arm and context come from its record, never from the client.
--- The marker, the additions and the log entry happen in one script, so a
--- client retry after a lost reply sees 'rewarded' and cannot count the reward
--- twice, and the log holds the rewards in the order they were added.
+-- The marker, the outcome and the log entry happen in one script, so a client
+-- retry after a lost reply sees 'rewarded' and cannot count the reward twice,
+-- and the log and the outcomes' numbers hold the rewards in one order.
 
-local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'key_hash', 'model_recipe', 'arm_recipe',
-                        'log_max_entries', 'log_max_age_seconds', 'discount')
+local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'key_hash', 'model_recipe',
+                        'log_max_entries', 'log_max_age_seconds')
 if not meta[1] then
   return {'missing'}
 end
 if ARGV[1] ~= '' and meta[2] ~= ARGV[1] then
   return {'forbidden'}
 end
-local recipes, unusable = parse_recipes(meta[3], meta[4], meta[7])
-if unusable then
-  return unusable
+local refused = unusable(meta[3])
+if refused then
+  return refused
 end
 local incarnation = meta[1]
-local numbered = recipes.discount ~= nil  -- a decision's number matters when the sums forget
 local FIRST = 4  -- KEYS[FIRST..] are the decisions; ARGV[k - FIRST + 2] is KEYS[k]'s reward
 
--- A batch is checked whole before anything is written, so a store that does
--- not match its recipe refuses it whole; this loads the sums it adds to, once
--- each (sums.lua). A single reward is checked by apply before it writes.
-local read = {}  -- decision key -> its fields, as the check read them
-if #KEYS > FIRST then
-  for k = FIRST, #KEYS do
-    local decision = read[KEYS[k]] or read_decision(KEYS[k], numbered)
-    read[KEYS[k]] = decision
+-- Every decision is read and checked before anything is written (Redis does
+-- not undo a script's writes when it fails), each once: a decision named
+-- twice in a batch is then a repeat of itself.
+local read = {}  -- decision key -> its fields
+for k = FIRST, #KEYS do
+  if not read[KEYS[k]] then
+    local decision = read_decision(KEYS[k])
     if decision[STATUS] == 'pending' and decision[INCARNATION] == incarnation then
-      local refused = load_sums(KEYS[2], recipes, decision)
+      refused = incomplete(decision)
       if refused then
         return refused
       end
     end
+    read[KEYS[k]] = decision
   end
 end
 
@@ -73,7 +73,7 @@ local statuses = {}
 local applied, duplicates = 0, 0  -- counted once at the end
 for k = FIRST, #KEYS do
   local reward = ARGV[k - FIRST + 2]
-  local decision = read[KEYS[k]] or read_decision(KEYS[k], numbered)
+  local decision = read[KEYS[k]]
   -- A decision made before its experiment was deleted (and perhaps created
   -- again under the same id) belongs to no current experiment.
   if not decision[STATUS] or decision[INCARNATION] ~= incarnation then
@@ -90,22 +90,19 @@ for k = FIRST, #KEYS do
     -- retry, or the Redis client's own) only answers 'late' again.
     if redis.call('HSETNX', KEYS[k], 'late_reward', reward) == 1 then
       redis.call('HINCRBY', KEYS[2], 'late', 1)
-      log_outcome(KEYS[3], meta[5], meta[6], 'late', decision_id(KEYS[k]), reward)
+      log_outcome(KEYS[3], meta[4], meta[5], 'late', decision_id(KEYS[k]), reward)
     end
     statuses[#statuses + 1] = 'late'
   else
-    local refused = apply(KEYS[2], recipes, decision, reward)
-    if refused then
-      return refused
-    end
+    append(decision, reward)
     redis.call('HSET', KEYS[k], 'status', 'rewarded', 'reward', reward)
     decision[STATUS], decision[REWARD] = 'rewarded', reward  -- the same decision again: a repeat
     applied = applied + 1
-    log_outcome(KEYS[3], meta[5], meta[6], 'reward', decision_id(KEYS[k]), reward)
+    log_outcome(KEYS[3], meta[4], meta[5], 'reward', decision_id(KEYS[k]), reward)
     statuses[#statuses + 1] = 'applied'
   end
 end
-finish(KEYS[2])
+statuses[#statuses + 1] = finish(KEYS[2])
 if applied > 0 then
   redis.call('HINCRBY', KEYS[2], 'rewards', applied)
 end

@@ -1,11 +1,12 @@
 -- Settle decisions whose reward window has ended: apply the experiment's
 -- default reward, exactly once, to each one that got no reward. store.py puts
--- sums.lua in front of this script, so the default is added as reward.lua
--- adds a reward.
+-- outcomes.lua in front of this script, so the default is recorded as
+-- reward.lua records a reward.
 --
--- KEYS[1]  meta hash      lrb:{exp}:meta     (incarnation, default_reward, recipes, log retention,
---                          discount)
--- KEYS[2]  stats hash     lrb:{exp}:stats    (sums; counters defaulted, defaults_missed)
+-- KEYS[1]  meta hash      lrb:{exp}:meta     (incarnation, default_reward, model_recipe,
+--                          log retention)
+-- KEYS[2]  stats hash     lrb:{exp}:stats    (counters defaulted, defaults_missed;
+--                          outcomes not yet in the sums: outcomes.lua)
 -- KEYS[3]  decision log   lrb:{exp}:log
 -- KEYS[4]  pending list   lrb:{exp}:pending  ("<deadline> <id>", in deadline order)
 -- KEYS[5]  settled list   lrb:{exp}:settled  ("<expiry> <id>": settled decisions until they expire)
@@ -15,9 +16,10 @@
 --
 -- Returns {'missing'} when the experiment does not exist or has no default
 -- reward (it was deleted and created again without one); else
--- {defaulted, missed, entry, ...}: how many of the given decisions got the
--- default now, how many had expired before they could (their records gone:
--- the service was stopped for longer than the grace period), and up to
+-- {defaulted, missed, outcomes, entry, ...}: how many of the given decisions got
+-- the default now, how many had expired before they could (their records
+-- gone: the service was stopped for longer than the grace period), the
+-- 'outcomes' counter (0 when no default was applied), and up to
 -- ARGV[1] entries now due, from the head of the pending list.
 --
 -- The given entries are settled only while they are still the head of the
@@ -30,7 +32,7 @@
 -- which DELETE still finds it.
 
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'default_reward', 'model_recipe',
-                        'arm_recipe', 'log_max_entries', 'log_max_age_seconds', 'discount')
+                        'log_max_entries', 'log_max_age_seconds')
 if not meta[1] or not meta[2] then
   return {'missing'}
 end
@@ -43,7 +45,7 @@ local function deadline(entry)
 end
 
 -- The given entries still at the head of the list and due, with their decisions.
-local function claimable(numbered)
+local function claimable()
   local given = #KEYS - FIRST + 1
   local head = redis.call('LRANGE', KEYS[4], 0, given - 1)
   local decisions = {}
@@ -56,7 +58,7 @@ local function claimable(numbered)
     if decision_id(key) ~= string.match(entry, ' (.*)$') then
       return nil, redis.error_reply('settle.lua: decision key ' .. i .. ' does not match its entry')
     end
-    decisions[i] = read_decision(key, numbered)
+    decisions[i] = read_decision(key)
   end
   return decisions, nil
 end
@@ -85,20 +87,20 @@ local function strip(key)
   return left
 end
 
-local defaulted, missed = 0, 0
+local defaulted, missed, outcomes = 0, 0, 0
 if #KEYS >= FIRST then
-  local recipes, unusable = parse_recipes(meta[3], meta[4], meta[7])
-  if unusable then
-    return unusable
+  local refused = unusable(meta[3])
+  if refused then
+    return refused
   end
-  local decisions, mismatch = claimable(recipes.discount ~= nil)
+  local decisions, mismatch = claimable()
   if mismatch then
     return mismatch
   end
   -- Checked whole before anything is written, as a batch of rewards is.
   for _, decision in ipairs(decisions) do
     if decision[STATUS] == 'pending' and decision[INCARNATION] == meta[1] then
-      local refused = load_sums(KEYS[2], recipes, decision)
+      refused = incomplete(decision)
       if refused then
         return refused
       end
@@ -111,9 +113,9 @@ if #KEYS >= FIRST then
       missed = missed + 1
     elseif decision[INCARNATION] == meta[1] then
       if decision[STATUS] == 'pending' then
-        apply(KEYS[2], recipes, decision, meta[2])
+        append(decision, meta[2])
         redis.call('HSET', key, 'status', 'defaulted', 'reward', meta[2])
-        log_outcome(KEYS[3], meta[5], meta[6], 'default', decision_id(key), meta[2])
+        log_outcome(KEYS[3], meta[4], meta[5], 'default', decision_id(key), meta[2])
         defaulted = defaulted + 1
       end
       local left = strip(key)
@@ -124,7 +126,7 @@ if #KEYS >= FIRST then
       end
     end
   end
-  finish(KEYS[2])
+  outcomes = finish(KEYS[2])
   if #decisions > 0 then
     redis.call('LTRIM', KEYS[4], #decisions, -1)
   end
@@ -150,7 +152,7 @@ if #KEYS >= FIRST then
   end
 end
 
-local reply = {defaulted, missed}
+local reply = {defaulted, missed, outcomes}
 local wanted = tonumber(ARGV[1])
 local first = redis.call('LINDEX', KEYS[4], 0)
 if wanted > 0 and first and deadline(first) <= now then

@@ -1,0 +1,216 @@
+"""Outcomes recorded by the scripts and added to the sums by the workers (service.folding).
+
+The scripts record each reward as an outcome in the stats hash; a worker's
+view adds the outcomes it reads; every FOLD_EVERY outcomes one worker writes
+the sums back. These tests hold the stored sums, read raw (no outcome left to
+add), to the policies' own update, bit for bit, and check that a fold that
+loses a race or meets a damaged store writes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+from policies import PolicyConfig
+from service import keys
+from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
+from service.experiments import ExperimentService
+from service.folding import FOLD_EVERY, FOLD_LIMIT, folded_blobs
+from service.store import Store, split_outcomes
+from tests.test_service_durability import (
+    Observation,
+    assert_stats_equal,
+    expected_state,
+    stored_stats,
+)
+
+pytestmark = pytest.mark.anyio
+
+ARMS = ("a", "b", "c")
+
+
+def _raw(url: str, experiment_id: str) -> tuple[dict[str, bytes], tuple[bytes, ...]]:
+    client = redis.Redis.from_url(url)
+    try:
+        return split_outcomes(client.hgetall(keys.stats(experiment_id)))  # type: ignore[arg-type]
+    finally:
+        client.close()
+
+
+def _counter(stats: dict[str, bytes], name: str) -> int:
+    return int(stats.get(name, b"0"))
+
+
+SPECS = {
+    "stochastic": dict(setting="stochastic", dim=2,
+                       arms=tuple(ArmSpec(a, (1.0 + i, 0.5 - i)) for i, a in enumerate(ARMS))),
+    "covariates": dict(setting="covariates", dim=3, arms=tuple(ArmSpec(a) for a in ARMS)),
+    "covariates, forgetting": dict(setting="covariates", dim=3, policy="linucb-const",
+                                   arms=tuple(ArmSpec(a) for a in ARMS),
+                                   hyperparameters={"discount": 0.9}),
+}
+
+
+@pytest.mark.parametrize("kind", SPECS)
+async def test_the_sums_written_back_are_the_policies_update_bit_for_bit(
+    service: ExperimentService, redis_db: str, kind: str
+) -> None:
+    """Single rewards, then a batch that crosses a multiple of FOLD_EVERY.
+
+    After each single reward the sums hold every outcome up to the last
+    multiple of FOLD_EVERY (the reward that reached it folded them) and the
+    rest wait in the stats hash; the batch folds all. Read raw, the stored sums
+    equal the policies' update applied outcome by outcome, in the order the
+    rewards were given, bit for bit; at every step in between, so do the sums
+    with the waiting outcomes added.
+    """
+    spec = ExperimentSpec(id="fold", seed=3, **SPECS[kind])  # type: ignore[arg-type]
+    _, key = await service.create(spec)
+    config = PolicyConfig(**(await service.get("fold")).config)  # type: ignore[arg-type]
+    rng = np.random.default_rng(11)
+    observations: list[Observation] = []
+
+    async def decide() -> tuple[str, Observation]:
+        x = rng.normal(size=spec.dim)
+        request = (ChooseRequest(context=tuple(x)) if spec.setting != "stochastic"
+                   else ChooseRequest())
+        decision = await service.choose("fold", request, key)
+        x_used = x if spec.setting != "stochastic" else np.array(
+            spec.arms[ARMS.index(decision.arm_id)].features)
+        return decision.decision_id, Observation(ARMS.index(decision.arm_id), x_used,
+                                                 float(rng.normal()), decision.decision_number)
+
+    singles = 2 * FOLD_EVERY + 5
+    for n in range(1, singles + 1):
+        decision_id, observation = await decide()
+        (outcome,) = await service.reward("fold", [(decision_id, observation.reward)], key)
+        assert outcome.status == "applied"
+        observations.append(observation)
+        stats, waiting = _raw(redis_db, "fold")
+        assert _counter(stats, keys.FOLDED) == n // FOLD_EVERY * FOLD_EVERY
+        assert len(waiting) == n - _counter(stats, keys.FOLDED) == n % FOLD_EVERY
+        if n % 7 == 0:  # the statistics a view reads: the sums and the waiting outcomes
+            assert_stats_equal(config, ARMS, stored_stats(redis_db, "fold"),
+                               expected_state(config, len(ARMS), _numbered(config, observations)))
+
+    batch = [await decide() for _ in range(FOLD_EVERY)]
+    outcomes = await service.reward("fold", [(d, o.reward) for d, o in batch], key)
+    assert [o.status for o in outcomes] == ["applied"] * FOLD_EVERY
+    observations += [o for _, o in batch]
+
+    stats, waiting = _raw(redis_db, "fold")
+    total = singles + FOLD_EVERY
+    assert waiting == () and _counter(stats, keys.FOLDED) == _counter(stats, keys.OUTCOMES) == total
+    assert _counter(stats, keys.REWARDS) == total
+    assert_stats_equal(config, ARMS, stats,
+                       expected_state(config, len(ARMS), _numbered(config, observations)))
+
+
+def _numbered(config: PolicyConfig, observations: list[Observation]) -> list[Observation]:
+    """Without forgetting the decision numbers play no part (as in the store)."""
+    if config.discounted:
+        return observations
+    return [Observation(o.arm, o.x, o.reward) for o in observations]
+
+
+async def _waiting_outcomes(service: ExperimentService, key: str, n: int) -> None:
+    """``n`` (< FOLD_EVERY) rewarded decisions whose outcomes wait in the stats hash."""
+    for i in range(n):
+        decision = await service.choose("fold", ChooseRequest(context=(1.0, 0.5 * i)), key)
+        await service.reward("fold", [(decision.decision_id, float(i))], key)
+
+
+async def _created(service: ExperimentService) -> str:
+    _, key = await service.create(ExperimentSpec(
+        id="fold", setting="covariates", dim=2, arms=tuple(ArmSpec(a) for a in ARMS)))
+    return key
+
+
+@pytest.mark.parametrize("meanwhile", ["another fold", "created again"])
+async def test_a_fold_that_another_change_overtook_writes_nothing(
+    service: ExperimentService, redis_db: str, meanwhile: str
+) -> None:
+    """Between a fold's read and its write another fold landed, or the experiment was
+    deleted and created again: fold.lua refuses, the stats hash is as it was."""
+    key = await _created(service)
+    await _waiting_outcomes(service, key, 5)
+    config = PolicyConfig(**(await service.get("fold")).config)  # type: ignore[arg-type]
+    incarnation = (await service._definition("fold")).incarnation
+    client = redis.Redis.from_url(redis_db)
+    store = Store.from_url(redis_db, 5.0)
+    try:
+        def overtaken(*args: Any) -> dict[str, bytes]:
+            if meanwhile == "another fold":
+                client.hincrby(keys.stats("fold"), keys.FOLDED, 1)
+            else:
+                client.hset(keys.meta("fold"), "incarnation", "another")
+            return folded_blobs(config, *args)
+
+        before: dict[bytes, bytes] = client.hgetall(keys.stats("fold"))  # type: ignore[assignment]
+        assert await store.fold("fold", incarnation, FOLD_LIMIT, overtaken) == 0
+        after: dict[bytes, bytes] = client.hgetall(keys.stats("fold"))  # type: ignore[assignment]
+        folded = keys.FOLDED.encode()
+        assert after.pop(folded, None) == (b"1" if meanwhile == "another fold" else None)
+        assert before.pop(folded, None) is None and after == before
+        # Not overtaken, the same call folds the five.
+        client.hset(keys.meta("fold"), "incarnation", incarnation)
+        client.hdel(keys.stats("fold"), keys.FOLDED)
+        assert await store.fold("fold", incarnation, FOLD_LIMIT,
+                                lambda *a: folded_blobs(config, *a)) == 5
+        assert _raw(redis_db, "fold")[1] == ()
+    finally:
+        await store.close()
+        client.close()
+
+
+async def test_a_fold_takes_at_most_its_limit_oldest_first(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """After folding stopped for a while, bounded folds catch up, oldest outcomes first:
+    the sums are the same as one fold's."""
+    key = await _created(service)
+    await _waiting_outcomes(service, key, 7)
+    config = PolicyConfig(**(await service.get("fold")).config)  # type: ignore[arg-type]
+    incarnation = (await service._definition("fold")).incarnation
+    whole = stored_stats(redis_db, "fold")
+    store = Store.from_url(redis_db, 5.0)
+    try:
+        def fold(*args: Any) -> dict[str, bytes]:
+            return folded_blobs(config, *args)
+        assert [await store.fold("fold", incarnation, 3, fold) for _ in range(4)] == [3, 3, 1, 0]
+    finally:
+        await store.close()
+    stats, waiting = _raw(redis_db, "fold")
+    assert waiting == ()
+    assert _sums(whole) and _sums(stats) == _sums(whole)
+
+
+def _sums(stats: dict[str, bytes]) -> dict[str, bytes]:
+    """The model and arm blobs of a stats hash."""
+    return {f: v for f, v in stats.items() if f.startswith(("model", "arm:"))}
+
+
+async def test_a_reward_is_applied_when_its_fold_fails(
+    service: ExperimentService, redis_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fold after the reward that reaches FOLD_EVERY meets a damaged blob: the
+    reward is applied all the same (its outcome recorded), the fold writes
+    nothing and says so in the log."""
+    key = await _created(service)
+    await _waiting_outcomes(service, key, FOLD_EVERY - 1)
+    decision = await service.choose("fold", ChooseRequest(context=(1.0, 1.0)), key)
+    client = redis.Redis.from_url(redis_db)
+    try:
+        client.hset(keys.stats("fold"), keys.model_field(decision.arm_id), "\0" * 8)
+        (outcome,) = await service.reward("fold", [(decision.decision_id, 1.0)], key)
+        assert outcome.status == "applied"
+        stats, waiting = _raw(redis_db, "fold")
+        assert len(waiting) == FOLD_EVERY and keys.FOLDED not in stats
+        assert _counter(stats, keys.REWARDS) == FOLD_EVERY
+    finally:
+        client.close()
+    assert "the sums were not written back" in caplog.text
