@@ -46,7 +46,7 @@ import redis
 from loadtest.server import free_port
 from policies import PolicyConfig, paper_config
 from service import keys
-from service.codec import recipe
+from service.codec import stored_recipe
 from service.embedded import EmbeddedRedis
 
 _DIM = 20
@@ -76,28 +76,33 @@ class Variant:
     decide: str  # script SHA
     reward: str
     new_interface: bool  # decide.lua's ARGV[9] grace and ARGV[10] h; reward.lua's log key
+    recorded: bool = False  # reward.lua takes the outcomes key (service.folding)
 
 
 def _read(rev: str | None, name: str) -> str:
     if rev is None:
-        return resources.files("service").joinpath("lua", f"{name}.lua").read_text()
-    return subprocess.run(["git", "show", f"{rev}:service/lua/{name}.lua"],
-                          capture_output=True, text=True, check=True).stdout
+        path = resources.files("service").joinpath("lua", f"{name}.lua")
+        return path.read_text() if path.is_file() else ""
+    shown = subprocess.run(["git", "show", f"{rev}:service/lua/{name}.lua"],
+                           capture_output=True, text=True)
+    return shown.stdout if shown.returncode == 0 else ""
 
 
-def _scripts(client: redis.Redis, rev: str | None) -> tuple[str, str, bool]:
+def _scripts(client: redis.Redis, rev: str | None) -> tuple[str, str, bool, bool]:
     decide = _read(rev, "decide")
     new = "ARGV[10] h" in decide
-    reward = (_read(rev, "sums") if new else "") + _read(rev, "reward")
+    # The shared chunk: outcomes.lua (sums.lua before outcomes were recorded).
+    reward = ((_read(rev, "outcomes") or _read(rev, "sums")) if new else "") + _read(rev, "reward")
     shas = [client.script_load(text) for text in (decide, reward)]
-    return str(shas[0]), str(shas[1]), new
+    return str(shas[0]), str(shas[1]), new, ":outcomes" in reward
 
 
 def _create(client: redis.Redis, experiment: str, extra: dict[str, str],
             config: PolicyConfig = _CONFIG) -> None:
     client.hset(keys.meta(experiment), mapping={
         "incarnation": "inc", "key_hash": "h", "version": "1",
-        "model_recipe": recipe(config, "model"), "arm_recipe": recipe(config, "arm"), **extra})
+        "model_recipe": stored_recipe(config, "model"),
+        "arm_recipe": stored_recipe(config, "arm"), **extra})
 
 
 def _decide_args(v: Variant, decision_id: str) -> list[Any]:
@@ -113,7 +118,9 @@ def _decide_args(v: Variant, decision_id: str) -> list[Any]:
 def _reward_args(v: Variant, decision_id: str) -> list[Any]:
     e = v.experiment
     logged = [keys.log(e)] if v.new_interface else []
-    keyset = [keys.meta(e), keys.stats(e), *logged, keys.decision(e, decision_id)]
+    # reward.lua takes the outcomes key since outcomes are recorded (service.folding).
+    recorded = [keys.outcomes(e)] if v.recorded else []
+    keyset = [keys.meta(e), keys.stats(e), *logged, *recorded, keys.decision(e, decision_id)]
     return [len(keyset), *keyset, "", "0.5"]
 
 
@@ -177,12 +184,12 @@ def main() -> None:
         try:
             client = redis.Redis.from_url(embedded.url)
             log = {"log_max_entries": "100000", "log_max_age_seconds": "604800"}
-            decide, reward, new = _scripts(client, None)
+            decide, reward, new, recorded = _scripts(client, None)
             variants = [
-                Variant("this, no log", "plain", decide, reward, new),
-                Variant("this, log", "logged", decide, reward, new),
-                Variant("this, log + default", "defaulted", decide, reward, new),
-                Variant("this, forgetting", "forgetting", decide, reward, new),
+                Variant("this, no log", "plain", decide, reward, new, recorded),
+                Variant("this, log", "logged", decide, reward, new, recorded),
+                Variant("this, log + default", "defaulted", decide, reward, new, recorded),
+                Variant("this, forgetting", "forgetting", decide, reward, new, recorded),
             ]
             _create(client, "plain", {})
             _create(client, "forgetting", {"discount": repr(_FORGETTING.discount)}, _FORGETTING)

@@ -14,9 +14,11 @@ LinReBoot, K = 100 arms, the decision log on, no default reward):
 * ``/reward``: ``reward.lua`` with one decision;
 * ``batch of 100``: ``reward.lua`` with 100 decisions, per reward;
 * ``folds, per outcome``: where rewards are recorded as outcomes that the
-  workers add to the sums (``service.folding``), ``fold_read.lua`` and
-  ``fold.lua`` writing the sums back every ``FOLD_EVERY`` outcomes, per
-  outcome (a version that adds in ``reward.lua`` has none);
+  workers add to the sums (``service.folding``), what writing the sums back
+  costs (``fold_read.lua``, an HMGET and ``fold.lua``, all Redis commands
+  counted), done after every ``FOLD_EVERY`` single rewards as the service
+  does, per outcome (a version that adds in ``reward.lua`` has none); the
+  batch row includes its batch's fold;
 * ``/reward + its share of the folds``: what one reward costs Redis in all.
 
 Each figure is Redis's own ``usec_per_call`` of EVALSHA (INFO commandstats,
@@ -47,10 +49,11 @@ import redis
 
 from loadtest.server import free_port
 from policies import paper_config
+from policies.state import Axis
 from service import keys
-from service.codec import recipe
+from service.codec import recipe, stored_recipe
 from service.embedded import EmbeddedRedis
-from service.folding import FOLD_EVERY, folded_blobs
+from service.folding import FOLD_EVERY, FOLD_LIMIT, fields_of, folded_blobs, split_records
 
 DIMS = (5, 10, 20)
 BATCH = 100
@@ -66,6 +69,7 @@ class Version:
     reward: str
     fold_read: str | None  # None: the version adds in reward.lua
     fold: str | None
+    recorded: bool  # reward.lua takes the outcomes key (KEYS[4]): records outcomes
     times: dict[tuple[int, str], list[float]] = field(default_factory=dict)
 
 
@@ -90,20 +94,29 @@ def _reward_script(rev: str | None) -> str:
 def _version(client: redis.Redis, name: str, rev: str | None) -> Version:
     def load(script: str | None) -> str | None:
         return None if script is None else str(client.script_load(script))
-    decide, reward = load(_read(rev, "decide")), load(_reward_script(rev))
+    reward_text = _reward_script(rev)
+    decide, reward = load(_read(rev, "decide")), load(reward_text)
     assert decide and reward
-    return Version(name, decide, reward, load(_read(rev, "fold_read")), load(_read(rev, "fold")))
+    return Version(name, decide, reward, load(_read(rev, "fold_read")), load(_read(rev, "fold")),
+                   "lrb:{exp}:outcomes" in reward_text)
 
 
 def _experiment(version: Version, dim: int) -> str:
     return f"{version.name}-d{dim}"
 
 
-def _create(client: redis.Redis, experiment: str, dim: int) -> None:
+def _create(client: redis.Redis, experiment: str, dim: int, recorded: bool = True) -> None:
+    """The experiment's meta as service.experiments writes it (``recorded``: as this
+    version does; else as a version that added outcomes in reward.lua did)."""
     config = paper_config("linreboot", "stochastic", dim)
+    axes: tuple[Axis, ...] = ("model", "arm")
+    recipes = {axis: stored_recipe(config, axis) if recorded else recipe(config, axis)
+               for axis in axes}
     client.hset(keys.meta(experiment), mapping={
         "incarnation": "inc", "key_hash": "h", "version": "1",
-        "model_recipe": recipe(config, "model"), "arm_recipe": recipe(config, "arm"), **_LOG})
+        "model_recipe": recipes["model"], "arm_recipe": recipes["arm"], **_LOG})
+    if recorded:
+        client.set(keys.outcomes(experiment), "")
 
 
 def _context(dim: int) -> bytes:
@@ -130,16 +143,18 @@ def _logged(decision_id: str, dim: int) -> list[str | bytes]:
 
 def _decide_args(experiment: str, dim: int, decision_id: str) -> list[Any]:
     e = experiment
+    # (a version before outcomes were recorded ignores the last key)
     keyset = [keys.meta(e), keys.stats(e), keys.decision(e, decision_id), keys.pending(e),
-              keys.log(e)]
+              keys.log(e), keys.outcomes(e)]
     fields = _decision_fields(dim)
     return [len(keyset), *keyset, "h", "inc", "", "", "", "0", 3600, 0, 3600, len(fields),
             *(item for pair in fields.items() for item in pair), *_logged(decision_id, dim)]
 
 
-def _reward_args(experiment: str, decision_ids: list[str]) -> list[Any]:
+def _reward_args(version: Version, experiment: str, decision_ids: list[str]) -> list[Any]:
     e = experiment
-    keyset = [keys.meta(e), keys.stats(e), keys.log(e),
+    recorded = [keys.outcomes(e)] if version.recorded else []
+    keyset = [keys.meta(e), keys.stats(e), keys.log(e), *recorded,
               *(keys.decision(e, i) for i in decision_ids)]
     return [len(keyset), *keyset, "h", *("0.5" for _ in decision_ids)]
 
@@ -162,11 +177,23 @@ def _block(client: redis.Redis, version: Version, dim: int, calls: int) -> None:
     ids = [secrets.token_hex(16) for _ in range(calls + BATCH * (calls // BATCH))]
     single, batched = ids[:calls], ids[calls:]
     choose = _timed(client, version.decide, [_decide_args(experiment, dim, i) for i in ids])
-    reward = _timed(client, version.reward, [_reward_args(experiment, [i]) for i in single])
-    batches = [batched[i:i + BATCH] for i in range(0, len(batched), BATCH)]
-    batch = _timed(client, version.reward, [_reward_args(experiment, b) for b in batches]) / BATCH
-    folds = _timed_folds(client, version, experiment, dim)
-    for kind, value in zip(KINDS, (choose, reward, batch, folds, reward + folds), strict=True):
+    # As the service calls them: a fold after every FOLD_EVERY single rewards,
+    # and after each batch (it crosses a multiple of FOLD_EVERY).
+    rewards, folds, folded = 0.0, 0.0, 0
+    for start in range(0, len(single), FOLD_EVERY):
+        group = single[start: start + FOLD_EVERY]
+        rewards += _timed(client, version.reward,
+                          [_reward_args(version, experiment, [i]) for i in group]) * len(group)
+        spent, count = _timed_folds(client, version, experiment, dim)
+        folds, folded = folds + spent, folded + count
+    batch = 0.0
+    for start in range(0, len(batched), BATCH):
+        calls_ = [_reward_args(version, experiment, batched[start: start + BATCH])]
+        batch += _timed(client, version.reward, calls_) + _timed_folds(
+            client, version, experiment, dim)[0]
+    reward, fold = rewards / len(single), folds / max(folded, 1)
+    figures = (choose, reward, batch / len(batched), fold, reward + fold)
+    for kind, value in zip(KINDS, figures, strict=True):
         version.times.setdefault((dim, kind), []).append(value)
     with client.pipeline(transaction=False) as pipe:  # keep the memory flat over blocks
         for i in ids:
@@ -175,29 +202,29 @@ def _block(client: redis.Redis, version: Version, dim: int, calls: int) -> None:
         pipe.execute()
 
 
-def _timed_folds(client: redis.Redis, version: Version, experiment: str, dim: int) -> float:
-    """Redis's µs per outcome of folding every outcome waiting, FOLD_EVERY at a time, as
-    the service does (0 for a version without folds)."""
+def _timed_folds(
+    client: redis.Redis, version: Version, experiment: str, dim: int
+) -> tuple[float, int]:
+    """Redis's µs for folding every outcome waiting, as ``Store.fold`` does (fold_read.lua,
+    HMGET, fold.lua), and how many it folded; (0, 0) for a version without folds."""
     if version.fold_read is None or version.fold is None:
-        return 0.0
+        return 0.0, 0
     config = paper_config("linreboot", "stochastic", dim)
-    keyset = [keys.meta(experiment), keys.stats(experiment)]
+    keyset = [keys.meta(experiment), keys.stats(experiment), keys.outcomes(experiment)]
     client.config_resetstat()
-    folded = 0
-    while True:
-        reply: list[Any] = client.evalsha(  # type: ignore[assignment]
-            version.fold_read, len(keyset), *keyset, FOLD_EVERY)
-        incarnation, seen, outcomes, fields, blobs = reply
-        if not outcomes:
-            break
-        written = folded_blobs(config, [f.decode() for f in fields],
-                               [b or None for b in blobs], outcomes)
+    reply: list[Any] = client.evalsha(version.fold_read, len(keyset), *keyset)  # type: ignore[assignment]
+    incarnation, seen, outcomes = reply
+    records, length = split_records(outcomes, FOLD_LIMIT)
+    if records:
+        fields = fields_of(records)
+        blobs: list[bytes | None] = client.hmget(keys.stats(experiment), fields)  # type: ignore[assignment]
+        written = folded_blobs(config, fields, [b or None for b in blobs], records)
         pairs = [item for pair in written.items() for item in pair]
         assert client.evalsha(version.fold, len(keyset), *keyset, incarnation, seen,
-                              len(outcomes), *pairs) == 1
-        folded += len(outcomes)
+                              len(records), length, *pairs) == 1
     stats: dict[str, dict[str, float]] = client.info("commandstats")  # type: ignore[assignment]
-    return float(stats["cmdstat_evalsha"]["usec"]) / max(folded, 1)
+    spent = sum(float(s["usec"]) for name, s in stats.items() if name != "cmdstat_config")
+    return spent, len(records)
 
 
 def _report(versions: list[Version], blocks: int) -> None:
@@ -242,8 +269,7 @@ _REWARD_CUTS = (
     ("outcomes.lua's definitions", "-- Apply a batch of rewards"),
     ("+ the meta read", "local incarnation = meta[1]"),
     ("+ the decision read", "local now = nil"),
-    ("+ the outcome made, the decision marked, its log entry",
-     "statuses[#statuses + 1] = finish(KEYS[2])"),
+    ("+ the record made, the decision marked, its log entry", "finish(KEYS[4])"),
 )
 _DECIDE_CUTS = (
     ("+ the meta read", "if redis.call('EXISTS', KEYS[3]) == 1 then"),
@@ -270,6 +296,7 @@ def _breakdown(client: redis.Redis, dim: int, blocks: int, calls: int) -> None:
             ("reward.lua", "the whole script", reward)]
     full_decide = str(client.script_load(decide))
     shas = [str(client.script_load(script)) for _, _, script in rows]
+    this = _version(client, "this", None)
     times: list[list[float]] = [[] for _ in rows]
     for block in range(blocks):
         order = range(len(rows)) if block % 2 == 0 else reversed(range(len(rows)))
@@ -279,7 +306,7 @@ def _breakdown(client: redis.Redis, dim: int, blocks: int, calls: int) -> None:
                 _create(client, experiment, dim)
                 # a reward applied in full first: the cuts unpack real sums, not none
                 client.evalsha(full_decide, *_decide_args(experiment, dim, "first"))
-                client.evalsha(shas[-1], *_reward_args(experiment, ["first"]))
+                client.evalsha(shas[-1], *_reward_args(this, experiment, ["first"]))
             ids = [secrets.token_hex(16) for _ in range(calls)]
             if rows[i][0] == "decide.lua":
                 times[i].append(_timed(client, shas[i],
@@ -287,7 +314,7 @@ def _breakdown(client: redis.Redis, dim: int, blocks: int, calls: int) -> None:
             else:
                 _timed(client, full_decide, [_decide_args(experiment, dim, d) for d in ids])
                 times[i].append(_timed(client, shas[i],
-                                       [_reward_args(experiment, [d]) for d in ids]))
+                                       [_reward_args(this, experiment, [d]) for d in ids]))
             with client.pipeline(transaction=False) as pipe:
                 for d in ids:
                     pipe.unlink(keys.decision(experiment, d))
@@ -326,7 +353,7 @@ def main() -> None:
                 versions.append(_version(client, args.against, args.against))
             for v in versions:
                 for dim in DIMS:
-                    _create(client, _experiment(v, dim), dim)
+                    _create(client, _experiment(v, dim), dim, v.recorded)
             for block in range(args.blocks):
                 for v in versions if block % 2 == 0 else versions[::-1]:
                     for dim in DIMS:

@@ -65,6 +65,21 @@ def recipe(config: PolicyConfig, axis: Axis) -> str:
     )
 
 
+# What the meta's recipes end with since outcomes are recorded for the workers
+# to add (service.folding). The reward scripts of earlier versions added each
+# reward to the sums themselves: one left running beside this version would
+# add behind a fold's back, and the fold would write over its addition. They
+# refuse a recipe with an addition they do not know, so they refuse these
+# experiments instead (the start-up upgrade gives the suffix to experiments
+# they created).
+RECORDED = ",recorded"
+
+
+def stored_recipe(config: PolicyConfig, axis: Axis) -> str:
+    """The recipe as the meta stores it: :func:`recipe` and :data:`RECORDED`."""
+    return recipe(config, axis) + RECORDED
+
+
 @functools.cache
 def blob_size(config: PolicyConfig, axis: Axis) -> int:
     """Bytes of one packed model or arm blob."""

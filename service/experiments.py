@@ -42,7 +42,7 @@ from policies.propensity import SERVICE, estimated, propensities
 from policies.ridge import ridge
 from policies.state import Axis, Sums
 from service import keys
-from service.codec import assemble_state, legacy_recipe, recipe, upgrade_blob
+from service.codec import RECORDED, assemble_state, legacy_recipe, stored_recipe, upgrade_blob
 from service.domain import (
     ArmSpec,
     ArmState,
@@ -364,8 +364,8 @@ class ExperimentService:
             "version": str(secrets.randbits(52) + 1),
             # What the stored sums hold (service.codec), fixed for this incarnation,
             # and how fast the sums forget (policies.state, "Forgetting").
-            "model_recipe": recipe(config, "model"),
-            "arm_recipe": recipe(config, "arm"),
+            "model_recipe": stored_recipe(config, "model"),
+            "arm_recipe": stored_recipe(config, "arm"),
             **({"discount": repr(config.discount)} if config.discounted else {}),
             # Read by the scripts: the default reward (settle.lua) and the
             # decision log's bounds (decide.lua, reward.lua, settle.lua).
@@ -468,8 +468,8 @@ class ExperimentService:
                 config = PolicyConfig(**json.loads(raw[0]["config"]))
                 if await self._store.upgrade(
                     experiment_id,
-                    {"model_recipe": recipe(config, "model"),
-                     "arm_recipe": recipe(config, "arm")},
+                    {"model_recipe": stored_recipe(config, "model"),
+                     "arm_recipe": stored_recipe(config, "arm")},
                     functools.partial(_upgraded_stats, config),
                     functools.partial(_field_names, config.shared),
                 ):
@@ -588,19 +588,19 @@ class ExperimentService:
         view = self._views.get(experiment_id)
         if view is not None:
             view.behind += applied
-        await self.fold_if_due(experiment_id, reply.outcomes, applied)
+        await self.fold_if_due(experiment_id, reply.counter, applied)
         return outcomes
 
-    async def fold_if_due(self, experiment_id: str, outcomes: int, recorded: int) -> None:
+    async def fold_if_due(self, experiment_id: str, counter: int, recorded: int) -> None:
         """Write the sums back (:mod:`service.folding`) when the ``recorded`` outcomes
-        took the experiment's outcomes counter to ``outcomes``, past a multiple of
-        FOLD_EVERY.
+        took the experiment's rewards (or defaulted) counter to ``counter``, past
+        a multiple of FOLD_EVERY.
 
         Exactly one call crosses each multiple. A fold that fails is logged and
-        left to the next (its outcomes wait in the stats hash, counted in every
-        view): the outcomes it would have folded are applied already.
+        left to the next (its records wait, counted in every view): the outcomes
+        it would have folded are applied already.
         """
-        if outcomes // FOLD_EVERY <= (outcomes - recorded) // FOLD_EVERY:
+        if counter // FOLD_EVERY <= (counter - recorded) // FOLD_EVERY:
             return
         try:
             view = self._views.get(experiment_id)
@@ -907,8 +907,8 @@ def _upgraded_stats(
     first version's, which stored none).
     """
     axes: tuple[Axis, ...] = ("model", "arm")
-    recipes = {axis: stored.get(f"{axis}_recipe") or legacy_recipe(config, axis)
-               for axis in axes}
+    recipes = {axis: (stored.get(f"{axis}_recipe") or legacy_recipe(config, axis))
+               .removesuffix(RECORDED) for axis in axes}
     out = {}
     for name, blob in stats.items():
         if name == keys.SHARED_MODEL_FIELD or name.startswith("model:"):

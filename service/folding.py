@@ -1,24 +1,25 @@
 """Outcomes recorded by the scripts, added to the statistics by the workers.
 
 ``reward.lua`` and ``settle.lua`` do no arithmetic: each outcome (reward or
-default reward) is recorded in the stats hash as field ``u:<n>``
-(:data:`service.keys.UNFOLDED`; ``n`` counts the experiment's outcomes): the
-decision's stats fields, its number, the reward and its context. The sums
-in the stats hash plus those outcomes, added in the order of ``n``, are the
-statistics. This module adds them, with ``policies.apply_observations`` (the
-simulator's update, so the service has no second implementation of it):
+default reward) is appended to the experiment's outcomes string
+(:func:`service.keys.outcomes`) as one record: the decision's stats fields,
+its number, the reward and its context. The sums in the stats hash plus
+those records, added in order, are the statistics. This module adds them,
+with ``policies.apply_observations`` (the simulator's update, so the service
+has no second implementation of it):
 
-* every view a worker reads adds the outcomes it read with the sums
+* every view a worker reads adds the records it read with the sums
   (:func:`fold_into`);
-* every :data:`FOLD_EVERY` outcomes, the worker whose call took the count
-  past a multiple writes the sums back with the oldest outcomes added and
-  removes those (:func:`folded_blobs`, ``fold_read.lua`` and ``fold.lua``),
-  so that few are left. A fold that fails (the worker stopped, Redis away)
-  is done by the next one: the outcomes wait meanwhile.
+* every :data:`FOLD_EVERY` rewards (or default rewards), the worker whose
+  call took the experiment's counter past a multiple writes the sums back
+  with the records added and cuts those records from the string
+  (:func:`folded_blobs`; ``fold_read.lua`` and ``fold.lua``), so that few are
+  left. A fold that fails (the worker stopped, Redis away) is done by the
+  next one: the records wait meanwhile, counted by every view.
 
-The outcomes are added one at a time, in recorded order, so the sums are
-those of adding the outcomes one after another in the order the scripts
-recorded them, bit for bit, wherever they are added.
+The records are added one at a time, in order, so the sums are those of
+adding the outcomes one after another in the order the scripts recorded
+them, bit for bit, wherever they are added.
 """
 
 from __future__ import annotations
@@ -33,13 +34,16 @@ from policies.state import apply_observations
 from service import keys
 from service.codec import assemble_state, pack
 
-# Outcomes between folds: a view adds fewer than this many (each costs a
-# worker about one policy update), and a fold's Redis time (its reads, the
-# sums it writes back) is shared by this many outcomes.
+# Rewards (and, counted apart, default rewards) between folds: a view adds
+# fewer than twice this many records (each costs a worker about one policy
+# update), and a fold's Redis time (its reads, the sums it writes back) is
+# shared by this many outcomes.
 FOLD_EVERY = 16
-# The most outcomes one fold takes: after folding stopped for a while (no
-# worker could reach Redis), the folds that follow catch up, each bounded.
-FOLD_LIMIT = 1024
+# The most records one fold takes: after folding stopped for a while (no
+# worker could reach Redis), the folds that follow catch up, each bounded
+# (fold.lua unpacks two values per field written: at most 4 per record, far
+# below Lua's limit of about 8,000).
+FOLD_LIMIT = 512
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,22 @@ class Entry:
     number: float | None  # the decision's number (None: a decision without one)
     reward: float
     x: np.ndarray  # the context, shape (d,)
+
+
+def split_records(text: bytes, limit: int | None = None) -> tuple[list[bytes], int]:
+    """The payloads of the records at the front of an outcomes string (all, or up to
+    ``limit``), and how many bytes of it they take (outcomes.lua writes
+    ``<payload length>:<payload>`` per record)."""
+    payloads: list[bytes] = []
+    at = 0
+    while at < len(text) and (limit is None or len(payloads) < limit):
+        colon = text.index(b":", at)
+        end = colon + 1 + int(text[at:colon])
+        if end > len(text):
+            raise ValueError("the outcomes string ends inside a record")
+        payloads.append(text[colon + 1: end])
+        at = end
+    return payloads, at
 
 
 def parse(raw: bytes) -> Entry:
@@ -84,7 +104,8 @@ def fold_into(
     ------
     ValueError
         If an outcome names an arm the state does not hold, a model field that
-        is not its arm's, or a context of another dimension (a damaged store).
+        is not its arm's, a context of another dimension, or no decision number
+        in an experiment that forgets (a damaged store).
     """
     for raw in raw_entries:
         entry = parse(raw)
@@ -96,6 +117,10 @@ def fold_into(
         if entry.x.shape != (config.dim,):
             raise ValueError(f"a recorded outcome has a context of {entry.x.size} numbers, "
                              f"not {config.dim}")
+        if entry.number is None and config.discounted:
+            # Its weight would depend on which slots the state holds (their clock).
+            raise ValueError("a recorded outcome of an experiment that forgets has no "
+                             "decision number")
         numbers = None if entry.number is None else np.array([entry.number])
         apply_observations(config, state, np.array([k]), entry.x[None],
                            np.array([entry.reward]), numbers)

@@ -24,7 +24,10 @@ def arms(experiment_id: str) -> str:
 
 
 def stats(experiment_id: str) -> str:
-    """Hash: packed float64 statistics per model and per arm, plus counters."""
+    """Hash: packed float64 statistics per model and per arm, plus counters.
+
+    The statistics are these sums with the records of :func:`outcomes` added.
+    """
     return f"{PREFIX}:{{{experiment_id}}}:stats"
 
 
@@ -65,6 +68,20 @@ def log(experiment_id: str) -> str:
     return f"{PREFIX}:{{{experiment_id}}}:log"
 
 
+def outcomes(experiment_id: str) -> str:
+    """String: outcomes (rewards, default rewards) recorded but not yet in the sums.
+
+    reward.lua and settle.lua do no arithmetic: they APPEND each outcome as a
+    record (``service.folding`` reads them; ``outcomes.lua`` writes them), and
+    the workers add the records to the sums: every view adds those it reads,
+    and every ``FOLD_EVERY`` rewards a worker writes the sums back and cuts
+    the records it added from the front (fold.lua). Created empty with the
+    experiment, so that the experiment's keys all exist while its slot
+    migrates (a key a script would create then is refused).
+    """
+    return f"{PREFIX}:{{{experiment_id}}}:outcomes"
+
+
 def deleted_pending(experiment_id: str, token: str) -> str:
     """List: a list of decisions of a deleted experiment, while its decisions are deleted."""
     return f"{PREFIX}:{{{experiment_id}}}:deleted-pending:{token}"
@@ -79,15 +96,7 @@ DUPLICATES = "duplicates"
 DEFAULTED = "defaulted"  # decisions that got the default reward
 LATE = "late"  # rewards that arrived after their window (and default)
 DEFAULTS_MISSED = "defaults_missed"  # decisions that expired before the default could be applied
-# Outcomes (rewards and default rewards) are not added to the sums by the
-# scripts: each is a field UNFOLDED + its sequence number (1, 2, ...) of the
-# stats hash until a worker adds it to the sums (service.folding, fold.lua).
-# In the stats hash, so that whoever reads the sums reads them too, in the
-# same HGETALL, and an experiment keeps its keys (a key created by a reward
-# is refused while its slot migrates).
-UNFOLDED = "u:"
-OUTCOMES = "outcomes"  # outcomes recorded: the last one's sequence number
-FOLDED = "folded"  # outcomes added to the sums: u:1 .. u:<folded> are gone
+FOLDED = "folded"  # outcomes (keys.outcomes) added to the sums so far
 
 
 def model_field(arm_id: str | None) -> str:

@@ -68,6 +68,7 @@ from redis.exceptions import (
 
 from service import keys
 from service.errors import StartupError, StoreFull, StoreUnavailable
+from service.folding import fields_of, split_records
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -171,25 +172,12 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _snapshot(meta: Mapping[str, str], raw_stats: Mapping[bytes, bytes]) -> Snapshot:
-    stats, unfolded = split_outcomes(raw_stats)
+def _snapshot(
+    meta: Mapping[str, str], raw_stats: Mapping[bytes, bytes], outcomes: bytes
+) -> Snapshot:
+    stats = {_text(k): v for k, v in raw_stats.items()}
     return Snapshot(int(meta["version"]), int(stats.get(keys.REWARDS, 0)), stats,
-                    unfolded=unfolded)
-
-
-def split_outcomes(raw_stats: Mapping[bytes, bytes]) -> tuple[dict[str, bytes], tuple[bytes, ...]]:
-    """The stats hash's sums and counters, and its outcomes not yet in the sums
-    (``u:<n>`` fields, :data:`keys.UNFOLDED`) in the order they were recorded."""
-    stats: dict[str, bytes] = {}
-    numbered: list[tuple[int, bytes]] = []
-    for name, value in raw_stats.items():
-        text = _text(name)
-        if text.startswith(keys.UNFOLDED):
-            numbered.append((int(text[len(keys.UNFOLDED):]), value))
-        else:
-            stats[text] = value
-    numbered.sort()
-    return stats, tuple(value for _, value in numbered)
+                    unfolded=tuple(split_records(outcomes)[0]))
 
 
 _UPGRADE_ATTEMPTS = 50
@@ -339,7 +327,7 @@ class Snapshot:
     rewards: int  # rewards applied: changes whenever the statistics do
     stats: dict[str, bytes]  # the stats hash: packed sums and counters
     reserved: int | None = None  # a decision number set aside for the caller
-    # Outcomes applied but not yet in the sums (keys.UNFOLDED), oldest first:
+    # Outcomes applied but not yet in the sums (keys.outcomes), oldest first:
     # the statistics are the sums with these added (service.folding).
     unfolded: tuple[bytes, ...] = ()
 
@@ -349,7 +337,7 @@ class RewardReply:
     """What one ``reward.lua`` call did."""
 
     statuses: list[str]  # one per reward, or ["missing"] / ["forbidden"] for the whole call
-    outcomes: int = 0  # the outcomes counter after them (service.folding)
+    counter: int = 0  # the rewards counter after them (0 when none was applied)
 
 
 @dataclass(frozen=True)
@@ -358,7 +346,7 @@ class SettleReply:
 
     defaulted: int  # decisions that got the default reward now
     missed: int  # decisions that had expired before they could
-    outcomes: int  # the outcomes counter after them (0 when none was defaulted)
+    counter: int  # the defaulted counter after them (0 when none was defaulted now)
     due: list[str]  # pending-list entries whose window has ended, for the next call
 
 
@@ -564,7 +552,8 @@ class Store:
             args.extend(pair)
         for pair in arms.items():
             args.extend(pair)
-        keyset = [keys.meta(experiment_id), keys.arms(experiment_id), keys.stats(experiment_id)]
+        keyset = [keys.meta(experiment_id), keys.arms(experiment_id), keys.stats(experiment_id),
+                  keys.outcomes(experiment_id)]
         # The indexes live in slots of their own, so they are written outside
         # the script: before it, so that a connection lost after it leaves no
         # experiment unlisted (an entry without its experiment is skipped where
@@ -613,6 +602,14 @@ class Store:
         """The hashes ``names`` (of one experiment), as one script saw them together."""
         reply = await self._read(keys=list(names))
         return [{flat[i]: flat[i + 1] for i in range(0, len(flat), 2)} for flat in reply]
+
+    async def _with_outcomes(
+        self, experiment_id: str, *names: str
+    ) -> tuple[list[dict[bytes, bytes]], bytes]:
+        """As :meth:`_hashes`, and the experiment's outcomes string, all read together."""
+        reply = await self._read(keys=[*names, keys.outcomes(experiment_id)], args=[len(names)])
+        hashes = [{flat[i]: flat[i + 1] for i in range(0, len(flat), 2)} for flat in reply[:-1]]
+        return hashes, reply[-1]
 
 
     @_translated
@@ -693,7 +690,8 @@ class Store:
         aside = [keys.deleted_pending(experiment_id, secrets.token_hex(8)) for _ in range(2)]
         keyset = [keys.meta(experiment_id), keys.arms(experiment_id),
                   keys.stats(experiment_id), keys.log(experiment_id),
-                  keys.pending(experiment_id), keys.settled(experiment_id), *aside]
+                  keys.pending(experiment_id), keys.settled(experiment_id), *aside,
+                  keys.outcomes(experiment_id)]
         removed = await self._delete(keys=keyset)
         await self._client.srem(keys.EXPERIMENT_INDEX, experiment_id)
         await self._client.srem(keys.DEFAULT_REWARD_INDEX, experiment_id)
@@ -745,21 +743,24 @@ class Store:
         self, experiment_id: str
     ) -> tuple[dict[str, str], dict[str, str], Snapshot] | None:
         """Meta, arms and statistics, read together; None if the experiment does not exist."""
-        meta, arms, raw_stats = await self._hashes(
+        (meta, arms, raw_stats), outcomes = await self._with_outcomes(
+            experiment_id,
             keys.meta(experiment_id), keys.arms(experiment_id), keys.stats(experiment_id))
         if not meta:
             return None
         as_text = {_text(k): _text(v) for k, v in meta.items()}
-        return as_text, {_text(k): _text(v) for k, v in arms.items()}, _snapshot(as_text, raw_stats)
+        return (as_text, {_text(k): _text(v) for k, v in arms.items()},
+                _snapshot(as_text, raw_stats, outcomes))
 
     @_translated
     async def read_snapshot(self, experiment_id: str) -> Snapshot | None:
         """The statistics and the meta version, read together; None if the experiment
         does not exist."""
-        meta, raw_stats = await self._hashes(keys.meta(experiment_id), keys.stats(experiment_id))
+        (meta, raw_stats), outcomes = await self._with_outcomes(
+            experiment_id, keys.meta(experiment_id), keys.stats(experiment_id))
         if not meta:
             return None
-        return _snapshot({_text(k): _text(v) for k, v in meta.items()}, raw_stats)
+        return _snapshot({_text(k): _text(v) for k, v in meta.items()}, raw_stats, outcomes)
 
     @_translated
     async def decide(
@@ -811,18 +812,18 @@ class Store:
             keys.decision(experiment_id, decision_id),
             keys.pending(experiment_id),
             keys.log(experiment_id),
+            keys.outcomes(experiment_id),
         ]
         reply = await self._batcher.run(self._decide, keyset, args)
         status = _text(reply[0])
         if status == "recorded":
             return DecideReply("recorded", number=int(reply[1]))
         if status == "stale":
-            version, rewards, reserved_number, *flat = reply[1:]
-            stats, unfolded = split_outcomes({flat[i]: flat[i + 1]
-                                              for i in range(0, len(flat), 2)})
+            version, rewards, reserved_number, outcomes, *flat = reply[1:]
+            stats = {_text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
             text = _text(reserved_number)
             snapshot = Snapshot(int(version), int(rewards), stats, int(text) if text else None,
-                                unfolded)
+                                tuple(split_records(outcomes)[0]))
             return DecideReply("stale", snapshot=snapshot)
         if status == "missing":
             return DecideReply("missing")
@@ -837,11 +838,12 @@ class Store:
         """Run the exactly-once reward script on (decision id, reward text) pairs.
 
         ``key_hash`` must be the experiment's; None skips the check (trusted
-        in-process callers). Returns one status per item and the outcomes counter
-        after them (:mod:`service.folding`), or the statuses ``["missing"]`` /
+        in-process callers). Returns one status per item and the rewards counter
+        after them (0 when none was applied), or the statuses ``["missing"]`` /
         ``["forbidden"]`` for the whole call (then nothing was written).
         """
-        keyset = [keys.meta(experiment_id), keys.stats(experiment_id), keys.log(experiment_id)]
+        keyset = [keys.meta(experiment_id), keys.stats(experiment_id), keys.log(experiment_id),
+                  keys.outcomes(experiment_id)]
         keyset += [keys.decision(experiment_id, decision_id) for decision_id, _ in items]
         args = ["" if key_hash is None else key_hash, *(reward for _, reward in items)]
         *statuses, length = await self._batcher.run(self._reward, keyset, args)
@@ -860,13 +862,14 @@ class Store:
         experiment does not exist or has no default reward.
         """
         keyset = [keys.meta(experiment_id), keys.stats(experiment_id), keys.log(experiment_id),
-                  keys.pending(experiment_id), keys.settled(experiment_id)]
+                  keys.pending(experiment_id), keys.settled(experiment_id),
+                  keys.outcomes(experiment_id)]
         keyset += [keys.decision(experiment_id, e.split(" ", 1)[1]) for e in entries]
         reply = await self._batcher.run(self._settle, keyset, [limit, *entries])
         if reply and _text(reply[0]) == "missing":
             return None
-        defaulted, missed, outcomes, *due = reply
-        return SettleReply(int(defaulted), int(missed), int(outcomes), [_text(e) for e in due])
+        defaulted, missed, counter, *due = reply
+        return SettleReply(int(defaulted), int(missed), int(counter), [_text(e) for e in due])
 
     @_translated
     async def fold(
@@ -879,23 +882,30 @@ class Store:
     ) -> int:
         """Add up to ``limit`` of the oldest outcomes not yet in the sums to the sums.
 
-        ``folded(fields, blobs, outcomes)`` gives the blobs of ``fields`` with
-        ``outcomes`` added (:func:`service.folding.folded_blobs`). Returns how
+        ``folded(fields, blobs, records)`` gives the blobs of ``fields`` with
+        ``records`` added (:func:`service.folding.folded_blobs`). Returns how
         many outcomes the sums now hold that they did not; 0 when there were
         none, the experiment is gone or is not ``incarnation``, or another
         fold came first (``fold.lua`` writes only if none did).
         """
-        keyset = [keys.meta(experiment_id), keys.stats(experiment_id)]
-        reply = await self._fold_read(keys=keyset, args=[limit])
-        if not reply or _text(reply[0]) != incarnation or not reply[2]:
+        keyset = [keys.meta(experiment_id), keys.stats(experiment_id),
+                  keys.outcomes(experiment_id)]
+        reply = await self._fold_read(keys=keyset)
+        if not reply or _text(reply[0]) != incarnation:
             return 0
-        _, seen, entries, fields, blobs = reply
-        names = [_text(f) for f in fields]
-        written = folded(names, [b or None for b in blobs], entries)
-        args: list[str | bytes | int] = [incarnation, _text(seen), len(entries)]
+        _, seen, outcomes = reply
+        records, length = split_records(outcomes, limit)
+        if not records:
+            return 0
+        # Only a fold changes the sums, and fold.lua writes only if none came
+        # after fold_read.lua: these blobs are the ones the records add to.
+        fields = fields_of(records)
+        blobs = await self._client.hmget(keys.stats(experiment_id), fields)
+        written = folded(fields, [b or None for b in blobs], records)
+        args: list[str | bytes | int] = [incarnation, _text(seen), len(records), length]
         for pair in written.items():
             args.extend(pair)
-        return len(entries) if await self._fold(keys=keyset, args=args) else 0
+        return len(records) if await self._fold(keys=keyset, args=args) else 0
 
     @_translated
     async def read_log(

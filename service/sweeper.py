@@ -53,7 +53,7 @@ class Sweeper:
         fold_if_due: Callable[[str, int, int], Awaitable[None]] | None = None,
     ) -> None:
         self._store = store
-        # Called after each call that applied defaults: (experiment, outcomes
+        # Called after each call that applied defaults: (experiment, defaulted
         # counter, defaults applied); see service.folding.
         self._fold_if_due = fold_if_due
         self._interval = interval
@@ -102,7 +102,7 @@ class Sweeper:
             swept.defaulted += reply.defaulted
             swept.missed += reply.missed
             if reply.defaulted and self._fold_if_due is not None:
-                await self._fold_if_due(experiment_id, reply.outcomes, reply.defaulted)
+                await self._fold_if_due(experiment_id, reply.counter, reply.defaulted)
             entries = reply.due
             if not entries:
                 return

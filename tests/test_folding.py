@@ -1,10 +1,11 @@
 """Outcomes recorded by the scripts and added to the sums by the workers (service.folding).
 
-The scripts record each reward as an outcome in the stats hash; a worker's
-view adds the outcomes it reads; every FOLD_EVERY outcomes one worker writes
-the sums back. These tests hold the stored sums, read raw (no outcome left to
-add), to the policies' own update, bit for bit, and check that a fold that
-loses a race or meets a damaged store writes nothing.
+The scripts append each reward to the experiment's outcomes string; a
+worker's view adds the records it reads; every FOLD_EVERY rewards one worker
+writes the sums back and cuts those records. These tests hold the stored
+sums, read raw (no outcome left to add), to the policies' own update, bit for
+bit, and check that a fold that loses a race or meets a damaged store writes
+nothing.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from policies import PolicyConfig
 from service import keys
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.experiments import ExperimentService
-from service.folding import FOLD_EVERY, FOLD_LIMIT, folded_blobs
-from service.store import Store, split_outcomes
+from service.folding import FOLD_EVERY, FOLD_LIMIT, folded_blobs, split_records
+from service.store import Store
 from tests.test_service_durability import (
     Observation,
     assert_stats_equal,
@@ -33,12 +34,15 @@ pytestmark = pytest.mark.anyio
 ARMS = ("a", "b", "c")
 
 
-def _raw(url: str, experiment_id: str) -> tuple[dict[str, bytes], tuple[bytes, ...]]:
+def _raw(url: str, experiment_id: str) -> tuple[dict[str, bytes], list[bytes]]:
+    """The stats hash as stored, and the records waiting in the outcomes string."""
     client = redis.Redis.from_url(url)
     try:
-        return split_outcomes(client.hgetall(keys.stats(experiment_id)))  # type: ignore[arg-type]
+        raw: dict[bytes, bytes] = client.hgetall(keys.stats(experiment_id))  # type: ignore[assignment]
+        outcomes: bytes = client.get(keys.outcomes(experiment_id))  # type: ignore[assignment]
     finally:
         client.close()
+    return {k.decode(): v for k, v in raw.items()}, split_records(outcomes)[0]
 
 
 def _counter(stats: dict[str, bytes], name: str) -> int:
@@ -104,7 +108,7 @@ async def test_the_sums_written_back_are_the_policies_update_bit_for_bit(
 
     stats, waiting = _raw(redis_db, "fold")
     total = singles + FOLD_EVERY
-    assert waiting == () and _counter(stats, keys.FOLDED) == _counter(stats, keys.OUTCOMES) == total
+    assert waiting == [] and _counter(stats, keys.FOLDED) == total
     assert _counter(stats, keys.REWARDS) == total
     assert_stats_equal(config, ARMS, stats,
                        expected_state(config, len(ARMS), _numbered(config, observations)))
@@ -151,17 +155,19 @@ async def test_a_fold_that_another_change_overtook_writes_nothing(
             return folded_blobs(config, *args)
 
         before: dict[bytes, bytes] = client.hgetall(keys.stats("fold"))  # type: ignore[assignment]
+        waiting = client.get(keys.outcomes("fold"))
         assert await store.fold("fold", incarnation, FOLD_LIMIT, overtaken) == 0
         after: dict[bytes, bytes] = client.hgetall(keys.stats("fold"))  # type: ignore[assignment]
         folded = keys.FOLDED.encode()
         assert after.pop(folded, None) == (b"1" if meanwhile == "another fold" else None)
         assert before.pop(folded, None) is None and after == before
+        assert client.get(keys.outcomes("fold")) == waiting and waiting
         # Not overtaken, the same call folds the five.
         client.hset(keys.meta("fold"), "incarnation", incarnation)
         client.hdel(keys.stats("fold"), keys.FOLDED)
         assert await store.fold("fold", incarnation, FOLD_LIMIT,
                                 lambda *a: folded_blobs(config, *a)) == 5
-        assert _raw(redis_db, "fold")[1] == ()
+        assert _raw(redis_db, "fold")[1] == []
     finally:
         await store.close()
         client.close()
@@ -185,7 +191,7 @@ async def test_a_fold_takes_at_most_its_limit_oldest_first(
     finally:
         await store.close()
     stats, waiting = _raw(redis_db, "fold")
-    assert waiting == ()
+    assert waiting == []
     assert _sums(whole) and _sums(stats) == _sums(whole)
 
 

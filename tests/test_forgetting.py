@@ -9,8 +9,8 @@
 - on it, LinReBoot that forgets has lower regret than LinReBoot that does not;
 - ``linreboot simulate --switch-every --discount`` runs that comparison.
 
-The store's side (reward.lua and settle.lua add what ``policies.update`` adds,
-bit for bit) is tested by tests/test_decision_log.py's replay and
+The store's side (the outcomes reward.lua and settle.lua record add up, in the
+workers, to what ``policies.update`` adds, bit for bit) is tested by tests/test_decision_log.py's replay and
 tests/test_service_durability.py's seeded service against the simulator.
 """
 

@@ -326,8 +326,9 @@ def assert_shifted(state: State, names: tuple[str, str, str], slot: tuple[int, i
 
 
 def test_layout_orders_each_blob_count_shift_then_shifted_sums() -> None:
-    # reward.lua applies a blob's recipe in layout order and needs the count
-    # (whether the slot is new) and the shift before the shifted sums.
+    # A blob's fields are added in layout order (the stored recipe names them
+    # so), and the shift needs the count (whether the slot is new) first, the
+    # shifted sums the shift.
     residual_kinds: tuple[Residuals, ...] = ("current", "observed")
     for residuals in residual_kinds:
         config = config_for("contextual", residuals)

@@ -46,9 +46,9 @@ from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.embedded import EmbeddedRedis
 from service.errors import InvalidInput
 from service.experiments import ExperimentService
-from service.folding import fields_of, folded_blobs
+from service.folding import fields_of, folded_blobs, split_records
 from service.settings import Settings
-from service.store import Store, split_outcomes
+from service.store import Store
 from tests.conftest import ADMIN, ADMIN_TOKEN, CONTEXTUAL, Api
 
 pytestmark = pytest.mark.anyio
@@ -87,18 +87,19 @@ def stored_stats(url: str, experiment_id: str) -> dict[str, bytes]:
 
 
 def drop_outcomes(client: Any, experiment_id: str) -> None:
-    """Remove the outcomes recorded but not yet in the sums (as a version that added
-    every outcome to the sums left the stats hash)."""
-    names = [n for n in client.hkeys(keys.stats(experiment_id)) if n.startswith(b"u:")]
-    client.hdel(keys.stats(experiment_id), keys.OUTCOMES, keys.FOLDED, *names)
+    """Forget the outcomes recorded but not yet in the sums (as a version that added
+    every outcome to the sums left an experiment: no outcomes key, no folded counter)."""
+    client.delete(keys.outcomes(experiment_id))
+    client.hdel(keys.stats(experiment_id), keys.FOLDED)
 
 
 def stats_with_unfolded(client: Any, experiment_id: str) -> dict[str, bytes]:
     """:func:`stored_stats` through a (sync) client: a Redis or a RedisCluster."""
-    stats, entries = split_outcomes(client.hgetall(keys.stats(experiment_id)))
-    config_json = client.hget(keys.meta(experiment_id), "config")
+    raw: dict[bytes, bytes] = client.hgetall(keys.stats(experiment_id))
+    stats = {k.decode(): v for k, v in raw.items()}
+    entries, _ = split_records(client.get(keys.outcomes(experiment_id)) or b"")
     if entries:
-        config = PolicyConfig(**json.loads(config_json))
+        config = PolicyConfig(**json.loads(client.hget(keys.meta(experiment_id), "config")))
         fields = fields_of(entries)
         stats |= folded_blobs(config, fields, [stats.get(f) for f in fields], entries)
     return stats
@@ -282,7 +283,8 @@ async def test_many_rewards_add_up_bit_for_bit_to_the_policies_update(
     service: ExperimentService, redis_db: str, setting: Setting,
     hyperparameters: dict[str, float | str],
 ) -> None:
-    """reward.lua's additions, reward after reward, are exactly policies.update's."""
+    """The stored sums with the recorded outcomes added, reward after reward, are
+    exactly policies.update's."""
     rng = np.random.default_rng(11)
     dim, arm_ids = 10, ["a", "b", "c"]  # 80 bytes of context: two chunks
     features = rng.normal(size=(3, dim)) if setting == "stochastic" else None
@@ -320,9 +322,9 @@ async def test_batched_rewards_add_up_bit_for_bit_to_the_policies_update(
     service: ExperimentService, redis_db: str, setting: Setting,
     hyperparameters: dict[str, float | str],
 ) -> None:
-    """reward.lua unpacks each blob once per batch and packs it once at the end: the
-    sums are those of policies.update, reward after reward in the batch's order; a
-    decision twice in one batch counts once (its repeat is a duplicate)."""
+    """A batch's outcomes are recorded in the batch's order: the sums are those of
+    policies.update, reward after reward in that order; a decision twice in one
+    batch counts once (its repeat is a duplicate)."""
     rng = np.random.default_rng(12)
     dim, arm_ids = 10, ["a", "b", "c"]
     forgets = "discount" in hyperparameters

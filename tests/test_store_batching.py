@@ -265,7 +265,7 @@ async def test_a_batch_meeting_a_damaged_decision_writes_nothing(
                                  key)
         status = client.hget(keys.decision("cov", first.decision_id), "status")
         assert status == b"pending"
-        assert client.hget(keys.stats("cov"), keys.OUTCOMES) is None
+        assert client.get(keys.outcomes("cov")) == b""
         assert client.hget(keys.stats("cov"), keys.REWARDS) == b"0"
     finally:
         client.close()

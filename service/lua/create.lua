@@ -3,6 +3,7 @@
 -- KEYS[1]  meta hash   lrb:{exp}:meta
 -- KEYS[2]  arms hash   lrb:{exp}:arms
 -- KEYS[3]  stats hash  lrb:{exp}:stats
+-- KEYS[4]  outcomes    lrb:{exp}:outcomes (created empty: see service.keys.outcomes)
 -- ARGV[1]  number m of meta (field, value) pairs, then the pairs (one of
 --          them the initial "version", random so that a re-created
 --          experiment never repeats a version another worker has cached)
@@ -28,4 +29,5 @@ for i = 2 + 2 * m, #ARGV, 2 do
   redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
 end
 redis.call('HSET', KEYS[3], 'decisions', 0, 'rewards', 0, 'duplicates', 0)
+redis.call('SET', KEYS[4], '')
 return 1

@@ -2,10 +2,12 @@
 --
 -- KEYS[1]  meta hash      lrb:{exp}:meta   (incarnation, key_hash, version, default_reward,
 --                          log_max_entries, log_max_age_seconds)
--- KEYS[2]  stats hash     lrb:{exp}:stats  (packed sums; counters rewards, decision_seq, decisions)
+-- KEYS[2]  stats hash     lrb:{exp}:stats  (packed sums; counters rewards, decision_seq, decisions;
+--                          the sums with KEYS[6]'s outcomes added are the statistics)
 -- KEYS[3]  decision hash  lrb:{exp}:decision:<id>  (a fresh id per attempt)
 -- KEYS[4]  pending list   lrb:{exp}:pending  ("<deadline> <id>" per decision, in deadline order)
 -- KEYS[5]  decision log   lrb:{exp}:log      (a stream; written when meta has log_max_entries)
+-- KEYS[6]  outcomes       lrb:{exp}:outcomes (outcomes not yet in the sums: outcomes.lua)
 -- ARGV[1]  SHA-256 (hex) of the caller's API key; '' for a trusted in-process caller
 -- ARGV[2]  the incarnation the worker's definition belongs to
 -- ARGV[3]  the meta version the worker's statistics were read at; '' accepts any
@@ -31,10 +33,11 @@
 -- Returns
 --   {'recorded', number}  the decision is pending (also when this same decision
 --                         was recorded by an earlier call whose reply was lost)
---   {'stale', version, rewards, reserved number or '', field, value, ...}
+--   {'stale', version, rewards, reserved number or '', outcomes, field, value, ...}
 --                         nothing recorded (also when the experiment is another
 --                         incarnation than ARGV[2]): the current statistics
---                         (HGETALL), and for a seeded experiment a reserved number
+--                         (the outcomes string, then HGETALL of the stats
+--                         hash), and for a seeded experiment a reserved number
 --                         if its definition (incarnation, version) is the one the
 --                         worker checked the request against; after a change the
 --                         worker checks the request again first, so that a
@@ -68,7 +71,7 @@ if stale then
   if number ~= '' and not redefined then
     reserved = redis.call('HINCRBY', KEYS[2], 'decision_seq', 1)
   end
-  local reply = {'stale', meta[3], rewards, reserved}
+  local reply = {'stale', meta[3], rewards, reserved, redis.call('GET', KEYS[6]) or ''}
   local stats = redis.call('HGETALL', KEYS[2])
   for i = 1, #stats do
     reply[#reply + 1] = stats[i]

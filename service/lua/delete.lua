@@ -1,4 +1,4 @@
--- Delete an experiment: its definition, statistics and log, and set its lists of decisions aside.
+-- Delete an experiment: its definition, statistics (outcomes too) and log, and set its lists of decisions aside.
 --
 -- KEYS[1]  meta hash      lrb:{exp}:meta
 -- KEYS[2]  arms hash      lrb:{exp}:arms
@@ -8,6 +8,7 @@
 -- KEYS[6]  settled list   lrb:{exp}:settled
 -- KEYS[7]  a fresh name for the pending list, lrb:{exp}:deleted-pending:<token>
 -- KEYS[8]  a fresh name for the settled list, lrb:{exp}:deleted-pending:<token'>
+-- KEYS[9]  outcomes       lrb:{exp}:outcomes
 --
 -- Returns how many of KEYS[1..3] existed (0: no such experiment).
 --
@@ -19,6 +20,7 @@
 -- own. The log goes at once (UNLINK: Redis frees a long stream in the background).
 
 local removed = redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('DEL', KEYS[9])
 redis.call('UNLINK', KEYS[4])
 for i = 5, 6 do
   if redis.call('EXISTS', KEYS[i]) == 1 then

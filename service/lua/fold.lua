@@ -1,30 +1,33 @@
--- Write sums back with the outcomes they now hold, if no other fold came
--- between (several workers may fold the same outcomes: one wins).
+-- Write sums back with the oldest outcomes added, and cut those outcomes from
+-- the outcomes string, if no other fold came between (several workers may
+-- fold the same outcomes: one wins).
 --
 -- KEYS[1]  meta hash   lrb:{exp}:meta
--- KEYS[2]  stats hash  lrb:{exp}:stats  (packed sums; counter folded; outcomes 'u:<n>')
+-- KEYS[2]  stats hash  lrb:{exp}:stats     (packed sums; counter folded)
+-- KEYS[3]  outcomes    lrb:{exp}:outcomes  (records: outcomes.lua)
 -- ARGV[1]  the incarnation fold_read.lua saw
 -- ARGV[2]  the folded counter it saw
--- ARGV[3]  k: the sums now hold outcomes folded + 1 .. folded + k
--- ARGV[4..]  field, blob, ...: the sums those outcomes add to, with them added
+-- ARGV[3]  k: the sums now hold the first k records of the outcomes string
+-- ARGV[4]  their length in bytes
+-- ARGV[5..]  field, blob, ...: the sums those records add to, with them added
 --
 -- Returns 1 when written, 0 when the experiment is another incarnation or
 -- another fold came first (nothing written). Only this script removes
--- outcomes, and it counts them in 'folded': an unchanged counter means that
--- the outcomes are still those fold_read.lua returned.
+-- records (from the front; the scripts that record append at the end) and it
+-- counts them in 'folded', so an unchanged counter means that the string
+-- still starts with the records fold_read.lua returned.
 
 if redis.call('HGET', KEYS[1], 'incarnation') ~= ARGV[1] then
   return 0
 end
-local folded = tonumber(redis.call('HGET', KEYS[2], 'folded') or '0')
-if folded ~= tonumber(ARGV[2]) then
+local folded = redis.call('HGET', KEYS[2], 'folded') or '0'
+if folded ~= ARGV[2] then
   return 0
 end
-local k = tonumber(ARGV[3])
-local names = {}
-for n = folded + 1, folded + k do
-  names[#names + 1] = 'u:' .. n
+local cut = tonumber(ARGV[4])
+if redis.call('STRLEN', KEYS[3]) < cut then
+  return redis.error_reply('fold.lua: the outcomes are shorter than the records folded')
 end
-redis.call('HDEL', KEYS[2], unpack(names))
-redis.call('HSET', KEYS[2], 'folded', folded + k, unpack(ARGV, 4))
+redis.call('HSET', KEYS[2], 'folded', tonumber(folded) + tonumber(ARGV[3]), unpack(ARGV, 5))
+redis.call('SET', KEYS[3], redis.call('GETRANGE', KEYS[3], cut, -1))
 return 1

@@ -1,14 +1,15 @@
 -- Shared by reward.lua and settle.lua: store.py puts this chunk in front of
 -- each, so a reward and a default reward are recorded by the same code.
 --
--- An outcome is not added to the sums here: it is recorded in the stats hash
--- as field 'u:<n>' (n: its sequence number, the 'outcomes' counter), whose
--- value is
+-- An outcome is not added to the sums here: it is appended to the
+-- experiment's outcomes string (keys.outcomes) as one record,
+--   <length of the payload, decimal> ':' <payload>
+-- whose payload is
 --   model field '\n' arm field '\n' decision number '\n' reward '\n' context
 -- (the context as the decision holds it: packed little-endian float64), and
--- the workers add the outcomes to the sums with policies.apply_observations
+-- the workers add the records to the sums with policies.apply_observations
 -- (service.folding): a reward's arithmetic in interpreted Lua was half of
--- Redis's time per reward. The marker, the outcome and the log entry are
+-- Redis's time per reward. The marker, the record and the log entry are
 -- written by one script, so an outcome is recorded exactly once.
 --
 -- Only local functions: Redis forbids a script to create globals.
@@ -81,13 +82,14 @@ local function incomplete(decision)
   return nil
 end
 
--- The outcomes of this call, recorded in the stats hash by finish.
-local entries = {}
+-- The records of this call, appended by finish.
+local records = {}
 
 -- Record the outcome (the reward's text) of a pending decision.
 local function append(decision, text)
-  entries[#entries + 1] = table.concat({decision[MODEL_FIELD], decision[ARM_FIELD],
-                                        decision[NUMBER] or '', text, decision[X]}, '\n')
+  local payload = table.concat({decision[MODEL_FIELD], decision[ARM_FIELD], decision[NUMBER] or '',
+                                text, decision[X]}, '\n')
+  records[#records + 1] = #payload .. ':' .. payload
 end
 
 -- The decision's id: what follows ':decision:' in its key.
@@ -109,22 +111,14 @@ local function log_outcome(log_key, max_entries, max_age, kind, id, reward)
   log_written = {log_key, max_age}
 end
 
--- The end of a call that recorded or logged outcomes: the outcomes go to the
--- stats hash (one HINCRBY, one HSET), and the log expires max_age after its
--- last entry. Returns the 'outcomes' counter after them (0 when none).
-local function finish(stats_key)
-  local count = 0
-  if #entries > 0 then
-    count = redis.call('HINCRBY', stats_key, 'outcomes', #entries)
-    local fields = {}
-    for i, entry in ipairs(entries) do
-      fields[#fields + 1] = 'u:' .. (count - #entries + i)
-      fields[#fields + 1] = entry
-    end
-    redis.call('HSET', stats_key, unpack(fields))
+-- The end of a call that recorded or logged outcomes: the records go to the
+-- outcomes string (one APPEND), and the log expires max_age after its last
+-- entry.
+local function finish(outcomes_key)
+  if #records > 0 then
+    redis.call('APPEND', outcomes_key, table.concat(records))
   end
   if log_written then
     redis.call('EXPIRE', log_written[1], log_written[2])
   end
-  return count
 end

@@ -2,17 +2,17 @@
 -- store.py puts outcomes.lua in front of this script.
 --
 -- KEYS[1]  meta hash      lrb:{exp}:meta     (incarnation, key_hash, model_recipe, log retention)
--- KEYS[2]  stats hash     lrb:{exp}:stats    (counters; outcomes not yet in the sums:
---                          outcomes.lua)
+-- KEYS[2]  stats hash     lrb:{exp}:stats    (counters)
 -- KEYS[3]  decision log   lrb:{exp}:log      (a stream; written when meta has log_max_entries)
--- KEYS[4..]  decision hashes lrb:{exp}:decision:<id>, one per reward
+-- KEYS[4]  outcomes       lrb:{exp}:outcomes (outcomes not yet in the sums: outcomes.lua)
+-- KEYS[5..]  decision hashes lrb:{exp}:decision:<id>, one per reward
 -- ARGV[1]  SHA-256 (hex) of the caller's API key; '' for a trusted in-process
 --          caller (a key from HTTP always hashes to 64 hex digits)
 -- ARGV[2..]  one reward per decision key, as the shortest decimal that
 --            round-trips the float64
 --
 -- Returns {'missing'} when the experiment does not exist, {'forbidden'} when
--- the key is not its key, else one status per decision, then the 'outcomes'
+-- the key is not its key, else one status per decision, then the 'rewards'
 -- counter (0 when nothing was applied). A status is 'applied',
 -- 'duplicate' (the same reward was already applied: a safe retry), 'conflict'
 -- (a different reward was applied), 'late' (the experiment has a default
@@ -23,7 +23,7 @@
 -- The decision's arm and context come from its record, never from the client.
 -- The marker, the outcome and the log entry happen in one script, so a client
 -- retry after a lost reply sees 'rewarded' and cannot count the reward twice,
--- and the log and the outcomes' numbers hold the rewards in one order.
+-- and the log and the outcomes string hold the rewards in one order.
 
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'key_hash', 'model_recipe',
                         'log_max_entries', 'log_max_age_seconds')
@@ -38,7 +38,7 @@ if refused then
   return refused
 end
 local incarnation = meta[1]
-local FIRST = 4  -- KEYS[FIRST..] are the decisions; ARGV[k - FIRST + 2] is KEYS[k]'s reward
+local FIRST = 5  -- KEYS[FIRST..] are the decisions; ARGV[k - FIRST + 2] is KEYS[k]'s reward
 
 -- Every decision is read and checked before anything is written (Redis does
 -- not undo a script's writes when it fails), each once: a decision named
@@ -102,11 +102,13 @@ for k = FIRST, #KEYS do
     statuses[#statuses + 1] = 'applied'
   end
 end
-statuses[#statuses + 1] = finish(KEYS[2])
+finish(KEYS[4])
+local rewards = 0
 if applied > 0 then
-  redis.call('HINCRBY', KEYS[2], 'rewards', applied)
+  rewards = redis.call('HINCRBY', KEYS[2], 'rewards', applied)
 end
 if duplicates > 0 then
   redis.call('HINCRBY', KEYS[2], 'duplicates', duplicates)
 end
+statuses[#statuses + 1] = rewards
 return statuses

@@ -5,21 +5,21 @@
 --
 -- KEYS[1]  meta hash      lrb:{exp}:meta     (incarnation, default_reward, model_recipe,
 --                          log retention)
--- KEYS[2]  stats hash     lrb:{exp}:stats    (counters defaulted, defaults_missed;
---                          outcomes not yet in the sums: outcomes.lua)
+-- KEYS[2]  stats hash     lrb:{exp}:stats    (counters defaulted, defaults_missed)
 -- KEYS[3]  decision log   lrb:{exp}:log
 -- KEYS[4]  pending list   lrb:{exp}:pending  ("<deadline> <id>", in deadline order)
 -- KEYS[5]  settled list   lrb:{exp}:settled  ("<expiry> <id>": settled decisions until they expire)
--- KEYS[6..]  decision hashes lrb:{exp}:decision:<id>, one per ARGV[2..] entry, in order
+-- KEYS[6]  outcomes       lrb:{exp}:outcomes (outcomes not yet in the sums: outcomes.lua)
+-- KEYS[7..]  decision hashes lrb:{exp}:decision:<id>, one per ARGV[2..] entry, in order
 -- ARGV[1]  how many due entries to return for the next call (0: none)
 -- ARGV[2..]  entries of the pending list, as an earlier call returned them
 --
 -- Returns {'missing'} when the experiment does not exist or has no default
 -- reward (it was deleted and created again without one); else
--- {defaulted, missed, outcomes, entry, ...}: how many of the given decisions got
+-- {defaulted, missed, counter, entry, ...}: how many of the given decisions got
 -- the default now, how many had expired before they could (their records
 -- gone: the service was stopped for longer than the grace period), the
--- 'outcomes' counter (0 when no default was applied), and up to
+-- 'defaulted' counter (0 when no default was applied now), and up to
 -- ARGV[1] entries now due, from the head of the pending list.
 --
 -- The given entries are settled only while they are still the head of the
@@ -38,7 +38,7 @@ if not meta[1] or not meta[2] then
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) + tonumber(time[2]) / 1e6
-local FIRST = 6  -- KEYS[FIRST + i - 1] is the decision of ARGV[i + 1]
+local FIRST = 7  -- KEYS[FIRST + i - 1] is the decision of ARGV[i + 1]
 
 local function deadline(entry)
   return tonumber(string.match(entry, '^[%d.]+'))
@@ -87,7 +87,7 @@ local function strip(key)
   return left
 end
 
-local defaulted, missed, outcomes = 0, 0, 0
+local defaulted, missed, counter = 0, 0, 0
 if #KEYS >= FIRST then
   local refused = unusable(meta[3])
   if refused then
@@ -126,12 +126,12 @@ if #KEYS >= FIRST then
       end
     end
   end
-  outcomes = finish(KEYS[2])
+  finish(KEYS[6])
   if #decisions > 0 then
     redis.call('LTRIM', KEYS[4], #decisions, -1)
   end
   if defaulted > 0 then
-    redis.call('HINCRBY', KEYS[2], 'defaulted', defaulted)
+    counter = redis.call('HINCRBY', KEYS[2], 'defaulted', defaulted)
   end
   if missed > 0 then
     redis.call('HINCRBY', KEYS[2], 'defaults_missed', missed)
@@ -152,7 +152,7 @@ if #KEYS >= FIRST then
   end
 end
 
-local reply = {defaulted, missed, outcomes}
+local reply = {defaulted, missed, counter}
 local wanted = tonumber(ARGV[1])
 local first = redis.call('LINDEX', KEYS[4], 0)
 if wanted > 0 and first and deadline(first) <= now then
