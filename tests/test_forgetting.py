@@ -10,8 +10,9 @@
 - ``linreboot simulate --switch-every --discount`` runs that comparison.
 
 The store's side (the outcomes reward.lua and settle.lua record add up, in the
-workers, to what ``policies.update`` adds, bit for bit) is tested by tests/test_decision_log.py's replay and
-tests/test_service_durability.py's seeded service against the simulator.
+workers, to what ``policies.update`` adds, bit for bit) is tested by
+tests/test_decision_log.py's replay and tests/test_service_durability.py's
+seeded service against the simulator.
 """
 
 from __future__ import annotations
