@@ -5,8 +5,9 @@ default reward) is appended to the experiment's outcomes string
 (:func:`service.keys.outcomes`) as one record: the decision's stats fields,
 its number, the reward and its context. The sums in the stats hash plus
 those records, added in order, are the statistics. This module adds them,
-with ``policies.apply_observations`` (the simulator's update, so the service
-has no second implementation of it):
+with ``policies.state.apply_sequence`` (the simulator's update, for a
+sequence of observations of one experiment: the service has no arithmetic
+of its own):
 
 * every view a worker reads adds the records it read with the sums
   (:func:`fold_into`);
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies import PolicyConfig, State
-from policies.state import apply_observations
+from policies.state import apply_sequence
 from service import keys
 from service.codec import assemble_state, pack
 
@@ -107,8 +108,11 @@ def fold_into(
         is not its arm's, a context of another dimension, or no decision number
         in an experiment that forgets (a damaged store).
     """
-    for raw in raw_entries:
-        entry = parse(raw)
+    entries = [parse(raw) for raw in raw_entries]
+    if not entries:
+        return
+    arms = np.empty(len(entries), dtype=np.int64)
+    for i, entry in enumerate(entries):
         k = arm_index.get(entry.arm_field)
         arm_id = entry.arm_field.removeprefix("arm:")
         if k is None or entry.model_field != keys.model_field(None if config.shared else arm_id):
@@ -121,9 +125,11 @@ def fold_into(
             # Its weight would depend on which slots the state holds (their clock).
             raise ValueError("a recorded outcome of an experiment that forgets has no "
                              "decision number")
-        numbers = None if entry.number is None else np.array([entry.number])
-        apply_observations(config, state, np.array([k]), entry.x[None],
-                           np.array([entry.reward]), numbers)
+        arms[i] = k
+    numbers = (np.array([e.number for e in entries], dtype=np.float64) if config.discounted
+               else None)
+    apply_sequence(config, state, arms, np.stack([e.x for e in entries]),
+                   np.array([e.reward for e in entries]), numbers)
 
 
 def folded_blobs(

@@ -589,3 +589,47 @@ def test_what_is_kept_is_not_part_of_the_sums() -> None:
     state["xty"][0, 0] -= 1.0
     np.testing.assert_array_equal(kept_theta(state, config.reg),
                                   ridge(state["xtx"], state["xty"], config.reg))
+
+
+@pytest.mark.parametrize(("name", "setting", "options"), [
+    ("linreboot", "stochastic", {}),
+    ("linreboot", "covariates", {}),
+    ("linreboot", "contextual", {"residuals": "observed"}),  # per-arm Gram matrices too
+    ("lints-ig", "covariates", {}),
+    ("linucb", "contextual", {}),
+    ("linreboot", "covariates", {"discount": 0.9}),  # forgetting: one call per observation
+    ("linphe", "stochastic", {"variant": "authors"}),
+])
+def test_a_sequence_of_one_experiment_adds_up_as_its_observations_one_by_one(
+    name: str, setting: Setting, options: dict[str, Any]
+) -> None:
+    """apply_sequence (the service adds its recorded outcomes with it) gives the bits of
+    apply_observations called once per observation: arms met several times, some for
+    the first time (their shift is their first reward in the sequence), after some
+    observations already in the state."""
+    from policies import paper_config
+    from policies.state import apply_observations, apply_sequence
+
+    config = paper_config(name, setting, 4, **options)  # type: ignore[arg-type]
+    rng = np.random.default_rng(21)
+    n_arms, n = 6, 40
+    arms = rng.integers(0, n_arms - 1, size=n)  # the last arm never met
+    arms[:3] = [2, 2, 0]
+    x = rng.normal(size=(n, 4))
+    rewards = rng.normal(3.0, 1.0, size=n)
+    numbers = rng.permutation(np.arange(5.0, 5.0 + n))
+    before = init_state(config, n_arms, 1)
+    for i in range(3):  # arms 3 and 4 already observed, with their own shifts
+        apply_observations(config, before, np.array([3 + i % 2]), x[i:i + 1] * 2.0,
+                           rewards[i:i + 1] - 1.0, numbers[i:i + 1] - 4.0)
+    one_by_one = copy.deepcopy(before)
+    for i in range(n):
+        apply_observations(config, one_by_one, arms[i:i + 1], x[i:i + 1], rewards[i:i + 1],
+                           numbers[i:i + 1])
+    together = copy.deepcopy(before)
+    apply_sequence(config, together, arms, x, rewards, numbers)
+    assert together.keys() == one_by_one.keys()
+    for field_name, value in one_by_one.items():
+        assert np.array_equal(together[field_name], value), field_name
+    # and the sequence did change every slot it met
+    assert not np.array_equal(together["pulls"], before["pulls"])
