@@ -346,43 +346,45 @@ def apply_sequence(
 
     The same sums, bit for bit, as :func:`apply_observations` called once per
     observation in order (``arms``, ``x``, ``rewards``, ``numbers`` as there,
-    one entry per observation). Without forgetting, in one pass over the
-    fields: ``numpy.add.at`` adds what falls on one slot in order, and a
-    slot's shift is its first observation's reward whichever of the
-    observations that is. With forgetting (each observation ages the sums it
-    meets) and in the authors' variants, one call per observation.
+    one entry per observation): the same IEEE operations on each slot in the
+    same order, without the per-call work of a batch (a slot's observations
+    depend on each other: its count decides whether it takes the reward as its
+    shift). With forgetting, and in the authors' variants, one
+    :func:`apply_observations` call per observation.
     """
     if config.discounted or config.variant == "authors":
         for i in range(arms.shape[0]):
             apply_observations(config, state, arms[i: i + 1], x[i: i + 1], rewards[i: i + 1],
                                None if numbers is None else numbers[i: i + 1])
         return
-    row = np.zeros(arms.shape[0], dtype=np.int64)
-    model = (row, row) if config.shared else (row, arms)
     outer = x[:, :, None] * x[:, None, :]
     r_x = rewards[:, None] * x
-    np.add.at(state["xtx"], model, outer)
-    np.add.at(state["xty"], model, r_x)
-    _add_shifted_in_order(state, model, ("n", "shift_y", "sum_dy", "sum_dy2"), rewards)
-    _add_shifted_in_order(state, (row, arms), ("pulls", "shift_r", "sum_dr", "sum_dr2"), rewards)
-    if "arm_xtx" in state:
-        np.add.at(state["arm_xtx"], (row, arms), outer)
-        np.add.at(state["arm_xty"], (row, arms), r_x)
+    xtx, xty = state["xtx"][0], state["xty"][0]
+    model_sums = tuple(state[name][0] for name in ("n", "shift_y", "sum_dy", "sum_dy2"))
+    arm_sums = tuple(state[name][0] for name in ("pulls", "shift_r", "sum_dr", "sum_dr2"))
+    arm_grams = (state["arm_xtx"][0], state["arm_xty"][0]) if "arm_xtx" in state else None
+    for i, k in enumerate(arms.tolist()):
+        m = 0 if config.shared else k
+        reward = rewards[i]
+        xtx[m] += outer[i]
+        xty[m] += r_x[i]
+        _add_shifted_one(model_sums, m, reward)
+        _add_shifted_one(arm_sums, k, reward)
+        if arm_grams is not None:
+            arm_grams[0][k] += outer[i]
+            arm_grams[1][k] += r_x[i]
 
 
-def _add_shifted_in_order(state: State, slots: tuple[NDArray[np.int64], NDArray[np.int64]],
-                          names: tuple[str, str, str, str], rewards: Array) -> None:
-    """:func:`_add_shifted` for observations of one row, several perhaps in one slot."""
-    count, shift, sum_d, sum_d2 = (state[name] for name in names)
-    row, slot = slots
-    seen, first_at, where = np.unique(slot, return_index=True, return_inverse=True)
-    firsts = (row[first_at], seen)
-    fresh = count[firsts] == 0.0  # the slot's first observation sets its shift
-    shift[firsts] = np.where(fresh, rewards[first_at], shift[firsts])
-    deviation = rewards - shift[firsts][where]
-    np.add.at(count, slots, 1.0)
-    np.add.at(sum_d, slots, deviation)
-    np.add.at(sum_d2, slots, deviation * deviation)
+def _add_shifted_one(sums: tuple[Array, ...], slot: int, reward: np.floating[Any]) -> None:
+    """:func:`_add_shifted` of one observation into one slot of (K,) views."""
+    count, shift, sum_d, sum_d2 = sums
+    counted = count[slot]
+    if counted == 0.0:  # the slot's first observation sets its shift
+        shift[slot] = reward
+    deviation = reward - shift[slot]
+    count[slot] = counted + 1.0
+    sum_d[slot] += deviation
+    sum_d2[slot] += deviation * deviation
 
 
 @functools.lru_cache(maxsize=64)

@@ -26,7 +26,6 @@ them, bit for bit, wherever they are added.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -47,17 +46,6 @@ FOLD_EVERY = 16
 FOLD_LIMIT = 512
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One outcome as ``outcomes.lua`` records it."""
-
-    model_field: str
-    arm_field: str
-    number: float | None  # the decision's number (None: a decision without one)
-    reward: float
-    x: np.ndarray  # the context, shape (d,)
-
-
 def split_records(text: bytes, limit: int | None = None) -> tuple[list[bytes], int]:
     """The payloads of the records at the front of an outcomes string (all, or up to
     ``limit``), and how many bytes of it they take (outcomes.lua writes
@@ -72,14 +60,6 @@ def split_records(text: bytes, limit: int | None = None) -> tuple[list[bytes], i
         payloads.append(text[colon + 1: end])
         at = end
     return payloads, at
-
-
-def parse(raw: bytes) -> Entry:
-    """An outcome as recorded: model field, arm field, number, reward, context."""
-    model_field, arm_field, number, reward, x = raw.split(b"\n", 4)
-    return Entry(model_field.decode(), arm_field.decode(),
-                 float(number) if number else None, float(reward),
-                 np.frombuffer(x, dtype="<f8").astype(np.float64))
 
 
 def fields_of(raw_entries: Iterable[bytes]) -> list[str]:
@@ -108,28 +88,31 @@ def fold_into(
         is not its arm's, a context of another dimension, or no decision number
         in an experiment that forgets (a damaged store).
     """
-    entries = [parse(raw) for raw in raw_entries]
-    if not entries:
+    rows = [raw.split(b"\n", 4) for raw in raw_entries]
+    if not rows:
         return
-    arms = np.empty(len(entries), dtype=np.int64)
-    for i, entry in enumerate(entries):
-        k = arm_index.get(entry.arm_field)
-        arm_id = entry.arm_field.removeprefix("arm:")
-        if k is None or entry.model_field != keys.model_field(None if config.shared else arm_id):
-            raise ValueError(f"a recorded outcome names fields {entry.model_field!r}, "
-                             f"{entry.arm_field!r} that this experiment does not have")
-        if entry.x.shape != (config.dim,):
-            raise ValueError(f"a recorded outcome has a context of {entry.x.size} numbers, "
+    width = 8 * config.dim
+    arms = np.empty(len(rows), dtype=np.int64)
+    for i, (model_field, arm_field, number, _, x) in enumerate(rows):
+        k = arm_index.get(arm_field.decode())
+        arm_id = arm_field.decode().removeprefix("arm:")
+        if k is None or model_field.decode() != keys.model_field(
+                None if config.shared else arm_id):
+            raise ValueError(f"a recorded outcome names fields {model_field.decode()!r}, "
+                             f"{arm_field.decode()!r} that this experiment does not have")
+        if len(x) != width:
+            raise ValueError(f"a recorded outcome has a context of {len(x) / 8:g} numbers, "
                              f"not {config.dim}")
-        if entry.number is None and config.discounted:
+        if not number and config.discounted:
             # Its weight would depend on which slots the state holds (their clock).
             raise ValueError("a recorded outcome of an experiment that forgets has no "
                              "decision number")
         arms[i] = k
-    numbers = (np.array([e.number for e in entries], dtype=np.float64) if config.discounted
-               else None)
-    apply_sequence(config, state, arms, np.stack([e.x for e in entries]),
-                   np.array([e.reward for e in entries]), numbers)
+    contexts = np.frombuffer(b"".join(row[4] for row in rows), dtype="<f8")
+    rewards = np.array([float(row[3]) for row in rows])
+    numbers = (np.array([float(row[2]) for row in rows]) if config.discounted else None)
+    apply_sequence(config, state, arms, contexts.astype(np.float64).reshape(len(rows), -1),
+                   rewards, numbers)
 
 
 def folded_blobs(
