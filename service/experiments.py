@@ -606,8 +606,13 @@ class ExperimentService:
             view = self._views.get(experiment_id)
             definition = (view.definition if view is not None
                           else await self._definition(experiment_id))
-            await self._store.fold(experiment_id, definition.incarnation, FOLD_LIMIT,
-                                   functools.partial(folded_blobs, definition.config))
+            folded = await self._store.fold(experiment_id, definition.incarnation, FOLD_LIMIT,
+                                            functools.partial(folded_blobs, definition.config))
+            if folded is None and view is not None:  # created again since this worker read it
+                self._forget(experiment_id)
+                definition = await self._definition(experiment_id)
+                await self._store.fold(experiment_id, definition.incarnation, FOLD_LIMIT,
+                                       functools.partial(folded_blobs, definition.config))
         except (StoreUnavailable, NotFound) as exc:
             logger.warning("experiment %s: the sums were not written back (%s); the next "
                            "fold will", experiment_id, exc)

@@ -611,7 +611,6 @@ class Store:
         hashes = [{flat[i]: flat[i + 1] for i in range(0, len(flat), 2)} for flat in reply[:-1]]
         return hashes, reply[-1]
 
-
     @_translated
     async def key_hash(self, experiment_id: str) -> str | None:
         """The stored hash of an experiment's API key; None if it does not exist."""
@@ -667,6 +666,9 @@ class Store:
                     if blobs:  # none before the first reward
                         pipe.hset(stats_key, mapping=blobs)
                     pipe.hset(meta_key, mapping=dict(meta_fields))
+                    # Created with the experiment since outcomes are recorded
+                    # (keys.outcomes): so that all its keys exist in a migration.
+                    pipe.set(keys.outcomes(experiment_id), "", nx=True)
                     await pipe.execute()
                     return True
                 except WatchError:
@@ -846,10 +848,10 @@ class Store:
                   keys.outcomes(experiment_id)]
         keyset += [keys.decision(experiment_id, decision_id) for decision_id, _ in items]
         args = ["" if key_hash is None else key_hash, *(reward for _, reward in items)]
-        *statuses, length = await self._batcher.run(self._reward, keyset, args)
+        *statuses, counter = await self._batcher.run(self._reward, keyset, args)
         if not statuses:  # 'missing' or 'forbidden': the script's only reply
-            return RewardReply([_text(length)])
-        return RewardReply([_text(r) for r in statuses], int(length))
+            return RewardReply([_text(counter)])
+        return RewardReply([_text(r) for r in statuses], int(counter))
 
     @_translated
     async def settle(
@@ -879,20 +881,20 @@ class Store:
         limit: int,
         folded: Callable[[Sequence[str], Sequence[bytes | None], Sequence[bytes]],
                          dict[str, bytes]],
-    ) -> int:
+    ) -> int | None:
         """Add up to ``limit`` of the oldest outcomes not yet in the sums to the sums.
 
         ``folded(fields, blobs, records)`` gives the blobs of ``fields`` with
         ``records`` added (:func:`service.folding.folded_blobs`). Returns how
-        many outcomes the sums now hold that they did not; 0 when there were
-        none, the experiment is gone or is not ``incarnation``, or another
-        fold came first (``fold.lua`` writes only if none did).
+        many outcomes the sums now hold that they did not (0 when there were
+        none, or another fold came first: ``fold.lua`` writes only if none
+        did); None when the experiment is gone or is not ``incarnation``.
         """
         keyset = [keys.meta(experiment_id), keys.stats(experiment_id),
                   keys.outcomes(experiment_id)]
         reply = await self._fold_read(keys=keyset)
         if not reply or _text(reply[0]) != incarnation:
-            return 0
+            return None
         _, seen, outcomes = reply
         records, length = split_records(outcomes, limit)
         if not records:

@@ -220,3 +220,20 @@ async def test_a_reward_is_applied_when_its_fold_fails(
     finally:
         client.close()
     assert "the sums were not written back" in caplog.text
+
+
+async def test_a_worker_whose_view_is_of_a_deleted_namesake_still_folds(
+    service: ExperimentService, other_service: ExperimentService, redis_db: str
+) -> None:
+    """The experiment was deleted and created again through another worker; this worker
+    still holds a view of the first one when its reward reaches FOLD_EVERY: it reads
+    the new definition and folds (the fold of the old one is refused)."""
+    await _created(service)
+    await service.choose("fold", ChooseRequest(context=(1.0, 0.0)))  # a view of the first
+    await other_service.delete("fold")
+    key = await _created(other_service)
+    for i in range(FOLD_EVERY):
+        decision = await other_service.choose("fold", ChooseRequest(context=(1.0, 0.5 * i)), key)
+        await service.reward("fold", [(decision.decision_id, float(i))], key)
+    stats, waiting = _raw(redis_db, "fold")
+    assert waiting == [] and _counter(stats, keys.FOLDED) == FOLD_EVERY

@@ -7,9 +7,9 @@
 -- whose payload is
 --   model field '\n' arm field '\n' decision number '\n' reward '\n' context
 -- (the context as the decision holds it: packed little-endian float64), and
--- the workers add the records to the sums with policies.apply_observations
--- (service.folding): a reward's arithmetic in interpreted Lua was half of
--- Redis's time per reward. The marker, the record and the log entry are
+-- the workers add the records to the sums with the simulator's update
+-- (policies.state.apply_sequence, in service.folding): a reward's arithmetic
+-- in interpreted Lua was half of Redis's time per reward. The marker, the record and the log entry are
 -- written by one script, so an outcome is recorded exactly once.
 --
 -- Only local functions: Redis forbids a script to create globals.
@@ -73,7 +73,7 @@ local function unusable(model_recipe)
   return nil
 end
 
--- A pending decision's record lacks what its outcome's entry needs: an error
+-- A pending decision's record lacks what its outcome's record needs: an error
 -- reply (a damaged record; the caller checks before it writes), else nil.
 local function incomplete(decision)
   if not (decision[MODEL_FIELD] and decision[ARM_FIELD] and decision[X]) then
