@@ -149,17 +149,31 @@ class View:
     last_number: int  # the highest decision number this worker has seen
     state: State  # every arm, in registration order (ArmRecord.index)
     behind: int = 0  # rewards this worker applied since the statistics were read
+    # The stored sums held `folded` outcomes, and the view added the next
+    # `applied` (service.folding); `raw` is `state` before an experiment that
+    # forgets is aged to its clock (None: `state` itself). What catching up
+    # with the latest outcomes starts from (ExperimentService._caught_up).
+    folded: int = 0
+    applied: int = 0
+    raw: State | None = None
     _last: _Prepared | None = field(default=None, repr=False)
 
     @functools.cached_property
     def nbytes(self) -> int:
-        """Memory it may hold: the statistics, as much again for a request's subset, and
-        with a model per arm the solutions the subset keeps (``policies.state.kept_theta``)."""
+        """Memory it may hold: the statistics (twice for an experiment that forgets), as
+        much again for a request's subset, and with a model per arm the solutions the
+        subset keeps (``policies.state.kept_theta``)."""
         sums = sum(a.nbytes for a in self.state.values())
+        raw = 0 if self.raw is None else sum(a.nbytes for a in self.raw.values())
         if self.definition.config.shared:
-            return 2 * sums
+            return 2 * sums + raw
         # theta, and the X'X and X'y it was solved from.
-        return 2 * sums + self.state["xtx"].nbytes + 2 * self.state["xty"].nbytes
+        return 2 * sums + raw + self.state["xtx"].nbytes + 2 * self.state["xty"].nbytes
+
+    @property
+    def sums(self) -> State:
+        """The statistics as stored, with the outcomes the view added: not aged."""
+        return self.state if self.raw is None else self.raw
 
     def ready(
         self, request: ChooseRequest, bound: float
@@ -661,7 +675,30 @@ class ExperimentService:
         return self._remember(experiment_id, _parse_definition(meta, arms), snapshot)
 
     async def _caught_up(self, experiment_id: str, view: View, key_hash: str | None) -> View:
-        """The view with the statistics read now (and the definition, if arms changed)."""
+        """The view with the statistics read now (and the definition, if arms changed).
+
+        The sums change only by outcomes appended to the outcomes string and by
+        folds of them (:mod:`service.folding`). So when no fold took an outcome
+        this view has not added, the view catches up by adding the outcomes it
+        lacks to a copy of its sums: the same bits as reading the sums, without
+        reading them (the bulk of a read: a blob per arm).
+        """
+        progress = await self._store.read_progress(experiment_id)
+        if progress is None:
+            self._forget(experiment_id)
+            raise _missing(key_hash)
+        start = view.folded + view.applied - progress.folded  # the first outcome it lacks
+        if (progress.incarnation == view.definition.incarnation
+                and progress.version == view.version and 0 <= start <= len(progress.unfolded)):
+            config = view.definition.config
+            sums = {name: value.copy() for name, value in view.sums.items()}
+            fold_into(config, sums, _arm_positions(view.definition.arms),
+                      progress.unfolded[start:])
+            caught = View(view.definition, version=view.version, rewards=progress.rewards,
+                          last_number=max(view.last_number, progress.decision_seq),
+                          state=discounted(config, sums), folded=progress.folded,
+                          applied=len(progress.unfolded), raw=sums if config.discounted else None)
+            return self._keep(experiment_id, caught)
         snapshot = await self._store.read_snapshot(experiment_id)
         if snapshot is None:
             self._forget(experiment_id)
@@ -695,14 +732,22 @@ class ExperimentService:
         self, experiment_id: str, definition: Definition, snapshot: Snapshot, last_number: int = 0
     ) -> View:
         number = int(snapshot.stats.get(keys.DECISION_SEQUENCE, b"0"))
+        config = definition.config
+        sums = _state_for(config, list(definition.arms), snapshot.stats, snapshot.unfolded)
         view = View(
             definition,
             version=snapshot.version,
             rewards=snapshot.rewards,
             last_number=max(last_number, number),
-            state=_state_for(definition.config, list(definition.arms), snapshot.stats,
-                             snapshot.unfolded),
+            state=discounted(config, sums),
+            folded=int(snapshot.stats.get(keys.FOLDED, b"0")),
+            applied=len(snapshot.unfolded),
+            raw=sums if config.discounted else None,
         )
+        return self._keep(experiment_id, view)
+
+    def _keep(self, experiment_id: str, view: View) -> View:
+        """Cache ``view`` as this worker's view of the experiment."""
         self._forget(experiment_id)
         self._views[experiment_id] = view
         self._view_bytes += view.nbytes
@@ -871,12 +916,12 @@ def _state_for(
     config: PolicyConfig, arms: list[ArmRecord], stats: dict[str, bytes],
     unfolded: Sequence[bytes],
 ) -> State:
-    """The statistics of ``arms`` (every arm, for the experiment's clock), batch of one:
-    the stored sums with the ``unfolded`` outcomes added (:mod:`service.folding`).
+    """The statistics of ``arms`` (every arm), batch of one: the stored sums with the
+    ``unfolded`` outcomes added (:mod:`service.folding`), not aged.
 
-    An experiment that forgets gets every slot at the clock of its latest
-    outcome (:func:`policies.discounted`), so a request that names a few
-    arms is scored at the experiment's clock, not at theirs.
+    An experiment that forgets is scored with every slot at the clock of its
+    latest outcome (:func:`policies.discounted` of this), so a request that
+    names a few arms is scored at the experiment's clock, not at theirs.
     """
     if config.shared:
         model_blobs = [stats.get(keys.model_field(None))]
@@ -884,8 +929,13 @@ def _state_for(
         model_blobs = [stats.get(keys.model_field(a.id)) for a in arms]
     arm_blobs = [stats.get(keys.arm_field(a.id)) for a in arms]
     state = assemble_state(config, model_blobs, arm_blobs)
-    fold_into(config, state, {keys.arm_field(a.id): k for k, a in enumerate(arms)}, unfolded)
-    return discounted(config, state)
+    fold_into(config, state, _arm_positions(arms), unfolded)
+    return state
+
+
+def _arm_positions(arms: Sequence[ArmRecord]) -> dict[str, int]:
+    """Each arm's stats field, to its position in the state's arm axis."""
+    return {keys.arm_field(a.id): k for k, a in enumerate(arms)}
 
 
 def _decision_rng(seed: int | None, number: int) -> np.random.Generator:
@@ -1082,7 +1132,7 @@ def _view(
     definition: Definition, stats: dict[str, bytes], unfolded: Sequence[bytes]
 ) -> ExperimentView:
     config = definition.config
-    state = _state_for(config, list(definition.arms), stats, unfolded)
+    state = discounted(config, _state_for(config, list(definition.arms), stats, unfolded))
     arm_fields = [name for name, spec in layout(config).items() if spec.axis == "arm"]
     thetas = [ridge(xtx, xty, config.reg).tolist()
               for xtx, xty in zip(state["xtx"][0], state["xty"][0], strict=True)]

@@ -333,6 +333,18 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """An experiment's counters and the outcomes not yet in its sums (``progress.lua``)."""
+
+    incarnation: str
+    version: int
+    rewards: int
+    decision_seq: int
+    folded: int  # outcomes in the sums
+    unfolded: tuple[bytes, ...]  # the records after them, oldest first
+
+
+@dataclass(frozen=True)
 class RewardReply:
     """What one ``reward.lua`` call did."""
 
@@ -370,6 +382,7 @@ class Store:
         self._settle = client.register_script(_script("settle", uses=["outcomes"]))
         self._fold_read = client.register_script(_script("fold_read"))
         self._fold = client.register_script(_script("fold"))
+        self._progress = client.register_script(_script("progress"))
         self._create = client.register_script(_script("create"))
         self._add_arms = client.register_script(_script("add_arms"))
         self._retire_arms = client.register_script(_script("retire_arms"))
@@ -763,6 +776,19 @@ class Store:
         if not meta:
             return None
         return _snapshot({_text(k): _text(v) for k, v in meta.items()}, raw_stats, outcomes)
+
+    @_translated
+    async def read_progress(self, experiment_id: str) -> Progress | None:
+        """Counters and outcomes not yet in the sums, read together, without the sums;
+        None if the experiment does not exist."""
+        keyset = [keys.meta(experiment_id), keys.stats(experiment_id),
+                  keys.outcomes(experiment_id)]
+        reply = await self._progress(keys=keyset)
+        if not reply:
+            return None
+        incarnation, version, rewards, seq, folded, outcomes = reply
+        return Progress(_text(incarnation), int(version), int(rewards), int(seq), int(folded),
+                        tuple(split_records(outcomes)[0]))
 
     @_translated
     async def decide(

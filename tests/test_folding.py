@@ -237,3 +237,55 @@ async def test_a_worker_whose_view_is_of_a_deleted_namesake_still_folds(
         await service.reward("fold", [(decision.decision_id, float(i))], key)
     stats, waiting = _raw(redis_db, "fold")
     assert waiting == [] and _counter(stats, keys.FOLDED) == FOLD_EVERY
+
+
+@pytest.mark.parametrize("kind", SPECS)
+async def test_a_view_catches_up_with_new_outcomes_to_the_bits_of_a_full_read(
+    service: ExperimentService, other_service: ExperimentService, redis_db: str,
+    monkeypatch: pytest.MonkeyPatch, kind: str,
+) -> None:
+    """A worker that applied a reward adds the outcomes it lacks to its view instead of
+    reading the sums again, unless a fold took outcomes it never added (then it reads
+    them). Rewards come through both workers, so folds by the other take outcomes this
+    one has not seen now and then. After every decision this worker's view holds the
+    statistics a full read gives, bit for bit."""
+    from service.experiments import _state_for
+
+    spec = ExperimentSpec(id="fold", seed=5, **SPECS[kind])  # type: ignore[arg-type]
+    _, key = await service.create(spec)
+    full_reads = 0
+    read_snapshot = Store.read_snapshot
+
+    async def counted(self: Store, experiment_id: str) -> Any:
+        nonlocal full_reads
+        full_reads += 1
+        return await read_snapshot(self, experiment_id)
+
+    monkeypatch.setattr(Store, "read_snapshot", counted)
+    rng = np.random.default_rng(8)
+    store = Store.from_url(redis_db, 5.0)
+    try:
+        compared = 0
+        for i in range(3 * FOLD_EVERY):
+            context = tuple(rng.normal(size=spec.dim)) if spec.setting != "stochastic" else None
+            mine = await service.choose("fold", ChooseRequest(context=context), key)
+            view = service._views["fold"]  # caught up before deciding: this reward's after
+            read = await store.read_experiment("fold")
+            assert read is not None
+            config, snapshot = view.definition.config, read[2]
+            assert view.rewards == snapshot.rewards
+            fresh = _state_for(config, list(view.definition.arms), snapshot.stats,
+                               snapshot.unfolded)
+            assert fresh.keys() == view.sums.keys()
+            for name, value in fresh.items():
+                assert np.array_equal(value, view.sums[name]), (i, name)
+            compared += 1
+            await service.reward("fold", [(mine.decision_id, float(rng.normal()))], key)
+            if i % 3 == 0:  # the other worker's decisions and rewards meanwhile
+                theirs = await other_service.choose("fold", ChooseRequest(context=context), key)
+                await other_service.reward("fold", [(theirs.decision_id, 1.0)], key)
+    finally:
+        await store.close()
+    assert compared == 3 * FOLD_EVERY
+    # Most catching up added outcomes; the other worker's folds forced some reads.
+    assert 0 < full_reads < FOLD_EVERY
