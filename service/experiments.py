@@ -42,7 +42,14 @@ from policies.propensity import SERVICE, estimated, propensities
 from policies.ridge import ridge
 from policies.state import Axis, Sums
 from service import keys
-from service.codec import RECORDED, assemble_state, legacy_recipe, stored_recipe, upgrade_blob
+from service.codec import (
+    RECORDED,
+    assemble_state,
+    legacy_recipe,
+    recipe,
+    stored_recipe,
+    upgrade_blob,
+)
 from service.domain import (
     ArmSpec,
     ArmState,
@@ -160,9 +167,9 @@ class View:
 
     @functools.cached_property
     def nbytes(self) -> int:
-        """Memory it may hold: the statistics (twice for an experiment that forgets), as
-        much again for a request's subset, and with a model per arm the solutions the
-        subset keeps (``policies.state.kept_theta``)."""
+        """Memory it may hold: the statistics (and the sums before they were aged, for an
+        experiment that forgets), as much again for a request's subset, and with a model
+        per arm the solutions the subset keeps (``policies.state.kept_theta``)."""
         sums = sum(a.nbytes for a in self.state.values())
         raw = 0 if self.raw is None else sum(a.nbytes for a in self.raw.values())
         if self.definition.config.shared:
@@ -486,6 +493,7 @@ class ExperimentService:
                      "arm_recipe": stored_recipe(config, "arm")},
                     functools.partial(_upgraded_stats, config),
                     functools.partial(_field_names, config.shared),
+                    functools.partial(_decisions_behind, config),
                 ):
                     upgraded.append(experiment_id)
             except (ValueError, TypeError, KeyError, RuntimeError) as exc:
@@ -687,6 +695,11 @@ class ExperimentService:
         if progress is None:
             self._forget(experiment_id)
             raise _missing(key_hash)
+        latest = self._views.get(experiment_id)
+        if (latest is not None and latest is not view
+                and latest.definition.incarnation == progress.incarnation
+                and latest.version == progress.version and latest.rewards >= progress.rewards):
+            return latest  # another request caught up meanwhile
         start = view.folded + view.applied - progress.folded  # the first outcome it lacks
         if (progress.incarnation == view.definition.incarnation
                 and progress.version == view.version and 0 <= start <= len(progress.unfolded)):
@@ -694,10 +707,11 @@ class ExperimentService:
             sums = {name: value.copy() for name, value in view.sums.items()}
             fold_into(config, sums, _arm_positions(view.definition.arms),
                       progress.unfolded[start:])
+            state = discounted(config, sums)
             caught = View(view.definition, version=view.version, rewards=progress.rewards,
                           last_number=max(view.last_number, progress.decision_seq),
-                          state=discounted(config, sums), folded=progress.folded,
-                          applied=len(progress.unfolded), raw=sums if config.discounted else None)
+                          state=state, folded=progress.folded, applied=len(progress.unfolded),
+                          raw=None if state is sums else sums)
             return self._keep(experiment_id, caught)
         snapshot = await self._store.read_snapshot(experiment_id)
         if snapshot is None:
@@ -734,15 +748,16 @@ class ExperimentService:
         number = int(snapshot.stats.get(keys.DECISION_SEQUENCE, b"0"))
         config = definition.config
         sums = _state_for(config, list(definition.arms), snapshot.stats, snapshot.unfolded)
+        state = discounted(config, sums)
         view = View(
             definition,
             version=snapshot.version,
             rewards=snapshot.rewards,
             last_number=max(last_number, number),
-            state=discounted(config, sums),
+            state=state,
             folded=int(snapshot.stats.get(keys.FOLDED, b"0")),
             applied=len(snapshot.unfolded),
-            raw=sums if config.discounted else None,
+            raw=None if state is sums else sums,
         )
         return self._keep(experiment_id, view)
 
@@ -951,6 +966,15 @@ def _field_names(shared: bool, arm_id: str) -> dict[str, str]:
         "model_field": keys.model_field(None if shared else arm_id),
         "arm_field": keys.arm_field(arm_id),
     }
+
+
+def _decisions_behind(config: PolicyConfig, stored: Mapping[str, str | None]) -> bool:
+    """Whether an experiment's pending decisions may lack their stats field names: stored
+    by a version before today's recipes (one that differs only in not recording outcomes,
+    the ``RECORDED`` suffix, wrote them)."""
+    axes: tuple[Axis, ...] = ("model", "arm")
+    return any((stored.get(f"{axis}_recipe") or "").removesuffix(RECORDED) != recipe(config, axis)
+               for axis in axes)
 
 
 def _upgraded_stats(

@@ -35,9 +35,9 @@ from service import keys
 from service.codec import assemble_state, pack
 
 # Rewards (and, counted apart, default rewards) between folds: a view adds
-# fewer than twice this many records (each costs a worker about one policy
-# update), and a fold's Redis time (its reads, the sums it writes back) is
-# shared by this many outcomes.
+# about this many records at most (each costs a worker about 10 µs; more
+# after a fold failed), and a fold's Redis time (its reads, the sums it
+# writes back) is shared by this many outcomes.
 FOLD_EVERY = 16
 # The most records one fold takes: after folding stopped for a while (no
 # worker could reach Redis), the folds that follow catch up, each bounded

@@ -637,12 +637,14 @@ class Store:
         meta_fields: Mapping[str, str],
         stats_of: Callable[[dict[str, bytes], dict[str, str | None]], dict[str, bytes]],
         decision_fields_of: Callable[[str], dict[str, str]],
+        decisions_behind: Callable[[dict[str, str | None]], bool] = lambda stored: True,
     ) -> bool:
         """Bring an experiment written by an earlier version up to date, once.
 
         Nothing to do (False) when its meta already holds ``meta_fields`` or it
         no longer exists. Otherwise its pending decisions get
-        ``decision_fields_of(arm)`` where they lack them, and then, in one
+        ``decision_fields_of(arm)`` where they lack them (when
+        ``decisions_behind(stored)`` says they may), and then, in one
         transaction (retried while other clients change the experiment), its
         stats blobs are replaced by ``stats_of(stats, stored)`` (``stored``: the
         values of ``meta_fields`` as they were, None where absent) and ``meta_fields`` are
@@ -655,15 +657,13 @@ class Store:
         """
         meta_key, stats_key = keys.meta(experiment_id), keys.stats(experiment_id)
         wanted = ["incarnation", *meta_fields]
-        if not _needs_upgrade(await self._client.hmget(meta_key, wanted), meta_fields):
+        first = await self._client.hmget(meta_key, wanted)
+        if not _needs_upgrade(first, meta_fields):
             return False
-        # SCAN walks the whole keyspace; an upgrade happens once per experiment.
-        async for key in self._client.scan_iter(match=keys.decision(experiment_id, "*")):
-            arm = await self._client.hget(key, "arm")
-            if arm is not None:
-                fields = decision_fields_of(_text(arm))
-                args = [item for pair in fields.items() for item in pair]
-                await self._upgrade_decision(keys=[key], args=args)
+        stored_first = {name: None if value is None else _text(value)
+                        for name, value in zip(meta_fields, first[1:], strict=True)}
+        if decisions_behind(stored_first):
+            await self._upgrade_decisions(experiment_id, decision_fields_of)
         for _ in range(_UPGRADE_ATTEMPTS):
             async with self._client.pipeline(transaction=True) as pipe:
                 try:
@@ -681,12 +681,29 @@ class Store:
                     pipe.hset(meta_key, mapping=dict(meta_fields))
                     # Created with the experiment since outcomes are recorded
                     # (keys.outcomes): so that all its keys exist in a migration.
-                    pipe.set(keys.outcomes(experiment_id), "", nx=True)
+                    # Empty: until now every outcome went into the sums (this
+                    # version's scripts refuse an experiment not upgraded), so
+                    # what is there was left by a namesake an earlier version deleted.
+                    pipe.set(keys.outcomes(experiment_id), "")
+                    pipe.hdel(stats_key, keys.FOLDED)
                     await pipe.execute()
                     return True
                 except WatchError:
                     continue  # changed meanwhile: read it again
         raise RuntimeError(f"experiment {experiment_id} kept changing during its upgrade")
+
+    async def _upgrade_decisions(
+        self, experiment_id: str, decision_fields_of: Callable[[str], dict[str, str]]
+    ) -> None:
+        """Give an experiment's pending decisions ``decision_fields_of(arm)`` where they lack
+        them. SCAN walks the whole keyspace: once per experiment, and only for versions
+        whose decisions lack what this one's need."""
+        async for key in self._client.scan_iter(match=keys.decision(experiment_id, "*")):
+            arm = await self._client.hget(key, "arm")
+            if arm is not None:
+                fields = decision_fields_of(_text(arm))
+                args = [item for pair in fields.items() for item in pair]
+                await self._upgrade_decision(keys=[key], args=args)
 
     @_translated
     async def list_ids(self) -> list[str]:

@@ -289,3 +289,44 @@ async def test_a_view_catches_up_with_new_outcomes_to_the_bits_of_a_full_read(
     assert compared == 3 * FOLD_EVERY
     # Most catching up added outcomes; the other worker's folds forced some reads.
     assert 0 < full_reads < FOLD_EVERY
+
+
+async def test_an_experiment_of_the_version_that_added_in_lua_is_refused_until_upgraded(
+    app_settings: Any, redis_db: str
+) -> None:
+    """Its recipes lack ',recorded' (a worker of that version may still add to its sums):
+    this version's scripts refuse its rewards, writing nothing; the start-up upgrade
+    gives it the suffix and an empty outcomes string (what a namesake deleted by that
+    version left is gone), without walking its decisions; then rewards count."""
+    service = await ExperimentService.open(app_settings)
+    try:
+        key = await _created(service)
+        decision = await service.choose("fold", ChooseRequest(context=(1.0, 0.5)), key)
+    finally:
+        await service.close()
+    client = redis.Redis.from_url(redis_db)
+    try:
+        for axis in ("model", "arm"):
+            recipe_text: bytes = client.hget(keys.meta("fold"), f"{axis}_recipe")  # type: ignore[assignment]
+            assert recipe_text.endswith(b",recorded")
+            client.hset(keys.meta("fold"), f"{axis}_recipe",
+                        recipe_text.removesuffix(b",recorded").decode())
+        client.set(keys.outcomes("fold"), b"left:by a namesake")
+        store = Store.from_url(redis_db, 5.0)
+        try:
+            with pytest.raises(redis.ResponseError, match="restart the service to upgrade"):
+                await store.apply_rewards("fold", None, [(decision.decision_id, "1.0")])
+        finally:
+            await store.close()
+        assert client.hget(keys.decision("fold", decision.decision_id), "status") == b"pending"
+        upgraded = await ExperimentService.open(app_settings)
+        try:
+            assert upgraded.upgraded == ["fold"]
+            assert client.get(keys.outcomes("fold")) == b""
+            (outcome,) = await upgraded.reward("fold", [(decision.decision_id, 1.0)], key)
+            assert outcome.status == "applied"
+            assert (await upgraded.get("fold")).rewards == 1
+        finally:
+            await upgraded.close()
+    finally:
+        client.close()

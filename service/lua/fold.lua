@@ -12,10 +12,12 @@
 -- ARGV[5..]  field, blob, ...: the sums those records add to, with them added
 --
 -- Returns 1 when written, 0 when the experiment is another incarnation or
--- another fold came first (nothing written). Only this script removes
--- records (from the front; the scripts that record append at the end) and it
--- counts them in 'folded', so an unchanged counter means that the string
--- still starts with the records fold_read.lua returned.
+-- another fold came first (nothing written). Within an incarnation only this
+-- script removes records (from the front; the scripts that record append at
+-- the end; create.lua, delete.lua and the start-up upgrade start another
+-- incarnation or an experiment that had none) and it counts them in
+-- 'folded', so an unchanged counter means that the string still starts with
+-- the records fold_read.lua returned.
 
 if redis.call('HGET', KEYS[1], 'incarnation') ~= ARGV[1] then
   return 0

@@ -63,21 +63,28 @@ local function reward_of(key, decision)
   return decision[REWARD]
 end
 
--- An experiment of the first version has no recipes until the service's
--- start-up upgrade converts its sums; nil, or an error reply.
+-- An experiment stored by an earlier version until the service's start-up
+-- upgrade: no recipes (the first version), or recipes without the ',recorded'
+-- that says its outcomes are recorded, not added to the sums (service.codec
+-- RECORDED; a worker of that version may still add to them). nil, or an
+-- error reply.
 local function unusable(model_recipe)
-  if not model_recipe then
+  if not model_recipe or string.sub(model_recipe, -9) ~= ',recorded' then
     return redis.error_reply(
       'experiment stored by an earlier version: restart the service to upgrade it')
   end
   return nil
 end
 
--- A pending decision's record lacks what its outcome's record needs: an error
--- reply (a damaged record; the caller checks before it writes), else nil.
-local function incomplete(decision)
+-- A pending decision's record lacks what its outcome's record needs (its
+-- number too when the experiment forgets: `discount` is the meta's): an
+-- error reply (a damaged record; the caller checks before it writes), else nil.
+local function incomplete(decision, discount)
   if not (decision[MODEL_FIELD] and decision[ARM_FIELD] and decision[X]) then
     return redis.error_reply('a pending decision without its fields or context')
+  end
+  if discount and not tonumber(decision[NUMBER]) then
+    return redis.error_reply('a decision without a number in an experiment that forgets')
   end
   return nil
 end
