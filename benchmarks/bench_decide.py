@@ -77,6 +77,7 @@ class Variant:
     reward: str
     new_interface: bool  # decide.lua's ARGV[9] grace and ARGV[10] h; reward.lua's log key
     recorded: bool = False  # reward.lua takes the outcomes key (service.folding)
+    held: bool = False  # decide.lua takes the outcomes the caller's view holds (ARGV[10])
 
 
 def _read(rev: str | None, name: str) -> str:
@@ -88,13 +89,14 @@ def _read(rev: str | None, name: str) -> str:
     return shown.stdout if shown.returncode == 0 else ""
 
 
-def _scripts(client: redis.Redis, rev: str | None) -> tuple[str, str, bool, bool]:
+def _scripts(client: redis.Redis, rev: str | None) -> tuple[str, str, bool, bool, bool]:
     decide = _read(rev, "decide")
     new = "ARGV[10] h" in decide
     # The shared chunk: outcomes.lua (sums.lua before outcomes were recorded).
     reward = ((_read(rev, "outcomes") or _read(rev, "sums")) if new else "") + _read(rev, "reward")
     shas = [client.script_load(text) for text in (decide, reward)]
-    return str(shas[0]), str(shas[1]), new, ":outcomes" in reward
+    return (str(shas[0]), str(shas[1]), new, ":outcomes" in reward,
+            "ARGV[10] how many outcomes" in decide)
 
 
 def _create(client: redis.Redis, experiment: str, extra: dict[str, str],
@@ -112,7 +114,9 @@ def _decide_args(v: Variant, decision_id: str) -> list[Any]:
     fields = [item for pair in _FIELDS.items() for item in pair]
     if not v.new_interface:
         return [4, *keyset, *fixed, *fields]
-    return [5, *keyset, keys.log(e), *fixed, 3600, len(_FIELDS), *fields, *_logged(decision_id)]
+    held = [""] if v.held else []
+    return [5, *keyset, keys.log(e), *fixed, 3600, *held, len(_FIELDS), *fields,
+            *_logged(decision_id)]
 
 
 def _reward_args(v: Variant, decision_id: str) -> list[Any]:
@@ -184,12 +188,12 @@ def main() -> None:
         try:
             client = redis.Redis.from_url(embedded.url)
             log = {"log_max_entries": "100000", "log_max_age_seconds": "604800"}
-            decide, reward, new, recorded = _scripts(client, None)
+            decide, reward, new, recorded, held = _scripts(client, None)
             variants = [
-                Variant("this, no log", "plain", decide, reward, new, recorded),
-                Variant("this, log", "logged", decide, reward, new, recorded),
-                Variant("this, log + default", "defaulted", decide, reward, new, recorded),
-                Variant("this, forgetting", "forgetting", decide, reward, new, recorded),
+                Variant("this, no log", "plain", decide, reward, new, recorded, held),
+                Variant("this, log", "logged", decide, reward, new, recorded, held),
+                Variant("this, log + default", "defaulted", decide, reward, new, recorded, held),
+                Variant("this, forgetting", "forgetting", decide, reward, new, recorded, held),
             ]
             _create(client, "plain", {})
             _create(client, "forgetting", {"discount": repr(_FORGETTING.discount)}, _FORGETTING)

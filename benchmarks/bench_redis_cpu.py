@@ -70,6 +70,7 @@ class Version:
     fold_read: str | None  # None: the version adds in reward.lua
     fold: str | None
     recorded: bool  # reward.lua takes the outcomes key (KEYS[4]): records outcomes
+    held: bool = False  # decide.lua takes the outcomes the caller's view holds (ARGV[10])
     times: dict[tuple[int, str], list[float]] = field(default_factory=dict)
 
 
@@ -98,7 +99,8 @@ def _version(client: redis.Redis, name: str, rev: str | None) -> Version:
     decide, reward = load(_read(rev, "decide")), load(reward_text)
     assert decide and reward
     return Version(name, decide, reward, load(_read(rev, "fold_read")), load(_read(rev, "fold")),
-                   "lrb:{exp}:outcomes" in reward_text)
+                   "lrb:{exp}:outcomes" in reward_text,
+                   "ARGV[10] how many outcomes" in (_read(rev, "decide") or ""))
 
 
 def _experiment(version: Version, dim: int) -> str:
@@ -141,14 +143,16 @@ def _logged(decision_id: str, dim: int) -> list[str | bytes]:
     return [item for pair in entry.items() for item in pair]
 
 
-def _decide_args(experiment: str, dim: int, decision_id: str) -> list[Any]:
+def _decide_args(version: Version, experiment: str, dim: int, decision_id: str) -> list[Any]:
     e = experiment
     # (a version before outcomes were recorded ignores the last key)
     keyset = [keys.meta(e), keys.stats(e), keys.decision(e, decision_id), keys.pending(e),
               keys.log(e), keys.outcomes(e)]
     fields = _decision_fields(dim)
-    return [len(keyset), *keyset, "h", "inc", "", "", "", "0", 3600, 0, 3600, len(fields),
-            *(item for pair in fields.items() for item in pair), *_logged(decision_id, dim)]
+    held = [""] if version.held else []  # the outcomes the caller's view holds: unknown
+    return [len(keyset), *keyset, "h", "inc", "", "", "", "0", 3600, 0, 3600, *held,
+            len(fields), *(item for pair in fields.items() for item in pair),
+            *_logged(decision_id, dim)]
 
 
 def _reward_args(version: Version, experiment: str, decision_ids: list[str]) -> list[Any]:
@@ -176,7 +180,8 @@ def _block(client: redis.Redis, version: Version, dim: int, calls: int) -> None:
     experiment = _experiment(version, dim)
     ids = [secrets.token_hex(16) for _ in range(calls + BATCH * (calls // BATCH))]
     single, batched = ids[:calls], ids[calls:]
-    choose = _timed(client, version.decide, [_decide_args(experiment, dim, i) for i in ids])
+    choose = _timed(client, version.decide,
+                    [_decide_args(version, experiment, dim, i) for i in ids])
     # As the service calls them: a fold after every FOLD_EVERY single rewards,
     # and after each batch (it crosses a multiple of FOLD_EVERY).
     rewards, folds, folded = 0.0, 0.0, 0
@@ -305,14 +310,14 @@ def _breakdown(client: redis.Redis, dim: int, blocks: int, calls: int) -> None:
             if not client.exists(keys.meta(experiment)):
                 _create(client, experiment, dim)
                 # a reward applied in full first: the cuts unpack real sums, not none
-                client.evalsha(full_decide, *_decide_args(experiment, dim, "first"))
+                client.evalsha(full_decide, *_decide_args(this, experiment, dim, "first"))
                 client.evalsha(shas[-1], *_reward_args(this, experiment, ["first"]))
             ids = [secrets.token_hex(16) for _ in range(calls)]
             if rows[i][0] == "decide.lua":
                 times[i].append(_timed(client, shas[i],
-                                       [_decide_args(experiment, dim, d) for d in ids]))
+                                       [_decide_args(this, experiment, dim, d) for d in ids]))
             else:
-                _timed(client, full_decide, [_decide_args(experiment, dim, d) for d in ids])
+                _timed(client, full_decide, [_decide_args(this, experiment, dim, d) for d in ids])
                 times[i].append(_timed(client, shas[i],
                                        [_reward_args(this, experiment, [d]) for d in ids]))
             with client.pipeline(transaction=False) as pipe:

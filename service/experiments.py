@@ -77,7 +77,7 @@ from service.errors import (
 )
 from service.folding import FOLD_EVERY, FOLD_LIMIT, fold_into, folded_blobs
 from service.settings import Settings
-from service.store import Snapshot, Store
+from service.store import Progress, Snapshot, Store
 from service.sweeper import Sweeper
 
 logger = logging.getLogger("linreboot.service")
@@ -555,6 +555,7 @@ class ExperimentService:
                 max_lag=definition.spec.max_stale_rewards,
                 grace_seconds=self._settings.default_reward_grace_seconds,
                 fields=fields, logged=_log_entry_fields(decision_id, arms, x, view, fields, every),
+                held=view.folded + view.applied,
             )
             if reply.status == "recorded":
                 view.last_number = max(view.last_number, reply.number)
@@ -565,12 +566,15 @@ class ExperimentService:
                 raise _missing(api_key)
             if reply.status == "forbidden":
                 raise Forbidden(_WRONG_KEY)
-            assert reply.snapshot is not None
-            view = await self._refresh_view(experiment_id, view, reply.snapshot)
+            if reply.progress is not None:  # what this view lacks: catch up
+                view = await self._caught_up(experiment_id, view, key_hash, reply.progress)
+            else:
+                assert reply.snapshot is not None
+                view = await self._refresh_view(experiment_id, view, reply.snapshot)
             # Decide again from the statistics just read, and record that
             # decision whatever has changed since: under steady rewards a
             # check would fail again and again.
-            seen, number, reserved = None, reply.snapshot.reserved, True
+            seen, number, reserved = None, reply.reserved, True
             if number is None and view.definition.spec.seed is not None:
                 # No number set aside: the definition changed (arms, or created
                 # again) since the request was checked. Check it again (the next
@@ -682,42 +686,55 @@ class ExperimentService:
             raise Forbidden(_WRONG_KEY)  # nothing kept
         return self._remember(experiment_id, _parse_definition(meta, arms), snapshot)
 
-    async def _caught_up(self, experiment_id: str, view: View, key_hash: str | None) -> View:
+    async def _caught_up(
+        self, experiment_id: str, view: View, key_hash: str | None,
+        progress: Progress | None = None,
+    ) -> View:
         """The view with the statistics read now (and the definition, if arms changed).
 
         The sums change only by outcomes appended to the outcomes string and by
         folds of them (:mod:`service.folding`). So when no fold took an outcome
         this view has not added, the view catches up by adding the outcomes it
         lacks to a copy of its sums: the same bits as reading the sums, without
-        reading them (the bulk of a read: a blob per arm).
+        reading them (the bulk of a read: a blob per arm). ``progress``: what
+        a stale reply brought (else it is read); if the view cannot catch up
+        with it, the statistics are read.
         """
-        progress = await self._store.read_progress(experiment_id)
+        if progress is None:
+            progress = await self._store.read_progress(experiment_id)
         if progress is None:
             self._forget(experiment_id)
             raise _missing(key_hash)
+        caught = self._catch_up(experiment_id, view, progress)
+        if caught is not None:
+            return caught
+        snapshot = await self._store.read_snapshot(experiment_id)
+        if snapshot is None:
+            self._forget(experiment_id)
+            raise _missing(key_hash)
+        return await self._refresh_view(experiment_id, view, snapshot)
+
+    def _catch_up(self, experiment_id: str, view: View, progress: Progress) -> View | None:
+        """The view at ``progress``, from ``view`` and the outcomes it lacks; None when a
+        fold took outcomes it never added, or the definition changed."""
         latest = self._views.get(experiment_id)
         if (latest is not None and latest is not view
                 and latest.definition.incarnation == progress.incarnation
                 and latest.version == progress.version and latest.rewards >= progress.rewards):
             return latest  # another request caught up meanwhile
         start = view.folded + view.applied - progress.folded  # the first outcome it lacks
-        if (progress.incarnation == view.definition.incarnation
+        if not (progress.incarnation == view.definition.incarnation
                 and progress.version == view.version and 0 <= start <= len(progress.unfolded)):
-            config = view.definition.config
-            sums = {name: value.copy() for name, value in view.sums.items()}
-            fold_into(config, sums, _arm_positions(view.definition.arms),
-                      progress.unfolded[start:])
-            state = discounted(config, sums)
-            caught = View(view.definition, version=view.version, rewards=progress.rewards,
-                          last_number=max(view.last_number, progress.decision_seq),
-                          state=state, folded=progress.folded, applied=len(progress.unfolded),
-                          raw=None if state is sums else sums)
-            return self._keep(experiment_id, caught)
-        snapshot = await self._store.read_snapshot(experiment_id)
-        if snapshot is None:
-            self._forget(experiment_id)
-            raise _missing(key_hash)
-        return await self._refresh_view(experiment_id, view, snapshot)
+            return None
+        config = view.definition.config
+        sums = {name: value.copy() for name, value in view.sums.items()}
+        fold_into(config, sums, _arm_positions(view.definition.arms), progress.unfolded[start:])
+        state = discounted(config, sums)
+        caught = View(view.definition, version=view.version, rewards=progress.rewards,
+                      last_number=max(view.last_number, progress.decision_seq),
+                      state=state, folded=progress.folded, applied=len(progress.unfolded),
+                      raw=None if state is sums else sums)
+        return self._keep(experiment_id, caught)
 
     async def _refresh_view(self, experiment_id: str, view: View, snapshot: Snapshot) -> View:
         """The view after a stale reply: its statistics, and the definition if arms changed.

@@ -368,7 +368,11 @@ class DecideReply:
 
     status: Literal["recorded", "stale", "missing", "forbidden"]
     number: int = 0
-    snapshot: Snapshot | None = None  # with "stale": what to decide from instead
+    # With "stale", what to decide from instead: the statistics, or what the
+    # caller's statistics lack (``held`` was given and they can catch up).
+    snapshot: Snapshot | None = None
+    progress: Progress | None = None
+    reserved: int | None = None  # with "stale": a decision number set aside for the caller
 
 
 class Store:
@@ -823,6 +827,7 @@ class Store:
         grace_seconds: int,
         fields: Mapping[str, str | bytes],
         logged: Mapping[str, str | bytes] | None = None,
+        held: int | None = None,
     ) -> DecideReply:
         """Record a pending decision if the statistics it was made from are current.
 
@@ -832,8 +837,10 @@ class Store:
         draw used (None: the script assigns one); ``reserved`` says an earlier
         stale reply set it aside. ``key_hash`` None skips the key check (trusted
         in-process callers). ``fields`` are the decision's record, ``logged``
-        its entry in the decision log (the script adds its number). See
-        ``decide.lua``.
+        its entry in the decision log (the script adds its number). ``held``:
+        how many outcomes the caller's statistics hold (folded and added); a
+        stale reply then carries only what they lack when they can catch up
+        (``DecideReply.progress``). See ``decide.lua``.
         """
         args: list[str | bytes | int] = [
             "" if key_hash is None else key_hash,
@@ -845,6 +852,7 @@ class Store:
             ttl_seconds,
             max_lag,
             grace_seconds,
+            "" if held is None else str(held),
             len(fields),
         ]
         for pair in fields.items():
@@ -864,12 +872,18 @@ class Store:
         if status == "recorded":
             return DecideReply("recorded", number=int(reply[1]))
         if status == "stale":
-            version, rewards, reserved_number, outcomes, *flat = reply[1:]
-            stats = {_text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+            version, rewards, reserved_number, outcomes, kind, *rest = reply[1:]
             text = _text(reserved_number)
-            snapshot = Snapshot(int(version), int(rewards), stats, int(text) if text else None,
-                                tuple(split_records(outcomes)[0]))
-            return DecideReply("stale", snapshot=snapshot)
+            set_aside = int(text) if text else None
+            unfolded = tuple(split_records(outcomes)[0])
+            if _text(kind) == "partial":
+                folded, seq = rest
+                progress = Progress(incarnation, int(version), int(rewards), int(seq), int(folded),
+                                    unfolded)
+                return DecideReply("stale", progress=progress, reserved=set_aside)
+            stats = {_text(rest[i]): rest[i + 1] for i in range(0, len(rest), 2)}
+            snapshot = Snapshot(int(version), int(rewards), stats, set_aside, unfolded)
+            return DecideReply("stale", snapshot=snapshot, reserved=set_aside)
         if status == "missing":
             return DecideReply("missing")
         if status == "forbidden":

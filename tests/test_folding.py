@@ -244,11 +244,13 @@ async def test_a_view_catches_up_with_new_outcomes_to_the_bits_of_a_full_read(
     service: ExperimentService, other_service: ExperimentService, redis_db: str,
     monkeypatch: pytest.MonkeyPatch, kind: str,
 ) -> None:
-    """A worker that applied a reward adds the outcomes it lacks to its view instead of
-    reading the sums again, unless a fold took outcomes it never added (then it reads
-    them). Rewards come through both workers, so folds by the other take outcomes this
-    one has not seen now and then. After every decision this worker's view holds the
-    statistics a full read gives, bit for bit."""
+    """A worker that applied a reward, or whose decision decide.lua found stale, adds the
+    outcomes it lacks to its view instead of reading the sums again, unless a fold took
+    outcomes it never added (then it reads them). Rewards come through both workers
+    (half of this worker's decisions are rewarded through the other, so that its next
+    decision is found stale), and folds by the other take outcomes this one has not
+    seen now and then. After every decision this worker's view holds the statistics a
+    full read gives, bit for bit."""
     from service.experiments import _state_for
 
     spec = ExperimentSpec(id="fold", seed=5, **SPECS[kind])  # type: ignore[arg-type]
@@ -262,6 +264,16 @@ async def test_a_view_catches_up_with_new_outcomes_to_the_bits_of_a_full_read(
         return await read_snapshot(self, experiment_id)
 
     monkeypatch.setattr(Store, "read_snapshot", counted)
+    partial_replies = 0
+    decide = Store.decide
+
+    async def watched(self: Store, *args: Any, **kwargs: Any) -> Any:
+        nonlocal partial_replies
+        reply = await decide(self, *args, **kwargs)
+        partial_replies += reply.progress is not None
+        return reply
+
+    monkeypatch.setattr(Store, "decide", watched)
     rng = np.random.default_rng(8)
     store = Store.from_url(redis_db, 5.0)
     try:
@@ -280,15 +292,17 @@ async def test_a_view_catches_up_with_new_outcomes_to_the_bits_of_a_full_read(
             for name, value in fresh.items():
                 assert np.array_equal(value, view.sums[name]), (i, name)
             compared += 1
-            await service.reward("fold", [(mine.decision_id, float(rng.normal()))], key)
+            rewarding = service if i % 2 == 0 else other_service
+            await rewarding.reward("fold", [(mine.decision_id, float(rng.normal()))], key)
             if i % 3 == 0:  # the other worker's decisions and rewards meanwhile
                 theirs = await other_service.choose("fold", ChooseRequest(context=context), key)
                 await other_service.reward("fold", [(theirs.decision_id, 1.0)], key)
     finally:
         await store.close()
     assert compared == 3 * FOLD_EVERY
-    # Most catching up added outcomes; the other worker's folds forced some reads.
-    assert 0 < full_reads < FOLD_EVERY
+    # Most catching up added outcomes (some from stale replies); the other worker's
+    # folds forced some reads.
+    assert 0 < full_reads < FOLD_EVERY and partial_replies > 0
 
 
 async def test_an_experiment_of_the_version_that_added_in_lua_is_refused_until_upgraded(

@@ -23,21 +23,28 @@
 --          this much longer than its window, so that settle.lua can still
 --          apply the default after a pause of the service, and then recognise
 --          a late reward
--- ARGV[10] h: how many field/value pairs of the decision hash follow
--- ARGV[11 .. 10 + 2h]  field, value, ... of the decision hash (its context in
+-- ARGV[10] how many outcomes the worker's statistics hold (the sums' folded
+--          count when read, and the records the worker added); '' for unknown
+-- ARGV[11] h: how many field/value pairs of the decision hash follow
+-- ARGV[12 .. 11 + 2h]  field, value, ... of the decision hash (its context in
 --          chunks 'x:1', 'x:2', ..., with 'x_chunks' their count)
--- ARGV[11 + 2h ..]  field, value, ... of the decision's log entry, but its number
+-- ARGV[12 + 2h ..]  field, value, ... of the decision's log entry, but its number
 --          (which the script adds): type, id, arm, x, version, rewards_seen,
 --          eligible, propensity
 --
 -- Returns
 --   {'recorded', number}  the decision is pending (also when this same decision
 --                         was recorded by an earlier call whose reply was lost)
---   {'stale', version, rewards, reserved number or '', outcomes, field, value, ...}
+--   {'stale', version, rewards, reserved number or '', outcomes, 'full', field, value, ...}
+--   {'stale', version, rewards, reserved number or '', outcomes, 'partial', folded,
+--    decision_seq}
 --                         nothing recorded (also when the experiment is another
 --                         incarnation than ARGV[2]): the current statistics
 --                         (the outcomes string, then HGETALL of the stats
---                         hash), and for a seeded experiment a reserved number
+--                         hash), or, when the worker's statistics can catch up
+--                         with them (same definition, and no fold took an
+--                         outcome they do not hold: ARGV[10] >= folded), only
+--                         the outcomes string and the counters; and for a seeded experiment a reserved number
 --                         if its definition (incarnation, version) is the one the
 --                         worker checked the request against; after a change the
 --                         worker checks the request again first, so that a
@@ -57,7 +64,7 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
   return {'recorded', tonumber(redis.call('HGET', KEYS[3], 'number'))}
 end
 
-local counters = redis.call('HMGET', KEYS[2], 'rewards', 'decision_seq')
+local counters = redis.call('HMGET', KEYS[2], 'rewards', 'decision_seq', 'folded')
 local rewards, seq = counters[1] or '0', tonumber(counters[2] or '0')
 local number = ARGV[5]
 -- Another incarnation (deleted and created again meanwhile) is always stale.
@@ -72,6 +79,13 @@ if stale then
     reserved = redis.call('HINCRBY', KEYS[2], 'decision_seq', 1)
   end
   local reply = {'stale', meta[3], rewards, reserved, redis.call('GET', KEYS[6]) or ''}
+  local folded = counters[3] or '0'
+  if not redefined and ARGV[10] ~= '' and tonumber(ARGV[10]) >= tonumber(folded) then
+    -- decision_seq as HGETALL would give it: after the reservation, if any
+    reply[6], reply[7], reply[8] = 'partial', folded, tostring(reserved ~= '' and reserved or seq)
+    return reply
+  end
+  reply[6] = 'full'
   local stats = redis.call('HGETALL', KEYS[2])
   for i = 1, #stats do
     reply[#reply + 1] = stats[i]
@@ -89,13 +103,13 @@ local now = tonumber(time[1]) + tonumber(time[2]) / 1e6
 local window = tonumber(ARGV[7])
 local defaulted = meta[4] ~= false  -- the experiment has a default reward
 local ttl = defaulted and window + tonumber(ARGV[9]) or window
-local last = 10 + 2 * tonumber(ARGV[10])
+local last = 11 + 2 * tonumber(ARGV[11])
 local deadline = string.format('%.3f', now + window)
 if defaulted then
   redis.call('HSET', KEYS[3], 'incarnation', ARGV[2], 'number', number, 'deadline', deadline,
-             unpack(ARGV, 11, last))
+             unpack(ARGV, 12, last))
 else
-  redis.call('HSET', KEYS[3], 'incarnation', ARGV[2], 'number', number, unpack(ARGV, 11, last))
+  redis.call('HSET', KEYS[3], 'incarnation', ARGV[2], 'number', number, unpack(ARGV, 12, last))
 end
 redis.call('EXPIRE', KEYS[3], ttl)
 redis.call('HINCRBY', KEYS[2], 'decisions', 1)
