@@ -119,6 +119,7 @@ def _create(client: redis.Redis, experiment: str, dim: int, recorded: bool = Tru
         "model_recipe": recipes["model"], "arm_recipe": recipes["arm"], **_LOG})
     if recorded:
         client.set(keys.outcomes(experiment), "")
+        client.hset(keys.meta(experiment), "context_bytes", str(8 * dim))
 
 
 def _context(dim: int) -> bytes:

@@ -383,10 +383,10 @@ class ExperimentService:
             # Random, not 1: a worker that cached a deleted experiment of the
             # same id must see a different version and reload.
             "version": str(secrets.randbits(52) + 1),
-            # What the stored sums hold (service.codec), fixed for this incarnation,
-            # and how fast the sums forget (policies.state, "Forgetting").
-            "model_recipe": stored_recipe(config, "model"),
-            "arm_recipe": stored_recipe(config, "arm"),
+            # What the stored sums hold (service.codec) and a context's size, fixed
+            # for this incarnation, and how fast the sums forget (policies.state,
+            # "Forgetting").
+            **_stored_format(config),
             **({"discount": repr(config.discount)} if config.discounted else {}),
             # Read by the scripts: the default reward (settle.lua) and the
             # decision log's bounds (decide.lua, reward.lua, settle.lua).
@@ -489,8 +489,7 @@ class ExperimentService:
                 config = PolicyConfig(**json.loads(raw[0]["config"]))
                 if await self._store.upgrade(
                     experiment_id,
-                    {"model_recipe": stored_recipe(config, "model"),
-                     "arm_recipe": stored_recipe(config, "arm")},
+                    _stored_format(config),
                     functools.partial(_upgraded_stats, config),
                     functools.partial(_field_names, config.shared),
                     functools.partial(_decisions_behind, config),
@@ -983,6 +982,15 @@ def _field_names(shared: bool, arm_id: str) -> dict[str, str]:
         "model_field": keys.model_field(None if shared else arm_id),
         "arm_field": keys.arm_field(arm_id),
     }
+
+
+def _stored_format(config: PolicyConfig) -> dict[str, str]:
+    """Meta fields that say how the experiment's statistics are stored: the recipes of
+    its sums (``service.codec``) and the bytes of a context, which reward.lua and
+    settle.lua check a decision's against before recording its outcome."""
+    return {"model_recipe": stored_recipe(config, "model"),
+            "arm_recipe": stored_recipe(config, "arm"),
+            "context_bytes": str(8 * config.dim)}
 
 
 def _decisions_behind(config: PolicyConfig, stored: Mapping[str, str | None]) -> bool:

@@ -247,11 +247,16 @@ async def test_views_beyond_the_memory_budget_are_dropped_least_recently_used_fi
     assert len(calls) == reads
 
 
+@pytest.mark.parametrize(("damage", "message"), [
+    ({"x_chunks": None, "x:1": None}, "without its fields or context"),
+    ({"x:1": "\0" * 8}, "not of the experiment's size"),
+])
 async def test_a_batch_meeting_a_damaged_decision_writes_nothing(
-    service: ExperimentService, redis_db: str
+    service: ExperimentService, redis_db: str, damage: dict[str, str | None], message: str
 ) -> None:
-    """A pending decision whose context is gone: the whole batch is refused before any
-    write (Redis does not undo a failed script's writes)."""
+    """A pending decision whose context is gone, or of another size than the
+    experiment's: the whole batch is refused before any write (Redis does not undo a
+    failed script's writes)."""
     spec = ExperimentSpec(id="cov", setting="covariates", dim=2,
                           arms=(ArmSpec("a"), ArmSpec("b")))
     _, key = await service.create(spec)
@@ -259,8 +264,13 @@ async def test_a_batch_meeting_a_damaged_decision_writes_nothing(
     second = await service.choose("cov", ChooseRequest(context=(1.0, 2.0), eligible=("b",)), key)
     client = redis.Redis.from_url(redis_db)
     try:
-        client.hdel(keys.decision("cov", second.decision_id), "x_chunks", "x:1")
-        with pytest.raises(redis.ResponseError, match="without its fields or context"):
+        record = keys.decision("cov", second.decision_id)
+        for name, value in damage.items():
+            if value is None:
+                client.hdel(record, name)
+            else:
+                client.hset(record, name, value)
+        with pytest.raises(redis.ResponseError, match=message):
             await service.reward("cov", [(first.decision_id, 1.0), (second.decision_id, 1.0)],
                                  key)
         status = client.hget(keys.decision("cov", first.decision_id), "status")

@@ -77,14 +77,18 @@ local function unusable(model_recipe)
 end
 
 -- A pending decision's record lacks what its outcome's record needs (its
--- number too when the experiment forgets: `discount` is the meta's): an
--- error reply (a damaged record; the caller checks before it writes), else nil.
-local function incomplete(decision, discount)
+-- number too when the experiment forgets, a context of the experiment's
+-- size: `discount` and `context_bytes` are the meta's): an error reply (a
+-- damaged record; the caller checks before it writes), else nil.
+local function incomplete(decision, discount, context_bytes)
   if not (decision[MODEL_FIELD] and decision[ARM_FIELD] and decision[X]) then
     return redis.error_reply('a pending decision without its fields or context')
   end
   if discount and not tonumber(decision[NUMBER]) then
     return redis.error_reply('a decision without a number in an experiment that forgets')
+  end
+  if context_bytes and #decision[X] ~= tonumber(context_bytes) then
+    return redis.error_reply('a pending decision whose context is not of the experiment\'s size')
   end
   return nil
 end

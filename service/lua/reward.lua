@@ -2,7 +2,7 @@
 -- store.py puts outcomes.lua in front of this script.
 --
 -- KEYS[1]  meta hash      lrb:{exp}:meta     (incarnation, key_hash, model_recipe, log retention,
---                          discount)
+--                          discount, context_bytes)
 -- KEYS[2]  stats hash     lrb:{exp}:stats    (counters)
 -- KEYS[3]  decision log   lrb:{exp}:log      (a stream; written when meta has log_max_entries)
 -- KEYS[4]  outcomes       lrb:{exp}:outcomes (outcomes not yet in the sums: outcomes.lua)
@@ -27,7 +27,7 @@
 -- and the log and the outcomes string hold the rewards in one order.
 
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'key_hash', 'model_recipe',
-                        'log_max_entries', 'log_max_age_seconds', 'discount')
+                        'log_max_entries', 'log_max_age_seconds', 'discount', 'context_bytes')
 if not meta[1] then
   return {'missing'}
 end
@@ -49,7 +49,7 @@ for k = FIRST, #KEYS do
   if not read[KEYS[k]] then
     local decision = read_decision(KEYS[k])
     if decision[STATUS] == 'pending' and decision[INCARNATION] == incarnation then
-      refused = incomplete(decision, meta[6])
+      refused = incomplete(decision, meta[6], meta[7])
       if refused then
         return refused
       end

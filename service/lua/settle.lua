@@ -4,7 +4,7 @@
 -- reward.lua records a reward.
 --
 -- KEYS[1]  meta hash      lrb:{exp}:meta     (incarnation, default_reward, model_recipe,
---                          log retention, discount)
+--                          log retention, discount, context_bytes)
 -- KEYS[2]  stats hash     lrb:{exp}:stats    (counters defaulted, defaults_missed)
 -- KEYS[3]  decision log   lrb:{exp}:log
 -- KEYS[4]  pending list   lrb:{exp}:pending  ("<deadline> <id>", in deadline order)
@@ -32,7 +32,7 @@
 -- which DELETE still finds it.
 
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'default_reward', 'model_recipe',
-                        'log_max_entries', 'log_max_age_seconds', 'discount')
+                        'log_max_entries', 'log_max_age_seconds', 'discount', 'context_bytes')
 if not meta[1] or not meta[2] then
   return {'missing'}
 end
@@ -100,7 +100,7 @@ if #KEYS >= FIRST then
   -- Checked whole before anything is written, as a batch of rewards is.
   for _, decision in ipairs(decisions) do
     if decision[STATUS] == 'pending' and decision[INCARNATION] == meta[1] then
-      refused = incomplete(decision, meta[6])
+      refused = incomplete(decision, meta[6], meta[7])
       if refused then
         return refused
       end
