@@ -716,10 +716,9 @@ class ExperimentService:
     def _catch_up(self, experiment_id: str, view: View, progress: Progress) -> View | None:
         """The view at ``progress``, from ``view`` and the outcomes it lacks; None when a
         fold took outcomes it never added, or the definition changed."""
-        latest = self._views.get(experiment_id)
-        if (latest is not None and latest is not view
-                and latest.definition.incarnation == progress.incarnation
-                and latest.version == progress.version and latest.rewards >= progress.rewards):
+        latest = self._newer(experiment_id, view, progress.incarnation, progress.version,
+                             progress.rewards)
+        if latest is not None:
             return latest  # another request caught up meanwhile
         start = view.folded + view.applied - progress.folded  # the first outcome it lacks
         if not (progress.incarnation == view.definition.incarnation
@@ -742,14 +741,9 @@ class ExperimentService:
         first one rebuilds the view and the others take it if it is at least
         as new as their snapshot (same version, no fewer rewards).
         """
-        latest = self._views.get(experiment_id)
-        if (
-            latest is not None
-            and latest is not view
-            and latest.definition.incarnation == view.definition.incarnation
-            and latest.version == snapshot.version
-            and latest.rewards >= snapshot.rewards
-        ):
+        latest = self._newer(experiment_id, view, view.definition.incarnation, snapshot.version,
+                             snapshot.rewards)
+        if latest is not None:
             return latest
         definition = view.definition
         if snapshot.version != definition.version:
@@ -757,6 +751,19 @@ class ExperimentService:
         # Decision numbers start again when the experiment is created again.
         same = definition.incarnation == view.definition.incarnation
         return self._remember(experiment_id, definition, snapshot, view.last_number if same else 0)
+
+    def _newer(
+        self, experiment_id: str, view: View, incarnation: str, version: int, rewards: int
+    ) -> View | None:
+        """The cached view, if another request replaced ``view`` with one at least as new as
+        statistics read at (incarnation, version, rewards): requests in flight together get
+        stale replies together, and the first one's view serves the others."""
+        latest = self._views.get(experiment_id)
+        if (latest is not None and latest is not view
+                and latest.definition.incarnation == incarnation
+                and latest.version == version and latest.rewards >= rewards):
+            return latest
+        return None
 
     def _remember(
         self, experiment_id: str, definition: Definition, snapshot: Snapshot, last_number: int = 0

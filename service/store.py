@@ -326,7 +326,6 @@ class Snapshot:
     version: int  # the meta version (changes when arms are added or retired)
     rewards: int  # rewards applied: changes whenever the statistics do
     stats: dict[str, bytes]  # the stats hash: packed sums and counters
-    reserved: int | None = None  # a decision number set aside for the caller
     # Outcomes applied but not yet in the sums (keys.outcomes), oldest first:
     # the statistics are the sums with these added (service.folding).
     unfolded: tuple[bytes, ...] = ()
@@ -882,7 +881,7 @@ class Store:
                                     unfolded)
                 return DecideReply("stale", progress=progress, reserved=set_aside)
             stats = {_text(rest[i]): rest[i + 1] for i in range(0, len(rest), 2)}
-            snapshot = Snapshot(int(version), int(rewards), stats, set_aside, unfolded)
+            snapshot = Snapshot(int(version), int(rewards), stats, unfolded)
             return DecideReply("stale", snapshot=snapshot, reserved=set_aside)
         if status == "missing":
             return DecideReply("missing")
