@@ -52,13 +52,15 @@ from service.embedded import EmbeddedRedis
 _DIM = 20
 _CONFIG = paper_config("linreboot", "stochastic", _DIM)
 _FORGETTING = paper_config("linreboot", "stochastic", _DIM, discount=0.99)
-_FIELDS: dict[str, str | bytes] = {  # as service.experiments._decision_fields writes them
+_FIELDS: dict[str, str | bytes] = {  # as a version with decision hashes wrote them
     "arm": "a17", "model_field": "model", "arm_field": "arm:a17", "x_chunks": "3",
     "x:1": b"\x00\x00\x00\x00\x00\x00\xe0?" * 8, "x:2": b"\x00\x00\x00\x00\x00\x00\xf0?" * 8,
     "x:3": b"\x00\x00\x00\x00\x00\x00\xe0\xbf" * 4, "version": "1",
     "rewards_seen": "0", "status": "pending", "created_at": "1767225600.123456",
 }
 _X = b"".join(v for k, v in _FIELDS.items() if isinstance(v, bytes))
+# decide.lua's ARGV[11] since a decision is one string (service.experiments._decision_record)
+_RECORD = b"model\narm:a17\na17\n1\n0\n1767225600.123456\n0.0123456789\n" + _X
 
 
 def _logged(decision_id: str) -> list[str | bytes]:
@@ -78,6 +80,7 @@ class Variant:
     new_interface: bool  # decide.lua's ARGV[9] grace and ARGV[10] h; reward.lua's log key
     recorded: bool = False  # reward.lua takes the outcomes key (service.folding)
     held: bool = False  # decide.lua takes the outcomes the caller's view holds (ARGV[10])
+    record: bool = False  # decide.lua takes the decision's record, one string (ARGV[11])
 
 
 def _read(rev: str | None, name: str) -> str:
@@ -89,14 +92,15 @@ def _read(rev: str | None, name: str) -> str:
     return shown.stdout if shown.returncode == 0 else ""
 
 
-def _scripts(client: redis.Redis, rev: str | None) -> tuple[str, str, bool, bool, bool]:
+def _scripts(client: redis.Redis, rev: str | None) -> tuple[str, str, bool, bool, bool, bool]:
     decide = _read(rev, "decide")
-    new = "ARGV[10] h" in decide
+    record = "ARGV[11] the pending record" in decide
+    new = "ARGV[10] h" in decide or record
     # The shared chunk: outcomes.lua (sums.lua before outcomes were recorded).
     reward = ((_read(rev, "outcomes") or _read(rev, "sums")) if new else "") + _read(rev, "reward")
     shas = [client.script_load(text) for text in (decide, reward)]
     return (str(shas[0]), str(shas[1]), new, ":outcomes" in reward,
-            "ARGV[10] how many outcomes" in decide)
+            "ARGV[10] how many outcomes" in decide, record)
 
 
 def _create(client: redis.Redis, experiment: str, extra: dict[str, str],
@@ -115,6 +119,8 @@ def _decide_args(v: Variant, decision_id: str) -> list[Any]:
     if not v.new_interface:
         return [4, *keyset, *fixed, *fields]
     held = [""] if v.held else []
+    if v.record:
+        return [5, *keyset, keys.log(e), *fixed, 3600, *held, _RECORD, *_logged(decision_id)]
     return [5, *keyset, keys.log(e), *fixed, 3600, *held, len(_FIELDS), *fields,
             *_logged(decision_id)]
 
@@ -188,12 +194,12 @@ def main() -> None:
         try:
             client = redis.Redis.from_url(embedded.url)
             log = {"log_max_entries": "100000", "log_max_age_seconds": "604800"}
-            decide, reward, new, recorded, held = _scripts(client, None)
+            this = _scripts(client, None)
             variants = [
-                Variant("this, no log", "plain", decide, reward, new, recorded, held),
-                Variant("this, log", "logged", decide, reward, new, recorded, held),
-                Variant("this, log + default", "defaulted", decide, reward, new, recorded, held),
-                Variant("this, forgetting", "forgetting", decide, reward, new, recorded, held),
+                Variant("this, no log", "plain", *this),
+                Variant("this, log", "logged", *this),
+                Variant("this, log + default", "defaulted", *this),
+                Variant("this, forgetting", "forgetting", *this),
             ]
             _create(client, "plain", {})
             _create(client, "forgetting", {"discount": repr(_FORGETTING.discount)}, _FORGETTING)

@@ -71,6 +71,7 @@ class Version:
     fold: str | None
     recorded: bool  # reward.lua takes the outcomes key (KEYS[4]): records outcomes
     held: bool = False  # decide.lua takes the outcomes the caller's view holds (ARGV[10])
+    record: bool = False  # decide.lua takes the decision's record, one string (ARGV[11])
     times: dict[tuple[int, str], list[float]] = field(default_factory=dict)
 
 
@@ -98,9 +99,10 @@ def _version(client: redis.Redis, name: str, rev: str | None) -> Version:
     reward_text = _reward_script(rev)
     decide, reward = load(_read(rev, "decide")), load(reward_text)
     assert decide and reward
+    decide_text = _read(rev, "decide") or ""
     return Version(name, decide, reward, load(_read(rev, "fold_read")), load(_read(rev, "fold")),
-                   "lrb:{exp}:outcomes" in reward_text,
-                   "ARGV[10] how many outcomes" in (_read(rev, "decide") or ""))
+                   "lrb:{exp}:outcomes" in reward_text, "ARGV[10] how many outcomes" in decide_text,
+                   "ARGV[11] the pending record" in decide_text)
 
 
 def _experiment(version: Version, dim: int) -> str:
@@ -126,8 +128,13 @@ def _context(dim: int) -> bytes:
     return np.random.default_rng(dim).normal(size=dim).astype("<f8").tobytes()
 
 
+def _decision_record(dim: int) -> bytes:
+    """As service.experiments._decision_record writes it."""
+    return b"model\narm:a17\na17\n1\n0\n1767225600.123456\n0.0123\n" + _context(dim)
+
+
 def _decision_fields(dim: int) -> dict[str, str | bytes]:
-    """As service.experiments._decision_fields writes them (the context in 64-byte chunks)."""
+    """As a version with decision hashes wrote them (the context in 64-byte chunks)."""
     x = _context(dim)
     chunks = [x[i:i + 64] for i in range(0, len(x), 64)]
     return {"arm": "a17", "model_field": "model", "arm_field": "arm:a17",
@@ -151,8 +158,10 @@ def _decide_args(version: Version, experiment: str, dim: int, decision_id: str) 
               keys.log(e), keys.outcomes(e)]
     fields = _decision_fields(dim)
     held = [""] if version.held else []  # the outcomes the caller's view holds: unknown
-    return [len(keyset), *keyset, "h", "inc", "", "", "", "0", 3600, 0, 3600, *held,
-            len(fields), *(item for pair in fields.items() for item in pair),
+    fixed = [len(keyset), *keyset, "h", "inc", "", "", "", "0", 3600, 0, 3600, *held]
+    if version.record:
+        return [*fixed, _decision_record(dim), *_logged(decision_id, dim)]
+    return [*fixed, len(fields), *(item for pair in fields.items() for item in pair),
             *_logged(decision_id, dim)]
 
 
@@ -278,9 +287,9 @@ _REWARD_CUTS = (
     ("+ the record made, the decision marked, its log entry", "finish(KEYS[4])"),
 )
 _DECIDE_CUTS = (
-    ("+ the meta read", "if redis.call('EXISTS', KEYS[3]) == 1 then"),
+    ("+ the meta read", "local existing = redis.pcall('GET', KEYS[3])"),
     ("+ existence, counters, number, clock", "local window = tonumber(ARGV[7])"),
-    ("+ the decision's record and its TTL", "local id = string.match(KEYS[3], ':decision:(.*)$')"),
+    ("+ the decision's record", "local id = string.match(KEYS[3], ':decision:(.*)$')"),
     ("+ the pending list and its TTL", "local max_entries = tonumber(meta[5] or '0')"),
 )
 

@@ -545,7 +545,7 @@ class ExperimentService:
             decision_id = secrets.token_hex(16)  # as random as uuid4().hex, cheaper
             x = np.ascontiguousarray(contexts[picked], dtype="<f8").tobytes()
             propensity = await view.propensity(ready, picked)
-            fields = _decision_fields(view, arms[picked], x, propensity)
+            record = _decision_record(view, arms[picked], x, propensity)
             every = contexts if definition.spec.log_all_contexts else None
             reply = await self._store.decide(
                 experiment_id, decision_id, key_hash=key_hash,
@@ -553,7 +553,9 @@ class ExperimentService:
                 reserved=reserved, ttl_seconds=definition.spec.reward_window_seconds,
                 max_lag=definition.spec.max_stale_rewards,
                 grace_seconds=self._settings.default_reward_grace_seconds,
-                fields=fields, logged=_log_entry_fields(decision_id, arms, x, view, fields, every),
+                record=record,
+                logged=_log_entry_fields(decision_id, arms, arms[picked], x, view, propensity,
+                                         every),
                 held=view.folded + view.applied,
             )
             if reply.status == "recorded":
@@ -1029,33 +1031,14 @@ def _upgraded_stats(
     return out
 
 
-# Redis keeps a hash compact (a listpack) while every value is at most 64 bytes
-# (hash-max-ziplist-value); one 160-byte context (d = 20) would more than
-# double a pending decision's memory.
-_CHUNK_BYTES = 64
-
-
-def _context_chunks(packed: bytes) -> dict[str, str | bytes]:
-    """The packed context as fields x:1, x:2, ... of at most 64 bytes (reward.lua joins them)."""
-    chunks = [packed[i: i + _CHUNK_BYTES] for i in range(0, len(packed), _CHUNK_BYTES)]
-    return {"x_chunks": str(len(chunks)), **{f"x:{i}": c for i, c in enumerate(chunks, 1)}}
-
-
-def _decision_fields(
-    view: View, arm: ArmRecord, x: bytes, propensity: float
-) -> dict[str, str | bytes]:
-    """The pending decision: what reward.lua needs (``x``: the context, packed), and the
-    state it was made from; and its propensity, for the decision log's entry."""
-    return {
-        "arm": arm.id,
-        **_field_names(view.definition.config.shared, arm.id),
-        **_context_chunks(x),
-        "version": str(view.version),
-        "rewards_seen": str(view.rewards),
-        "status": "pending",
-        "created_at": repr(time.time()),
-        "propensity": repr(propensity),
-    }
+def _decision_record(view: View, arm: ArmRecord, x: bytes, propensity: float) -> bytes:
+    """The pending decision's record after what decide.lua puts in front of it (incarnation,
+    number, deadline; the format is in ``outcomes.lua``): what reward.lua needs (the stats
+    fields and ``x``, the context, packed) and the state the decision was made from."""
+    names = _field_names(view.definition.config.shared, arm.id)
+    text = (names["model_field"], names["arm_field"], arm.id, str(view.version),
+            str(view.rewards), repr(time.time()), repr(propensity))
+    return "\n".join(text).encode() + b"\n" + x
 
 
 def _valid_entry_id(text: str) -> bool:
@@ -1091,21 +1074,20 @@ def parse_index_ranges(text: str) -> list[int]:
 
 
 def _log_entry_fields(
-    decision_id: str, arms: Sequence[ArmRecord], x: bytes, view: View,
-    fields: dict[str, str | bytes], contexts: np.ndarray | None = None,
+    decision_id: str, arms: Sequence[ArmRecord], arm: ArmRecord, x: bytes, view: View,
+    propensity: float, contexts: np.ndarray | None = None,
 ) -> dict[str, str | bytes]:
     """The decision's entry in the decision log (decide.lua adds its number): the chosen
-    arm (from ``fields``, the decision's record) and its context, the arms it was chosen
-    from (and, given, their ``contexts``), the statistics it was made from, and its
-    propensity ('' if unknown; taken out of ``fields``, as the record does not need it)."""
+    ``arm`` and its context, the arms it was chosen from (and, given, their
+    ``contexts``), the statistics it was made from, and its propensity."""
     definition = view.definition
     eligible = (definition.active_ranges if arms is definition.active_arms
                 else index_ranges([a.index for a in arms]))
     every = {} if contexts is None else {
         "contexts": np.ascontiguousarray(contexts, dtype="<f8").tobytes()}
-    return {"type": "decision", "id": decision_id, "arm": fields["arm"], "x": x,
-            "version": fields["version"], "rewards_seen": fields["rewards_seen"],
-            "eligible": eligible, **every, "propensity": fields.pop("propensity", "")}
+    return {"type": "decision", "id": decision_id, "arm": arm.id, "x": x,
+            "version": str(view.version), "rewards_seen": str(view.rewards),
+            "eligible": eligible, **every, "propensity": repr(propensity)}
 
 
 _OUTCOMES: dict[str, LogEntryType] = {"reward": "reward", "default": "default", "late": "late"}

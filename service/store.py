@@ -702,6 +702,8 @@ class Store:
         them. SCAN walks the whole keyspace: once per experiment, and only for versions
         whose decisions lack what this one's need."""
         async for key in self._client.scan_iter(match=keys.decision(experiment_id, "*")):
+            if _text(await self._client.type(key)) != "hash":
+                continue  # a record of this version (a string) lacks nothing
             arm = await self._client.hget(key, "arm")
             if arm is not None:
                 fields = decision_fields_of(_text(arm))
@@ -824,7 +826,7 @@ class Store:
         ttl_seconds: int,
         max_lag: int,
         grace_seconds: int,
-        fields: Mapping[str, str | bytes],
+        record: bytes,
         logged: Mapping[str, str | bytes] | None = None,
         held: int | None = None,
     ) -> DecideReply:
@@ -835,11 +837,11 @@ class Store:
         tolerated. ``number`` is the decision number its random
         draw used (None: the script assigns one); ``reserved`` says an earlier
         stale reply set it aside. ``key_hash`` None skips the key check (trusted
-        in-process callers). ``fields`` are the decision's record, ``logged``
-        its entry in the decision log (the script adds its number). ``held``:
-        how many outcomes the caller's statistics hold (folded and added); a
-        stale reply then carries only what they lack when they can catch up
-        (``DecideReply.progress``). See ``decide.lua``.
+        in-process callers). ``record`` is the end of the decision's record
+        (``decide.lua``'s ARGV[11]), ``logged`` its entry in the decision log
+        (the script adds its number). ``held``: how many outcomes the caller's
+        statistics hold (folded and added); a stale reply then carries only what
+        they lack when they can catch up (``DecideReply.progress``). See ``decide.lua``.
         """
         args: list[str | bytes | int] = [
             "" if key_hash is None else key_hash,
@@ -852,10 +854,8 @@ class Store:
             max_lag,
             grace_seconds,
             "" if held is None else str(held),
-            len(fields),
+            record,
         ]
-        for pair in fields.items():
-            args.extend(pair)
         for pair in (logged or {}).items():
             args.extend(pair)
         keyset = [

@@ -30,6 +30,7 @@ from service import keys
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.experiments import ExperimentService
 from service.settings import Settings
+from tests import records
 from tests.cluster import LocalCluster, id_on, local_cluster
 from tests.conftest import ADMIN, ADMIN_TOKEN, CONTEXTUAL, COVARIATES, STOCHASTIC, Api
 from tests.test_service_durability import (
@@ -383,6 +384,7 @@ async def test_the_start_up_upgrade_reaches_experiments_on_every_master(
         current = {e: _stats(client, e) for e in ids}
         for experiment_id in ids:  # as the version that stored raw sums left them
             client.hset(keys.meta(experiment_id), mapping=_LEGACY_RECIPES["raw sums"])
+            records.make_legacy(client, experiment_id, pending[experiment_id][1])
             client.hdel(keys.decision(experiment_id, pending[experiment_id][1]),
                         "model_field", "arm_field")
             drop_outcomes(client, experiment_id)  # it added every reward to the sums

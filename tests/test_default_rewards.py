@@ -31,6 +31,7 @@ from service.experiments import ExperimentService
 from service.settings import Settings
 from service.store import Store
 from service.sweeper import Sweeper, Swept
+from tests import records
 from tests.conftest import ADMIN, ADMIN_TOKEN, Api
 from tests.test_service_durability import (
     Observation,
@@ -179,14 +180,22 @@ async def test_a_default_counts_once_when_two_sweepers_hold_the_same_entries(
     await audit(service, redis_db, "dflt", {}, decisions)
 
 
+@pytest.mark.parametrize("legacy", [False, True], ids=["records", "hashes of an earlier version"])
 async def test_a_reward_after_the_window_is_late_and_changes_nothing(
-    api: Api, service: ExperimentService, redis_db: str
+    api: Api, service: ExperimentService, redis_db: str, legacy: bool
 ) -> None:
     key = await api.create({"id": "late", "setting": "covariates", "dim": 3, "seed": 1,
                             "arms": [{"id": a} for a in ARMS], "reward_window_seconds": WINDOW,
                             "default_reward": DEFAULT})
     body = {"experiment_id": "late", "context": [0.5, -1.0, 2.0]}
     early, late = await api.decide(key, body), await api.decide(key, body)
+    if legacy:  # pending when this version started: rewarded, defaulted, late all the same
+        client = redis.Redis.from_url(redis_db)
+        try:
+            for decision_id in (early, late):
+                records.make_legacy(client, "late", decision_id)
+        finally:
+            client.close()
     assert (await api.reward(key, {"experiment_id": "late", "decision_id": early,
                                    "reward": 1.0})).status_code == 200
     await asyncio.sleep(WINDOW + 0.1)
@@ -218,6 +227,19 @@ async def test_a_reward_after_the_window_is_late_and_changes_nothing(
     config = PolicyConfig(**view["config"])
     assert_stats_equal(config, ARMS, stored_stats(redis_db, "late"),
                        expected_state(config, 3, applied_in_order(log)))
+    # settled, each keeps what a repeat is checked against, not its context
+    client = redis.Redis.from_url(redis_db)
+    try:
+        if legacy:
+            names: list[bytes] = client.hkeys(keys.decision("late", late))  # type: ignore[assignment]
+            assert {n.decode() for n in names} == {"status", "incarnation", "reward", "number",
+                                                   "late_reward"}
+        else:
+            settled = records.read(redis_db, "late", late)
+            assert settled is not None and (settled["status"], settled["late"]) == (
+                "defaulted", True)
+    finally:
+        client.close()
 
 
 async def test_rewards_racing_the_default_count_exactly_one_of_them(
@@ -324,11 +346,13 @@ async def test_settled_decisions_keep_no_context_and_expire_from_their_list(
     decision = await service.choose("dflt", context(rng))
     await until_windows_end()
     await service.sweep()
+    record = records.read(redis_db, "dflt", decision.decision_id)
+    assert record is not None
+    assert (record["status"], record["number"], float(record["reward"])) == (
+        "defaulted", str(decision.decision_number).encode(), DEFAULT)
+    assert set(record) == {"status", "late", "incarnation", "number", "reward"}
     client = redis.Redis.from_url(redis_db)
     try:
-        names: list[bytes] = client.hkeys(  # type: ignore[assignment]
-            keys.decision("dflt", decision.decision_id))
-        assert {k.decode() for k in names} == {"status", "reward", "incarnation", "number"}
         ttl: int = client.ttl(keys.decision("dflt", decision.decision_id))  # type: ignore[assignment]
         assert WINDOW < ttl <= WINDOW + Settings().default_reward_grace_seconds
         # As if its grace period were over: the next settle call drops it from the list.

@@ -22,6 +22,7 @@ from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.experiments import ExperimentService
 from service.folding import FOLD_EVERY, FOLD_LIMIT, folded_blobs, split_records
 from service.store import Store
+from tests import records
 from tests.test_service_durability import (
     Observation,
     assert_stats_equal,
@@ -332,7 +333,8 @@ async def test_an_experiment_of_the_version_that_added_in_lua_is_refused_until_u
                 await store.apply_rewards("fold", None, [(decision.decision_id, "1.0")])
         finally:
             await store.close()
-        assert client.hget(keys.decision("fold", decision.decision_id), "status") == b"pending"
+        untouched = records.read(redis_db, "fold", decision.decision_id)
+        assert untouched is not None and untouched["status"] == "pending"
         upgraded = await ExperimentService.open(app_settings)
         try:
             assert upgraded.upgraded == ["fold"]

@@ -49,6 +49,7 @@ from service.experiments import ExperimentService
 from service.folding import fields_of, folded_blobs, split_records
 from service.settings import Settings
 from service.store import Store
+from tests import records
 from tests.conftest import ADMIN, ADMIN_TOKEN, CONTEXTUAL, Api
 
 pytestmark = pytest.mark.anyio
@@ -835,12 +836,9 @@ async def test_experiments_stored_by_earlier_versions_are_upgraded_at_start_up(
                 client.hdel(keys.meta(experiment_id), "model_recipe", "arm_recipe")
             else:
                 client.hset(keys.meta(experiment_id), mapping=legacy_recipes)
-        record_key = keys.decision("legacy", pending.decision_id)
-        client.hdel(record_key, "model_field", "arm_field")
-        chunks = [f"x:{i}" for i in range(1, int(client.hget(record_key, "x_chunks")) + 1)]  # type: ignore[arg-type]
-        whole = b"".join(client.hmget(record_key, chunks))  # type: ignore[arg-type]
-        client.hdel(record_key, "x_chunks", *chunks)
-        client.hset(record_key, mapping={"x": whole})  # the context whole, in one field
+        # the context whole, in one field
+        records.make_legacy(client, "legacy", pending.decision_id, chunked=False)
+        client.hdel(keys.decision("legacy", pending.decision_id), "model_field", "arm_field")
         for name, blob in current.items():
             axis = "model" if name.startswith("model") else "arm" if name.startswith("arm:") else ""
             if axis:

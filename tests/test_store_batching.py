@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.experiments import ExperimentService
 from service.settings import Settings
 from service.store import Store, _ScriptBatcher
+from tests import records
 
 pytestmark = pytest.mark.anyio
 
@@ -147,13 +149,8 @@ async def test_a_stale_view_decides_again_from_the_current_statistics(
 
     after = await one.choose("sto", ChooseRequest(), key)
     assert not after.exploring  # decided from the rewarded state, not its stale view
-    client = redis.Redis.from_url(redis_db)
-    try:
-        record: dict[bytes, bytes] = client.hgetall(  # type: ignore[assignment]
-            keys.decision("sto", after.decision_id))
-    finally:
-        client.close()
-    assert record[b"rewards_seen"] == b"3"
+    record = records.read(redis_db, "sto", after.decision_id)
+    assert record is not None and record["rewards_seen"] == b"3"
 
 
 @pytest.mark.parametrize("max_stale_rewards", [0, 1])
@@ -178,22 +175,16 @@ async def test_a_worker_that_applied_a_reward_reads_before_it_decides(
         # Within the allowed lag the view is kept; beyond it the statistics are read
         # first, so the decision is made once, from the current statistics.
         lag = rewarded % (max_stale_rewards + 1)
-        client = redis.Redis.from_url(redis_db)
-        try:
-            seen = int(client.hget(keys.decision("own", after.decision_id), "rewards_seen"))  # type: ignore[arg-type]
-        finally:
-            client.close()
-        assert seen == rewarded - lag
+        record = records.read(redis_db, "own", after.decision_id)
+        assert record is not None and record["rewards_seen"] == str(rewarded - lag).encode()
     assert all(seen is not None for seen in attempts)  # never a stale reply, never a retry
     assert len(attempts) == 10
 
 
 def _rewards_seen(url: str, decision_id: str) -> int:
-    client = redis.Redis.from_url(url)
-    try:
-        return int(client.hget(keys.decision("lag", decision_id), "rewards_seen"))  # type: ignore[arg-type]
-    finally:
-        client.close()
+    record = records.read(url, "lag", decision_id)
+    assert record is not None
+    return int(record["rewards_seen"])
 
 
 async def test_a_view_may_lag_as_many_rewards_as_the_experiment_allows(
@@ -247,12 +238,20 @@ async def test_views_beyond_the_memory_budget_are_dropped_least_recently_used_fi
     assert len(calls) == reads
 
 
+def _without_context(raw: bytes) -> bytes:
+    return raw[: raw.rindex(b"\n")]  # (d = 2: no newline byte in this context)
+
+
+def _short_context(raw: bytes) -> bytes:
+    return raw[: raw.rindex(b"\n") + 1] + b"\0" * 8
+
+
 @pytest.mark.parametrize(("damage", "message"), [
-    ({"x_chunks": None, "x:1": None}, "without its fields or context"),
-    ({"x:1": "\0" * 8}, "not of the experiment's size"),
+    (_without_context, "without its fields or context"),
+    (_short_context, "not of the experiment's size"),
 ])
 async def test_a_batch_meeting_a_damaged_decision_writes_nothing(
-    service: ExperimentService, redis_db: str, damage: dict[str, str | None], message: str
+    service: ExperimentService, redis_db: str, damage: Callable[[bytes], bytes], message: str
 ) -> None:
     """A pending decision whose context is gone, or of another size than the
     experiment's: the whole batch is refused before any write (Redis does not undo a
@@ -265,16 +264,14 @@ async def test_a_batch_meeting_a_damaged_decision_writes_nothing(
     client = redis.Redis.from_url(redis_db)
     try:
         record = keys.decision("cov", second.decision_id)
-        for name, value in damage.items():
-            if value is None:
-                client.hdel(record, name)
-            else:
-                client.hset(record, name, value)
+        raw: bytes = client.get(record)  # type: ignore[assignment]
+        assert b"\n" not in raw[raw.rindex(b"\n") + 1:] and len(raw) > 16
+        client.set(record, damage(raw), keepttl=True)
         with pytest.raises(redis.ResponseError, match=message):
             await service.reward("cov", [(first.decision_id, 1.0), (second.decision_id, 1.0)],
                                  key)
-        status = client.hget(keys.decision("cov", first.decision_id), "status")
-        assert status == b"pending"
+        untouched = records.read(redis_db, "cov", first.decision_id)
+        assert untouched is not None and untouched["status"] == "pending"
         assert client.get(keys.outcomes("cov")) == b""
         assert client.hget(keys.stats("cov"), keys.REWARDS) == b"0"
     finally:
@@ -316,34 +313,40 @@ async def test_patching_a_decision_that_expired_does_not_create_it_again(redis_d
         await store.close()
 
 
-async def test_a_pending_decision_keeps_every_value_within_64_bytes(
+async def test_a_pending_decision_is_one_record_with_its_context_whole(
     service: ExperimentService, redis_db: str
 ) -> None:
-    """So Redis keeps the hash compact (hash-max-ziplist-value 64): a third of the memory."""
+    """One string (one GET for a reward): what reward.lua needs and the state the
+    decision was made from; rewarded, it keeps only what a repeat is checked against."""
     features = tuple(tuple(float(i + j) for j in range(20)) for i in range(3))
     _, key = await service.create(ExperimentSpec(
         id="wide", setting="stochastic", dim=20,
         arms=tuple(ArmSpec(f"a{i}", f) for i, f in enumerate(features))))
     decision = await service.choose("wide", ChooseRequest(), key)
-    client = redis.Redis.from_url(redis_db)
-    try:
-        record: dict[bytes, bytes] = client.hgetall(  # type: ignore[assignment]
-            keys.decision("wide", decision.decision_id))
-    finally:
-        client.close()
-    assert max(len(v) for v in record.values()) <= 64
-    assert int(record[b"x_chunks"]) == 3  # 160 bytes of context
-    # and the reward reads the context back whole: the arm's features
+    record = records.read(redis_db, "wide", decision.decision_id)
+    assert record is not None
+    picked = int(decision.arm_id[1:])
+    assert record["x"] == np.array(features[picked], dtype="<f8").tobytes()  # 160 bytes
+    assert (record["status"], record["arm"], record["model_field"], record["arm_field"]) == (
+        "pending", decision.arm_id.encode(), keys.model_field(None).encode(),
+        keys.arm_field(decision.arm_id).encode())
+    assert record["number"] == str(decision.decision_number).encode()
+    assert record["deadline"] == b""  # no default reward
+    assert float(record["propensity"]) == pytest.approx(decision.propensity)
+    # the reward reads the context back whole: the arm's features
     assert (await service.reward("wide", [(decision.decision_id, 2.0)], key))[0].status \
         == "applied"
     view = await service.get("wide")
     assert view.theta_hat["shared"] != [0.0] * 20
+    rewarded = records.read(redis_db, "wide", decision.decision_id)
+    assert rewarded == {"status": "rewarded", "late": False, "incarnation": record["incarnation"],
+                        "number": record["number"], "reward": b"2.0"}
 
 
 async def test_a_context_of_more_chunks_than_the_first_read_is_read_back_whole(
     app_settings: Settings, redis_db: str
 ) -> None:
-    """d = 72: nine 64-byte chunks, the fifth to ninth read by a second HMGET in reward.lua."""
+    """d = 72: a context of 576 bytes, in the record and in the outcome's."""
     from tests.test_service_durability import (
         Observation,
         assert_stats_equal,
@@ -369,3 +372,33 @@ async def test_a_context_of_more_chunks_than_the_first_read_is_read_back_whole(
         await service.close()
     assert_stats_equal(config, ["a", "b"], stored_stats(redis_db, "big"),
                        expected_state(config, 2, observations))
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["record", "hash of an earlier version"])
+async def test_a_resent_decision_is_answered_with_its_number_and_recorded_once(
+    service: ExperimentService, redis_db: str, legacy: bool
+) -> None:
+    """decide.lua run again after its reply was lost (the Redis client's own retry)."""
+    spec = ExperimentSpec(id="again", setting="covariates", dim=2,
+                          arms=(ArmSpec("a"), ArmSpec("b")))
+    _, key = await service.create(spec)
+    made = await service.choose("again", ChooseRequest(context=(1.0, 2.0)), key)
+    client = redis.Redis.from_url(redis_db)
+    store = Store.from_url(redis_db, 5.0)
+    try:
+        if legacy:
+            records.make_legacy(client, "again", made.decision_id)
+        incarnation = client.hget(keys.meta("again"), "incarnation").decode()  # type: ignore[union-attr]
+        before = client.hgetall(keys.stats("again"))
+        reply = await store.decide(
+            "again", made.decision_id, key_hash=None, incarnation=incarnation, seen=None,
+            number=None, reserved=False, ttl_seconds=60, max_lag=0, grace_seconds=60,
+            record=b"model:a\narm:a\na\n1\n0\n0.0\n0.5\n" + b"\0" * 16)
+        assert (reply.status, reply.number) == ("recorded", made.decision_number)
+        assert client.hgetall(keys.stats("again")) == before  # no decision counted twice
+        assert client.llen(keys.pending("again")) == 1
+    finally:
+        client.close()
+        await store.close()
+    outcome = await service.reward("again", [(made.decision_id, 1.0)], key)
+    assert outcome[0].status == "applied"

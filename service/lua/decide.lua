@@ -4,7 +4,8 @@
 --                          log_max_entries, log_max_age_seconds)
 -- KEYS[2]  stats hash     lrb:{exp}:stats  (packed sums; counters rewards, decision_seq, decisions;
 --                          the sums with KEYS[6]'s outcomes added are the statistics)
--- KEYS[3]  decision hash  lrb:{exp}:decision:<id>  (a fresh id per attempt)
+-- KEYS[3]  decision record lrb:{exp}:decision:<id>  (a fresh id per attempt; a string,
+--          whose format outcomes.lua describes)
 -- KEYS[4]  pending list   lrb:{exp}:pending  ("<deadline> <id>" per decision, in deadline order)
 -- KEYS[5]  decision log   lrb:{exp}:log      (a stream; written when meta has log_max_entries)
 -- KEYS[6]  outcomes       lrb:{exp}:outcomes (outcomes not yet in the sums: outcomes.lua)
@@ -25,10 +26,10 @@
 --          a late reward
 -- ARGV[10] how many outcomes the worker's statistics hold (the sums' folded
 --          count when read, and the records the worker added); '' for unknown
--- ARGV[11] h: how many field/value pairs of the decision hash follow
--- ARGV[12 .. 11 + 2h]  field, value, ... of the decision hash (its context in
---          chunks 'x:1', 'x:2', ..., with 'x_chunks' their count)
--- ARGV[12 + 2h ..]  field, value, ... of the decision's log entry, but its number
+-- ARGV[11] the pending record's end, after its deadline: model field '\n' arm
+--          field '\n' arm '\n' version '\n' rewards seen '\n' created at '\n'
+--          propensity '\n' context (packed)
+-- ARGV[12 ..]  field, value, ... of the decision's log entry, but its number
 --          (which the script adds): type, id, arm, x, version, rewards_seen,
 --          eligible, propensity
 --
@@ -60,8 +61,12 @@ end
 if ARGV[1] ~= '' and meta[2] ~= ARGV[1] then
   return {'forbidden'}
 end
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  return {'recorded', tonumber(redis.call('HGET', KEYS[3], 'number'))}
+local existing = redis.pcall('GET', KEYS[3])
+if existing then  -- recorded by an earlier call whose reply was lost
+  if type(existing) == 'table' then  -- an earlier version's decision hash
+    return {'recorded', tonumber(redis.call('HGET', KEYS[3], 'number'))}
+  end
+  return {'recorded', tonumber(string.match(existing, '^.[^\n]*\n([^\n]*)'))}
 end
 
 local counters = redis.call('HMGET', KEYS[2], 'rewards', 'decision_seq', 'folded')
@@ -103,15 +108,9 @@ local now = tonumber(time[1]) + tonumber(time[2]) / 1e6
 local window = tonumber(ARGV[7])
 local defaulted = meta[4] ~= false  -- the experiment has a default reward
 local ttl = defaulted and window + tonumber(ARGV[9]) or window
-local last = 11 + 2 * tonumber(ARGV[11])
 local deadline = string.format('%.3f', now + window)
-if defaulted then
-  redis.call('HSET', KEYS[3], 'incarnation', ARGV[2], 'number', number, 'deadline', deadline,
-             unpack(ARGV, 12, last))
-else
-  redis.call('HSET', KEYS[3], 'incarnation', ARGV[2], 'number', number, unpack(ARGV, 12, last))
-end
-redis.call('EXPIRE', KEYS[3], ttl)
+redis.call('SET', KEYS[3], table.concat({'p' .. ARGV[2], number, defaulted and deadline or '',
+                                         ARGV[11]}, '\n'), 'EX', ttl)
 redis.call('HINCRBY', KEYS[2], 'decisions', 1)
 
 -- List the decision by the end of its window. All of an experiment's
@@ -153,7 +152,7 @@ local max_entries = tonumber(meta[5] or '0')
 if max_entries > 0 then
   local age = tonumber(meta[6])
   redis.call('XADD', KEYS[5], 'MAXLEN', '~', max_entries, '*', 'number', number,
-             unpack(ARGV, last + 1))
+             unpack(ARGV, 12))
   redis.call('EXPIRE', KEYS[5], age)
   if tidy then
     redis.call('XTRIM', KEYS[5], 'MINID', '~', string.format('%.0f', (now - age) * 1000))

@@ -14,53 +14,116 @@
 --
 -- Only local functions: Redis forbids a script to create globals.
 
--- A decision as read_decision returns it: these positions (false when absent).
-local STATUS, INCARNATION, MODEL_FIELD, ARM_FIELD, X_CHUNKS, DEADLINE, NUMBER = 1, 2, 3, 4, 5, 6, 7
-local FIRST_CHUNKS, CHUNK_AT = 4, 8  -- x:1 .. x:4 at positions 8 .. 11: d <= 32 in one HMGET
-local X, REWARD = 12, 13
+-- A decision as read_decision returns it: these positions (nil when absent).
+local STATUS, INCARNATION, MODEL_FIELD, ARM_FIELD, DEADLINE, NUMBER, X, REWARD = 1, 2, 3, 4, 5, 6, 7, 8
+local LATE = 9     -- true once a late reward of the decision was counted
+local LEGACY = 10  -- true for a decision hash of an earlier version
 
--- The context is kept in chunks of at most 64 bytes ('x:1', 'x:2', ...), so
--- Redis keeps the decision hash in its compact encoding; a decision of an
--- earlier version has it whole in 'x'. 'deadline' (the end of the reward
--- window) is there when the experiment has a default reward.
---
--- Every field asked for costs Redis a search of the decision's hash (an
--- absent one, the whole hash): the first HMGET asks for what a reward reads
--- and the first four chunks; the context whole (X) is read only for a
--- pending decision without chunks, the reward a decision got (REWARD) only
--- by reward_of. X is the context joined.
-local FIELDS = {'status', 'incarnation', 'model_field', 'arm_field', 'x_chunks', 'deadline', 'number',
-                'x:1', 'x:2', 'x:3', 'x:4'}
-local function read_decision(key)
-  local decision = redis.call('HMGET', key, unpack(FIELDS))
-  local chunks = tonumber(decision[X_CHUNKS])
-  if not chunks then  -- an earlier version's decision, or none (a settled one has no context)
-    decision[X] = decision[STATUS] == 'pending' and redis.call('HGET', key, 'x')
-    return decision
+-- A decision's record is one string (decide.lua writes it; one GET reads it):
+--   pending:  'p' incarnation '\n' number '\n' deadline '\n' model field '\n'
+--             arm field '\n' arm '\n' version '\n' rewards seen '\n'
+--             created at '\n' propensity '\n' context
+--   settled:  'r' | 'd' incarnation '\n' number '\n' reward
+-- ('p' pending, 'r' rewarded, 'd' given the default; 'l' and 'D' are 'p' and
+-- 'd' once a late reward was counted). The number is '' when the experiment
+-- keeps none, the deadline '' without a default reward; the context, last,
+-- is binary. Rewarded or settled, a record keeps what a late or repeated
+-- reward is checked against (and the number, for a resent decide) and drops
+-- the rest: the context and the decision's statistics are in the log.
+local STATES = {p = 'pending', l = 'pending', r = 'rewarded', d = 'defaulted', D = 'defaulted'}
+local PENDING = '^.([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n'
+  .. '[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n()'
+local SETTLED = '^.([^\n]*)\n([^\n]*)\n(.*)$'
+
+local function parse_record(raw)
+  local code = string.sub(raw, 1, 1)
+  local decision = {STATES[code]}
+  decision[LATE] = code == 'l' or code == 'D'
+  if code == 'p' or code == 'l' then
+    local incarnation, number, deadline, model, arm, at = string.match(raw, PENDING)
+    if not at then  -- a damaged record: incomplete() refuses it
+      decision[INCARNATION] = string.match(raw, '^.([^\n]*)')
+      return decision
+    end
+    decision[INCARNATION], decision[MODEL_FIELD], decision[ARM_FIELD] = incarnation, model, arm
+    decision[X] = string.sub(raw, at)
+    decision[NUMBER] = number ~= '' and number or nil
+    decision[DEADLINE] = deadline ~= '' and deadline or nil
+  else
+    decision[INCARNATION], decision[NUMBER], decision[REWARD] = string.match(raw, SETTLED)
   end
-  local last = CHUNK_AT - 1 + math.min(chunks, FIRST_CHUNKS)
-  if chunks <= FIRST_CHUNKS then
-    decision[X] = table.concat(decision, '', CHUNK_AT, last)
-    return decision
-  end
-  local parts = {unpack(decision, CHUNK_AT, last)}
-  local names = {}
-  for i = FIRST_CHUNKS + 1, chunks do
-    names[#names + 1] = 'x:' .. i
-  end
-  for _, part in ipairs(redis.call('HMGET', key, unpack(names))) do
-    parts[#parts + 1] = part
-  end
-  decision[X] = table.concat(parts)
   return decision
 end
 
--- The reward a rewarded decision got (read once, when first needed).
-local function reward_of(key, decision)
-  if decision[REWARD] == nil then
-    decision[REWARD] = redis.call('HGET', key, 'reward')
+-- A decision hash of an earlier version, until it expires (its reward window,
+-- and the grace period with a default reward). It keeps the context in
+-- chunks of at most 64 bytes ('x:1', 'x:2', ...; whole in 'x' in a version
+-- before), and 'deadline' with a default reward.
+local HASH_FIELDS = {'status', 'incarnation', 'model_field', 'arm_field', 'deadline', 'number',
+                     'x_chunks', 'reward', 'late_reward'}
+local function read_hash(key)
+  local h = redis.call('HMGET', key, unpack(HASH_FIELDS))
+  local decision = {h[1] or nil, h[2] or nil, h[3] or nil, h[4] or nil, h[5] or nil, h[6] or nil}
+  decision[REWARD], decision[LATE], decision[LEGACY] = h[8] or nil, h[9] ~= false, true
+  if decision[STATUS] == 'pending' then
+    local chunks = tonumber(h[7])
+    if not chunks then
+      decision[X] = redis.call('HGET', key, 'x') or nil
+    else
+      local names = {}
+      for i = 1, chunks do
+        names[i] = 'x:' .. i
+      end
+      local parts = redis.call('HMGET', key, unpack(names))
+      for i = 1, chunks do
+        if not parts[i] then
+          return decision  -- a chunk missing: incomplete() refuses it
+        end
+      end
+      decision[X] = table.concat(parts)
+    end
   end
-  return decision[REWARD]
+  return decision
+end
+
+-- The decision at `key`: {} when there is none (a GET of a hash is an error).
+local function read_decision(key)
+  local raw = redis.pcall('GET', key)
+  if type(raw) == 'table' then
+    return read_hash(key)
+  end
+  return raw and parse_record(raw) or {}
+end
+
+-- The record of a decision once it has its reward (`code` 'r', 'd' or 'D'):
+-- the time to live it had, its context and statistics dropped.
+local function settle_record(key, decision, code, reward)
+  redis.call('SET', key, code .. decision[INCARNATION] .. '\n' .. (decision[NUMBER] or '') .. '\n'
+             .. reward, 'KEEPTTL')
+  decision[STATUS], decision[REWARD] = STATES[code], reward
+end
+
+-- Mark a pending decision rewarded.
+local function mark_rewarded(key, decision, reward)
+  if decision[LEGACY] then
+    redis.call('HSET', key, 'status', 'rewarded', 'reward', reward)
+    decision[STATUS], decision[REWARD] = 'rewarded', reward
+  else
+    settle_record(key, decision, 'r', reward)
+  end
+end
+
+-- Mark a late reward of a decision counted: true the first time, false after.
+local function mark_late(key, decision, reward)
+  if decision[LATE] then
+    return false
+  end
+  decision[LATE] = true
+  if decision[LEGACY] then
+    return redis.call('HSETNX', key, 'late_reward', reward) == 1
+  end
+  redis.call('SETRANGE', key, 0, decision[STATUS] == 'pending' and 'l' or 'D')
+  return true
 end
 
 -- An experiment stored by an earlier version until the service's start-up

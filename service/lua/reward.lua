@@ -6,7 +6,7 @@
 -- KEYS[2]  stats hash     lrb:{exp}:stats    (counters)
 -- KEYS[3]  decision log   lrb:{exp}:log      (a stream; written when meta has log_max_entries)
 -- KEYS[4]  outcomes       lrb:{exp}:outcomes (outcomes not yet in the sums: outcomes.lua)
--- KEYS[5..]  decision hashes lrb:{exp}:decision:<id>, one per reward
+-- KEYS[5..]  decision records lrb:{exp}:decision:<id>, one per reward (outcomes.lua)
 -- ARGV[1]  SHA-256 (hex) of the caller's API key; '' for a trusted in-process
 --          caller (a key from HTTP always hashes to 64 hex digits)
 -- ARGV[2..]  one reward per decision key, as the shortest decimal that
@@ -80,7 +80,7 @@ for k = FIRST, #KEYS do
   if not decision[STATUS] or decision[INCARNATION] ~= incarnation then
     statuses[#statuses + 1] = 'not_found'
   elseif decision[STATUS] == 'rewarded' then
-    if reward_of(KEYS[k], decision) == reward then
+    if decision[REWARD] == reward then
       duplicates = duplicates + 1
       statuses[#statuses + 1] = 'duplicate'
     else
@@ -89,15 +89,14 @@ for k = FIRST, #KEYS do
   elseif decision[STATUS] == 'defaulted' or ended(decision[DEADLINE]) then
     -- Counted and logged once per decision: a resent late reward (a client
     -- retry, or the Redis client's own) only answers 'late' again.
-    if redis.call('HSETNX', KEYS[k], 'late_reward', reward) == 1 then
+    if mark_late(KEYS[k], decision, reward) then
       redis.call('HINCRBY', KEYS[2], 'late', 1)
       log_outcome(KEYS[3], meta[4], meta[5], 'late', decision_id(KEYS[k]), reward)
     end
     statuses[#statuses + 1] = 'late'
   else
     append(decision, reward)
-    redis.call('HSET', KEYS[k], 'status', 'rewarded', 'reward', reward)
-    decision[STATUS], decision[REWARD] = 'rewarded', reward  -- the same decision again: a repeat
+    mark_rewarded(KEYS[k], decision, reward)  -- the same decision again is then a repeat
     applied = applied + 1
     log_outcome(KEYS[3], meta[4], meta[5], 'reward', decision_id(KEYS[k]), reward)
     statuses[#statuses + 1] = 'applied'

@@ -10,7 +10,7 @@
 -- KEYS[4]  pending list   lrb:{exp}:pending  ("<deadline> <id>", in deadline order)
 -- KEYS[5]  settled list   lrb:{exp}:settled  ("<expiry> <id>": settled decisions until they expire)
 -- KEYS[6]  outcomes       lrb:{exp}:outcomes (outcomes not yet in the sums: outcomes.lua)
--- KEYS[7..]  decision hashes lrb:{exp}:decision:<id>, one per ARGV[2..] entry, in order
+-- KEYS[7..]  decision records lrb:{exp}:decision:<id>, one per ARGV[2..] entry, in order
 -- ARGV[1]  how many due entries to return for the next call (0: none)
 -- ARGV[2..]  entries of the pending list, as an earlier call returned them
 --
@@ -63,16 +63,12 @@ local function claimable()
   return decisions, nil
 end
 
--- Keep what a late or repeated reward is checked against (status, reward,
--- incarnation, the late reward already counted; and number, for a resent
--- decide), drop the rest: the context and the decision's statistics are in
--- the log, and nothing else reads them.
+-- An earlier version's decision hash, settled: keep what a late or repeated
+-- reward is checked against (status, reward, incarnation, the late reward
+-- already counted; and number, for a resent decide), drop the rest, as a
+-- record is settled (outcomes.lua).
 local KEPT = {'status', 'incarnation', 'reward', 'number', 'late_reward'}
-local function strip(key)
-  local left = redis.call('PTTL', key)
-  if left <= 0 then  -- every decision has a time to live; never make one without
-    return left
-  end
+local function strip(key, left)
   local values = redis.call('HMGET', key, unpack(KEPT))
   local fields = {}
   for i, name in ipairs(KEPT) do
@@ -84,6 +80,23 @@ local function strip(key)
   redis.call('DEL', key)
   redis.call('HSET', key, unpack(fields))
   redis.call('PEXPIRE', key, left)
+end
+
+-- Give a pending decision the default reward, and drop what a settled
+-- decision no longer needs; the milliseconds it has left to live.
+local function settle(key, decision, default)
+  if decision[STATUS] == 'pending' then
+    if decision[LEGACY] then
+      redis.call('HSET', key, 'status', 'defaulted', 'reward', default)
+    else
+      settle_record(key, decision, decision[LATE] and 'D' or 'd', default)
+    end
+  end
+  local left = redis.call('PTTL', key)
+  -- every decision has a time to live; never make one without
+  if left > 0 and decision[LEGACY] then
+    strip(key, left)
+  end
   return left
 end
 
@@ -114,11 +127,10 @@ if #KEYS >= FIRST then
     elseif decision[INCARNATION] == meta[1] then
       if decision[STATUS] == 'pending' then
         append(decision, meta[2])
-        redis.call('HSET', key, 'status', 'defaulted', 'reward', meta[2])
         log_outcome(KEYS[3], meta[4], meta[5], 'default', decision_id(key), meta[2])
         defaulted = defaulted + 1
       end
-      local left = strip(key)
+      local left = settle(key, decision, meta[2])
       if left > 0 then
         redis.call('RPUSH', KEYS[5], string.format('%.3f', now + left / 1000) .. ' '
                    .. decision_id(key))

@@ -1,0 +1,64 @@
+"""Decision records as decide.lua, reward.lua and settle.lua write them (the format is in
+service/lua/outcomes.lua), read independently of the scripts, for tests that look inside."""
+
+from __future__ import annotations
+
+import redis
+from redis.cluster import RedisCluster
+
+from service import keys
+
+_STATES = {b"p": "pending", b"l": "pending", b"r": "rewarded", b"d": "defaulted",
+           b"D": "defaulted"}
+_PENDING = ("incarnation", "number", "deadline", "model_field", "arm_field", "arm", "version",
+            "rewards_seen", "created_at", "propensity")
+
+
+def parse(raw: bytes) -> dict[str, bytes | str | bool]:
+    """A record's fields by name: ``status`` (pending, rewarded or defaulted), ``late``
+    (a late reward was counted), and the fields the record keeps in that status."""
+    code = raw[:1]
+    fields: dict[str, bytes | str | bool] = {"status": _STATES[code], "late": code in b"lD"}
+    if code in b"pl":
+        *texts, x = raw[1:].split(b"\n", len(_PENDING))
+        return {**fields, **dict(zip(_PENDING, texts, strict=True)), "x": x}
+    incarnation, number, reward = raw[1:].split(b"\n", 2)
+    return {**fields, "incarnation": incarnation, "number": number, "reward": reward}
+
+
+def read(url: str, experiment_id: str, decision_id: str) -> dict[str, bytes | str | bool] | None:
+    """The decision's record, None when there is none."""
+    client = redis.Redis.from_url(url)
+    try:
+        raw: bytes | None = client.get(keys.decision(experiment_id, decision_id))  # type: ignore[assignment]
+    finally:
+        client.close()
+    return None if raw is None else parse(raw)
+
+
+def make_legacy(
+    client: redis.Redis | RedisCluster, experiment_id: str, decision_id: str, *,
+    chunked: bool = True,
+) -> None:
+    """Turn a pending decision's record into the hash an earlier version wrote (same time
+    to live): its context in 64-byte chunks ``x:1``, ``x:2``, ... (``chunked``), or whole
+    in ``x`` (a version before that)."""
+    key = keys.decision(experiment_id, decision_id)
+    raw: bytes = client.get(key)  # type: ignore[assignment]
+    fields = parse(raw)
+    assert fields["status"] == "pending" and not fields["late"]
+    x = fields.pop("x")
+    assert isinstance(x, bytes)
+    del fields["late"]
+    if not fields["deadline"]:
+        del fields["deadline"]
+    if chunked:
+        chunks = [x[i: i + 64] for i in range(0, len(x), 64)]
+        fields.update({"x_chunks": str(len(chunks)),
+                       **{f"x:{i}": c for i, c in enumerate(chunks, 1)}})
+    else:
+        fields["x"] = x
+    left: int = client.pttl(key)  # type: ignore[assignment]
+    client.delete(key)
+    client.hset(key, mapping=fields)
+    client.pexpire(key, left)
