@@ -32,7 +32,9 @@ def stats(experiment_id: str) -> str:
 
 
 def decision(experiment_id: str, decision_id: str) -> str:
-    """Hash: one pending (or rewarded) decision; expires after the reward window."""
+    """String: one pending (or rewarded, or settled) decision's record (its format is in
+    ``lua/outcomes.lua``; a hash when an earlier version wrote it); expires after the
+    reward window (and the grace period, with a default reward)."""
     return f"{PREFIX}:{{{experiment_id}}}:decision:{decision_id}"
 
 

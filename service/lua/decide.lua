@@ -69,7 +69,7 @@ if existing then  -- recorded by an earlier call whose reply was lost
   return {'recorded', tonumber(string.match(existing, '^.[^\n]*\n([^\n]*)'))}
 end
 
-local counters = redis.call('HMGET', KEYS[2], 'rewards', 'decision_seq', 'folded')
+local counters = redis.call('HMGET', KEYS[2], 'rewards', 'decision_seq', 'folded', 'decisions')
 local rewards, seq = counters[1] or '0', tonumber(counters[2] or '0')
 local number = ARGV[5]
 -- Another incarnation (deleted and created again meanwhile) is always stale.
@@ -98,10 +98,17 @@ if stale then
   return reply
 end
 
+-- Both counters in one write: the number taken (unless a stale reply set it
+-- aside), and the decision counted.
+local decisions = tonumber(counters[4] or '0') + 1
+local taken = number == '' or ARGV[6] == '0'
 if number == '' then
-  number = redis.call('HINCRBY', KEYS[2], 'decision_seq', 1)
-elseif ARGV[6] == '0' then
-  redis.call('HSET', KEYS[2], 'decision_seq', number)
+  number = seq + 1
+end
+if taken then
+  redis.call('HSET', KEYS[2], 'decision_seq', number, 'decisions', decisions)
+else
+  redis.call('HSET', KEYS[2], 'decisions', decisions)
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) + tonumber(time[2]) / 1e6
@@ -111,7 +118,6 @@ local ttl = defaulted and window + tonumber(ARGV[9]) or window
 local deadline = string.format('%.3f', now + window)
 redis.call('SET', KEYS[3], table.concat({'p' .. ARGV[2], number, defaulted and deadline or '',
                                          ARGV[11]}, '\n'), 'EX', ttl)
-redis.call('HINCRBY', KEYS[2], 'decisions', 1)
 
 -- List the decision by the end of its window. All of an experiment's
 -- decisions have the same window, so the list is in deadline order. With a
