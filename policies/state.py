@@ -205,6 +205,17 @@ class Sums(dict[str, Array]):
         # A copy or a pickle carries the sums only.
         return (Sums, (dict(self),))
 
+def inherit_kept(target: State, source: State) -> None:
+    """Give ``target`` (a :class:`Sums` of the same models, in the same order) copies of
+    what ``source`` keeps: its first :func:`kept_theta` then solves only the models whose
+    sums differ from those the copies were solved from (a reward changes one model of a
+    model per arm). Copies, since :func:`kept_theta` updates what it keeps in place and
+    ``source`` may still be in use."""
+    kept = getattr(source, "kept", None)
+    if kept and isinstance(target, Sums):
+        target.kept = {name: value.copy() for name, value in kept.items()}
+
+
 def kept_theta(state: State, reg: float) -> Array:
     """``theta_hat`` of every model, (B, M, d): :func:`policies.ridge.ridge`'s, kept
     (read-only)."""

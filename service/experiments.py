@@ -40,7 +40,7 @@ from policies import (
 )
 from policies.propensity import SERVICE, estimated, propensities
 from policies.ridge import ridge
-from policies.state import Axis, Sums
+from policies.state import Axis, Sums, inherit_kept
 from service import keys
 from service.codec import (
     RECORDED,
@@ -182,6 +182,28 @@ class View:
         """The statistics as stored, with the outcomes the view added: not aged."""
         return self.state if self.raw is None else self.raw
 
+    def inherit(self, older: View) -> None:
+        """Start from the solutions ``older``'s last request kept (of the same definition):
+        with a model per arm a reward changes one model, and the first request on this
+        view then solves that one instead of all (``policies.state.inherit_kept``; the
+        same bits as solving all, as each model is solved alone)."""
+        last = older._last
+        if last is None or self._last is not None or older.definition is not self.definition:
+            return
+        sliced = self._sliced(last.rows)
+        inherit_kept(sliced, last.state)
+        self._last = _Prepared(last.rows, sliced)
+
+    def _sliced(self, rows: tuple[int, ...]) -> Sums:
+        """The statistics of the arms at ``rows``: a Sums, so that the requests on this
+        view keep its solutions (``policies.state.kept_theta``)."""
+        config = self.definition.config
+        take = np.array(rows)
+        return Sums({
+            name: self.state[name][:, take] if spec.per_arm(config) else self.state[name]
+            for name, spec in layout(config).items()
+        })
+
     def ready(
         self, request: ChooseRequest, bound: float
     ) -> tuple[list[ArmRecord], np.ndarray, Ready]:
@@ -195,13 +217,7 @@ class View:
         definition, config = self.definition, self.definition.config
         rows = definition.active_rows if arms is definition.active_arms else _rows(arms)
         if self._last is None or self._last.rows != rows:
-            take = np.array(rows)
-            # Sums: the requests on this view keep its solutions (policies.state.kept_theta).
-            sliced = Sums({
-                name: self.state[name][:, take] if spec.per_arm(config) else self.state[name]
-                for name, spec in layout(config).items()
-            })
-            self._last = _Prepared(rows, sliced)
+            self._last = _Prepared(rows, self._sliced(rows))
         last = self._last
         if last.ready is not None:
             return arms, contexts, last.ready
@@ -734,6 +750,7 @@ class ExperimentService:
                       last_number=max(view.last_number, progress.decision_seq),
                       state=state, folded=progress.folded, applied=len(progress.unfolded),
                       raw=None if state is sums else sums)
+        caught.inherit(view)
         return self._keep(experiment_id, caught)
 
     async def _refresh_view(self, experiment_id: str, view: View, snapshot: Snapshot) -> View:
@@ -752,7 +769,8 @@ class ExperimentService:
             definition = await self._definition(experiment_id)
         # Decision numbers start again when the experiment is created again.
         same = definition.incarnation == view.definition.incarnation
-        return self._remember(experiment_id, definition, snapshot, view.last_number if same else 0)
+        return self._remember(experiment_id, definition, snapshot, view.last_number if same else 0,
+                              older=view)
 
     def _newer(
         self, experiment_id: str, view: View, incarnation: str, version: int, rewards: int
@@ -768,7 +786,8 @@ class ExperimentService:
         return None
 
     def _remember(
-        self, experiment_id: str, definition: Definition, snapshot: Snapshot, last_number: int = 0
+        self, experiment_id: str, definition: Definition, snapshot: Snapshot, last_number: int = 0,
+        older: View | None = None,
     ) -> View:
         number = int(snapshot.stats.get(keys.DECISION_SEQUENCE, b"0"))
         config = definition.config
@@ -784,6 +803,8 @@ class ExperimentService:
             applied=len(snapshot.unfolded),
             raw=None if state is sums else sums,
         )
+        if older is not None:
+            view.inherit(older)
         return self._keep(experiment_id, view)
 
     def _keep(self, experiment_id: str, view: View) -> View:

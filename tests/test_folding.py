@@ -346,3 +346,39 @@ async def test_an_experiment_of_the_version_that_added_in_lua_is_refused_until_u
             await upgraded.close()
     finally:
         client.close()
+
+
+async def test_a_view_after_a_reward_solves_only_the_model_that_changed(
+    service: ExperimentService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model per arm: a reward changes one of them. The view that catches up with it
+    starts from copies of the solutions its predecessor kept, so its first request
+    solves one model, not every one; and they are a solve of every model, bit for bit.
+    (LinReBoot with the paper's spread keeps its solutions; the pooled one solves with
+    each request's contexts.)"""
+    import policies.state
+
+    spec = ExperimentSpec(id="kept", seed=5, hyperparameters={"spread": "paper"},
+                          **SPECS["covariates"])  # type: ignore[arg-type]
+    _, key = await service.create(spec)
+    ridge = policies.state.ridge
+    solved: list[int] = []
+
+    def counted(xtx: np.ndarray, xty: np.ndarray, reg: float) -> np.ndarray:
+        solved.append(int(np.prod(xtx.shape[:-2])))
+        return ridge(xtx, xty, reg)
+
+    monkeypatch.setattr(policies.state, "ridge", counted)
+    rng = np.random.default_rng(3)
+    for i in range(2 * FOLD_EVERY):  # folds, by this worker, among them
+        solved.clear()
+        context = tuple(float(v) for v in rng.normal(size=spec.dim))
+        decision = await service.choose("kept", ChooseRequest(context=context), key)
+        assert sum(solved) == (len(ARMS) if i == 0 else 1), (i, solved)
+        view = service._views["kept"]
+        assert view._last is not None and isinstance(view._last.state, policies.state.Sums)
+        theta = view._last.state.kept.get("theta")
+        reg = view.definition.config.reg
+        if theta is not None:
+            assert np.array_equal(theta, ridge(view.state["xtx"], view.state["xty"], reg)), i
+        await service.reward("kept", [(decision.decision_id, float(rng.normal()))], key)
