@@ -188,8 +188,9 @@ def measure(duration: int, connections: int, workers: int, rounds: int,
             ids.mkdir()
             runs: list[tuple[str, str, int, Path, list[str]]] = [
                 ("floor", f"{floor}/floor", duration, floor_lua, []),
-                # Twice as long: /reward needs one fresh decision id per request.
-                ("/choose", f"{service}/choose", 2 * duration, HERE / "wrk_choose.lua",
+                # Three times as long: /reward needs one fresh decision id per request,
+                # and a reward may be served at more than twice the rate of a decision.
+                ("/choose", f"{service}/choose", 3 * duration, HERE / "wrk_choose.lua",
                  [choose_body, key, str(ids)]),
                 ("/reward", f"{service}/reward", duration, HERE / "wrk_reward.lua",
                  [experiment, key, str(ids), "1"]),
