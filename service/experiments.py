@@ -164,6 +164,7 @@ class View:
     applied: int = 0
     raw: State | None = None
     _last: _Prepared | None = field(default=None, repr=False)
+    _inherited: _Prepared | None = field(default=None, repr=False)  # see inherit()
 
     @functools.cached_property
     def nbytes(self) -> int:
@@ -187,12 +188,9 @@ class View:
         with a model per arm a reward changes one model, and the first request on this
         view then solves that one instead of all (``policies.state.inherit_kept``; the
         same bits as solving all, as each model is solved alone)."""
-        last = older._last
-        if last is None or self._last is not None or older.definition is not self.definition:
-            return
-        sliced = self._sliced(last.rows)
-        inherit_kept(sliced, last.state)
-        self._last = _Prepared(last.rows, sliced)
+        if older.definition is self.definition and self._last is None:
+            # Copied when a request on this view asks for the same arms (most do).
+            self._inherited = older._last if older._last is not None else older._inherited
 
     def _sliced(self, rows: tuple[int, ...]) -> Sums:
         """The statistics of the arms at ``rows``: a Sums, so that the requests on this
@@ -217,7 +215,11 @@ class View:
         definition, config = self.definition, self.definition.config
         rows = definition.active_rows if arms is definition.active_arms else _rows(arms)
         if self._last is None or self._last.rows != rows:
-            self._last = _Prepared(rows, self._sliced(rows))
+            sliced = self._sliced(rows)
+            inherited, self._inherited = self._inherited, None
+            if inherited is not None and inherited.rows == rows:
+                inherit_kept(sliced, inherited.state)
+            self._last = _Prepared(rows, sliced)
         last = self._last
         if last.ready is not None:
             return arms, contexts, last.ready

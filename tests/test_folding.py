@@ -377,8 +377,7 @@ async def test_a_view_after_a_reward_solves_only_the_model_that_changed(
         assert sum(solved) == (len(ARMS) if i == 0 else 1), (i, solved)
         view = service._views["kept"]
         assert view._last is not None and isinstance(view._last.state, policies.state.Sums)
-        theta = view._last.state.kept.get("theta")
+        theta = view._last.state.kept["theta"]
         reg = view.definition.config.reg
-        if theta is not None:
-            assert np.array_equal(theta, ridge(view.state["xtx"], view.state["xty"], reg)), i
+        assert np.array_equal(theta, ridge(view.state["xtx"], view.state["xty"], reg)), i
         await service.reward("kept", [(decision.decision_id, float(rng.normal()))], key)

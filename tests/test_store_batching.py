@@ -246,9 +246,19 @@ def _short_context(raw: bytes) -> bytes:
     return raw[: raw.rindex(b"\n") + 1] + b"\0" * 8
 
 
+def _line(index: int, value: bytes) -> Callable[[bytes], bytes]:
+    def damage(raw: bytes) -> bytes:
+        lines = raw.split(b"\n", 10)
+        lines[index] = value
+        return b"\n".join(lines)
+    return damage
+
+
 @pytest.mark.parametrize(("damage", "message"), [
     (_without_context, "without its fields or context"),
     (_short_context, "not of the experiment's size"),
+    (_line(1, b"seven"), "number or deadline is not a number"),
+    (_line(2, b"soon"), "number or deadline is not a number"),
 ])
 async def test_a_batch_meeting_a_damaged_decision_writes_nothing(
     service: ExperimentService, redis_db: str, damage: Callable[[bytes], bytes], message: str
@@ -265,7 +275,7 @@ async def test_a_batch_meeting_a_damaged_decision_writes_nothing(
     try:
         record = keys.decision("cov", second.decision_id)
         raw: bytes = client.get(record)  # type: ignore[assignment]
-        assert b"\n" not in raw[raw.rindex(b"\n") + 1:] and len(raw) > 16
+        assert b"\n" not in raw[-16:]  # the context, (1.0, 2.0): no newline byte in it
         client.set(record, damage(raw), keepttl=True)
         with pytest.raises(redis.ResponseError, match=message):
             await service.reward("cov", [(first.decision_id, 1.0), (second.decision_id, 1.0)],
@@ -343,7 +353,7 @@ async def test_a_pending_decision_is_one_record_with_its_context_whole(
                         "number": record["number"], "reward": b"2.0"}
 
 
-async def test_a_context_of_more_chunks_than_the_first_read_is_read_back_whole(
+async def test_a_long_context_is_read_back_whole(
     app_settings: Settings, redis_db: str
 ) -> None:
     """d = 72: a context of 576 bytes, in the record and in the outcome's."""
@@ -390,12 +400,14 @@ async def test_a_resent_decision_is_answered_with_its_number_and_recorded_once(
             records.make_legacy(client, "again", made.decision_id)
         incarnation = client.hget(keys.meta("again"), "incarnation").decode()  # type: ignore[union-attr]
         before = client.hgetall(keys.stats("again"))
+        record = client.dump(keys.decision("again", made.decision_id))
         reply = await store.decide(
             "again", made.decision_id, key_hash=None, incarnation=incarnation, seen=None,
             number=None, reserved=False, ttl_seconds=60, max_lag=0, grace_seconds=60,
             record=b"model:a\narm:a\na\n1\n0\n0.0\n0.5\n" + b"\0" * 16)
         assert (reply.status, reply.number) == ("recorded", made.decision_number)
         assert client.hgetall(keys.stats("again")) == before  # no decision counted twice
+        assert client.dump(keys.decision("again", made.decision_id)) == record  # untouched
         assert client.llen(keys.pending("again")) == 1
     finally:
         client.close()

@@ -34,8 +34,9 @@
 --          eligible, propensity
 --
 -- Returns
---   {'recorded', number}  the decision is pending (also when this same decision
---                         was recorded by an earlier call whose reply was lost)
+--   {'recorded', number}  the decision is recorded (also when an earlier call whose
+--                         reply was lost recorded it: it may be rewarded or settled
+--                         since)
 --   {'stale', version, rewards, reserved number or '', outcomes, 'full', field, value, ...}
 --   {'stale', version, rewards, reserved number or '', outcomes, 'partial', folded,
 --    decision_seq}

@@ -25,9 +25,9 @@ local LEGACY = 10  -- true for a decision hash of an earlier version
 --             created at '\n' propensity '\n' context
 --   settled:  'r' | 'd' incarnation '\n' number '\n' reward
 -- ('p' pending, 'r' rewarded, 'd' given the default; 'l' and 'D' are 'p' and
--- 'd' once a late reward was counted). The number is '' when the experiment
--- keeps none, the deadline '' without a default reward; the context, last,
--- is binary. Rewarded or settled, a record keeps what a late or repeated
+-- 'd' once a late reward was counted). The deadline is '' without a default
+-- reward (a decision hash of an earlier version may lack its number); the
+-- context, last, is binary. Rewarded or settled, a record keeps what a late or repeated
 -- reward is checked against (and the number, for a resent decide) and drops
 -- the rest: the context and the decision's statistics are in the log.
 local STATES = {p = 'pending', l = 'pending', r = 'rewarded', d = 'defaulted', D = 'defaulted'}
@@ -149,6 +149,11 @@ local function incomplete(decision, discount, context_bytes)
   end
   if discount and not tonumber(decision[NUMBER]) then
     return redis.error_reply('a decision without a number in an experiment that forgets')
+  end
+  -- (a deadline that is not a number would fail the script after its first writes)
+  if (decision[NUMBER] and not tonumber(decision[NUMBER]))
+      or (decision[DEADLINE] and not tonumber(decision[DEADLINE])) then
+    return redis.error_reply('a pending decision whose number or deadline is not a number')
   end
   if context_bytes and #decision[X] ~= tonumber(context_bytes) then
     return redis.error_reply('a pending decision whose context is not of the experiment\'s size')
