@@ -31,14 +31,13 @@ from policies.ridge import (
     Array,
     Equilibrated,
     Factor,
-    factorise,
     predict,
     quadratic,
     solve,
     standard_gammas,
     standard_normals,
 )
-from policies.state import State, kept_theta, raw_reward_sums
+from policies.state import State, kept_factor, kept_system, kept_theta, raw_reward_sums
 
 Rngs = Sequence[np.random.Generator]
 Prepared = dict[str, Array]
@@ -232,9 +231,9 @@ def prepare_lints_gaussian(config: PolicyConfig, state: State, contexts: Array) 
     variance of the rewards seen so far (here the unbiased n-1 form; 1 before
     two rewards).
     """
-    system = Equilibrated.of(state["xtx"], config.reg)
+    system, root = kept_factor(state, 1.0, config.reg)
     scale = np.sqrt(reward_variance(state))[..., None]
-    return {**_stored_system("posterior", system), "posterior.root": system.factor().root,
+    return {**_stored_system("posterior", system), "posterior.root": root,
             "xty": state["xty"], "scale": scale, "contexts": contexts}
 
 
@@ -298,8 +297,8 @@ def prepare_lints_inverse_gamma(config: PolicyConfig, state: State, contexts: Ar
     The posterior mean and its rate are left to the draw, which solves for the
     mean and the direction together (:func:`draw_lints_inverse_gamma`).
     """
-    system = Equilibrated.of(state["xtx"], config.ig_prior_precision)  # solve and factor
-    return {**_stored_system("posterior", system), "posterior.root": system.factor().root,
+    system, root = kept_factor(state, 1.0, config.ig_prior_precision)  # solve and factor
+    return {**_stored_system("posterior", system), "posterior.root": root,
             "xty": state["xty"], "shape": config.ig_alpha + 0.5 * state["n"],
             "squares": reward_squares(state), "contexts": contexts}
 
@@ -348,7 +347,8 @@ def _prepare_perturbed_ridge(
     ``gram`` is ``w X'X + reg I``, equilibrated; ``scale`` holds ``s`` itself
     (``noise_scale``, LinPHE) or what :func:`_noise_scale` makes it of (LinGIRO).
     """
-    return {**_stored("root", factorise(state["xtx"])), **_stored_system("gram", gram),
+    system, root = kept_factor(state, 1.0, 0.0)  # the root of X'X itself: reg 0
+    return {"root.scale": system.scale, "root.root": root, **_stored_system("gram", gram),
             "xty": state["xty"], "contexts": contexts, **scale}
 
 
@@ -422,7 +422,7 @@ def prepare_linphe(config: PolicyConfig, state: State, contexts: Array) -> Prepa
     et al. (README, "Deviations from the authors' code").
     """
     scale = np.full(state["n"].shape, math.sqrt(config.phe_a) * config.reward_bound)
-    gram = Equilibrated.of((1.0 + config.phe_a) * state["xtx"], config.reg)
+    gram = kept_system(state, 1.0 + config.phe_a, config.reg)
     return _prepare_perturbed_ridge(state, gram, contexts, noise_scale=scale)
 
 
@@ -439,7 +439,7 @@ def prepare_lingiro(config: PolicyConfig, state: State, contexts: Array) -> Prep
     Drawing from that limit keeps the cost per round independent of ``t``.
     """
     weight = 1.0 + 2.0 * config.giro_a
-    gram = Equilibrated.of(weight * state["xtx"], config.reg)  # theta_bar's and the draws'
+    gram = kept_system(state, weight, config.reg)  # theta_bar's and the draws'
     giro = {"giro.xtx": state["xtx"], "giro.squares": reward_squares(state),
             "giro.n": np.maximum(state["n"], 1.0)}
     return _prepare_perturbed_ridge(state, gram, contexts, **giro)

@@ -77,7 +77,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from policies.config import PolicyConfig
-from policies.ridge import ridge
+from policies.ridge import Equilibrated, ridge
 
 Array = NDArray[np.floating[Any]]
 State = dict[str, Array]
@@ -244,6 +244,57 @@ def kept_theta(state: State, reg: float) -> Array:
     if changed:
         seen_xtx[stale], seen_xty[stale] = xtx[stale], xty[stale]
     return _read_only(theta)
+
+
+def kept_system(state: State, weight: float, reg: float) -> Equilibrated:
+    """``Equilibrated.of(weight * X'X, reg)`` of every model, kept as :func:`kept_theta`
+    keeps ``theta_hat``: only the models whose ``X'X`` moved are equilibrated again
+    (elementwise, so a kept one has the bits of a fresh one). Read-only arrays."""
+    return _kept_system(state, weight, reg, False)[0]
+
+
+def kept_factor(state: State, weight: float, reg: float) -> tuple[Equilibrated, Array]:
+    """:func:`kept_system` and its factor's root (``Equilibrated.factor``), kept alike:
+    LAPACK factorises one matrix at a time, so a kept root has the bits of a fresh one."""
+    system, root = _kept_system(state, weight, reg, True)
+    assert root is not None
+    return system, root
+
+
+def _kept_system(
+    state: State, weight: float, reg: float, root: bool
+) -> tuple[Equilibrated, Array | None]:
+    xtx = state["xtx"]
+    store = getattr(state, "kept", None)
+    if store is None or "model_at" in state or xtx.shape[1] == 1:
+        return _system_of(xtx, weight, reg, root)
+    name = f"system {weight!r} {reg!r}"  # flat names: inherit_kept copies arrays
+    seen, system, scale, roots = (f"{name} {part}" for part in ("xtx", "system", "scale", "root"))
+    if seen not in store or store[seen].shape != xtx.shape or (root and roots not in store):
+        fresh, factor_root = _system_of(xtx, weight, reg, root)
+        store[seen], store[system], store[scale] = xtx.copy(), fresh.system, fresh.scale
+        if factor_root is not None:
+            store[roots] = factor_root
+        else:
+            store.pop(roots, None)
+    else:
+        stale = (xtx != store[seen]).reshape(*xtx.shape[:2], -1).any(axis=-1)
+        if np.count_nonzero(stale):
+            where = np.nonzero(stale)
+            fresh, factor_root = _system_of(xtx[where], weight, reg, roots in store)
+            store[system][where], store[scale][where] = fresh.system, fresh.scale
+            if factor_root is not None:
+                store[roots][where] = factor_root
+            store[seen][where] = xtx[where]
+    return (Equilibrated(_read_only(store[system]), _read_only(store[scale])),
+            _read_only(store[roots]) if root else None)
+
+
+def _system_of(
+    xtx: Array, weight: float, reg: float, root: bool
+) -> tuple[Equilibrated, Array | None]:
+    system = Equilibrated.of(xtx if weight == 1.0 else weight * xtx, reg)
+    return system, (system.factor().root if root else None)
 
 
 def _read_only(kept: Array) -> Array:

@@ -558,6 +558,35 @@ def test_kept_solutions_equal_fresh_solves_bit_for_bit(batch: int) -> None:
     assert not np.array_equal(kept_theta(state, 5.0), ridge(state["xtx"], state["xty"], 0.1))
 
 
+@pytest.mark.parametrize("batch", [1, 4])
+def test_kept_systems_and_roots_equal_fresh_ones_bit_for_bit(batch: int) -> None:
+    # The samplers', LinPHE's and LinGIRO's equilibrated systems and Cholesky roots,
+    # kept and redone for the models that changed: the bits of a fresh computation
+    # of every model after every update (a weighted X'X and a bare one, reg 0, too).
+    from policies.ridge import Equilibrated
+    from policies.state import kept_factor, kept_system
+
+    config = PolicyConfig("lints-g", "covariates", 3)
+    state = init_state(config, 4, batch)
+    rng = np.random.default_rng(12)
+    for step in range(12):
+        arms = rng.integers(0, 4, size=batch)
+        update(config, state, arms, rng.normal(size=(batch, 3)) * 10.0 ** (step % 3),
+               rng.normal(size=batch))
+        if step % 3 == 2:
+            continue  # two updates between looks: both models marked
+        for weight, reg in ((1.0, config.reg), (1.0, 0.0), (1.5, config.reg)):
+            fresh = Equilibrated.of(state["xtx"] if weight == 1.0 else weight * state["xtx"], reg)
+            system, root = kept_factor(state, weight, reg)
+            np.testing.assert_array_equal(system.system, fresh.system)
+            np.testing.assert_array_equal(system.scale, fresh.scale)
+            np.testing.assert_array_equal(root, fresh.factor().root)
+            assert not (root.flags.writeable or system.system.flags.writeable)
+        gram = kept_system(state, 2.0, config.reg)
+        np.testing.assert_array_equal(gram.system, Equilibrated.of(2.0 * state["xtx"],
+                                                                    config.reg).system)
+
+
 def test_nothing_is_kept_with_forgetting() -> None:
     # Every model changes with the clock: a kept solution would be stale.
     from policies.state import Sums, kept_theta
