@@ -261,12 +261,21 @@ def kept_factor(state: State, weight: float, reg: float) -> tuple[Equilibrated, 
     return system, root
 
 
+# Keeping pays when the models' factorisations cost more than finding the changed
+# ones: a comparison and a few array calls, about 20-40 µs at B = 1. Below this
+# many models times d^3 it does not (LinPHE, B = 1, K = 10, d = 5: 309 µs a round
+# kept, 159 not); above, the factorisations dominate (B = 100, K = 10, d = 20: a
+# third off LinTS-G's round). Either way the bits are the same.
+KEEP_SYSTEMS_FROM = 100_000
+
+
 def _kept_system(
     state: State, weight: float, reg: float, root: bool
 ) -> tuple[Equilibrated, Array | None]:
     xtx = state["xtx"]
     store = getattr(state, "kept", None)
-    if store is None or "model_at" in state or xtx.shape[1] == 1:
+    if (store is None or "model_at" in state or xtx.shape[1] == 1
+            or xtx[..., 0, 0].size * xtx.shape[-1] ** 3 < KEEP_SYSTEMS_FROM):
         return _system_of(xtx, weight, reg, root)
     name = f"system {weight!r} {reg!r}"  # flat names: inherit_kept copies arrays
     seen, system, scale, roots = (f"{name} {part}" for part in ("xtx", "system", "scale", "root"))
@@ -279,8 +288,12 @@ def _kept_system(
             store.pop(roots, None)
     else:
         stale = (xtx != store[seen]).reshape(*xtx.shape[:2], -1).any(axis=-1)
-        if np.count_nonzero(stale):
-            where = np.nonzero(stale)
+        changed = np.count_nonzero(stale)
+        if changed:
+            where: Any = np.nonzero(stale)
+            if changed == 1:  # one run: its one changed model, through views (a slice)
+                row, model = divmod(int(stale.argmax()), stale.shape[1])
+                where = (slice(row, row + 1), model)
             fresh, factor_root = _system_of(xtx[where], weight, reg, roots in store)
             store[system][where], store[scale][where] = fresh.system, fresh.scale
             if factor_root is not None:

@@ -559,15 +559,18 @@ def test_kept_solutions_equal_fresh_solves_bit_for_bit(batch: int) -> None:
 
 
 @pytest.mark.parametrize("batch", [1, 4])
-def test_kept_systems_and_roots_equal_fresh_ones_bit_for_bit(batch: int) -> None:
+def test_kept_systems_and_roots_equal_fresh_ones_bit_for_bit(
+    batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The samplers', LinPHE's and LinGIRO's equilibrated systems and Cholesky roots,
     # kept and redone for the models that changed: the bits of a fresh computation
     # of every model after every update (a weighted X'X and a bare one, reg 0, too).
     from policies.ridge import Equilibrated
-    from policies.state import kept_factor, kept_system
+    from policies.state import Sums, kept_factor, kept_system
 
     config = PolicyConfig("lints-g", "covariates", 3)
     state = init_state(config, 4, batch)
+    monkeypatch.setattr("policies.state.KEEP_SYSTEMS_FROM", 0)  # so small a state keeps too
     rng = np.random.default_rng(12)
     for step in range(12):
         arms = rng.integers(0, 4, size=batch)
@@ -585,6 +588,7 @@ def test_kept_systems_and_roots_equal_fresh_ones_bit_for_bit(batch: int) -> None
         gram = kept_system(state, 2.0, config.reg)
         np.testing.assert_array_equal(gram.system, Equilibrated.of(2.0 * state["xtx"],
                                                                     config.reg).system)
+    assert isinstance(state, Sums) and len(state.kept) == 4 * 3 + 3  # what it kept, per system
 
 
 def test_nothing_is_kept_with_forgetting() -> None:
