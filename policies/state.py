@@ -234,16 +234,23 @@ def kept_theta(state: State, reg: float) -> Array:
     # Models whose sums moved since they were solved (a NaN never equals itself: solved again).
     stale = (xtx != seen_xtx).reshape(*xtx.shape[:2], -1).any(axis=-1)
     stale |= (xty != seen_xty).any(axis=-1)
-    changed = np.count_nonzero(stale)
-    if changed == 1:  # one run: its one changed model, through views
-        row, model = divmod(int(stale.argmax()), stale.shape[1])
-        theta[row, model] = ridge(xtx[row:row + 1, model], xty[row:row + 1, model], reg)[0]
-    elif changed:
-        where = np.nonzero(stale)
+    where = _changed(stale)
+    if where is not None:
         theta[where] = ridge(xtx[where], xty[where], reg)
-    if changed:
-        seen_xtx[stale], seen_xty[stale] = xtx[stale], xty[stale]
+        seen_xtx[where], seen_xty[where] = xtx[where], xty[where]
     return _read_only(theta)
+
+
+def _changed(stale: NDArray[np.bool_]) -> Any:
+    """An index of the (row, model) pairs marked in ``stale`` (B, M), keeping both axes;
+    None when there are none. One pair (one run's reward) is a slice: views, no copies."""
+    changed = np.count_nonzero(stale)
+    if not changed:
+        return None
+    if changed == 1:
+        row, model = divmod(int(stale.argmax()), stale.shape[1])
+        return (slice(row, row + 1), model)
+    return np.nonzero(stale)
 
 
 def kept_system(state: State, weight: float, reg: float) -> Equilibrated:
@@ -287,13 +294,8 @@ def _kept_system(
         else:
             store.pop(roots, None)
     else:
-        stale = (xtx != store[seen]).reshape(*xtx.shape[:2], -1).any(axis=-1)
-        changed = np.count_nonzero(stale)
-        if changed:
-            where: Any = np.nonzero(stale)
-            if changed == 1:  # one run: its one changed model, through views (a slice)
-                row, model = divmod(int(stale.argmax()), stale.shape[1])
-                where = (slice(row, row + 1), model)
+        where = _changed((xtx != store[seen]).reshape(*xtx.shape[:2], -1).any(axis=-1))
+        if where is not None:
             fresh, factor_root = _system_of(xtx[where], weight, reg, roots in store)
             store[system][where], store[scale][where] = fresh.system, fresh.scale
             if factor_root is not None:
