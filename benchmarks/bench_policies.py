@@ -90,18 +90,22 @@ def time_cell(cell: Cell, reps: int, horizon: int, repeats: int) -> dict[str, fl
             "project_regret": regret["project"], "floor_regret": regret["floor"]}
 
 
-def stream_cost(batch: int, n_arms: int = 100, rounds: int = 2_000) -> tuple[float, float]:
-    """Microseconds per round of ``(batch, n_arms)`` normals: per-repetition streams, one."""
+def stream_cost(batch: int, n_arms: int = 100, rounds: int = 2_000) -> tuple[float, ...]:
+    """Microseconds per round of ``(batch, n_arms)`` normals, then of as many Gamma draws
+    (LinTS-IG's, shapes 2 to 500): per-repetition streams, one generator."""
     streams = BufferedStreams([np.random.default_rng(i) for i in range(batch)])
     one = np.random.default_rng(0)
-    start = time.process_time()
-    for _ in range(rounds):
-        standard_normals(streams, (n_arms,))
-    middle = time.process_time()
-    for _ in range(rounds):
-        one.standard_normal((batch, n_arms))
-    end = time.process_time()
-    return (middle - start) / rounds * 1e6, (end - middle) / rounds * 1e6
+    shapes = np.random.default_rng(1).uniform(2.0, 500.0, (batch, n_arms))
+    draws = (lambda: standard_normals(streams, (n_arms,)),
+             lambda: one.standard_normal((batch, n_arms)),
+             lambda: streams.gammas(shapes), lambda: one.standard_gamma(shapes))
+    costs = []
+    for drawing in draws:
+        start = time.process_time()
+        for _ in range(rounds):
+            drawing()
+        costs.append((time.process_time() - start) / rounds * 1e6)
+    return tuple(costs)
 
 
 def service_cost(setting: str, policy: str, calls: int = 2_000,
@@ -175,9 +179,10 @@ def main() -> None:
                 print(f"| {label} | {setting} | "
                       + " | ".join(f"{f:.0f}" for f in figures) + " |", flush=True)
         return
-    own, single = stream_cost(args.batch)
+    normals, one_normals, gammas, one_gammas = stream_cost(args.batch)
     print(f"normals for {args.batch} x 100 arms per round: per-repetition streams "
-          f"{own:.0f} µs, one generator {single:.0f} µs\n")
+          f"{normals:.0f} µs, one generator {one_normals:.0f} µs; Gamma draws "
+          f"{gammas:.0f} µs and {one_gammas:.0f} µs\n")
     print(f"| setting | d | policy | paper s/run (10k rounds) | batch of {args.batch}: floor "
           "s/run | project s/run | **ratio** | 1 run: floor s | project s | **ratio** | "
           "regret floor / project |")

@@ -127,8 +127,9 @@ def residual_sum_of_squares(
         fitted = np.einsum("bkd,bkd->bk", theta_k, xty)
         _, squares = raw_reward_sums(pulls, shift, state["sum_dr"], state["sum_dr2"])
         rss = squares - 2.0 * fitted + quadratic(theta_k, gram)
-    # Rounding can leave tiny negative values.
-    return np.maximum(rss, 0.0)
+    # Rounding can leave tiny negative values. (In place: rss is ours, and a
+    # maximum into a fresh array costs twice as much.)
+    return np.maximum(rss, 0.0, out=rss)
 
 
 def prepare_linreboot(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
@@ -155,9 +156,13 @@ def linreboot_at(config: PolicyConfig, state: State, contexts: Array, theta: Arr
     mu_hat = predict(theta, contexts)
     rss = residual_sum_of_squares(config, state, mu_hat, theta)
     pulls = state["pulls"]
-    # 0 for an arm never pulled: sqrt(RSS) / inf (a divide's where= costs more)
-    scale = np.sqrt(rss) / np.where(pulls > 0, pulls, np.inf)
-    return {"mu_hat": mu_hat, "spread": config.sigma_omega * scale}
+    spread = np.sqrt(rss, out=rss)
+    if np.count_nonzero(pulls) == pulls.size:  # every arm pulled: the common case
+        spread /= pulls
+    else:  # 0 for an arm never pulled: sqrt(RSS) / inf (a divide's where= costs more)
+        spread /= np.where(pulls > 0, pulls, np.inf)
+    spread *= config.sigma_omega
+    return {"mu_hat": mu_hat, "spread": spread}
 
 
 def pooled_scale(state: State, rss: Array, leverage: Array) -> Array:

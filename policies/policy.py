@@ -162,28 +162,48 @@ def draw(ready: Ready, rngs: Sequence[np.random.Generator]) -> Choice:
     if ready.masked:
         scores = np.where(ready.unexplored, np.inf, np.where(ready.eligible, scores, -np.inf))
     arms = np.argmax(scores, axis=1)
-    best = scores.max(axis=1, keepdims=True)  # the value at arms
+    best = scores[_rows(batch), arms][:, None]  # the highest (a NaN if the row holds one)
     top = scores == best
     # One count over the batch first (per-row counts cost several times more):
-    # a row has one top score, none if it holds a NaN (max is NaN), or a tie.
+    # a row has one top score, none if it holds a NaN, or a tie.
     if np.count_nonzero(top) > batch - np.count_nonzero(np.isnan(best)):  # rare: a tie
         tied = np.count_nonzero(top, axis=1) > 1
         tied[ready.exploring_rows] = False  # chosen below, among the unexplored arms
-        for row in np.flatnonzero(tied).tolist():
-            arms[row] = _uniform(rngs[row], top[row])
-    for row in ready.exploring_rows.tolist():
-        arms[row] = _uniform(rngs[row], ready.unexplored[row])
+        tied_rows = np.flatnonzero(tied)
+        if tied_rows.size:
+            arms[tied_rows] = _uniform(rngs, tied_rows, top[tied_rows])
+    exploring = ready.exploring_rows
+    if exploring.size:
+        arms[exploring] = _uniform(rngs, exploring, ready.unexplored[exploring])
     if config.epsilon > 0.0:
         for row in range(batch):
             if rngs[row].random() < config.epsilon:
-                arms[row] = _uniform(rngs[row], ready.eligible[row])
+                arms[row] = _uniform(rngs, np.array([row]), ready.eligible[row : row + 1])[0]
     return Choice(arms=arms.astype(np.int64, copy=False), scores=scores)
 
 
-def _uniform(rng: np.random.Generator, allowed: NDArray[np.bool_]) -> int:
-    """One of the ``allowed`` positions, uniformly."""
-    candidates = np.flatnonzero(allowed)
-    return int(candidates[rng.integers(candidates.size)])
+def _uniform(
+    rngs: Sequence[np.random.Generator], rows: NDArray[np.int64], allowed: NDArray[np.bool_]
+) -> NDArray[np.int64]:
+    """For each of ``rows``, one of its ``allowed`` positions (a row each), uniformly.
+
+    Row ``rows[i]`` draws ``integers(count)`` from its own generator and takes
+    that allowed position in order. Only the draws are a loop: the first pass
+    of a batch of 100 draws for every experiment in each of its first K rounds.
+    """
+    counts = np.count_nonzero(allowed, axis=1).tolist()
+    picks = [rngs[row].integers(count) for row, count in zip(rows.tolist(), counts, strict=True)]
+    # The pick-th allowed position (from 0) is the first whose running count exceeds it.
+    running = np.cumsum(allowed, axis=1)
+    return np.argmax(running > np.array(picks)[:, None], axis=1)
+
+
+@functools.lru_cache(maxsize=64)
+def _rows(batch: int) -> NDArray[np.int64]:
+    """0 .. batch - 1 (read-only: shared by every decision of that batch size)."""
+    rows = np.arange(batch)
+    rows.flags.writeable = False
+    return rows
 
 
 def update(
