@@ -37,7 +37,14 @@ from policies.ridge import (
     standard_gammas,
     standard_normals,
 )
-from policies.state import State, kept_factor, kept_system, kept_theta, raw_reward_sums
+from policies.state import (
+    State,
+    kept_factor,
+    kept_system,
+    kept_theta,
+    kept_whitener,
+    raw_reward_sums,
+)
 
 Rngs = Sequence[np.random.Generator]
 Prepared = dict[str, Array]
@@ -463,17 +470,24 @@ def ucb_radius(config: PolicyConfig, n_obs: Array) -> Array:
 
 
 def ridge_and_leverage(state: State, contexts: Array, reg: float) -> tuple[Array, Array]:
-    """``theta_hat`` per model (B, M, d) and ``x_k' V^-1 x_k`` per arm (B, K), from one solve."""
+    """``theta_hat`` per model (B, M, d) and ``x_k' V^-1 x_k`` per arm (B, K).
+
+    One model: one solve for theta and every arm's ``V^-1 x_k`` (every reward
+    changes the model). A model per arm: the kept ``theta_hat`` and the kept
+    inverse roots of :func:`policies.state.kept_whitener`, so that a request's
+    K leverages are K matrix-vector products and a reward re-factorises one model.
+    """
     xtx, xty = state["xtx"], state["xty"]
     if xtx.shape[1] == 1:  # one model: theta and every arm's V^-1 x_k together
         rhs = np.concatenate([xty[..., None], np.swapaxes(contexts, 1, 2)[:, None]], axis=-1)
         solved = solve(xtx, reg, rhs)[:, 0]  # (B, d, 1 + K)
         theta, lifted = solved[:, None, :, 0], solved[..., 1:]
         squares = np.einsum("bdk,bkd->bk", lifted, contexts)
-    else:  # a model per arm, each with its arm's context
-        solved = solve(xtx, reg, np.stack([xty, contexts], axis=-1))  # (B, K, d, 2)
-        theta = solved[..., 0]
-        squares = np.einsum("bkd,bkd->bk", solved[..., 1], contexts)
+    else:  # a model per arm, each with its arm's context: x' V^-1 x = ||R^-1 S x||^2
+        theta = kept_theta(state, reg)
+        scale, inverse = kept_whitener(state, reg)
+        whitened = np.matmul(inverse, (scale * contexts)[..., None])[..., 0]
+        squares = np.vecdot(whitened, whitened)
     return theta, np.maximum(squares, 0.0)
 
 

@@ -288,6 +288,16 @@ class Factor:
         return np.matmul(self.root, z[..., None])[..., 0] / self.scale
 
 
+def inverse_root(root: Array) -> Array:
+    """``R^-1`` of a stack of :attr:`Factor.root` (LAPACK, one matrix at a time).
+
+    ``R R'`` is a floored, equilibrated system, so ``R`` is far from singular
+    (its condition number at most ``sqrt((d + JITTER) / JITTER)``).
+    """
+    d = root.shape[-1]
+    return lu_solve(root, np.broadcast_to(np.eye(d), root.shape).copy())
+
+
 def factorise(xtx: Array, reg: float = 0.0) -> Factor:
     """The :class:`Factor` of ``xtx + reg I`` (floored); ``reg`` may be 0 for a bare Gram.
 

@@ -77,7 +77,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from policies.config import PolicyConfig
-from policies.ridge import Equilibrated, ridge
+from policies.ridge import Equilibrated, inverse_root, ridge
 
 Array = NDArray[np.floating[Any]]
 State = dict[str, Array]
@@ -257,15 +257,30 @@ def kept_system(state: State, weight: float, reg: float) -> Equilibrated:
     """``Equilibrated.of(weight * X'X, reg)`` of every model, kept as :func:`kept_theta`
     keeps ``theta_hat``: only the models whose ``X'X`` moved are equilibrated again
     (elementwise, so a kept one has the bits of a fresh one). Read-only arrays."""
-    return _kept_system(state, weight, reg, False)[0]
+    return _kept_system(state, weight, reg)[0]
 
 
 def kept_factor(state: State, weight: float, reg: float) -> tuple[Equilibrated, Array]:
     """:func:`kept_system` and its factor's root (``Equilibrated.factor``), kept alike:
     LAPACK factorises one matrix at a time, so a kept root has the bits of a fresh one."""
-    system, root = _kept_system(state, weight, reg, True)
+    system, root, _ = _kept_system(state, weight, reg, "root")
     assert root is not None
     return system, root
+
+
+def kept_whitener(state: State, reg: float) -> tuple[Array, Array]:
+    """``s`` and ``R^-1`` of every model's floored ``X'X + reg I = S^-1 R R' S^-1``
+    (``Equilibrated.factor``), kept as :func:`kept_factor` keeps ``R``.
+
+    ``||R^-1 S x||^2 = x' (X'X + reg I)^-1 x``: a context's leverage is then one
+    matrix-vector product, not a solve (the service asks it of K arms per
+    request; the simulator of every arm each round, though a reward changes one
+    model of a model per arm). LAPACK inverts one matrix at a time, so a kept
+    inverse has the bits of a fresh one.
+    """
+    system, _, inverse = _kept_system(state, 1.0, reg, "inverse")
+    assert inverse is not None
+    return system.scale, inverse
 
 
 # Keeping pays when the models' factorisations cost more than finding the changed
@@ -275,41 +290,57 @@ def kept_factor(state: State, weight: float, reg: float) -> tuple[Equilibrated, 
 # third off LinTS-G's round). Either way the bits are the same.
 KEEP_SYSTEMS_FROM = 100_000
 
+_PARTS = ("system", "root", "inverse")  # each needs the ones before it
+
 
 def _kept_system(
-    state: State, weight: float, reg: float, root: bool
-) -> tuple[Equilibrated, Array | None]:
+    state: State, weight: float, reg: float, upto: str = "system"
+) -> tuple[Equilibrated, Array | None, Array | None]:
+    """The equilibrated system of ``weight X'X + reg I`` and, ``upto`` what is asked,
+    its root and the root's inverse: kept for the models whose ``X'X`` did not move."""
     xtx = state["xtx"]
     store = getattr(state, "kept", None)
     if (store is None or "model_at" in state or xtx.shape[1] == 1
             or xtx[..., 0, 0].size * xtx.shape[-1] ** 3 < KEEP_SYSTEMS_FROM):
-        return _system_of(xtx, weight, reg, root)
+        return _system_of(xtx, weight, reg, upto)
     name = f"system {weight!r} {reg!r}"  # flat names: inherit_kept copies arrays
-    seen, system, scale, roots = (f"{name} {part}" for part in ("xtx", "system", "scale", "root"))
-    if seen not in store or store[seen].shape != xtx.shape or (root and roots not in store):
-        fresh, factor_root = _system_of(xtx, weight, reg, root)
+    seen, system, scale, roots, inverses = (
+        f"{name} {part}" for part in ("xtx", "system", "scale", "root", "inverse"))
+    parts = _PARTS.index(upto)
+    held = 0 if roots not in store else 1 if inverses not in store else 2
+    if seen not in store or store[seen].shape != xtx.shape or held < parts:
+        fresh, root, inverse = _system_of(xtx, weight, reg, upto)
         store[seen], store[system], store[scale] = xtx.copy(), fresh.system, fresh.scale
-        if factor_root is not None:
-            store[roots] = factor_root
-        else:
-            store.pop(roots, None)
+        for key, value in ((roots, root), (inverses, inverse)):
+            if value is not None:
+                store[key] = value
+            else:
+                store.pop(key, None)
     else:
         where = _changed((xtx != store[seen]).reshape(*xtx.shape[:2], -1).any(axis=-1))
         if where is not None:
-            fresh, factor_root = _system_of(xtx[where], weight, reg, roots in store)
+            fresh, root, inverse = _system_of(xtx[where], weight, reg, _PARTS[held])
             store[system][where], store[scale][where] = fresh.system, fresh.scale
-            if factor_root is not None:
-                store[roots][where] = factor_root
+            if root is not None:
+                store[roots][where] = root
+            if inverse is not None:
+                store[inverses][where] = inverse
             store[seen][where] = xtx[where]
     return (Equilibrated(_read_only(store[system]), _read_only(store[scale])),
-            _read_only(store[roots]) if root else None)
+            _read_only(store[roots]) if parts >= 1 else None,
+            _read_only(store[inverses]) if parts >= 2 else None)
 
 
 def _system_of(
-    xtx: Array, weight: float, reg: float, root: bool
-) -> tuple[Equilibrated, Array | None]:
+    xtx: Array, weight: float, reg: float, upto: str
+) -> tuple[Equilibrated, Array | None, Array | None]:
     system = Equilibrated.of(xtx if weight == 1.0 else weight * xtx, reg)
-    return system, (system.factor().root if root else None)
+    if upto == "system":
+        return system, None, None
+    root = system.factor().root
+    if upto == "root":
+        return system, root, None
+    return system, root, inverse_root(root)
 
 
 def _read_only(kept: Array) -> Array:

@@ -565,8 +565,8 @@ def test_kept_systems_and_roots_equal_fresh_ones_bit_for_bit(
     # The samplers', LinPHE's and LinGIRO's equilibrated systems and Cholesky roots,
     # kept and redone for the models that changed: the bits of a fresh computation
     # of every model after every update (a weighted X'X and a bare one, reg 0, too).
-    from policies.ridge import Equilibrated
-    from policies.state import Sums, kept_factor, kept_system
+    from policies.ridge import Equilibrated, inverse_root
+    from policies.state import Sums, kept_factor, kept_system, kept_whitener
 
     config = PolicyConfig("lints-g", "covariates", 3)
     state = init_state(config, 4, batch)
@@ -585,10 +585,46 @@ def test_kept_systems_and_roots_equal_fresh_ones_bit_for_bit(
             np.testing.assert_array_equal(system.scale, fresh.scale)
             np.testing.assert_array_equal(root, fresh.factor().root)
             assert not (root.flags.writeable or system.system.flags.writeable)
+        if step >= 4:  # asked late: kept from then on, beside the root kept before
+            scale, inverse = kept_whitener(state, config.reg)
+            fresh = Equilibrated.of(state["xtx"], config.reg)
+            np.testing.assert_array_equal(scale, fresh.scale)
+            np.testing.assert_array_equal(inverse, inverse_root(fresh.factor().root))
+            assert not inverse.flags.writeable
         gram = kept_system(state, 2.0, config.reg)
         np.testing.assert_array_equal(gram.system, Equilibrated.of(2.0 * state["xtx"],
                                                                     config.reg).system)
-    assert isinstance(state, Sums) and len(state.kept) == 4 * 3 + 3  # what it kept, per system
+    # what it kept, per system: the first also the inverse roots
+    assert isinstance(state, Sums) and len(state.kept) == 5 + 4 * 2 + 3
+
+
+@pytest.mark.parametrize("n_models", [1, 3])
+def test_leverage_equals_a_solve(n_models: int) -> None:
+    """``x_k' V^-1 x_k`` from the kept inverse roots (a model per arm) or the shared
+    model's solve equals a direct solve of the same floored system ``S V S + JITTER I``
+    to rounding: its condition number is below 3 here (features of scales 1e-2 to 1e3,
+    V's own about 4e8), so relative 1e-12 is a wide bound."""
+    from policies.indices import ridge_and_leverage
+    from policies.ridge import Equilibrated
+
+    setting: Setting = "contextual" if n_models == 1 else "covariates"
+    config = PolicyConfig("linucb", setting, 4)
+    state = init_state(config, 3, 2)
+    rng = np.random.default_rng(4)
+    units = np.array([1.0, 1e3, 1e-2, 10.0])
+    for _ in range(40):
+        update(config, state, rng.integers(0, 3, size=2), rng.normal(size=(2, 4)) * units,
+               rng.normal(size=2))
+    contexts = rng.normal(size=(2, 3, 4)) * units
+    theta, leverage = ridge_and_leverage(state, contexts, config.reg)
+    floored = Equilibrated.of(state["xtx"], config.reg)
+    model = slice(None) if n_models == 3 else [0, 0, 0]
+    assert np.linalg.cond(floored.system).max() < 3.0
+    scaled = floored.scale[:, model] * contexts
+    direct = np.einsum("bkd,bkd->bk", np.linalg.solve(floored.system[:, model],
+                                                      scaled[..., None])[..., 0], scaled)
+    np.testing.assert_allclose(leverage, direct, rtol=1e-12)
+    np.testing.assert_allclose(theta, ridge(state["xtx"], state["xty"], config.reg), rtol=1e-12)
 
 
 def test_nothing_is_kept_with_forgetting() -> None:
