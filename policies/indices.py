@@ -40,9 +40,9 @@ from policies.ridge import (
 from policies.state import (
     State,
     kept_factor,
+    kept_ridge_and_inverse,
     kept_system,
     kept_theta,
-    kept_whitener,
     raw_reward_sums,
 )
 
@@ -473,9 +473,10 @@ def ridge_and_leverage(state: State, contexts: Array, reg: float) -> tuple[Array
     """``theta_hat`` per model (B, M, d) and ``x_k' V^-1 x_k`` per arm (B, K).
 
     One model: one solve for theta and every arm's ``V^-1 x_k`` (every reward
-    changes the model). A model per arm: the kept ``theta_hat`` and the kept
-    inverse roots of :func:`policies.state.kept_whitener`, so that a request's
-    K leverages are K matrix-vector products and a reward re-factorises one model.
+    changes the model). A model per arm: ``theta_hat`` and the inverse of
+    every model, kept (:func:`policies.state.kept_ridge_and_inverse`), so that
+    a request's K leverages are K matrix-vector products and a reward re-solves
+    one model.
     """
     xtx, xty = state["xtx"], state["xty"]
     if xtx.shape[1] == 1:  # one model: theta and every arm's V^-1 x_k together
@@ -483,11 +484,10 @@ def ridge_and_leverage(state: State, contexts: Array, reg: float) -> tuple[Array
         solved = solve(xtx, reg, rhs)[:, 0]  # (B, d, 1 + K)
         theta, lifted = solved[:, None, :, 0], solved[..., 1:]
         squares = np.einsum("bdk,bkd->bk", lifted, contexts)
-    else:  # a model per arm, each with its arm's context: x' V^-1 x = ||R^-1 S x||^2
-        theta = kept_theta(state, reg)
-        scale, inverse = kept_whitener(state, reg)
-        whitened = np.matmul(inverse, (scale * contexts)[..., None])[..., 0]
-        squares = np.vecdot(whitened, whitened)
+    else:  # a model per arm, each with its arm's context
+        theta, inverse = kept_ridge_and_inverse(state, reg)
+        lifted = np.matmul(inverse, contexts[..., None])[..., 0]
+        squares = np.vecdot(lifted, contexts)
     return theta, np.maximum(squares, 0.0)
 
 

@@ -106,8 +106,9 @@ def _equilibrate(xtx: Array, reg: float) -> tuple[Array, Array]:
     d = xtx.shape[-1]
     # The diagonal as a strided view of the flattened matrices (cheaper than np.diagonal).
     diagonal = xtx.reshape(*xtx.shape[:-2], d * d)[..., :: d + 1] + reg
-    # A Gram matrix's diagonal is a sum of squares: with a ridge it is positive.
-    touched = None if reg > 0 else diagonal > 0
+    # A Gram matrix's diagonal is a sum of squares: with a ridge it is positive;
+    # without, 0 where no data has touched that coordinate (rare once data came in).
+    touched = None if reg > 0 or np.count_nonzero(diagonal) == diagonal.size else diagonal > 0
     positive = diagonal if touched is None else np.where(touched, diagonal, 1.0)
     # 1 / sqrt, not ** -0.5: pow costs about 25 ns an element, which at B = K = 100
     # and d = 20 (a model per arm) was a third of a round.
@@ -286,16 +287,6 @@ class Factor:
     def times_root(self, z: Array) -> Array:
         """``S^-1 R z``: a draw from ``N(0, A)`` when ``z`` is standard normal."""
         return np.matmul(self.root, z[..., None])[..., 0] / self.scale
-
-
-def inverse_root(root: Array) -> Array:
-    """``R^-1`` of a stack of :attr:`Factor.root` (LAPACK, one matrix at a time).
-
-    ``R R'`` is a floored, equilibrated system, so ``R`` is far from singular
-    (its condition number at most ``sqrt((d + JITTER) / JITTER)``).
-    """
-    d = root.shape[-1]
-    return lu_solve(root, np.broadcast_to(np.eye(d), root.shape).copy())
 
 
 def factorise(xtx: Array, reg: float = 0.0) -> Factor:

@@ -70,6 +70,7 @@ the layout, the sums and their arithmetic are those without forgetting.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -77,7 +78,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from policies.config import PolicyConfig
-from policies.ridge import Equilibrated, inverse_root, ridge
+from policies.ridge import Equilibrated, ridge, solve
 
 Array = NDArray[np.floating[Any]]
 State = dict[str, Array]
@@ -219,26 +220,58 @@ def inherit_kept(target: State, source: State) -> None:
 def kept_theta(state: State, reg: float) -> Array:
     """``theta_hat`` of every model, (B, M, d): :func:`policies.ridge.ridge`'s, kept
     (read-only)."""
+    return _kept_solution(state, reg, ("theta", "reg", "xtx", "xty"), ridge, True)
+
+
+def kept_ridge_and_inverse(state: State, reg: float) -> tuple[Array, Array]:
+    """``theta_hat`` (B, M, d) and ``(X'X + reg I)^-1`` (B, M, d, d) of every model, from
+    one floored solve of ``[X'y, I]`` (``policies.ridge.solve``), kept as
+    :func:`kept_theta` keeps ``theta_hat`` where the stack is large enough for it to
+    pay (:data:`KEEP_SYSTEMS_FROM`; the same bits either way). Read-only.
+
+    A context's leverage ``x' (X'X + reg I)^-1 x`` is then a matrix-vector
+    product, not a solve: the service asks it of K arms per request, the
+    simulator of every arm each round, though a reward changes one model of a
+    model per arm.
+    """
+    xtx = state["xtx"]
+    keep = xtx[..., 0, 0].size * xtx.shape[-1] ** 3 >= KEEP_SYSTEMS_FROM
+    names = ("ridge|inverse", "ridge|inverse reg", "ridge|inverse xtx", "ridge|inverse xty")
+    both = _kept_solution(state, reg, names, _ridge_and_inverse, keep)
+    return both[..., 0], both[..., 1:]
+
+
+def _ridge_and_inverse(xtx: Array, xty: Array, reg: float) -> Array:
+    """``[theta_hat, (X'X + reg I)^-1]``, shape (..., d, 1 + d)."""
+    identity = np.broadcast_to(np.eye(xtx.shape[-1]), xtx.shape)
+    return solve(xtx, reg, np.concatenate([xty[..., None], identity], axis=-1))
+
+
+def _kept_solution(state: State, reg: float, names: tuple[str, str, str, str],
+                   fresh: Callable[[Array, Array, float], Array], keep: bool) -> Array:
+    """``fresh(xtx, xty, reg)``, kept under ``names`` (solution, reg, and the X'X and X'y
+    it was solved from) and redone for the models whose sums moved (module notes)."""
     xtx, xty = state["xtx"], state["xty"]
     store = getattr(state, "kept", None)
     # Nothing to keep in; forgetting; or one model per row, which every reward changes.
-    if store is None or "model_at" in state or xtx.shape[1] == 1:
-        return ridge(xtx, xty, reg)
-    theta = store.get("theta")
-    if theta is None or store["reg"][()] != reg or store["xtx"].shape != xtx.shape:
-        theta = store["theta"] = ridge(xtx, xty, reg)
-        store["reg"] = np.array(reg)
-        store["xtx"], store["xty"] = xtx.copy(), xty.copy()
-        return _read_only(theta)
-    seen_xtx, seen_xty = store["xtx"], store["xty"]
+    if not keep or store is None or "model_at" in state or xtx.shape[1] == 1:
+        return fresh(xtx, xty, reg)
+    solution_name, reg_name, xtx_name, xty_name = names
+    solution = store.get(solution_name)
+    if solution is None or store[reg_name][()] != reg or store[xtx_name].shape != xtx.shape:
+        solution = store[solution_name] = fresh(xtx, xty, reg)
+        store[reg_name] = np.array(reg)
+        store[xtx_name], store[xty_name] = xtx.copy(), xty.copy()
+        return _read_only(solution)
+    seen_xtx, seen_xty = store[xtx_name], store[xty_name]
     # Models whose sums moved since they were solved (a NaN never equals itself: solved again).
     stale = (xtx != seen_xtx).reshape(*xtx.shape[:2], -1).any(axis=-1)
     stale |= (xty != seen_xty).any(axis=-1)
     where = _changed(stale)
     if where is not None:
-        theta[where] = ridge(xtx[where], xty[where], reg)
+        solution[where] = fresh(xtx[where], xty[where], reg)
         seen_xtx[where], seen_xty[where] = xtx[where], xty[where]
-    return _read_only(theta)
+    return _read_only(solution)
 
 
 def _changed(stale: NDArray[np.bool_]) -> Any:
@@ -257,30 +290,15 @@ def kept_system(state: State, weight: float, reg: float) -> Equilibrated:
     """``Equilibrated.of(weight * X'X, reg)`` of every model, kept as :func:`kept_theta`
     keeps ``theta_hat``: only the models whose ``X'X`` moved are equilibrated again
     (elementwise, so a kept one has the bits of a fresh one). Read-only arrays."""
-    return _kept_system(state, weight, reg)[0]
+    return _kept_system(state, weight, reg, False)[0]
 
 
 def kept_factor(state: State, weight: float, reg: float) -> tuple[Equilibrated, Array]:
     """:func:`kept_system` and its factor's root (``Equilibrated.factor``), kept alike:
     LAPACK factorises one matrix at a time, so a kept root has the bits of a fresh one."""
-    system, root, _ = _kept_system(state, weight, reg, "root")
+    system, root = _kept_system(state, weight, reg, True)
     assert root is not None
     return system, root
-
-
-def kept_whitener(state: State, reg: float) -> tuple[Array, Array]:
-    """``s`` and ``R^-1`` of every model's floored ``X'X + reg I = S^-1 R R' S^-1``
-    (``Equilibrated.factor``), kept as :func:`kept_factor` keeps ``R``.
-
-    ``||R^-1 S x||^2 = x' (X'X + reg I)^-1 x``: a context's leverage is then one
-    matrix-vector product, not a solve (the service asks it of K arms per
-    request; the simulator of every arm each round, though a reward changes one
-    model of a model per arm). LAPACK inverts one matrix at a time, so a kept
-    inverse has the bits of a fresh one.
-    """
-    system, _, inverse = _kept_system(state, 1.0, reg, "inverse")
-    assert inverse is not None
-    return system.scale, inverse
 
 
 # Keeping pays when the models' factorisations cost more than finding the changed
@@ -290,57 +308,41 @@ def kept_whitener(state: State, reg: float) -> tuple[Array, Array]:
 # third off LinTS-G's round). Either way the bits are the same.
 KEEP_SYSTEMS_FROM = 100_000
 
-_PARTS = ("system", "root", "inverse")  # each needs the ones before it
-
 
 def _kept_system(
-    state: State, weight: float, reg: float, upto: str = "system"
-) -> tuple[Equilibrated, Array | None, Array | None]:
-    """The equilibrated system of ``weight X'X + reg I`` and, ``upto`` what is asked,
-    its root and the root's inverse: kept for the models whose ``X'X`` did not move."""
+    state: State, weight: float, reg: float, root: bool
+) -> tuple[Equilibrated, Array | None]:
     xtx = state["xtx"]
     store = getattr(state, "kept", None)
     if (store is None or "model_at" in state or xtx.shape[1] == 1
             or xtx[..., 0, 0].size * xtx.shape[-1] ** 3 < KEEP_SYSTEMS_FROM):
-        return _system_of(xtx, weight, reg, upto)
+        return _system_of(xtx, weight, reg, root)
     name = f"system {weight!r} {reg!r}"  # flat names: inherit_kept copies arrays
-    seen, system, scale, roots, inverses = (
-        f"{name} {part}" for part in ("xtx", "system", "scale", "root", "inverse"))
-    parts = _PARTS.index(upto)
-    held = 0 if roots not in store else 1 if inverses not in store else 2
-    if seen not in store or store[seen].shape != xtx.shape or held < parts:
-        fresh, root, inverse = _system_of(xtx, weight, reg, upto)
+    seen, system, scale, roots = (f"{name} {part}" for part in ("xtx", "system", "scale", "root"))
+    if seen not in store or store[seen].shape != xtx.shape or (root and roots not in store):
+        fresh, factor_root = _system_of(xtx, weight, reg, root)
         store[seen], store[system], store[scale] = xtx.copy(), fresh.system, fresh.scale
-        for key, value in ((roots, root), (inverses, inverse)):
-            if value is not None:
-                store[key] = value
-            else:
-                store.pop(key, None)
+        if factor_root is not None:
+            store[roots] = factor_root
+        else:
+            store.pop(roots, None)
     else:
         where = _changed((xtx != store[seen]).reshape(*xtx.shape[:2], -1).any(axis=-1))
         if where is not None:
-            fresh, root, inverse = _system_of(xtx[where], weight, reg, _PARTS[held])
+            fresh, factor_root = _system_of(xtx[where], weight, reg, roots in store)
             store[system][where], store[scale][where] = fresh.system, fresh.scale
-            if root is not None:
-                store[roots][where] = root
-            if inverse is not None:
-                store[inverses][where] = inverse
+            if factor_root is not None:
+                store[roots][where] = factor_root
             store[seen][where] = xtx[where]
     return (Equilibrated(_read_only(store[system]), _read_only(store[scale])),
-            _read_only(store[roots]) if parts >= 1 else None,
-            _read_only(store[inverses]) if parts >= 2 else None)
+            _read_only(store[roots]) if root else None)
 
 
 def _system_of(
-    xtx: Array, weight: float, reg: float, upto: str
-) -> tuple[Equilibrated, Array | None, Array | None]:
+    xtx: Array, weight: float, reg: float, root: bool
+) -> tuple[Equilibrated, Array | None]:
     system = Equilibrated.of(xtx if weight == 1.0 else weight * xtx, reg)
-    if upto == "system":
-        return system, None, None
-    root = system.factor().root
-    if upto == "root":
-        return system, root, None
-    return system, root, inverse_root(root)
+    return system, (system.factor().root if root else None)
 
 
 def _read_only(kept: Array) -> Array:

@@ -175,12 +175,11 @@ class View:
         raw = 0 if self.raw is None else sum(a.nbytes for a in self.raw.values())
         if self.definition.config.shared:
             return 2 * sums + raw
-        # theta, and the X'X and X'y it was solved from; and (LinUCB, the pooled spread)
-        # an equilibrated system with the X'X it was made from, its scale, root and the
-        # root's inverse; or (the samplers, LinPHE and LinGIRO) up to two systems, each
-        # with its X'X and scale, and a root (policies.state.kept_system, kept_factor,
-        # kept_whitener).
-        return 2 * sums + raw + 5 * self.state["xtx"].nbytes + 3 * self.state["xty"].nbytes
+        # theta (LinUCB, the pooled spread: with the inverse of X'X + reg I), and the
+        # X'X and X'y it was solved from; or (the samplers, LinPHE and LinGIRO) up to two
+        # equilibrated systems, each with the X'X it was made from, and a root
+        # (policies.state.kept_theta, kept_ridge_and_inverse, kept_system, kept_factor).
+        return 2 * sums + raw + 5 * self.state["xtx"].nbytes + 2 * self.state["xty"].nbytes
 
     @property
     def sums(self) -> State:

@@ -565,8 +565,8 @@ def test_kept_systems_and_roots_equal_fresh_ones_bit_for_bit(
     # The samplers', LinPHE's and LinGIRO's equilibrated systems and Cholesky roots,
     # kept and redone for the models that changed: the bits of a fresh computation
     # of every model after every update (a weighted X'X and a bare one, reg 0, too).
-    from policies.ridge import Equilibrated, inverse_root
-    from policies.state import Sums, kept_factor, kept_system, kept_whitener
+    from policies.ridge import Equilibrated
+    from policies.state import Sums, kept_factor, kept_system
 
     config = PolicyConfig("lints-g", "covariates", 3)
     state = init_state(config, 4, batch)
@@ -585,22 +585,46 @@ def test_kept_systems_and_roots_equal_fresh_ones_bit_for_bit(
             np.testing.assert_array_equal(system.scale, fresh.scale)
             np.testing.assert_array_equal(root, fresh.factor().root)
             assert not (root.flags.writeable or system.system.flags.writeable)
-        if step >= 4:  # asked late: kept from then on, beside the root kept before
-            scale, inverse = kept_whitener(state, config.reg)
-            fresh = Equilibrated.of(state["xtx"], config.reg)
-            np.testing.assert_array_equal(scale, fresh.scale)
-            np.testing.assert_array_equal(inverse, inverse_root(fresh.factor().root))
-            assert not inverse.flags.writeable
         gram = kept_system(state, 2.0, config.reg)
         np.testing.assert_array_equal(gram.system, Equilibrated.of(2.0 * state["xtx"],
                                                                     config.reg).system)
-    # what it kept, per system: the first also the inverse roots
-    assert isinstance(state, Sums) and len(state.kept) == 5 + 4 * 2 + 3
+    assert isinstance(state, Sums) and len(state.kept) == 4 * 3 + 3  # what it kept, per system
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_kept_inverses_equal_fresh_ones_bit_for_bit(
+    batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # LinUCB's and the pooled spread's theta_hat and (X'X + reg I)^-1 per model, kept
+    # and redone for the models that changed (one or two per look): the bits of a
+    # fresh solve of [X'y, I] for every model, and of the unkept path.
+    from policies.state import Sums, kept_ridge_and_inverse
+
+    config = PolicyConfig("linucb", "covariates", 3)
+    state = init_state(config, 4, batch)
+    rng = np.random.default_rng(13)
+    identity = np.broadcast_to(np.eye(3), state["xtx"].shape)
+    for step in range(12):
+        arms = rng.integers(0, 4, size=batch)
+        update(config, state, arms, rng.normal(size=(batch, 3)) * 10.0 ** (step % 3),
+               rng.normal(size=batch))
+        if step % 3 == 2:
+            continue  # two updates between looks
+        fresh = solve(state["xtx"], config.reg,
+                      np.concatenate([state["xty"][..., None], identity], axis=-1))
+        monkeypatch.setattr("policies.state.KEEP_SYSTEMS_FROM", 0)  # so small a state keeps
+        theta, inverse = kept_ridge_and_inverse(state, config.reg)
+        np.testing.assert_array_equal(theta, fresh[..., 0])
+        np.testing.assert_array_equal(inverse, fresh[..., 1:])
+        assert not (theta.flags.writeable or inverse.flags.writeable)
+        monkeypatch.setattr("policies.state.KEEP_SYSTEMS_FROM", 10**9)  # unkept: the same
+        np.testing.assert_array_equal(kept_ridge_and_inverse(state, config.reg)[1], inverse)
+    assert isinstance(state, Sums) and len(state.kept) == 4
 
 
 @pytest.mark.parametrize("n_models", [1, 3])
 def test_leverage_equals_a_solve(n_models: int) -> None:
-    """``x_k' V^-1 x_k`` from the kept inverse roots (a model per arm) or the shared
+    """``x_k' V^-1 x_k`` from the kept inverses (a model per arm) or the shared
     model's solve equals a direct solve of the same floored system ``S V S + JITTER I``
     to rounding: its condition number is below 3 here (features of scales 1e-2 to 1e3,
     V's own about 4e8), so relative 1e-12 is a wide bound."""
