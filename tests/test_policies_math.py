@@ -612,12 +612,12 @@ def test_kept_inverses_equal_fresh_ones_bit_for_bit(
             continue  # two updates between looks
         fresh = solve(state["xtx"], config.reg,
                       np.concatenate([state["xty"][..., None], identity], axis=-1))
-        monkeypatch.setattr("policies.state.KEEP_SYSTEMS_FROM", 0)  # so small a state keeps
+        monkeypatch.setattr("policies.state.KEEP_INVERSES_FROM", 0)  # so small a state keeps
         theta, inverse = kept_ridge_and_inverse(state, config.reg)
         np.testing.assert_array_equal(theta, fresh[..., 0])
         np.testing.assert_array_equal(inverse, fresh[..., 1:])
         assert not (theta.flags.writeable or inverse.flags.writeable)
-        monkeypatch.setattr("policies.state.KEEP_SYSTEMS_FROM", 10**9)  # unkept: the same
+        monkeypatch.setattr("policies.state.KEEP_INVERSES_FROM", 10**9)  # unkept: the same
         np.testing.assert_array_equal(kept_ridge_and_inverse(state, config.reg)[1], inverse)
     assert isinstance(state, Sums) and len(state.kept) == 4
 
