@@ -13,7 +13,7 @@ from policies.authors import index_of
 from policies.config import PolicyConfig
 from policies.indices import Prepared
 from policies.ridge import Array
-from policies.state import State, apply_observations, discounted
+from policies.state import State, apply_observations, batch_rows, discounted
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ def draw(ready: Ready, rngs: Sequence[np.random.Generator]) -> Choice:
     if ready.masked:
         scores = np.where(ready.unexplored, np.inf, np.where(ready.eligible, scores, -np.inf))
     arms = np.argmax(scores, axis=1)
-    best = scores[_rows(batch), arms][:, None]  # the highest (a NaN if the row holds one)
+    best = scores[batch_rows(batch), arms][:, None]  # the highest (a NaN if the row holds one)
     top = scores == best
     # One count over the batch first (per-row counts cost several times more):
     # a row has one top score, none if it holds a NaN, or a tie.
@@ -196,14 +196,6 @@ def _uniform(
     # The pick-th allowed position (from 0) is the first whose running count exceeds it.
     running = np.cumsum(allowed, axis=1)
     return np.argmax(running > np.array(picks)[:, None], axis=1)
-
-
-@functools.lru_cache(maxsize=64)
-def _rows(batch: int) -> NDArray[np.int64]:
-    """0 .. batch - 1 (read-only: shared by every decision of that batch size)."""
-    rows = np.arange(batch)
-    rows.flags.writeable = False
-    return rows
 
 
 def update(

@@ -435,7 +435,7 @@ def apply_observations(
     -----
     The additions of :func:`layout`'s fields, vectorised over the batch.
     """
-    rows = _rows(arms.shape[0])
+    rows = batch_rows(arms.shape[0])
     outer = x[:, :, None] * x[:, None, :]
     if not config.discounted:
         _add_plain(config, state, _Slots.of(config, rows, arms, state["pulls"].shape[1]),
@@ -504,8 +504,9 @@ def _add_shifted_one(sums: tuple[Array, ...], slot: int, reward: np.floating[Any
 
 
 @functools.lru_cache(maxsize=64)
-def _rows(batch: int) -> NDArray[np.int64]:
-    """``arange(batch)``, read-only: every update of a batch indexes its rows with it."""
+def batch_rows(batch: int) -> NDArray[np.int64]:
+    """``arange(batch)``, read-only: every update and decision of a batch indexes its
+    rows with it."""
     rows = np.arange(batch)
     rows.flags.writeable = False
     return rows
