@@ -33,7 +33,6 @@ from policies.ridge import (
     Factor,
     predict,
     quadratic,
-    solve,
     standard_gammas,
     standard_normals,
 )
@@ -164,7 +163,7 @@ def linreboot_at(config: PolicyConfig, state: State, contexts: Array, theta: Arr
     rss = residual_sum_of_squares(config, state, mu_hat, theta)
     pulls = state["pulls"]
     spread = np.sqrt(rss, out=rss)
-    if np.count_nonzero(pulls) == pulls.size:  # every arm pulled: the common case
+    if np.count_nonzero(pulls > 0) == pulls.size:  # every arm pulled: the common case
         spread /= pulls
     else:  # 0 for an arm never pulled: sqrt(RSS) / inf (a divide's where= costs more)
         spread /= np.where(pulls > 0, pulls, np.inf)
@@ -472,23 +471,19 @@ def ucb_radius(config: PolicyConfig, n_obs: Array) -> Array:
 def ridge_and_leverage(state: State, contexts: Array, reg: float) -> tuple[Array, Array]:
     """``theta_hat`` per model (B, M, d) and ``x_k' V^-1 x_k`` per arm (B, K).
 
-    One model: one solve for theta and every arm's ``V^-1 x_k`` (every reward
-    changes the model). A model per arm: ``theta_hat`` and the inverse of
-    every model, kept (:func:`policies.state.kept_ridge_and_inverse`), so that
-    a request's K leverages are K matrix-vector products and a reward re-solves
-    one model.
+    Both from one floored solve of ``[X'y, I]`` per model
+    (:func:`policies.state.kept_ridge_and_inverse`: kept with a model per arm,
+    whose models a reward changes one at a time): the K leverages are then
+    products with ``V^-1``, d + 1 right-hand sides instead of K + 1 for a
+    shared model, and K matrix-vector products instead of K solves for a model
+    per arm.
     """
-    xtx, xty = state["xtx"], state["xty"]
-    if xtx.shape[1] == 1:  # one model: theta and every arm's V^-1 x_k together
-        rhs = np.concatenate([xty[..., None], np.swapaxes(contexts, 1, 2)[:, None]], axis=-1)
-        solved = solve(xtx, reg, rhs)[:, 0]  # (B, d, 1 + K)
-        theta, lifted = solved[:, None, :, 0], solved[..., 1:]
-        squares = np.einsum("bdk,bkd->bk", lifted, contexts)
+    theta, inverse = kept_ridge_and_inverse(state, reg)
+    if inverse.shape[1] == 1:  # one model: (V^-1 x_k)' for every arm in one product
+        lifted = np.matmul(contexts, np.swapaxes(inverse[:, 0], -1, -2))
     else:  # a model per arm, each with its arm's context
-        theta, inverse = kept_ridge_and_inverse(state, reg)
         lifted = np.matmul(inverse, contexts[..., None])[..., 0]
-        squares = np.vecdot(lifted, contexts)
-    return theta, np.maximum(squares, 0.0)
+    return theta, np.maximum(np.vecdot(lifted, contexts), 0.0)
 
 
 def _linucb_with(radius: Array, state: State, contexts: Array, reg: float) -> Prepared:

@@ -106,9 +106,16 @@ def _equilibrate(xtx: Array, reg: float) -> tuple[Array, Array]:
     d = xtx.shape[-1]
     # The diagonal as a strided view of the flattened matrices (cheaper than np.diagonal).
     diagonal = xtx.reshape(*xtx.shape[:-2], d * d)[..., :: d + 1] + reg
-    # A Gram matrix's diagonal is a sum of squares: with a ridge it is positive;
-    # without, 0 where no data has touched that coordinate (rare once data came in).
-    touched = None if reg > 0 or np.count_nonzero(diagonal) == diagonal.size else diagonal > 0
+    # A Gram matrix's diagonal is a sum of squares: with a ridge it is positive.
+    # Without, it is 0 where no data has touched that coordinate, and a bare
+    # second-moment matrix made by cancellation (the authors' LinGIRO) can round
+    # to a tiny negative; the masks, which cost a few array calls, only when some
+    # entry is not positive.
+    touched = None
+    if reg <= 0:
+        positive_entries = diagonal > 0
+        if np.count_nonzero(positive_entries) < positive_entries.size:
+            touched = positive_entries
     positive = diagonal if touched is None else np.where(touched, diagonal, 1.0)
     # 1 / sqrt, not ** -0.5: pow costs about 25 ns an element, which at B = K = 100
     # and d = 20 (a model per arm) was a third of a round.

@@ -197,6 +197,22 @@ def test_a_singular_row_of_an_equilibrated_system_is_solved_spectrally_alone() -
     np.testing.assert_allclose(root[1, 0] @ root[1, 0].T, JITTER * np.eye(3), rtol=1e-12)
 
 
+def test_a_bare_gram_with_a_rounded_negative_diagonal_is_factorised_as_untouched() -> None:
+    """Without a ridge, a diagonal entry that is 0 or rounded below it (a second-moment
+    matrix made by cancellation: the authors' LinGIRO) gets scale 1 and the floor, in a
+    stack with or without an exact 0 elsewhere, alone or beside others: finite, and
+    the same bits either way."""
+    bad = np.diag([4.0, -1e-17, 9.0])
+    rows = np.stack([bad, np.diag([1.0, 2.0, 3.0]), np.diag([0.0, 1.0, 1.0])])
+    for stack in (rows[:1], rows[:2], rows):
+        root = factorise(stack[:, None], 0.0).root
+        assert np.isfinite(root).all()
+        np.testing.assert_array_equal(root[0, 0], factorise(bad[None, None], 0.0).root[0, 0])
+    floored = Equilibrated.of(bad[None, None], 0.0)
+    assert np.array_equal(floored.scale[0, 0], [0.5, 1.0, 1.0 / 3.0])
+    assert floored.system[0, 0, 1, 1] == JITTER
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize(("d", "n"), [(3, 399), (64, 71)])
 async def test_the_service_keeps_serving_an_ill_conditioned_experiment(
