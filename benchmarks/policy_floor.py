@@ -19,7 +19,8 @@ Per round (``A = X'X + lambda I``, ``G`` the perturbed policies' Gram,
 * LinTS-IG: ``L = chol(A)``; ``[theta_hat, w] = solve(A, [X'y, L z])``; ``theta_hat + sigma w``.
 * LinPHE: ``theta = solve(G, X'y + c R z)``.
 * LinGIRO: ``[theta_bar, w] = solve(G, [X'y, R z])``; ``theta_bar + c w``.
-* LinUCB: ``[theta, A^-1 x_1 .. A^-1 x_K] = solve(A, [X'y, x_1 .. x_K])``.
+* LinUCB: one model ``[theta, A^-1] = solve(A, [X'y, I])``, then ``x_k' A^-1 x_k``;
+  a model per arm ``[theta_k, A_k^-1 x_k] = solve(A_k, [X'y_k, x_k])``.
 """
 
 from __future__ import annotations
@@ -130,11 +131,12 @@ def _linucb(c: PolicyConfig, s: Sums, x: Array, rng: np.random.Generator) -> Arr
         log_det = c.dim * np.log1p(s.n * c.context_bound**2 / (c.reg * c.dim))
         radius = (c.noise_sd * np.sqrt(2.0 * math.log(1.0 / c.ucb_delta) + log_det)
                   + math.sqrt(c.reg) * c.theta_bound)
-    if s.xtx.shape[1] == 1:
+    if s.xtx.shape[1] == 1:  # theta and V^-1 from d + 1 right-hand sides, not K + 1
+        d = c.dim
         solved = np.linalg.solve(a[:, 0], np.concatenate(
-            [s.xty[:, 0, :, None], np.swapaxes(x, 1, 2)], axis=-1))
-        theta, lifted = solved[:, None, :, 0], solved[..., 1:]
-        squares = np.einsum("bdk,bkd->bk", lifted, x)
+            [s.xty[:, 0, :, None], np.broadcast_to(np.eye(d), (len(x), d, d))], axis=-1))
+        theta = solved[:, None, :, 0]
+        squares = np.vecdot(np.matmul(x, solved[..., 1:]), x)
     else:
         solved = np.linalg.solve(a, np.stack([s.xty, x], axis=-1))
         theta, squares = solved[..., 0], np.einsum("bkd,bkd->bk", solved[..., 1], x)
