@@ -622,8 +622,11 @@ def test_kept_inverses_equal_fresh_ones_bit_for_bit(
     assert isinstance(state, Sums) and len(state.kept) == 4
 
 
+@pytest.mark.parametrize("keep_from", [0, 10**9])  # kept, and solved afresh
 @pytest.mark.parametrize("n_models", [1, 3])
-def test_leverage_equals_a_solve(n_models: int) -> None:
+def test_leverage_equals_a_solve(
+    n_models: int, keep_from: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``x_k' V^-1 x_k`` from the kept inverses (a model per arm) or the shared
     model's solve equals a direct solve of the same floored system ``S V S + JITTER I``
     to rounding: its condition number is below 3 here (features of scales 1e-2 to 1e3,
@@ -640,6 +643,9 @@ def test_leverage_equals_a_solve(n_models: int) -> None:
         update(config, state, rng.integers(0, 3, size=2), rng.normal(size=(2, 4)) * units,
                rng.normal(size=2))
     contexts = rng.normal(size=(2, 3, 4)) * units
+    monkeypatch.setattr("policies.state.KEEP_INVERSES_FROM", keep_from)
+    ridge_and_leverage(state, contexts, config.reg)  # kept, if at all, before the last update
+    update(config, state, np.array([1, 2]), rng.normal(size=(2, 4)) * units, rng.normal(size=2))
     theta, leverage = ridge_and_leverage(state, contexts, config.reg)
     floored = Equilibrated.of(state["xtx"], config.reg)
     model = slice(None) if n_models == 3 else [0, 0, 0]

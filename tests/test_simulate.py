@@ -70,14 +70,19 @@ def test_gamma_candidates_are_refused_as_often_as_the_method_says() -> None:
 
 
 def test_buffered_gammas_of_an_experiment_are_the_same_alone_and_in_a_batch() -> None:
-    """Refused candidates are drawn again by their own experiment's generator only."""
+    """Refused candidates are drawn again by their own experiment's generator only,
+    between refills of the buffers of every kind (normals drawn in between, as LinTS-IG
+    does)."""
     shapes = np.array([[1.0, 0.5, 3.0], [1.0, 2.0, 0.7], [1.5, 1.0, 1.0]])
     batch = BufferedStreams([np.random.default_rng(s) for s in (1, 2, 3)], block=8)
     alone = BufferedStreams([np.random.default_rng(2)], block=8)
-    together = np.stack([batch.gammas(shapes) for _ in range(50)])
-    single = np.stack([alone.gammas(shapes[1:2]) for _ in range(50)])
-    assert np.array_equal(together[:, 1:2], single)
-    assert np.all(together > 0.0)
+    together, single = [], []
+    for _ in range(50):
+        together += [batch.gammas(shapes), standard_normals(batch, (2,))]
+        single += [alone.gammas(shapes[1:2]), standard_normals(alone, (2,))]
+    for mixed, one in zip(together, single, strict=True):
+        assert np.array_equal(mixed[1:2], one)
+    assert all(np.all(g > 0.0) for g in together[::2])
 
 
 def test_same_seed_same_curves_and_different_seed_differs() -> None:
