@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import math
 import pickle
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -558,6 +559,19 @@ def test_kept_solutions_equal_fresh_solves_bit_for_bit(batch: int) -> None:
     assert not np.array_equal(kept_theta(state, 5.0), ridge(state["xtx"], state["xty"], 0.1))
 
 
+def _looks(config: PolicyConfig, state: State, seed: int) -> Iterator[None]:
+    """Update ``state`` (4 arms, features of scales 1 to 100) 12 times, yielding after
+    each update but every third: a look sees one or two models changed per row."""
+    batch = state["pulls"].shape[0]
+    rng = np.random.default_rng(seed)
+    for step in range(12):
+        arms = rng.integers(0, 4, size=(batch,))
+        update(config, state, arms, rng.normal(size=(batch, 3)) * 10.0 ** (step % 3),
+               rng.normal(size=(batch,)))
+        if step % 3 != 2:  # two updates between some looks: both models marked
+            yield
+
+
 @pytest.mark.parametrize("batch", [1, 4])
 def test_kept_systems_and_roots_equal_fresh_ones_bit_for_bit(
     batch: int, monkeypatch: pytest.MonkeyPatch
@@ -571,13 +585,7 @@ def test_kept_systems_and_roots_equal_fresh_ones_bit_for_bit(
     config = PolicyConfig("lints-g", "covariates", 3)
     state = init_state(config, 4, batch)
     monkeypatch.setattr("policies.state.KEEP_SYSTEMS_FROM", 0)  # so small a state keeps too
-    rng = np.random.default_rng(12)
-    for step in range(12):
-        arms = rng.integers(0, 4, size=batch)
-        update(config, state, arms, rng.normal(size=(batch, 3)) * 10.0 ** (step % 3),
-               rng.normal(size=batch))
-        if step % 3 == 2:
-            continue  # two updates between looks: both models marked
+    for _ in _looks(config, state, 12):
         for weight, reg in ((1.0, config.reg), (1.0, 0.0), (1.5, config.reg)):
             fresh = Equilibrated.of(state["xtx"] if weight == 1.0 else weight * state["xtx"], reg)
             system, root = kept_factor(state, weight, reg)
@@ -602,14 +610,8 @@ def test_kept_inverses_equal_fresh_ones_bit_for_bit(
 
     config = PolicyConfig("linucb", "covariates", 3)
     state = init_state(config, 4, batch)
-    rng = np.random.default_rng(13)
     identity = np.broadcast_to(np.eye(3), state["xtx"].shape)
-    for step in range(12):
-        arms = rng.integers(0, 4, size=batch)
-        update(config, state, arms, rng.normal(size=(batch, 3)) * 10.0 ** (step % 3),
-               rng.normal(size=batch))
-        if step % 3 == 2:
-            continue  # two updates between looks
+    for _ in _looks(config, state, 13):
         fresh = solve(state["xtx"], config.reg,
                       np.concatenate([state["xty"][..., None], identity], axis=-1))
         monkeypatch.setattr("policies.state.KEEP_INVERSES_FROM", 0)  # so small a state keeps
