@@ -12,7 +12,7 @@ from numpy.typing import NDArray
 from policies.authors import index_of
 from policies.config import PolicyConfig
 from policies.indices import Prepared
-from policies.ridge import Array
+from policies.ridge import Array, uniform_integers
 from policies.state import State, apply_observations, batch_rows, discounted
 
 
@@ -187,15 +187,15 @@ def _uniform(
 ) -> NDArray[np.int64]:
     """For each of ``rows``, one of its ``allowed`` positions (a row each), uniformly.
 
-    Row ``rows[i]`` draws ``integers(count)`` from its own generator and takes
-    that allowed position in order. Only the draws are a loop: the first pass
-    of a batch of 100 draws for every experiment in each of its first K rounds.
+    Row ``rows[i]`` draws a uniform integer below its count of allowed
+    positions from its own generator (:func:`policies.ridge.uniform_integers`)
+    and takes that allowed position in order: the first pass of a batch of 100
+    draws for every experiment in each of its first K rounds.
     """
-    counts = np.count_nonzero(allowed, axis=1).tolist()
-    picks = [rngs[row].integers(count) for row, count in zip(rows.tolist(), counts, strict=True)]
+    picks = uniform_integers(rngs, rows, np.count_nonzero(allowed, axis=1))
     # The pick-th allowed position (from 0) is the first whose running count exceeds it.
     running = np.cumsum(allowed, axis=1)
-    return np.argmax(running > np.array(picks)[:, None], axis=1)
+    return np.argmax(running > picks[:, None], axis=1)
 
 
 def update(

@@ -345,6 +345,10 @@ class BufferedStreams(Sequence[np.random.Generator]):
         self._rngs = list(rngs)
         self._block = block
         self._buffers: dict[str, tuple[Array, int]] = {}  # kind: (values, position)
+        # Uniforms for the arms picked at random, which only some experiments draw in a
+        # round: a position per experiment, each refilled alone when it runs out.
+        self._uniforms = np.empty((len(self._rngs), block))
+        self._uniform_at = np.full(len(self._rngs), block)
 
     def __len__(self) -> int:
         return len(self._rngs)
@@ -374,6 +378,19 @@ class BufferedStreams(Sequence[np.random.Generator]):
             for row, column in zip(*np.nonzero(~accepted), strict=True):
                 values[row, column] = self._rngs[row].standard_gamma(float(per_row[row, column]))
         return values.reshape(shapes.shape)
+
+    def uniforms(self, rows: NDArray[np.int64]) -> Array:
+        """One uniform on [0, 1) for each of ``rows`` (distinct experiments), from the
+        experiment's own buffer: a row's position moves only when that row draws."""
+        block = self._block
+        at = self._uniform_at[rows]
+        spent = rows[at == block]
+        if spent.size:
+            for row in spent.tolist():
+                self._rngs[row].random(out=self._uniforms[row])
+            at[at == block] = 0
+        self._uniform_at[rows] = at + 1
+        return self._uniforms[rows, at]
 
     def _take(self, kind: str, shape: tuple[int, ...]) -> Array:
         """The next ``shape`` values of ``kind`` from every experiment's buffer, (B, *shape)."""
@@ -438,6 +455,25 @@ def standard_normals(rngs: Sequence[np.random.Generator], shape: tuple[int, ...]
     if len(rngs) == 1:  # the service's batch of one: no list and stack
         return rngs[0].standard_normal(shape)[None]
     return np.stack([rng.standard_normal(shape) for rng in rngs])
+
+
+def uniform_integers(rngs: Sequence[np.random.Generator], rows: NDArray[np.int64],
+                     counts: NDArray[np.int64]) -> NDArray[np.int64]:
+    """For each of ``rows``, a uniform integer in ``[0, counts[i])`` from ``rngs[rows[i]]``.
+
+    Plain generators (the service's) call ``integers(count)``, exactly uniform. A
+    :class:`BufferedStreams` takes ``floor(u count)`` of one of the row's buffered
+    uniforms (:meth:`BufferedStreams.uniforms`): a Python call per row cost more than
+    the rest of a round's first pass; each value's probability is within
+    ``count 2^-53`` of ``1 / count``.
+    """
+    if isinstance(rngs, BufferedStreams):
+        # Below count: u <= 1 - 2^-53, and rounded to nearest u * count stays below any
+        # whole count up to 2^53 (tested at the largest u).
+        return (rngs.uniforms(rows) * counts).astype(np.int64)
+    return np.array([rngs[row].integers(count)
+                     for row, count in zip(rows.tolist(), counts.tolist(), strict=True)],
+                    dtype=np.int64)
 
 
 def standard_gammas(rngs: Sequence[np.random.Generator], shapes: Array) -> Array:

@@ -78,6 +78,9 @@ class _OneStream(BufferedStreams):
     def gammas(self, shapes: Array) -> Array:
         return self._rng.standard_gamma(shapes)
 
+    def uniforms(self, rows: NDArray[np.int64]) -> Array:
+        return self._rng.random(rows.size)
+
 
 def replicate(ready: Ready, n: int) -> Ready:
     """``n`` copies of a one-experiment decision: ``draw`` of it makes n independent draws."""

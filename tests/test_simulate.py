@@ -85,6 +85,42 @@ def test_buffered_gammas_of_an_experiment_are_the_same_alone_and_in_a_batch() ->
     assert all(np.all(g > 0.0) for g in together[::2])
 
 
+def test_buffered_uniforms_are_each_experiments_own_stream_whichever_rows_draw() -> None:
+    """Picks (the first pass, ties) are drawn by some experiments only: each row's
+    uniforms are its generator's ``random`` stream, refilled alone (block of 4)."""
+    seeds = (7, 8, 9)
+    streams = BufferedStreams([np.random.default_rng(s) for s in seeds], block=4)
+    drawn: list[list[float]] = [[], [], []]
+    for rows in ([0, 2], [1], [0, 1, 2], [2], [2], [2], [0, 2], [1, 2], [2], [0]):
+        for row, value in zip(rows, streams.uniforms(np.array(rows)), strict=True):
+            drawn[row].append(float(value))
+    for row, s in enumerate(seeds):
+        assert drawn[row] == np.random.default_rng(s).random(len(drawn[row])).tolist()
+
+
+def test_uniform_integers_from_buffered_streams_are_uniform_and_below_the_count() -> None:
+    """Frequencies of ``floor(u count)`` within 5 standard errors of ``1 / count`` (their
+    bias, at most count 2^-53, is far below that); the largest uniform, 1 - 2^-53, gives
+    ``count - 1``: its product with a whole count rounds below the count."""
+    from policies.ridge import uniform_integers
+
+    streams = BufferedStreams([np.random.default_rng(s) for s in range(50)])
+    rows, counts = np.arange(50), np.full(50, 7)
+    picks = np.concatenate([uniform_integers(streams, rows, counts) for _ in range(2_000)])
+    frequencies = np.bincount(picks, minlength=8) / picks.size
+    assert frequencies[7] == 0.0
+    se = np.sqrt((1 / 7) * (6 / 7) / picks.size)
+    assert np.all(np.abs(frequencies[:7] - 1 / 7) < 5.0 * se)
+
+    class AlmostOne(BufferedStreams):
+        def uniforms(self, rows: np.ndarray) -> np.ndarray:
+            return np.full(rows.size, 1.0 - 2.0**-53)
+
+    edge = AlmostOne([np.random.default_rng(0)] * 6)
+    counts = np.array([1, 3, 64, 100, 99991, 2**40 + 1])
+    assert np.array_equal(uniform_integers(edge, np.arange(6), counts), counts - 1)
+
+
 def test_same_seed_same_curves_and_different_seed_differs() -> None:
     cell = Cell("covariates", 3, "linreboot")
     first, again = play(cell, 4, 200, seed=1), play(cell, 4, 200, seed=1)
