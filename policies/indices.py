@@ -38,6 +38,7 @@ from policies.ridge import (
 )
 from policies.state import (
     State,
+    kept_draw_basis,
     kept_factor,
     kept_ridge_and_inverse,
     kept_system,
@@ -242,10 +243,12 @@ def prepare_lints_gaussian(config: PolicyConfig, state: State, contexts: Array) 
     variance of the rewards seen so far (here the unbiased n-1 form; 1 before
     two rewards).
     """
-    system, root = kept_factor(state, 1.0, config.reg)
     scale = np.sqrt(reward_variance(state))[..., None]
-    return {**_stored_system("posterior", system), "posterior.root": root,
-            "xty": state["xty"], "scale": scale, "contexts": contexts}
+    common = {"xty": state["xty"], "scale": scale, "contexts": contexts}
+    if not config.shared:
+        return {**common, **_draw_basis(state, 1.0, config.reg, config.reg)}
+    system, root = kept_factor(state, 1.0, config.reg)
+    return {**_stored_system("posterior", system), "posterior.root": root, **common}
 
 
 def draw_lints_gaussian(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Array:
@@ -256,9 +259,35 @@ def draw_lints_gaussian(config: PolicyConfig, prepared: Prepared, rngs: Rngs) ->
     """
     xty = prepared["xty"]
     z = standard_normals(rngs, xty.shape[1:])
+    if "basis.lift" in prepared:  # models per arm: theta_hat + v W z (_draw_basis)
+        theta, direction = _from_basis(prepared, z)
+        return predict(theta + prepared["scale"] * direction, prepared["contexts"])
     noise = prepared["scale"] * _factor(prepared, "posterior").times_root(z)
     theta = _system(prepared, "posterior").solve((xty + noise)[..., None])[..., 0]
     return predict(theta, prepared["contexts"])
+
+
+def _draw_basis(state: State, weight: float, reg: float, root_reg: float) -> Prepared:
+    """What a sampler with a model per arm prepares: the kept ``theta_hat`` and ``W`` of
+    :func:`policies.state.kept_draw_basis`, with which its draw
+    ``G^-1 (X'y + c S^-1 R z)`` is ``theta_hat + c W z``, a product per model: a reward
+    changes one model, yet every draw uses all K. A shared model changes with every
+    reward; its draw solves with the perturbed right-hand side instead (one solve)."""
+    theta, lift = kept_draw_basis(state, weight, reg, root_reg)
+    return {"basis.theta": theta, "basis.lift": lift}
+
+
+def _from_basis(prepared: Prepared, z: Array) -> tuple[Array, Array]:
+    """``theta_hat`` and the direction ``W z`` of a draw from :func:`_draw_basis`'s basis."""
+    return prepared["basis.theta"], np.matmul(prepared["basis.lift"], z[..., None])[..., 0]
+
+
+def _basis_law(config: PolicyConfig, prepared: Prepared, theta: Array, scale: Array,
+               dof: Array | None = None) -> Law:
+    """The law of ``x_k' (theta + scale W z)`` (a model per arm): loadings ``scale W' x_k``."""
+    contexts = prepared["contexts"]
+    loadings = np.einsum("bkij,bki->bkj", prepared["basis.lift"], contexts)
+    return _law(config, predict(theta, contexts), scale * loadings, dof)
 
 
 def _whitened(factor: Factor, contexts: Array) -> Array:
@@ -293,6 +322,8 @@ def _law(config: PolicyConfig, mean: Array, loadings: Array, dof: Array | None =
 
 def law_lints_gaussian(config: PolicyConfig, prepared: Prepared) -> Law:
     """``x_k' theta_hat + scale x_k' S R'^-1 z``: normal, loadings ``scale R^-1 S x_k``."""
+    if "basis.lift" in prepared:  # W = S R'^-1 (kept_draw_basis), so W' x = R^-1 S x
+        return _basis_law(config, prepared, prepared["basis.theta"], prepared["scale"])
     whitened = _whitened(_factor(prepared, "posterior"), prepared["contexts"])
     theta = _system(prepared, "posterior").solve(prepared["xty"][..., None])[..., 0]
     mean = predict(theta, prepared["contexts"])
@@ -308,10 +339,13 @@ def prepare_lints_inverse_gamma(config: PolicyConfig, state: State, contexts: Ar
     The posterior mean and its rate are left to the draw, which solves for the
     mean and the direction together (:func:`draw_lints_inverse_gamma`).
     """
-    system, root = kept_factor(state, 1.0, config.ig_prior_precision)  # solve and factor
-    return {**_stored_system("posterior", system), "posterior.root": root,
-            "xty": state["xty"], "shape": config.ig_alpha + 0.5 * state["n"],
-            "squares": reward_squares(state), "contexts": contexts}
+    precision = config.ig_prior_precision
+    common = {"xty": state["xty"], "shape": config.ig_alpha + 0.5 * state["n"],
+              "squares": reward_squares(state), "contexts": contexts}
+    if not config.shared:
+        return {**common, **_draw_basis(state, 1.0, precision, precision)}
+    system, root = kept_factor(state, 1.0, precision)  # solve and factor
+    return {**_stored_system("posterior", system), "posterior.root": root, **common}
 
 
 def _inverse_gamma_rate(config: PolicyConfig, prepared: Prepared, theta: Array) -> Array:
@@ -326,9 +360,12 @@ def draw_lints_inverse_gamma(config: PolicyConfig, prepared: Prepared, rngs: Rng
     xty, shape = prepared["xty"], prepared["shape"]
     gammas = standard_gammas(rngs, shape)
     z = standard_normals(rngs, xty.shape[1:])
-    lifted = _factor(prepared, "posterior").times_root(z)
-    solved = _system(prepared, "posterior").solve(np.stack([xty, lifted], axis=-1))
-    theta, direction = solved[..., 0], solved[..., 1]
+    if "basis.lift" in prepared:  # models per arm (_draw_basis)
+        theta, direction = _from_basis(prepared, z)
+    else:
+        lifted = _factor(prepared, "posterior").times_root(z)
+        solved = _system(prepared, "posterior").solve(np.stack([xty, lifted], axis=-1))
+        theta, direction = solved[..., 0], solved[..., 1]
     sigma = np.sqrt(_inverse_gamma_rate(config, prepared, theta) / gammas)[..., None]
     return predict(theta + sigma * direction, prepared["contexts"])
 
@@ -339,28 +376,38 @@ def law_lints_inverse_gamma(config: PolicyConfig, prepared: Prepared) -> Law:
     ``sigma = sqrt(rate / G)`` with ``G ~ Gamma(shape)``, so ``sigma z`` is
     ``sqrt(rate / shape)`` times ``z / sqrt(chi2_(2 shape) / (2 shape))``.
     """
+    shape = prepared["shape"]
+    if "basis.lift" in prepared:
+        theta = prepared["basis.theta"]
+        scale = np.sqrt(_inverse_gamma_rate(config, prepared, theta) / shape)[..., None]
+        return _basis_law(config, prepared, theta, scale, 2.0 * shape)
     whitened = _whitened(_factor(prepared, "posterior"), prepared["contexts"])
     theta = _system(prepared, "posterior").solve(prepared["xty"][..., None])[..., 0]
-    shape = prepared["shape"]
     scale = np.sqrt(_inverse_gamma_rate(config, prepared, theta) / shape)[..., None]
     mean = predict(theta, prepared["contexts"])
     return _law(config, mean, scale * whitened, 2.0 * shape)
 
 
 def _prepare_perturbed_ridge(
-    state: State, gram: Equilibrated, contexts: Array, **scale: Array
+    config: PolicyConfig, state: State, weight: float, contexts: Array, **scale: Array
 ) -> Prepared:
     """The fixed parts of ``(w X'X + reg I)^-1 (X'y + s X' xi)`` with ``X' xi ~ N(0, X'X)``.
 
     The common core of LinPHE and LinGIRO: both perturb the history, and for
     many past rounds the perturbation ``X' xi`` of the normal equations is
     Gaussian with covariance proportional to ``X'X`` (central limit theorem).
-    ``gram`` is ``w X'X + reg I``, equilibrated; ``scale`` holds ``s`` itself
+    ``G = w X'X + reg I``; ``scale`` holds ``s`` itself
     (``noise_scale``, LinPHE) or what :func:`_noise_scale` makes it of (LinGIRO).
+    A model per arm keeps its draw basis (:func:`_draw_basis`), a shared model
+    ``G`` equilibrated and the root of ``X'X`` (reg 0).
     """
+    common = {"xty": state["xty"], "contexts": contexts, **scale}
+    if not config.shared:
+        return {**common, **_draw_basis(state, weight, config.reg, 0.0)}
+    gram = kept_system(state, weight, config.reg)
     system, root = kept_factor(state, 1.0, 0.0)  # the root of X'X itself: reg 0
     return {"root.scale": system.scale, "root.root": root, **_stored_system("gram", gram),
-            "xty": state["xty"], "contexts": contexts, **scale}
+            **common}
 
 
 def _noise_scale(config: PolicyConfig, prepared: Prepared, theta_bar: Array) -> Array:
@@ -387,13 +434,16 @@ def draw_perturbed_ridge(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -
     """
     xty = prepared["xty"]
     z = standard_normals(rngs, xty.shape[1:])
-    lifted = _factor(prepared, "root").times_root(z)
-    gram = _system(prepared, "gram")
-    if "noise_scale" in prepared:
-        theta = gram.solve((xty + prepared["noise_scale"][..., None] * lifted)[..., None])
-        return predict(theta[..., 0], prepared["contexts"])
-    solved = gram.solve(np.stack([xty, lifted], axis=-1))
-    theta_bar, direction = solved[..., 0], solved[..., 1]
+    if "basis.lift" in prepared:  # models per arm: theta_bar + s W z (_draw_basis)
+        theta_bar, direction = _from_basis(prepared, z)
+    else:
+        lifted = _factor(prepared, "root").times_root(z)
+        gram = _system(prepared, "gram")
+        if "noise_scale" in prepared:
+            theta = gram.solve((xty + prepared["noise_scale"][..., None] * lifted)[..., None])
+            return predict(theta[..., 0], prepared["contexts"])
+        solved = gram.solve(np.stack([xty, lifted], axis=-1))
+        theta_bar, direction = solved[..., 0], solved[..., 1]
     theta = theta_bar + _noise_scale(config, prepared, theta_bar)[..., None] * direction
     return predict(theta, prepared["contexts"])
 
@@ -403,6 +453,10 @@ def law_perturbed_ridge(config: PolicyConfig, prepared: Prepared) -> Law:
 
     ``G`` is the Gram factor, ``S^-1 R`` the root of ``X'X`` (``times_root``).
     """
+    if "basis.lift" in prepared:  # W = G^-1 S^-1 R, so W' x = R' S^-1 G^-1 x
+        theta_bar = prepared["basis.theta"]
+        scale = _noise_scale(config, prepared, theta_bar)[..., None]
+        return _basis_law(config, prepared, theta_bar, scale)
     system, root = _system(prepared, "gram"), _factor(prepared, "root")
     gram = system.factor()
     contexts = prepared["contexts"]
@@ -433,8 +487,8 @@ def prepare_linphe(config: PolicyConfig, state: State, contexts: Array) -> Prepa
     et al. (README, "Deviations from the authors' code").
     """
     scale = np.full(state["n"].shape, math.sqrt(config.phe_a) * config.reward_bound)
-    gram = kept_system(state, 1.0 + config.phe_a, config.reg)
-    return _prepare_perturbed_ridge(state, gram, contexts, noise_scale=scale)
+    weight = 1.0 + config.phe_a
+    return _prepare_perturbed_ridge(config, state, weight, contexts, noise_scale=scale)
 
 
 def prepare_lingiro(config: PolicyConfig, state: State, contexts: Array) -> Prepared:
@@ -449,11 +503,10 @@ def prepare_lingiro(config: PolicyConfig, state: State, contexts: Array) -> Prep
     ``c = 2 a U^2 + (RSS(theta_bar) + 2 a theta_bar' X'X theta_bar) / n``.
     Drawing from that limit keeps the cost per round independent of ``t``.
     """
-    weight = 1.0 + 2.0 * config.giro_a
-    gram = kept_system(state, weight, config.reg)  # theta_bar's and the draws'
     giro = {"giro.xtx": state["xtx"], "giro.squares": reward_squares(state),
             "giro.n": np.maximum(state["n"], 1.0)}
-    return _prepare_perturbed_ridge(state, gram, contexts, **giro)
+    weight = 1.0 + 2.0 * config.giro_a  # theta_bar's and the draws' Gram
+    return _prepare_perturbed_ridge(config, state, weight, contexts, **giro)
 
 
 def ucb_radius(config: PolicyConfig, n_obs: Array) -> Array:

@@ -241,6 +241,37 @@ def kept_ridge_and_inverse(state: State, reg: float) -> tuple[Array, Array]:
     return both[..., 0], both[..., 1:]
 
 
+def kept_draw_basis(state: State, weight: float, reg: float, root_reg: float
+                    ) -> tuple[Array, Array]:
+    """``theta_hat = G^-1 X'y`` (B, M, d) and ``W = G^-1 S^-1 R`` (B, M, d, d) of every
+    model, with ``G = weight X'X + reg I`` and ``S^-1 R`` the floored root of
+    ``X'X + root_reg I`` (``Equilibrated.factor``; ``Factor.times_root`` applies it),
+    from one floored solve of ``[X'y, S^-1 R]``. Kept as :func:`kept_ridge_and_inverse`
+    keeps its solution (the same bits either way). Read-only.
+
+    A Thompson sampler's draw ``G^-1 (X'y + c S^-1 R z)`` is then
+    ``theta_hat + c W z``: a matrix-vector product per model instead of a solve, for
+    models per arm, which a reward changes one at a time while every draw uses all.
+    """
+    xtx = state["xtx"]
+    keep = xtx[..., 0, 0].size * xtx.shape[-1] ** 3 >= KEEP_INVERSES_FROM
+    name = f"draw basis {weight!r} {root_reg!r}"
+    names = (name, f"{name} reg", f"{name} xtx", f"{name} xty")
+    basis = functools.partial(_draw_basis, weight=weight, root_reg=root_reg)
+    both = _kept_solution(state, reg, names, basis, keep)
+    return both[..., 0], both[..., 1:]
+
+
+def _draw_basis(xtx: Array, xty: Array, reg: float, *, weight: float, root_reg: float
+                ) -> Array:
+    """``[theta_hat, W]`` of :func:`kept_draw_basis`, shape (..., d, 1 + d)."""
+    gram = Equilibrated.of(xtx if weight == 1.0 else weight * xtx, reg)
+    rooted = gram if weight == 1.0 and root_reg == reg else Equilibrated.of(xtx, root_reg)
+    root = rooted.factor()
+    lift = root.root / root.scale[..., :, None]  # S^-1 R
+    return gram.solve(np.concatenate([xty[..., None], lift], axis=-1))
+
+
 # A solve with d + 1 right-hand sides costs about four times a factorisation: kept
 # from a smaller stack than the systems (B = 1, K = 10: d = 10 and 20 kept 170 and
 # 200 µs a round, fresh 209 and 288; d = 5 kept 173, fresh 163).

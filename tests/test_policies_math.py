@@ -27,7 +27,7 @@ import pytest
 from numpy.typing import NDArray
 
 from policies import PolicyConfig, State, init_state, layout, update
-from policies.config import Residuals, Setting
+from policies.config import PolicyName, Residuals, Setting
 from policies.explicit import (
     Weights,
     explicit_bootstrap_index,
@@ -622,6 +622,68 @@ def test_kept_inverses_equal_fresh_ones_bit_for_bit(
         monkeypatch.setattr("policies.state.KEEP_INVERSES_FROM", 10**9)  # unkept: the same
         np.testing.assert_array_equal(kept_ridge_and_inverse(state, config.reg)[1], inverse)
     assert isinstance(state, Sums) and len(state.kept) == 4
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_kept_draw_bases_equal_fresh_ones_bit_for_bit(
+    batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The samplers' theta_hat and W = G^-1 S^-1 R per model (a model per arm), kept and
+    # redone for the models that changed: the bits of a fresh solve of every model, and
+    # of the unkept path; one G that is also the root's system, one weighted with a bare
+    # root (LinPHE's and LinGIRO's).
+    from policies.state import Sums, _draw_basis, kept_draw_basis
+
+    config = PolicyConfig("lints-g", "covariates", 3)
+    state = init_state(config, 4, batch)
+    for _ in _looks(config, state, 14):
+        for weight, reg, root_reg in ((1.0, config.reg, config.reg), (1.5, config.reg, 0.0)):
+            fresh = _draw_basis(state["xtx"], state["xty"], reg, weight=weight,
+                                root_reg=root_reg)
+            monkeypatch.setattr("policies.state.KEEP_INVERSES_FROM", 0)  # so small a state keeps
+            theta, lift = kept_draw_basis(state, weight, reg, root_reg)
+            np.testing.assert_array_equal(theta, fresh[..., 0])
+            np.testing.assert_array_equal(lift, fresh[..., 1:])
+            assert not (theta.flags.writeable or lift.flags.writeable)
+            monkeypatch.setattr("policies.state.KEEP_INVERSES_FROM", 10**9)  # unkept: the same
+            np.testing.assert_array_equal(kept_draw_basis(state, weight, reg, root_reg)[1], lift)
+    assert isinstance(state, Sums) and len(state.kept) == 2 * 4
+
+
+@pytest.mark.parametrize("policy", ["lints-g", "lints-ig", "linphe", "lingiro"])
+def test_a_draw_from_the_kept_basis_equals_a_solve_of_the_perturbed_equations(
+    policy: PolicyName,
+) -> None:
+    """A model per arm draws ``theta_hat + c W z``; a shared model solves
+    ``G (theta_hat + c w) = [X'y, S^-1 R z]``. Equal to rounding: features of scales
+    1e-2 to 1e3, but the floored systems' condition numbers are below 1e3, so 1e-10 of
+    the largest entry is a wide bound."""
+    from policies.indices import _from_basis
+    from policies.ridge import Equilibrated
+
+    config = PolicyConfig(policy, "covariates", 4)
+    state = init_state(config, 3, 2)
+    rng = np.random.default_rng(8)
+    units = np.array([1.0, 1e3, 1e-2, 10.0])
+    for _ in range(40):
+        update(config, state, rng.integers(0, 3, size=2), rng.normal(size=(2, 4)) * units,
+               rng.normal(size=2))
+    prepared = INDEX[policy].prepare(config, state, rng.normal(size=(2, 3, 4)))
+    z = rng.normal(size=(2, 3, 4))
+    theta, direction = _from_basis(prepared, z)
+    weight, reg, root_reg = {
+        "lints-g": (1.0, config.reg, config.reg),
+        "lints-ig": (1.0, config.ig_prior_precision, config.ig_prior_precision),
+        "linphe": (1.0 + config.phe_a, config.reg, 0.0),
+        "lingiro": (1.0 + 2.0 * config.giro_a, config.reg, 0.0),
+    }[policy]
+    gram = Equilibrated.of(weight * state["xtx"], reg)
+    rooted = Equilibrated.of(state["xtx"], root_reg)
+    assert max(np.linalg.cond(gram.system).max(), np.linalg.cond(rooted.system).max()) < 1e3
+    lifted = rooted.factor().times_root(z)
+    solved = gram.solve(np.stack([state["xty"], lifted], axis=-1))
+    for ours, direct in ((theta, solved[..., 0]), (direction, solved[..., 1])):
+        assert np.abs(ours - direct).max() <= 1e-10 * np.abs(direct).max()
 
 
 @pytest.mark.parametrize("keep_from", [0, 10**9])  # kept, and solved afresh
