@@ -342,8 +342,10 @@ def prepare_lints_inverse_gamma(config: PolicyConfig, state: State, contexts: Ar
     precision = config.ig_prior_precision
     common = {"xty": state["xty"], "shape": config.ig_alpha + 0.5 * state["n"],
               "squares": reward_squares(state), "contexts": contexts}
-    if not config.shared:
-        return {**common, **_draw_basis(state, 1.0, precision, precision)}
+    if not config.shared:  # the rate depends on theta_hat only: once per state
+        prepared = {**common, **_draw_basis(state, 1.0, precision, precision)}
+        prepared["rate"] = _inverse_gamma_rate(config, prepared, prepared["basis.theta"])
+        return prepared
     system, root = kept_factor(state, 1.0, precision)  # solve and factor
     return {**_stored_system("posterior", system), "posterior.root": root, **common}
 
@@ -362,11 +364,13 @@ def draw_lints_inverse_gamma(config: PolicyConfig, prepared: Prepared, rngs: Rng
     z = standard_normals(rngs, xty.shape[1:])
     if "basis.lift" in prepared:  # models per arm (_draw_basis)
         theta, direction = _from_basis(prepared, z)
+        rate = prepared["rate"]
     else:
         lifted = _factor(prepared, "posterior").times_root(z)
         solved = _system(prepared, "posterior").solve(np.stack([xty, lifted], axis=-1))
         theta, direction = solved[..., 0], solved[..., 1]
-    sigma = np.sqrt(_inverse_gamma_rate(config, prepared, theta) / gammas)[..., None]
+        rate = _inverse_gamma_rate(config, prepared, theta)
+    sigma = np.sqrt(rate / gammas)[..., None]
     return predict(theta + sigma * direction, prepared["contexts"])
 
 
@@ -378,9 +382,8 @@ def law_lints_inverse_gamma(config: PolicyConfig, prepared: Prepared) -> Law:
     """
     shape = prepared["shape"]
     if "basis.lift" in prepared:
-        theta = prepared["basis.theta"]
-        scale = np.sqrt(_inverse_gamma_rate(config, prepared, theta) / shape)[..., None]
-        return _basis_law(config, prepared, theta, scale, 2.0 * shape)
+        scale = np.sqrt(prepared["rate"] / shape)[..., None]
+        return _basis_law(config, prepared, prepared["basis.theta"], scale, 2.0 * shape)
     whitened = _whitened(_factor(prepared, "posterior"), prepared["contexts"])
     theta = _system(prepared, "posterior").solve(prepared["xty"][..., None])[..., 0]
     scale = np.sqrt(_inverse_gamma_rate(config, prepared, theta) / shape)[..., None]
@@ -403,7 +406,10 @@ def _prepare_perturbed_ridge(
     """
     common = {"xty": state["xty"], "contexts": contexts, **scale}
     if not config.shared:
-        return {**common, **_draw_basis(state, weight, config.reg, 0.0)}
+        prepared = {**common, **_draw_basis(state, weight, config.reg, 0.0)}
+        # LinGIRO's s depends on theta_bar only: once per state, not per draw.
+        prepared["noise_scale"] = _noise_scale(config, prepared, prepared["basis.theta"])
+        return prepared
     gram = kept_system(state, weight, config.reg)
     system, root = kept_factor(state, 1.0, 0.0)  # the root of X'X itself: reg 0
     return {"root.scale": system.scale, "root.root": root, **_stored_system("gram", gram),
