@@ -31,6 +31,7 @@ from policies.ridge import (
     Array,
     Equilibrated,
     Factor,
+    perturbed_systems,
     predict,
     quadratic,
     standard_gammas,
@@ -39,9 +40,7 @@ from policies.ridge import (
 from policies.state import (
     State,
     kept_draw_basis,
-    kept_factor,
     kept_ridge_and_inverse,
-    kept_system,
     kept_theta,
     raw_reward_sums,
 )
@@ -246,9 +245,10 @@ def prepare_lints_gaussian(config: PolicyConfig, state: State, contexts: Array) 
     scale = np.sqrt(reward_variance(state))[..., None]
     common = {"xty": state["xty"], "scale": scale, "contexts": contexts}
     if not config.shared:
-        return {**common, **_draw_basis(state, 1.0, config.reg, config.reg)}
-    system, root = kept_factor(state, 1.0, config.reg)
-    return {**_stored_system("posterior", system), "posterior.root": root, **common}
+        return {**common, **_draw_basis(state, 1.0, config.reg, False)}
+    system = Equilibrated.of(state["xtx"], config.reg)  # solve and factor
+    return {**_stored_system("posterior", system), "posterior.root": system.factor().root,
+            **common}
 
 
 def draw_lints_gaussian(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Array:
@@ -267,13 +267,13 @@ def draw_lints_gaussian(config: PolicyConfig, prepared: Prepared, rngs: Rngs) ->
     return predict(theta, prepared["contexts"])
 
 
-def _draw_basis(state: State, weight: float, reg: float, root_reg: float) -> Prepared:
+def _draw_basis(state: State, weight: float, reg: float, bare_root: bool) -> Prepared:
     """What a sampler with a model per arm prepares: the kept ``theta_hat`` and ``W`` of
     :func:`policies.state.kept_draw_basis`, with which its draw
     ``G^-1 (X'y + c S^-1 R z)`` is ``theta_hat + c W z``, a product per model: a reward
     changes one model, yet every draw uses all K. A shared model changes with every
     reward; its draw solves with the perturbed right-hand side instead (one solve)."""
-    theta, lift = kept_draw_basis(state, weight, reg, root_reg)
+    theta, lift = kept_draw_basis(state, weight, reg, bare_root)
     return {"basis.theta": theta, "basis.lift": lift}
 
 
@@ -343,11 +343,12 @@ def prepare_lints_inverse_gamma(config: PolicyConfig, state: State, contexts: Ar
     common = {"xty": state["xty"], "shape": config.ig_alpha + 0.5 * state["n"],
               "squares": reward_squares(state), "contexts": contexts}
     if not config.shared:  # the rate depends on theta_hat only: once per state
-        prepared = {**common, **_draw_basis(state, 1.0, precision, precision)}
+        prepared = {**common, **_draw_basis(state, 1.0, precision, False)}
         prepared["rate"] = _inverse_gamma_rate(config, prepared, prepared["basis.theta"])
         return prepared
-    system, root = kept_factor(state, 1.0, precision)  # solve and factor
-    return {**_stored_system("posterior", system), "posterior.root": root, **common}
+    system = Equilibrated.of(state["xtx"], precision)  # solve and factor
+    return {**_stored_system("posterior", system), "posterior.root": system.factor().root,
+            **common}
 
 
 def _inverse_gamma_rate(config: PolicyConfig, prepared: Prepared, theta: Array) -> Array:
@@ -406,14 +407,12 @@ def _prepare_perturbed_ridge(
     """
     common = {"xty": state["xty"], "contexts": contexts, **scale}
     if not config.shared:
-        prepared = {**common, **_draw_basis(state, weight, config.reg, 0.0)}
+        prepared = {**common, **_draw_basis(state, weight, config.reg, True)}
         # LinGIRO's s depends on theta_bar only: once per state, not per draw.
         prepared["noise_scale"] = _noise_scale(config, prepared, prepared["basis.theta"])
         return prepared
-    gram = kept_system(state, weight, config.reg)
-    system, root = kept_factor(state, 1.0, 0.0)  # the root of X'X itself: reg 0
-    return {"root.scale": system.scale, "root.root": root, **_stored_system("gram", gram),
-            **common}
+    gram, bare = perturbed_systems(state["xtx"], weight, config.reg)
+    return {**_stored("root", bare.factor()), **_stored_system("gram", gram), **common}
 
 
 def _noise_scale(config: PolicyConfig, prepared: Prepared, theta_bar: Array) -> Array:

@@ -103,9 +103,19 @@ def _equilibrate(xtx: Array, reg: float) -> tuple[Array, Array]:
     ``s = diag(xtx + reg I)^(-1/2)``, or 1 where that diagonal is zero (a
     coordinate no data has touched, with ``reg = 0``).
     """
+    scale, touched = _scale(xtx, 1.0, reg)
+    system = _scaled(xtx, scale)
+    _unit_diagonal(system, touched)
+    return system, scale
+
+
+def _scale(xtx: Array, weight: float, reg: float) -> tuple[Array, NDArray[np.bool_] | None]:
+    """``s = diag(weight xtx + reg I)^(-1/2)`` (1 where that diagonal is not positive), and
+    the mask of the positive entries, None when all are."""
     d = xtx.shape[-1]
     # The diagonal as a strided view of the flattened matrices (cheaper than np.diagonal).
-    diagonal = xtx.reshape(*xtx.shape[:-2], d * d)[..., :: d + 1] + reg
+    diagonal = xtx.reshape(*xtx.shape[:-2], d * d)[..., :: d + 1]
+    diagonal = diagonal + reg if weight == 1.0 else weight * diagonal + reg
     # A Gram matrix's diagonal is a sum of squares: with a ridge it is positive.
     # Without, it is 0 where no data has touched that coordinate, and a bare
     # second-moment matrix made by cancellation (the authors' LinGIRO) can round
@@ -121,14 +131,41 @@ def _equilibrate(xtx: Array, reg: float) -> tuple[Array, Array]:
     # and d = 20 (a model per arm) was a third of a round.
     scale = np.sqrt(positive)
     np.divide(1.0, scale, out=scale)
+    return scale, touched
+
+
+def _scaled(xtx: Array, scale: Array) -> Array:
+    """``S xtx S``, a new array."""
     # One temporary: the outer product of the scales, multiplied in place.
     system = np.multiply(scale[..., :, None], scale[..., None, :])
-    np.multiply(xtx, system, out=system)
-    # The diagonal with its ridge and floor, written in place (a strided view):
-    # s_i^2 (xtx_ii + reg) is 1 by the choice of s, 0 where that diagonal is 0.
-    on_diagonal = system.reshape(*system.shape[:-2], d * d)[..., :: d + 1]
+    return np.multiply(xtx, system, out=system)
+
+
+def _diagonal_view(system: Array) -> Array:
+    d = system.shape[-1]
+    return system.reshape(*system.shape[:-2], d * d)[..., :: d + 1]
+
+
+def _unit_diagonal(system: Array, touched: NDArray[np.bool_] | None) -> None:
+    """Write the equilibrated diagonal with its floor, in place (a strided view):
+    ``s_i^2 (weight xtx_ii + reg)`` is 1 by the choice of s, 0 where that diagonal is 0."""
+    on_diagonal = _diagonal_view(system)
     on_diagonal[...] = 1.0 + JITTER if touched is None else np.where(touched, 1.0 + JITTER, JITTER)
-    return system, scale
+
+
+def perturbed_systems(xtx: Array, weight: float, reg: float) -> tuple[Equilibrated, Equilibrated]:
+    """LinPHE's and LinGIRO's two systems in one scaling: ``G = weight X'X + reg I``
+    equilibrated (as :meth:`Equilibrated.of` makes it), and ``X'X`` itself in G's
+    scaling, ``S X'X S + JITTER I``, whose factor gives the root of their perturbation
+    (``X'X`` floored by ``JITTER`` of G's diagonal). One outer product and one product
+    with ``X'X`` serve both (a separate equilibration of ``X'X`` cost as much again).
+    """
+    scale, touched = _scale(xtx, weight, reg)
+    bare = _scaled(xtx, scale)
+    gram = bare * weight if weight != 1.0 else bare.copy()
+    _unit_diagonal(gram, touched)
+    _diagonal_view(bare)[...] += JITTER
+    return Equilibrated(gram, scale), Equilibrated(bare, scale)
 
 
 def _spectral(matrix: Array) -> tuple[Array, Array]:

@@ -78,7 +78,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from policies.config import PolicyConfig
-from policies.ridge import Equilibrated, ridge, solve
+from policies.ridge import Equilibrated, perturbed_systems, ridge, solve
 
 Array = NDArray[np.floating[Any]]
 State = dict[str, Array]
@@ -241,13 +241,14 @@ def kept_ridge_and_inverse(state: State, reg: float) -> tuple[Array, Array]:
     return both[..., 0], both[..., 1:]
 
 
-def kept_draw_basis(state: State, weight: float, reg: float, root_reg: float
+def kept_draw_basis(state: State, weight: float, reg: float, bare_root: bool
                     ) -> tuple[Array, Array]:
     """``theta_hat = G^-1 X'y`` (B, M, d) and ``W = G^-1 S^-1 R`` (B, M, d, d) of every
-    model, with ``G = weight X'X + reg I`` and ``S^-1 R`` the floored root of
-    ``X'X + root_reg I`` (``Equilibrated.factor``; ``Factor.times_root`` applies it),
-    from one floored solve of ``[X'y, S^-1 R]``. Kept as :func:`kept_ridge_and_inverse`
-    keeps its solution (the same bits either way). Read-only.
+    model, with ``G = weight X'X + reg I`` and ``S^-1 R`` the floored root of ``G``
+    itself, or with ``bare_root`` of ``X'X`` (``policies.ridge.perturbed_systems``),
+    from one floored solve of ``[X'y, S^-1 R]`` (``Factor.times_root`` applies
+    ``S^-1 R``). Kept as :func:`kept_ridge_and_inverse` keeps its solution (the same
+    bits either way). Read-only.
 
     A Thompson sampler's draw ``G^-1 (X'y + c S^-1 R z)`` is then
     ``theta_hat + c W z``: a matrix-vector product per model instead of a solve, for
@@ -255,18 +256,20 @@ def kept_draw_basis(state: State, weight: float, reg: float, root_reg: float
     """
     xtx = state["xtx"]
     keep = xtx[..., 0, 0].size * xtx.shape[-1] ** 3 >= KEEP_INVERSES_FROM
-    name = f"draw basis {weight!r} {root_reg!r}"
+    name = f"draw basis {weight!r} {bare_root!r}"
     names = (name, f"{name} reg", f"{name} xtx", f"{name} xty")
-    basis = functools.partial(_draw_basis, weight=weight, root_reg=root_reg)
+    basis = functools.partial(_draw_basis, weight=weight, bare_root=bare_root)
     both = _kept_solution(state, reg, names, basis, keep)
     return both[..., 0], both[..., 1:]
 
 
-def _draw_basis(xtx: Array, xty: Array, reg: float, *, weight: float, root_reg: float
+def _draw_basis(xtx: Array, xty: Array, reg: float, *, weight: float, bare_root: bool
                 ) -> Array:
     """``[theta_hat, W]`` of :func:`kept_draw_basis`, shape (..., d, 1 + d)."""
-    gram = Equilibrated.of(xtx if weight == 1.0 else weight * xtx, reg)
-    rooted = gram if weight == 1.0 and root_reg == reg else Equilibrated.of(xtx, root_reg)
+    if bare_root:
+        gram, rooted = perturbed_systems(xtx, weight, reg)
+    else:
+        gram = rooted = Equilibrated.of(xtx if weight == 1.0 else weight * xtx, reg)
     root = rooted.factor()
     lift = root.root / root.scale[..., :, None]  # S^-1 R
     return gram.solve(np.concatenate([xty[..., None], lift], axis=-1))
@@ -321,65 +324,6 @@ def _changed(stale: NDArray[np.bool_]) -> Any:
         row, model = divmod(int(stale.argmax()), stale.shape[1])
         return (slice(row, row + 1), model)
     return np.nonzero(stale)
-
-
-def kept_system(state: State, weight: float, reg: float) -> Equilibrated:
-    """``Equilibrated.of(weight * X'X, reg)`` of every model, kept as :func:`kept_theta`
-    keeps ``theta_hat``: only the models whose ``X'X`` moved are equilibrated again
-    (elementwise, so a kept one has the bits of a fresh one). Read-only arrays."""
-    return _kept_system(state, weight, reg, False)[0]
-
-
-def kept_factor(state: State, weight: float, reg: float) -> tuple[Equilibrated, Array]:
-    """:func:`kept_system` and its factor's root (``Equilibrated.factor``), kept alike:
-    LAPACK factorises one matrix at a time, so a kept root has the bits of a fresh one."""
-    system, root = _kept_system(state, weight, reg, True)
-    assert root is not None
-    return system, root
-
-
-# Keeping pays when the models' factorisations cost more than finding the changed
-# ones: a comparison and a few array calls, about 20-40 µs at B = 1. Below this
-# many models times d^3 it does not (LinPHE, B = 1, K = 10, d = 5: 309 µs a round
-# kept, 159 not); above, the factorisations dominate (B = 100, K = 10, d = 20: a
-# third off LinTS-G's round). Either way the bits are the same.
-KEEP_SYSTEMS_FROM = 100_000
-
-
-def _kept_system(
-    state: State, weight: float, reg: float, root: bool
-) -> tuple[Equilibrated, Array | None]:
-    xtx = state["xtx"]
-    store = getattr(state, "kept", None)
-    if (store is None or "model_at" in state or xtx.shape[1] == 1
-            or xtx[..., 0, 0].size * xtx.shape[-1] ** 3 < KEEP_SYSTEMS_FROM):
-        return _system_of(xtx, weight, reg, root)
-    name = f"system {weight!r} {reg!r}"  # flat names: inherit_kept copies arrays
-    seen, system, scale, roots = (f"{name} {part}" for part in ("xtx", "system", "scale", "root"))
-    if seen not in store or store[seen].shape != xtx.shape or (root and roots not in store):
-        fresh, factor_root = _system_of(xtx, weight, reg, root)
-        store[seen], store[system], store[scale] = xtx.copy(), fresh.system, fresh.scale
-        if factor_root is not None:
-            store[roots] = factor_root
-        else:
-            store.pop(roots, None)
-    else:
-        where = _changed((xtx != store[seen]).reshape(*xtx.shape[:2], -1).any(axis=-1))
-        if where is not None:
-            fresh, factor_root = _system_of(xtx[where], weight, reg, roots in store)
-            store[system][where], store[scale][where] = fresh.system, fresh.scale
-            if factor_root is not None:
-                store[roots][where] = factor_root
-            store[seen][where] = xtx[where]
-    return (Equilibrated(_read_only(store[system]), _read_only(store[scale])),
-            _read_only(store[roots]) if root else None)
-
-
-def _system_of(
-    xtx: Array, weight: float, reg: float, root: bool
-) -> tuple[Equilibrated, Array | None]:
-    system = Equilibrated.of(xtx if weight == 1.0 else weight * xtx, reg)
-    return system, (system.factor().root if root else None)
 
 
 def _read_only(kept: Array) -> Array:

@@ -175,10 +175,11 @@ class View:
         raw = 0 if self.raw is None else sum(a.nbytes for a in self.raw.values())
         if self.definition.config.shared:
             return 2 * sums + raw
-        # theta (LinUCB, the pooled spread: with the inverse of X'X + reg I), and the
-        # X'X and X'y it was solved from; or (the samplers, LinPHE and LinGIRO) up to two
-        # equilibrated systems, each with the X'X it was made from, and a root
-        # (policies.state.kept_theta, kept_ridge_and_inverse, kept_system, kept_factor).
+        # One kept solution per model: theta, with the inverse of X'X + reg I (LinUCB,
+        # the pooled spread) or the draw basis W (the samplers, LinPHE and LinGIRO), and
+        # the X'X and X'y it was solved from (policies.state.kept_theta,
+        # kept_ridge_and_inverse, kept_draw_basis): at most 2 X'X and 2 X'y; counted
+        # with room to spare.
         return 2 * sums + raw + 5 * self.state["xtx"].nbytes + 2 * self.state["xty"].nbytes
 
     @property

@@ -213,6 +213,36 @@ def test_a_bare_gram_with_a_rounded_negative_diagonal_is_factorised_as_untouched
     assert floored.system[0, 0, 1, 1] == JITTER
 
 
+@pytest.mark.parametrize("reg", [0.1, 0.0])
+def test_perturbed_systems_share_one_scaling(reg: float) -> None:
+    """LinPHE's and LinGIRO's ``G = w X'X + reg I`` equilibrated as on its own (the same
+    scale, bit for bit; the entries to a couple of ulps: the product's order differs), and
+    ``X'X`` in G's scaling, whose factor's root is ``X'X`` floored by JITTER of G's
+    diagonal (features of scales 1e-2 to 1e3; a coordinate no data touched, without a
+    ridge, gets scale 1 and the floor)."""
+    from policies.ridge import perturbed_systems
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, 1, 30, 4)) * np.array([1.0, 1e3, 1e-2, 10.0])
+    x[1, ..., 2] = 0.0  # untouched
+    xtx = np.swapaxes(x, -1, -2) @ x
+    weight = 1.5
+    gram, bare = perturbed_systems(xtx, weight, reg)
+    alone = Equilibrated.of(weight * xtx, reg)
+    np.testing.assert_array_equal(gram.scale, alone.scale)
+    np.testing.assert_allclose(gram.system, alone.system, rtol=4e-16, atol=0.0)
+    assert np.array_equal(bare.scale, gram.scale)
+    # X'X in G's scaling plus the floor: in the original coordinates X'X + JITTER diag(G).
+    scale = gram.scale
+    expected = scale[..., :, None] * xtx * scale[..., None, :] + JITTER * np.eye(4)
+    np.testing.assert_allclose(bare.system, expected, rtol=4e-16, atol=1e-300)
+    root = bare.factor().root
+    np.testing.assert_allclose(root @ np.swapaxes(root, -1, -2), expected, rtol=1e-12,
+                               atol=1e-15)
+    untouched = 1.0 if reg == 0.0 else 1.0 / math.sqrt(reg)
+    assert scale[1, 0, 2] == untouched and bare.system[1, 0, 2, 2] == JITTER
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize(("d", "n"), [(3, 399), (64, 71)])
 async def test_the_service_keeps_serving_an_ill_conditioned_experiment(

@@ -34,7 +34,7 @@ from policies.explicit import (
     explicit_bootstrap_index_from_residuals,
 )
 from policies.indices import INDEX, residual_sum_of_squares
-from policies.ridge import JITTER, factorise, predict, ridge, solve
+from policies.ridge import JITTER, factorise, perturbed_systems, predict, ridge, solve
 
 Array = NDArray[Any]  # float64 throughout; Any because numpy stubs widen linalg results
 RTOL = 1e-9
@@ -205,7 +205,8 @@ def test_one_solve_draws_equal_the_mean_plus_coloured_noise(name: str, setting: 
         theta: Array = ridge(xtx, xty, config.reg) + spread * factorise(xtx, config.reg).colour(z)
     else:
         weight = 1.0 + (config.phe_a if name == "linphe" else 2.0 * config.giro_a)
-        noise: Array = factorise(xtx).times_root(z)
+        # The root of X'X in G's scaling (floored by JITTER of G's diagonal)
+        noise: Array = perturbed_systems(xtx, weight, config.reg)[1].factor().times_root(z)
         if name == "linphe":
             noise *= np.sqrt(config.phe_a) * config.reward_bound
         else:  # c from theta_bar = G^-1 X'y, as the docstring of prepare_lingiro has it
@@ -573,33 +574,6 @@ def _looks(config: PolicyConfig, state: State, seed: int) -> Iterator[None]:
 
 
 @pytest.mark.parametrize("batch", [1, 4])
-def test_kept_systems_and_roots_equal_fresh_ones_bit_for_bit(
-    batch: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The samplers', LinPHE's and LinGIRO's equilibrated systems and Cholesky roots,
-    # kept and redone for the models that changed: the bits of a fresh computation
-    # of every model after every update (a weighted X'X and a bare one, reg 0, too).
-    from policies.ridge import Equilibrated
-    from policies.state import Sums, kept_factor, kept_system
-
-    config = PolicyConfig("lints-g", "covariates", 3)
-    state = init_state(config, 4, batch)
-    monkeypatch.setattr("policies.state.KEEP_SYSTEMS_FROM", 0)  # so small a state keeps too
-    for _ in _looks(config, state, 12):
-        for weight, reg in ((1.0, config.reg), (1.0, 0.0), (1.5, config.reg)):
-            fresh = Equilibrated.of(state["xtx"] if weight == 1.0 else weight * state["xtx"], reg)
-            system, root = kept_factor(state, weight, reg)
-            np.testing.assert_array_equal(system.system, fresh.system)
-            np.testing.assert_array_equal(system.scale, fresh.scale)
-            np.testing.assert_array_equal(root, fresh.factor().root)
-            assert not (root.flags.writeable or system.system.flags.writeable)
-        gram = kept_system(state, 2.0, config.reg)
-        np.testing.assert_array_equal(gram.system, Equilibrated.of(2.0 * state["xtx"],
-                                                                    config.reg).system)
-    assert isinstance(state, Sums) and len(state.kept) == 4 * 3 + 3  # what it kept, per system
-
-
-@pytest.mark.parametrize("batch", [1, 4])
 def test_kept_inverses_equal_fresh_ones_bit_for_bit(
     batch: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -630,23 +604,24 @@ def test_kept_draw_bases_equal_fresh_ones_bit_for_bit(
 ) -> None:
     # The samplers' theta_hat and W = G^-1 S^-1 R per model (a model per arm), kept and
     # redone for the models that changed: the bits of a fresh solve of every model, and
-    # of the unkept path; one G that is also the root's system, one weighted with a bare
-    # root (LinPHE's and LinGIRO's).
+    # of the unkept path; the root of G itself (LinTS), and of X'X with a weighted G
+    # (LinPHE's and LinGIRO's).
     from policies.state import Sums, _draw_basis, kept_draw_basis
 
     config = PolicyConfig("lints-g", "covariates", 3)
     state = init_state(config, 4, batch)
     for _ in _looks(config, state, 14):
-        for weight, reg, root_reg in ((1.0, config.reg, config.reg), (1.5, config.reg, 0.0)):
-            fresh = _draw_basis(state["xtx"], state["xty"], reg, weight=weight,
-                                root_reg=root_reg)
+        for weight, bare_root in ((1.0, False), (1.5, True)):
+            fresh = _draw_basis(state["xtx"], state["xty"], config.reg, weight=weight,
+                                bare_root=bare_root)
             monkeypatch.setattr("policies.state.KEEP_INVERSES_FROM", 0)  # so small a state keeps
-            theta, lift = kept_draw_basis(state, weight, reg, root_reg)
+            theta, lift = kept_draw_basis(state, weight, config.reg, bare_root)
             np.testing.assert_array_equal(theta, fresh[..., 0])
             np.testing.assert_array_equal(lift, fresh[..., 1:])
             assert not (theta.flags.writeable or lift.flags.writeable)
             monkeypatch.setattr("policies.state.KEEP_INVERSES_FROM", 10**9)  # unkept: the same
-            np.testing.assert_array_equal(kept_draw_basis(state, weight, reg, root_reg)[1], lift)
+            np.testing.assert_array_equal(kept_draw_basis(state, weight, config.reg,
+                                                          bare_root)[1], lift)
     assert isinstance(state, Sums) and len(state.kept) == 2 * 4
 
 
@@ -671,14 +646,12 @@ def test_a_draw_from_the_kept_basis_equals_a_solve_of_the_perturbed_equations(
     prepared = INDEX[policy].prepare(config, state, rng.normal(size=(2, 3, 4)))
     z = rng.normal(size=(2, 3, 4))
     theta, direction = _from_basis(prepared, z)
-    weight, reg, root_reg = {
-        "lints-g": (1.0, config.reg, config.reg),
-        "lints-ig": (1.0, config.ig_prior_precision, config.ig_prior_precision),
-        "linphe": (1.0 + config.phe_a, config.reg, 0.0),
-        "lingiro": (1.0 + 2.0 * config.giro_a, config.reg, 0.0),
-    }[policy]
-    gram = Equilibrated.of(weight * state["xtx"], reg)
-    rooted = Equilibrated.of(state["xtx"], root_reg)
+    if policy in ("lints-g", "lints-ig"):  # the root of G itself
+        reg = config.reg if policy == "lints-g" else config.ig_prior_precision
+        gram = rooted = Equilibrated.of(state["xtx"], reg)
+    else:  # the root of X'X, in G's scaling
+        weight = 1.0 + (config.phe_a if policy == "linphe" else 2.0 * config.giro_a)
+        gram, rooted = perturbed_systems(state["xtx"], weight, config.reg)
     assert max(np.linalg.cond(gram.system).max(), np.linalg.cond(rooted.system).max()) < 1e3
     lifted = rooted.factor().times_root(z)
     solved = gram.solve(np.stack([state["xty"], lifted], axis=-1))
