@@ -3,9 +3,10 @@
 Every index is two functions: ``prepare(config, state, contexts) -> Prepared``
 does everything that does not depend on randomness (ridge solves, equilibrated
 systems, Cholesky factors, residual sums), and ``draw(config, prepared, rngs)
--> (B, K)`` draws the random part: for a Thompson or perturbed draw, one solve
-of the prepared system with a perturbed right-hand side, the least work such
-a draw needs. ``contexts`` has shape ``(B, K, d)`` (in the covariates
+-> (B, K)`` draws the random part: for a Thompson or perturbed draw with a
+shared model, one solve of the prepared system with a perturbed right-hand
+side; with a model per arm, a product per model with a kept basis
+(:func:`_draw_basis`). ``contexts`` has shape ``(B, K, d)`` (in the covariates
 setting every arm sees the same context), ``rngs`` one
 ``numpy.random.Generator`` per experiment. The simulator prepares and draws
 every round; the service prepares once per state and context set and then
@@ -254,8 +255,9 @@ def prepare_lints_gaussian(config: PolicyConfig, state: State, contexts: Array) 
 def draw_lints_gaussian(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Array:
     """``theta = V^-1 (X'y + v L z)`` with ``L L' = V``: ``theta_hat + v V^-1 L z``.
 
-    ``V^-1 L z ~ N(0, V^-1)``, so this is the posterior draw in one solve, the
-    least work a draw needs (the floor of ``benchmarks/bench_policies.py``).
+    ``V^-1 L z ~ N(0, V^-1)``, so this is the posterior draw in one solve (a
+    shared model), or ``theta_hat + v W z`` with the kept ``W = V^-1 L`` (a
+    model per arm: :func:`_draw_basis`).
     """
     xty = prepared["xty"]
     z = standard_normals(rngs, xty.shape[1:])
@@ -336,8 +338,10 @@ def prepare_lints_inverse_gamma(config: PolicyConfig, state: State, contexts: Ar
     Prior ``sigma^2 ~ IG(alpha, beta)``, ``theta | sigma^2 ~ N(0, sigma^2 / p I)``
     with ``alpha = beta = 2`` (prior mean of sigma^2 is 2) and ``p = 0.2``, so the
     prior variance of theta is ``2 / 0.2 = 10 = 1 / lambda`` as in the appendix.
-    The posterior mean and its rate are left to the draw, which solves for the
-    mean and the direction together (:func:`draw_lints_inverse_gamma`).
+    With a shared model the posterior mean and its rate are left to the draw,
+    which solves for the mean and the direction together
+    (:func:`draw_lints_inverse_gamma`); with a model per arm both come from the
+    kept basis (:func:`_draw_basis`) here.
     """
     precision = config.ig_prior_precision
     common = {"xty": state["xty"], "shape": config.ig_alpha + 0.5 * state["n"],
@@ -359,7 +363,8 @@ def _inverse_gamma_rate(config: PolicyConfig, prepared: Prepared, theta: Array) 
 
 def draw_lints_inverse_gamma(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Array:
     """``mu + sigma V^-1 S^-1 R z`` (``S^-1 R z ~ N(0, V)``, so the second term is
-    ``N(0, sigma^2 V^-1)``), with ``mu`` and the direction from one solve."""
+    ``N(0, sigma^2 V^-1)``), with ``mu`` and the direction from one solve (a shared
+    model) or the kept basis (a model per arm)."""
     xty, shape = prepared["xty"], prepared["shape"]
     gammas = standard_gammas(rngs, shape)
     z = standard_normals(rngs, xty.shape[1:])
@@ -403,7 +408,8 @@ def _prepare_perturbed_ridge(
     ``G = w X'X + reg I``; ``scale`` holds ``s`` itself
     (``noise_scale``, LinPHE) or what :func:`_noise_scale` makes it of (LinGIRO).
     A model per arm keeps its draw basis (:func:`_draw_basis`), a shared model
-    ``G`` equilibrated and the root of ``X'X`` (reg 0).
+    ``G`` equilibrated and the root of ``X'X`` in G's scaling
+    (``policies.ridge.perturbed_systems``).
     """
     common = {"xty": state["xty"], "contexts": contexts, **scale}
     if not config.shared:
@@ -433,9 +439,10 @@ def _noise_scale(config: PolicyConfig, prepared: Prepared, theta_bar: Array) -> 
 def draw_perturbed_ridge(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Array:
     """Scores ``x_k' theta`` for one perturbed ridge estimate ``theta``, shape (B, K).
 
-    ``theta = G^-1 (X'y + s S^-1 R z)``: one solve. When ``s`` depends on
-    ``theta_bar = G^-1 X'y`` (LinGIRO), the solve takes both right-hand sides,
-    ``theta_bar + s G^-1 S^-1 R z``: still one factorisation per draw.
+    ``theta = G^-1 (X'y + s S^-1 R z)``: one solve with a shared model. When ``s``
+    depends on ``theta_bar = G^-1 X'y`` (LinGIRO), the solve takes both right-hand
+    sides, ``theta_bar + s G^-1 S^-1 R z``: still one factorisation per draw. With a
+    model per arm, ``theta_bar + s W z`` from the kept basis (:func:`_draw_basis`).
     """
     xty = prepared["xty"]
     z = standard_normals(rngs, xty.shape[1:])

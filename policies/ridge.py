@@ -155,7 +155,8 @@ def _unit_diagonal(system: Array, touched: NDArray[np.bool_] | None) -> None:
 
 def perturbed_systems(xtx: Array, weight: float, reg: float) -> tuple[Equilibrated, Equilibrated]:
     """LinPHE's and LinGIRO's two systems in one scaling: ``G = weight X'X + reg I``
-    equilibrated (as :meth:`Equilibrated.of` makes it), and ``X'X`` itself in G's
+    equilibrated (the scale of :meth:`Equilibrated.of`, the entries to an ulp or two:
+    the products go in another order), and ``X'X`` itself in G's
     scaling, ``S X'X S + JITTER I``, whose factor gives the root of their perturbation
     (``X'X`` floored by ``JITTER`` of G's diagonal). One outer product and one product
     with ``X'X`` serve both (a separate equilibration of ``X'X`` cost as much again).
@@ -383,9 +384,10 @@ class BufferedStreams(Sequence[np.random.Generator]):
         self._block = block
         self._buffers: dict[str, tuple[Array, int]] = {}  # kind: (values, position)
         # Uniforms for the arms picked at random, which only some experiments draw in a
-        # round: a position per experiment, each refilled alone when it runs out.
-        self._uniforms = np.empty((len(self._rngs), block))
-        self._uniform_at = np.full(len(self._rngs), block)
+        # round: a position per experiment, each refilled alone when it runs out (made
+        # at the first pick).
+        self._uniforms: Array | None = None
+        self._uniform_at = np.zeros(0, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self._rngs)
@@ -420,6 +422,9 @@ class BufferedStreams(Sequence[np.random.Generator]):
         """One uniform on [0, 1) for each of ``rows`` (distinct experiments), from the
         experiment's own buffer: a row's position moves only when that row draws."""
         block = self._block
+        if self._uniforms is None:
+            self._uniforms = np.empty((len(self._rngs), block))
+            self._uniform_at = np.full(len(self._rngs), block)
         at = self._uniform_at[rows]
         spent = rows[at == block]
         if spent.size:

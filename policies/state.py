@@ -253,6 +253,9 @@ def kept_draw_basis(state: State, weight: float, reg: float, bare_root: bool
     A Thompson sampler's draw ``G^-1 (X'y + c S^-1 R z)`` is then
     ``theta_hat + c W z``: a matrix-vector product per model instead of a solve, for
     models per arm, which a reward changes one at a time while every draw uses all.
+    As with every kept solution, the arrays returned are views that the next call on
+    this state, after its sums changed, overwrites in place: use them before the next
+    update (the service prepares a view's sums once; the simulator every round).
     """
     xtx = state["xtx"]
     keep = xtx[..., 0, 0].size * xtx.shape[-1] ** 3 >= KEEP_INVERSES_FROM
@@ -275,9 +278,10 @@ def _draw_basis(xtx: Array, xty: Array, reg: float, *, weight: float, bare_root:
     return gram.solve(np.concatenate([xty[..., None], lift], axis=-1))
 
 
-# A solve with d + 1 right-hand sides costs about four times a factorisation: kept
-# from a smaller stack than the systems (B = 1, K = 10: d = 10 and 20 kept 170 and
-# 200 µs a round, fresh 209 and 288; d = 5 kept 173, fresh 163).
+# A solve with d + 1 right-hand sides (the inverses, the draw bases) costs about four
+# times a factorisation, so keeping pays from a small stack on (measured for the
+# inverses, B = 1, K = 10: d = 10 and 20 kept 170 and 200 µs a round, fresh 209 and
+# 288; d = 5 kept 173, fresh 163). Either way the bits are the same.
 KEEP_INVERSES_FROM = 5_000
 
 
@@ -327,7 +331,7 @@ def _changed(stale: NDArray[np.bool_]) -> Any:
 
 
 def _read_only(kept: Array) -> Array:
-    """A read-only view: what is kept is written by :func:`kept_theta` only."""
+    """A read-only view: what is kept is written by :func:`_kept_solution` only."""
     view = kept.view()
     view.flags.writeable = False
     return view

@@ -626,7 +626,7 @@ def test_kept_draw_bases_equal_fresh_ones_bit_for_bit(
 
 
 @pytest.mark.parametrize("policy", ["lints-g", "lints-ig", "linphe", "lingiro"])
-def test_a_draw_from_the_kept_basis_equals_a_solve_of_the_perturbed_equations(
+def test_a_draw_from_the_basis_equals_a_solve_of_the_perturbed_equations(
     policy: PolicyName,
 ) -> None:
     """A model per arm draws ``theta_hat + c W z``; a shared model solves
@@ -725,6 +725,23 @@ def test_what_is_kept_is_not_part_of_the_sums() -> None:
     state["xty"][0, 0] -= 1.0
     np.testing.assert_array_equal(kept_theta(state, config.reg),
                                   ridge(state["xtx"], state["xty"], config.reg))
+
+
+@pytest.mark.parametrize("setting", ["contextual", "covariates"])
+def test_one_experiment_updates_with_the_bits_of_a_row_of_a_batch(setting: Setting) -> None:
+    """A batch of one adds its shifted sums as scalars, a batch of two with array
+    calls: the same IEEE operations, so row 0 of the pair ends with the bits of the
+    experiment alone (rewards of mean 3, so every shift and deviation matters)."""
+    config = PolicyConfig("linreboot", setting, 3)
+    alone, pair = init_state(config, 4, 1), init_state(config, 4, 2)
+    rng = np.random.default_rng(17)
+    for _ in range(200):
+        arms, x, rewards = (rng.integers(0, 4, size=2), rng.normal(size=(2, 3)),
+                            rng.normal(3.0, 1.0, size=2))
+        update(config, alone, arms[:1], x[:1], rewards[:1])
+        update(config, pair, arms, x, rewards)
+    for name, value in alone.items():
+        assert np.array_equal(value[0], pair[name][0]), name
 
 
 @pytest.mark.parametrize(("name", "setting", "options"), [

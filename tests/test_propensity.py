@@ -276,9 +276,11 @@ def test_the_student_t_integral_against_adaptive_quadrature(
         config = PolicyConfig("lints-ig", "covariates", 1, ig_beta=beta)
         shape = dof / 2
         squares = 2.0 * (spread**2 * shape - beta) + mean**2
-        prepared = {"xty": mean[None, :, None], "posterior.scale": np.ones((1, n_arms, 1)),
-                    "posterior.system": np.ones((1, n_arms, 1, 1)),
-                    "posterior.root": np.ones((1, n_arms, 1, 1)), "shape": shape[None],
+        # As prepare_lints_inverse_gamma lays out a model per arm: the draw basis
+        # (theta_hat, W = V^-1 L = 1) and the rate from theta_hat.
+        prepared = {"xty": mean[None, :, None], "basis.theta": mean[None, :, None],
+                    "basis.lift": np.ones((1, n_arms, 1, 1)), "shape": shape[None],
+                    "rate": (beta + 0.5 * (squares - mean**2))[None],
                     "squares": squares[None], "contexts": np.ones((1, n_arms, 1))}
         ok = np.ones((1, n_arms), dtype=bool)
         ready = Ready(config, prepared, ok, ~ok, np.zeros(0, dtype=np.int64), False)
