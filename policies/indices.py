@@ -6,7 +6,7 @@ systems, Cholesky factors, residual sums), and ``draw(config, prepared, rngs)
 -> (B, K)`` draws the random part: for a Thompson or perturbed draw with a
 shared model, one solve of the prepared system with a perturbed right-hand
 side; with a model per arm, a product per model with a kept basis
-(:func:`_draw_basis`). ``contexts`` has shape ``(B, K, d)`` (in the covariates
+(:func:`_prepared_basis`). ``contexts`` has shape ``(B, K, d)`` (in the covariates
 setting every arm sees the same context), ``rngs`` one
 ``numpy.random.Generator`` per experiment. The simulator prepares and draws
 every round; the service prepares once per state and context set and then
@@ -246,7 +246,7 @@ def prepare_lints_gaussian(config: PolicyConfig, state: State, contexts: Array) 
     scale = np.sqrt(reward_variance(state))[..., None]
     common = {"xty": state["xty"], "scale": scale, "contexts": contexts}
     if not config.shared:
-        return {**common, **_draw_basis(state, 1.0, config.reg, False)}
+        return {**common, **_prepared_basis(state, 1.0, config.reg, False)}
     system = Equilibrated.of(state["xtx"], config.reg)  # solve and factor
     return {**_stored_system("posterior", system), "posterior.root": system.factor().root,
             **common}
@@ -257,11 +257,11 @@ def draw_lints_gaussian(config: PolicyConfig, prepared: Prepared, rngs: Rngs) ->
 
     ``V^-1 L z ~ N(0, V^-1)``, so this is the posterior draw in one solve (a
     shared model), or ``theta_hat + v W z`` with the kept ``W = V^-1 L`` (a
-    model per arm: :func:`_draw_basis`).
+    model per arm: :func:`_prepared_basis`).
     """
     xty = prepared["xty"]
     z = standard_normals(rngs, xty.shape[1:])
-    if "basis.lift" in prepared:  # models per arm: theta_hat + v W z (_draw_basis)
+    if "basis.lift" in prepared:  # models per arm: theta_hat + v W z (_prepared_basis)
         theta, direction = _from_basis(prepared, z)
         return predict(theta + prepared["scale"] * direction, prepared["contexts"])
     noise = prepared["scale"] * _factor(prepared, "posterior").times_root(z)
@@ -269,7 +269,7 @@ def draw_lints_gaussian(config: PolicyConfig, prepared: Prepared, rngs: Rngs) ->
     return predict(theta, prepared["contexts"])
 
 
-def _draw_basis(state: State, weight: float, reg: float, bare_root: bool) -> Prepared:
+def _prepared_basis(state: State, weight: float, reg: float, bare_root: bool) -> Prepared:
     """What a sampler with a model per arm prepares: the kept ``theta_hat`` and ``W`` of
     :func:`policies.state.kept_draw_basis`, with which its draw
     ``G^-1 (X'y + c S^-1 R z)`` is ``theta_hat + c W z``, a product per model: a reward
@@ -280,7 +280,7 @@ def _draw_basis(state: State, weight: float, reg: float, bare_root: bool) -> Pre
 
 
 def _from_basis(prepared: Prepared, z: Array) -> tuple[Array, Array]:
-    """``theta_hat`` and the direction ``W z`` of a draw from :func:`_draw_basis`'s basis."""
+    """``theta_hat`` and the direction ``W z`` of a draw from :func:`_prepared_basis`'s basis."""
     return prepared["basis.theta"], np.matmul(prepared["basis.lift"], z[..., None])[..., 0]
 
 
@@ -341,13 +341,13 @@ def prepare_lints_inverse_gamma(config: PolicyConfig, state: State, contexts: Ar
     With a shared model the posterior mean and its rate are left to the draw,
     which solves for the mean and the direction together
     (:func:`draw_lints_inverse_gamma`); with a model per arm both come from the
-    kept basis (:func:`_draw_basis`) here.
+    kept basis (:func:`_prepared_basis`) here.
     """
     precision = config.ig_prior_precision
     common = {"xty": state["xty"], "shape": config.ig_alpha + 0.5 * state["n"],
               "squares": reward_squares(state), "contexts": contexts}
     if not config.shared:  # the rate depends on theta_hat only: once per state
-        prepared = {**common, **_draw_basis(state, 1.0, precision, False)}
+        prepared = {**common, **_prepared_basis(state, 1.0, precision, False)}
         prepared["rate"] = _inverse_gamma_rate(config, prepared, prepared["basis.theta"])
         return prepared
     system = Equilibrated.of(state["xtx"], precision)  # solve and factor
@@ -368,7 +368,7 @@ def draw_lints_inverse_gamma(config: PolicyConfig, prepared: Prepared, rngs: Rng
     xty, shape = prepared["xty"], prepared["shape"]
     gammas = standard_gammas(rngs, shape)
     z = standard_normals(rngs, xty.shape[1:])
-    if "basis.lift" in prepared:  # models per arm (_draw_basis)
+    if "basis.lift" in prepared:  # models per arm (_prepared_basis)
         theta, direction = _from_basis(prepared, z)
         rate = prepared["rate"]
     else:
@@ -407,13 +407,13 @@ def _prepare_perturbed_ridge(
     Gaussian with covariance proportional to ``X'X`` (central limit theorem).
     ``G = w X'X + reg I``; ``scale`` holds ``s`` itself
     (``noise_scale``, LinPHE) or what :func:`_noise_scale` makes it of (LinGIRO).
-    A model per arm keeps its draw basis (:func:`_draw_basis`), a shared model
+    A model per arm keeps its draw basis (:func:`_prepared_basis`), a shared model
     ``G`` equilibrated and the root of ``X'X`` in G's scaling
     (``policies.ridge.perturbed_systems``).
     """
     common = {"xty": state["xty"], "contexts": contexts, **scale}
     if not config.shared:
-        prepared = {**common, **_draw_basis(state, weight, config.reg, True)}
+        prepared = {**common, **_prepared_basis(state, weight, config.reg, True)}
         # LinGIRO's s depends on theta_bar only: once per state, not per draw.
         prepared["noise_scale"] = _noise_scale(config, prepared, prepared["basis.theta"])
         return prepared
@@ -442,11 +442,11 @@ def draw_perturbed_ridge(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -
     ``theta = G^-1 (X'y + s S^-1 R z)``: one solve with a shared model. When ``s``
     depends on ``theta_bar = G^-1 X'y`` (LinGIRO), the solve takes both right-hand
     sides, ``theta_bar + s G^-1 S^-1 R z``: still one factorisation per draw. With a
-    model per arm, ``theta_bar + s W z`` from the kept basis (:func:`_draw_basis`).
+    model per arm, ``theta_bar + s W z`` from the kept basis (:func:`_prepared_basis`).
     """
     xty = prepared["xty"]
     z = standard_normals(rngs, xty.shape[1:])
-    if "basis.lift" in prepared:  # models per arm: theta_bar + s W z (_draw_basis)
+    if "basis.lift" in prepared:  # models per arm: theta_bar + s W z (_prepared_basis)
         theta_bar, direction = _from_basis(prepared, z)
     else:
         lifted = _factor(prepared, "root").times_root(z)
