@@ -234,11 +234,7 @@ def kept_ridge_and_inverse(state: State, reg: float) -> tuple[Array, Array]:
     simulator of every arm each round, though a reward changes one model of a
     model per arm.
     """
-    xtx = state["xtx"]
-    keep = xtx[..., 0, 0].size * xtx.shape[-1] ** 3 >= KEEP_INVERSES_FROM
-    names = ("ridge|inverse", "ridge|inverse reg", "ridge|inverse xtx", "ridge|inverse xty")
-    both = _kept_solution(state, reg, names, _ridge_and_inverse, keep)
-    return both[..., 0], both[..., 1:]
+    return _kept_theta_and_matrix(state, reg, "ridge|inverse", _ridge_and_inverse)
 
 
 def kept_draw_basis(state: State, weight: float, reg: float, bare_root: bool
@@ -257,12 +253,19 @@ def kept_draw_basis(state: State, weight: float, reg: float, bare_root: bool
     this state, after its sums changed, overwrites in place: use them before the next
     update (the service prepares a view's sums once; the simulator every round).
     """
+    basis = functools.partial(_draw_basis, weight=weight, bare_root=bare_root)
+    return _kept_theta_and_matrix(state, reg, f"draw basis {weight!r} {bare_root!r}", basis)
+
+
+def _kept_theta_and_matrix(state: State, reg: float, name: str,
+                           fresh: Callable[[Array, Array, float], Array]
+                           ) -> tuple[Array, Array]:
+    """``fresh``'s ``[theta_hat, matrix]`` (..., d, 1 + d) split in two, kept under
+    ``name`` from :data:`KEEP_INVERSES_FROM` models x d^3 on."""
     xtx = state["xtx"]
     keep = xtx[..., 0, 0].size * xtx.shape[-1] ** 3 >= KEEP_INVERSES_FROM
-    name = f"draw basis {weight!r} {bare_root!r}"
     names = (name, f"{name} reg", f"{name} xtx", f"{name} xty")
-    basis = functools.partial(_draw_basis, weight=weight, bare_root=bare_root)
-    both = _kept_solution(state, reg, names, basis, keep)
+    both = _kept_solution(state, reg, names, fresh, keep)
     return both[..., 0], both[..., 1:]
 
 

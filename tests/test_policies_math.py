@@ -625,6 +625,20 @@ def test_kept_draw_bases_equal_fresh_ones_bit_for_bit(
     assert isinstance(state, Sums) and len(state.kept) == 2 * 4
 
 
+_UNITS = np.array([1.0, 1e3, 1e-2, 10.0])  # features of very different scales
+
+
+def _scaled_history(config: PolicyConfig, seed: int) -> tuple[State, np.random.Generator]:
+    """Two experiments, 3 arms, d = 4: 40 rewards with features of scales 1e-2 to 1e3;
+    the generator, to draw more from."""
+    state = init_state(config, 3, 2)
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        update(config, state, rng.integers(0, 3, size=2), rng.normal(size=(2, 4)) * _UNITS,
+               rng.normal(size=2))
+    return state, rng
+
+
 @pytest.mark.parametrize("policy", ["lints-g", "lints-ig", "linphe", "lingiro"])
 def test_a_draw_from_the_basis_equals_a_solve_of_the_perturbed_equations(
     policy: PolicyName,
@@ -637,12 +651,7 @@ def test_a_draw_from_the_basis_equals_a_solve_of_the_perturbed_equations(
     from policies.ridge import Equilibrated
 
     config = PolicyConfig(policy, "covariates", 4)
-    state = init_state(config, 3, 2)
-    rng = np.random.default_rng(8)
-    units = np.array([1.0, 1e3, 1e-2, 10.0])
-    for _ in range(40):
-        update(config, state, rng.integers(0, 3, size=2), rng.normal(size=(2, 4)) * units,
-               rng.normal(size=2))
+    state, rng = _scaled_history(config, 8)
     prepared = INDEX[policy].prepare(config, state, rng.normal(size=(2, 3, 4)))
     z = rng.normal(size=(2, 3, 4))
     theta, direction = _from_basis(prepared, z)
@@ -673,12 +682,8 @@ def test_leverage_equals_a_solve(
 
     setting: Setting = "contextual" if n_models == 1 else "covariates"
     config = PolicyConfig("linucb", setting, 4)
-    state = init_state(config, 3, 2)
-    rng = np.random.default_rng(4)
-    units = np.array([1.0, 1e3, 1e-2, 10.0])
-    for _ in range(40):
-        update(config, state, rng.integers(0, 3, size=2), rng.normal(size=(2, 4)) * units,
-               rng.normal(size=2))
+    state, rng = _scaled_history(config, 4)
+    units = _UNITS
     contexts = rng.normal(size=(2, 3, 4)) * units
     monkeypatch.setattr("policies.state.KEEP_INVERSES_FROM", keep_from)
     ridge_and_leverage(state, contexts, config.reg)  # kept, if at all, before the last update
