@@ -161,6 +161,36 @@ def _update(s: Sums, model: Any, rows: Any, arms: Any, x: Array, r: Array) -> No
     s.rr[rows, arms] += r * r
 
 
+@dataclass
+class FloorPlayer:
+    """One cell's floor: its sums and its one generator, playing round by round in
+    worlds that it may share with other players (as ``loadtest.simulate`` shares them)."""
+
+    config: PolicyConfig
+    sums: Sums
+    rng: np.random.Generator
+    rows: NDArray[np.int64]
+    regret: Array  # (reps, horizon), for a caller to record each round's
+
+    @classmethod
+    def of(cls, cell: Cell, reps: int, seed: int, horizon: int = 0) -> FloorPlayer:
+        config = cell.config()
+        k = cell.env_spec().n_arms
+        rng = split_rngs(cell_seed(seed, cell), reps)[1][0]
+        return cls(config, _zeros(reps, 1 if config.shared else k, k, config.dim), rng,
+                   np.arange(reps), np.empty((reps, horizon)))
+
+    def choose(self, contexts: Array) -> NDArray[np.int64]:
+        """This round's arms: unexplored arms first, then the highest score."""
+        score = SCORES[self.config.name](self.config, self.sums, contexts, self.rng)
+        return np.argmax(np.where(self.sums.pulls == 0.0, np.inf, score), axis=1)
+
+    def learn(self, contexts: Array, arms: NDArray[np.int64], rewards: Array) -> None:
+        rows = self.rows
+        model = (slice(None), 0) if self.config.shared else (rows, arms)
+        _update(self.sums, model, rows, arms, contexts[rows, arms], rewards)
+
+
 def floor_rounds(
     cell: Cell, reps: int, horizon: int, seed: int
 ) -> Iterator[tuple[Array, NDArray[np.int64]]]:
@@ -168,21 +198,12 @@ def floor_rounds(
 
     The worlds of :func:`loadtest.simulate.rounds`, which plays the project.
     """
-    config = cell.config()
-    spec = cell.env_spec()
-    env_rngs, policy_rngs = split_rngs(cell_seed(seed, cell), reps)
-    env = Environment(spec, env_rngs)
-    rng = policy_rngs[0]
-    k = spec.n_arms
-    sums = _zeros(reps, 1 if config.shared else k, k, config.dim)
-    score = SCORES[config.name]
-    rows = np.arange(reps)
+    env = Environment(cell.env_spec(), split_rngs(cell_seed(seed, cell), reps)[0])
+    player = FloorPlayer.of(cell, reps, seed)
+    rows = player.rows
     for _ in range(horizon):
         contexts = env.contexts()
-        scores = np.where(sums.pulls == 0.0, np.inf, score(config, sums, contexts, rng))
-        arms = np.argmax(scores, axis=1)
+        arms = player.choose(contexts)
         means = env.means(contexts)
         yield means.max(axis=1) - means[rows, arms], arms
-        rewards = env.rewards(contexts, arms)
-        model = (slice(None), 0) if config.shared else (rows, arms)
-        _update(sums, model, rows, arms, contexts[rows, arms], rewards)
+        player.learn(contexts, arms, env.rewards(contexts, arms))

@@ -172,7 +172,7 @@ def play_together(
         raise ValueError("cells played together must share their worlds (setting, d, reading, "
                          "centres, switches)")
     env = Environment(spec, split_rngs(env_seed, reps)[0])
-    players = [_Player.of(cell, seed, reps, horizon, per_decision_rng) for cell in cells]
+    players = [Player.of(cell, seed, reps, horizon, per_decision_rng) for cell in cells]
     worlds = 0.0
     for t in range(horizon):
         start = time.perf_counter()
@@ -190,7 +190,7 @@ def play_together(
 
 
 @dataclass
-class _Player:
+class Player:
     """One cell's policy, its statistics and its streams, playing round by round."""
 
     config: PolicyConfig
@@ -205,7 +205,7 @@ class _Player:
 
     @classmethod
     def of(cls, cell: Cell, seed: int, reps: int, horizon: int,
-           per_decision_rng: bool) -> _Player:
+           per_decision_rng: bool) -> Player:
         config = cell.config()
         policy_rngs = split_rngs(cell_seed(seed, cell), reps)[1]
         return cls(config, init_state(config, cell.env_spec(seed).n_arms, reps),
@@ -239,7 +239,7 @@ def rounds(
     (``benchmarks/bench_policies.py``).
     """
     env = Environment(cell.env_spec(seed), split_rngs(cell_seed(seed, cell), reps)[0])
-    player = _Player.of(cell, seed, reps, horizon, per_decision_rng)
+    player = Player.of(cell, seed, reps, horizon, per_decision_rng)
     for t in range(horizon):
         contexts = env.contexts()
         yield player.step(t, env, contexts, env.means(contexts), env.noise())

@@ -227,3 +227,18 @@ def test_outputs_round_trip(tmp_path: Path) -> None:
     assert paths["figure"].stat().st_size > 10_000
     text = paths["tables"].read_text()
     assert "| stochastic | 3 |" in text and "| covariates | 3 |" in text
+
+
+def test_the_reproduction_benchmark_times_every_group_for_project_and_floor(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``benchmarks.bench_reproduction`` (BENCHMARKS.md §10) on a small grid: a row per
+    group with positive times, and the totals."""
+    from benchmarks.bench_reproduction import main
+
+    main(["--reps", "3", "--horizon", "120", "--dims", "2", "3", "--jobs", "1"])
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ") and line[2].isalpha() and "setting" not in line]
+    assert [(r[1].strip(), r[2].strip()) for r in rows[:-1]] == [
+        (s, d) for d in ("3", "2") for s in ("stochastic", "contextual", "covariates")]
+    assert rows[-1][1].strip() == "all"
+    assert all(float(r[4]) > 0 and float(r[5]) > 0 for r in rows)
