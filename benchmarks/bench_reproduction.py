@@ -25,9 +25,11 @@ import argparse
 import os
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from tqdm import tqdm
 
 from benchmarks.policy_floor import FloorPlayer
 from loadtest.environments import Environment, split_rngs
@@ -72,20 +74,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     groups = sorted(((s, d) for s in args.settings for d in args.dims),
                     key=lambda group: group[1], reverse=True)  # the largest first
     print(f"{args.reps} repetitions x {args.horizon} rounds, {len(PAPER_POLICIES)} policies a "
-          f"group, {args.jobs} processes; CPU seconds\n")
+          f"group, {args.jobs} processes; CPU seconds\n", flush=True)
+    with ProcessPoolExecutor(args.jobs) as pool:
+        futures = {pool.submit(time_group, *group, args.reps, args.horizon): group
+                   for group in groups}
+        spent = {futures[f]: f.result() for f in tqdm(
+            as_completed(futures), total=len(futures), desc="groups", unit="group")}
     print("| setting | d | worlds | project policies | floor policies | **ratio** |")
     print("|---|---|---:|---:|---:|---:|")
     totals = dict.fromkeys(("worlds", "project", "floor"), 0.0)
-    with ProcessPoolExecutor(args.jobs) as pool:
-        futures = {group: pool.submit(time_group, *group, args.reps, args.horizon)
-                   for group in groups}
-        for (setting, dim), future in futures.items():
-            spent = future.result()
-            for name in totals:
-                totals[name] += spent[name]
-            print(f"| {setting} | {dim} | {spent['worlds']:.1f} | {spent['project']:.1f} | "
-                  f"{spent['floor']:.1f} | **{spent['project'] / spent['floor']:.2f}** |",
-                  flush=True)
+    for (setting, dim), times in ((group, spent[group]) for group in groups):
+        for name in totals:
+            totals[name] += times[name]
+        print(f"| {setting} | {dim} | {times['worlds']:.1f} | {times['project']:.1f} | "
+              f"{times['floor']:.1f} | **{times['project'] / times['floor']:.2f}** |")
     print(f"| all | | {totals['worlds']:.1f} | {totals['project']:.1f} | {totals['floor']:.1f} "
           f"| **{totals['project'] / totals['floor']:.2f}** |\n")
     for name in ("project", "floor"):
