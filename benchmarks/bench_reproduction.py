@@ -22,6 +22,7 @@ of unequal size).
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
 import time
 from collections.abc import Sequence
@@ -75,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     key=lambda group: group[1], reverse=True)  # the largest first
     print(f"{args.reps} repetitions x {args.horizon} rounds, {len(PAPER_POLICIES)} policies a "
           f"group, {args.jobs} processes; CPU seconds\n", flush=True)
-    with ProcessPoolExecutor(args.jobs) as pool:
+    # Spawned workers, as ``linreboot simulate``'s: no fork of a process that may hold threads.
+    with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
         futures = {pool.submit(time_group, *group, args.reps, args.horizon): group
                    for group in groups}
         spent = {futures[f]: f.result() for f in tqdm(
@@ -86,9 +88,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     for (setting, dim), times in ((group, spent[group]) for group in groups):
         for name in totals:
             totals[name] += times[name]
-        print(f"| {setting} | {dim} | {times['worlds']:.1f} | {times['project']:.1f} | "
-              f"{times['floor']:.1f} | **{times['project'] / times['floor']:.2f}** |")
-    print(f"| all | | {totals['worlds']:.1f} | {totals['project']:.1f} | {totals['floor']:.1f} "
+        print(f"| {setting} | {dim} | {times['worlds']:.4g} | {times['project']:.4g} | "
+              f"{times['floor']:.4g} | **{times['project'] / times['floor']:.2f}** |")
+    print(f"| all | | {totals['worlds']:.4g} | {totals['project']:.4g} | {totals['floor']:.4g} "
           f"| **{totals['project'] / totals['floor']:.2f}** |\n")
     for name in ("project", "floor"):
         cpu = totals["worlds"] + totals[name]
