@@ -418,7 +418,7 @@ def apply_observations(
     The additions of :func:`layout`'s fields, vectorised over the batch.
     """
     rows = batch_rows(arms.shape[0])
-    outer = outer_products(x)
+    outer = x[:, :, None] * x[:, None, :]
     if not config.discounted:
         _add_plain(config, state, _Slots.of(config, rows, arms, state["pulls"].shape[1]),
                    outer, x, rewards)
@@ -455,7 +455,7 @@ def apply_sequence(
             apply_observations(config, state, arms[i: i + 1], x[i: i + 1], rewards[i: i + 1],
                                None if numbers is None else numbers[i: i + 1])
         return
-    outer = outer_products(x)
+    outer = x[:, :, None] * x[:, None, :]
     r_x = rewards[:, None] * x
     xtx, xty = state["xtx"][0], state["xty"][0]
     model_sums = tuple(state[name][0] for name in ("n", "shift_y", "sum_dy", "sum_dy2"))
@@ -471,12 +471,6 @@ def apply_sequence(
         if arm_grams is not None:
             arm_grams[0][k] += outer[i]
             arm_grams[1][k] += r_x[i]
-
-
-def outer_products(x: Array) -> Array:
-    """``x_b x_b'`` of every row, shape (B, d, d): each entry one product, the bits of
-    ``x[:, :, None] * x[:, None, :]`` (einsum's loop: 1.6 times cheaper at d = 20)."""
-    return np.einsum("bi,bj->bij", x, x)
 
 
 def _add_shifted_one(sums: tuple[Array, ...], slot: int, reward: np.floating[Any]) -> None:
