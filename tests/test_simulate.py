@@ -242,3 +242,23 @@ def test_the_reproduction_benchmark_times_every_group_for_project_and_floor(
         (s, d) for d in ("3", "2") for s in ("stochastic", "contextual", "covariates")]
     assert rows[-1][1].strip() == "all"
     assert all(float(r[4]) > 0 and float(r[5]) > 0 for r in rows)
+
+
+def test_the_policy_benchmark_counts_the_cells_within_the_targets(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``benchmarks.bench_policies`` (BENCHMARKS.md §10) on two small cells: its summary
+    counts the table's ratios as printed against 1.3 (batched) and 1.5 (alone)."""
+    from benchmarks.bench_policies import main
+
+    main(["--settings", "stochastic", "covariates", "--dims", "3", "--policies", "linreboot",
+          "--horizon", "60", "--repeats", "1", "--batch", "4"])
+    out = capsys.readouterr().out
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("| ")
+            and line.split("|")[2].strip().isdigit()]
+    assert len(rows) == 2
+    for kind, column, limit in (("batched", 7, 1.3), ("single", 10, 1.5)):
+        ratios = [float(row[column].strip(" *")) for row in rows]
+        within = sum(ratio <= limit for ratio in ratios)
+        assert f"{kind}: within {limit}x of the floor in {within} of 2 cells; " \
+               f"worst {max(ratios):.2f}" in out
+    assert "the grid's batched time, project / floor: " in out
