@@ -16,9 +16,10 @@ while still catching any algebraic slip (which would be O(1)).
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -573,6 +574,19 @@ def _looks(config: PolicyConfig, state: State, seed: int) -> Iterator[None]:
             yield
 
 
+def _assert_kept_as_fresh(kept: Callable[[], tuple[Array, Array]], fresh: Array,
+                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kept()``'s ``theta_hat`` and matrix, kept, have the bits of ``fresh`` (..., d, 1 + d)
+    and are read-only; unkept (a threshold no state reaches) the same bits again."""
+    monkeypatch.setattr("policies.state.KEEP_INVERSES_FROM", 0)  # so small a state keeps
+    theta, matrix = kept()
+    np.testing.assert_array_equal(theta, fresh[..., 0])
+    np.testing.assert_array_equal(matrix, fresh[..., 1:])
+    assert not (theta.flags.writeable or matrix.flags.writeable)
+    monkeypatch.setattr("policies.state.KEEP_INVERSES_FROM", 10**9)  # unkept: the same
+    np.testing.assert_array_equal(kept()[1], matrix)
+
+
 @pytest.mark.parametrize("batch", [1, 4])
 def test_kept_inverses_equal_fresh_ones_bit_for_bit(
     batch: int, monkeypatch: pytest.MonkeyPatch
@@ -588,13 +602,8 @@ def test_kept_inverses_equal_fresh_ones_bit_for_bit(
     for _ in _looks(config, state, 13):
         fresh = solve(state["xtx"], config.reg,
                       np.concatenate([state["xty"][..., None], identity], axis=-1))
-        monkeypatch.setattr("policies.state.KEEP_INVERSES_FROM", 0)  # so small a state keeps
-        theta, inverse = kept_ridge_and_inverse(state, config.reg)
-        np.testing.assert_array_equal(theta, fresh[..., 0])
-        np.testing.assert_array_equal(inverse, fresh[..., 1:])
-        assert not (theta.flags.writeable or inverse.flags.writeable)
-        monkeypatch.setattr("policies.state.KEEP_INVERSES_FROM", 10**9)  # unkept: the same
-        np.testing.assert_array_equal(kept_ridge_and_inverse(state, config.reg)[1], inverse)
+        _assert_kept_as_fresh(lambda: kept_ridge_and_inverse(state, config.reg), fresh,
+                              monkeypatch)
     assert isinstance(state, Sums) and len(state.kept) == 4
 
 
@@ -614,14 +623,9 @@ def test_kept_draw_bases_equal_fresh_ones_bit_for_bit(
         for weight, bare_root in ((1.0, False), (1.5, True)):
             fresh = _draw_basis(state["xtx"], state["xty"], config.reg, weight=weight,
                                 bare_root=bare_root)
-            monkeypatch.setattr("policies.state.KEEP_INVERSES_FROM", 0)  # so small a state keeps
-            theta, lift = kept_draw_basis(state, weight, config.reg, bare_root)
-            np.testing.assert_array_equal(theta, fresh[..., 0])
-            np.testing.assert_array_equal(lift, fresh[..., 1:])
-            assert not (theta.flags.writeable or lift.flags.writeable)
-            monkeypatch.setattr("policies.state.KEEP_INVERSES_FROM", 10**9)  # unkept: the same
-            np.testing.assert_array_equal(kept_draw_basis(state, weight, config.reg,
-                                                          bare_root)[1], lift)
+            _assert_kept_as_fresh(
+                functools.partial(kept_draw_basis, state, weight, config.reg, bare_root), fresh,
+                monkeypatch)
     assert isinstance(state, Sums) and len(state.kept) == 2 * 4
 
 
