@@ -364,7 +364,9 @@ def predict(theta: Array, contexts: Array) -> Array:
 
 def quadratic(theta: Array, gram: Array) -> Array:
     """``theta' G theta`` for stacks, shape (...,)."""
-    return np.einsum("...i,...ij,...j->...", theta, gram, theta)
+    # G theta, then a dot: a three-operand einsum's loop cost about six times as much at
+    # B = 100, K = 10, d = 20 (770 against 135 µs), LinGIRO's every round with a model per arm.
+    return np.vecdot(theta, np.matmul(gram, theta[..., None])[..., 0])
 
 
 class BufferedStreams(Sequence[np.random.Generator]):
