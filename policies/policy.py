@@ -42,6 +42,7 @@ class Ready:
     unexplored: NDArray[np.bool_]  # (B, K): eligible and never pulled
     exploring_rows: NDArray[np.int64]  # experiments with an unexplored arm
     masked: bool  # some arm is ineligible or unexplored: scores need masking
+    every_arm_eligible: bool = False  # True when it is known: no ineligible arm to mask
 
 
 def choose(
@@ -118,6 +119,7 @@ def prepare(
         unexplored=unexplored,
         exploring_rows=exploring_rows,
         masked=bool(exploring_rows.size) or restricted,
+        every_arm_eligible=not restricted,
     )
 
 
@@ -160,19 +162,14 @@ def draw(ready: Ready, rngs: Sequence[np.random.Generator]) -> Choice:
     config = ready.config
     scores = index_of(config).draw(config, ready.prepared, rngs)
     if ready.masked:
-        scores = np.where(ready.unexplored, np.inf, np.where(ready.eligible, scores, -np.inf))
-    arms = np.argmax(scores, axis=1)
-    best = scores[batch_rows(batch), arms][:, None]  # the highest (a NaN if the row holds one)
-    top = scores == best
-    # One count over the batch first (per-row counts cost several times more):
-    # a row has one top score, none if it holds a NaN, or a tie.
-    if np.count_nonzero(top) > batch - np.count_nonzero(np.isnan(best)):  # rare: a tie
-        tied = np.count_nonzero(top, axis=1) > 1
-        tied[ready.exploring_rows] = False  # chosen below, among the unexplored arms
-        tied_rows = np.flatnonzero(tied)
-        if tied_rows.size:
-            arms[tied_rows] = _uniform(rngs, tied_rows, top[tied_rows])
+        if not ready.every_arm_eligible:
+            scores = np.where(ready.eligible, scores, -np.inf)
+        scores = np.where(ready.unexplored, np.inf, scores)
     exploring = ready.exploring_rows
+    if exploring.size < batch:
+        arms = _highest(scores, exploring, rngs)
+    else:  # every experiment explores (a first pass): no score decides, nor a tie
+        arms = np.empty(batch, dtype=np.int64)
     if exploring.size:
         arms[exploring] = _uniform(rngs, exploring, ready.unexplored[exploring])
     if config.epsilon > 0.0:
@@ -180,6 +177,25 @@ def draw(ready: Ready, rngs: Sequence[np.random.Generator]) -> Choice:
             if rngs[row].random() < config.epsilon:
                 arms[row] = _uniform(rngs, np.array([row]), ready.eligible[row : row + 1])[0]
     return Choice(arms=arms.astype(np.int64, copy=False), scores=scores)
+
+
+def _highest(scores: Array, exploring: NDArray[np.int64],
+             rngs: Sequence[np.random.Generator]) -> NDArray[np.int64]:
+    """Each row's arm with the highest score, equal highest split uniformly (drawn only by
+    the rows not in ``exploring``, which choose among their unexplored arms instead)."""
+    batch = scores.shape[0]
+    arms = np.argmax(scores, axis=1)
+    best = scores[batch_rows(batch), arms][:, None]  # the highest (a NaN if the row holds one)
+    top = scores == best
+    # One count over the batch first (per-row counts cost several times more):
+    # a row has one top score, none if it holds a NaN, or a tie.
+    if np.count_nonzero(top) > batch - np.count_nonzero(np.isnan(best)):  # rare: a tie
+        tied = np.count_nonzero(top, axis=1) > 1
+        tied[exploring] = False  # chosen by the caller, among the unexplored arms
+        tied_rows = np.flatnonzero(tied)
+        if tied_rows.size:
+            arms[tied_rows] = _uniform(rngs, tied_rows, top[tied_rows])
+    return arms
 
 
 def _uniform(
@@ -192,9 +208,9 @@ def _uniform(
     and takes that allowed position in order: the first pass of a batch of 100
     draws for every experiment in each of its first K rounds.
     """
-    picks = uniform_integers(rngs, rows, np.count_nonzero(allowed, axis=1))
+    running = np.cumsum(allowed, axis=1, dtype=np.int64)  # the last column: the counts
+    picks = uniform_integers(rngs, rows, running[:, -1])
     # The pick-th allowed position (from 0) is the first whose running count exceeds it.
-    running = np.cumsum(allowed, axis=1)
     return np.argmax(running > picks[:, None], axis=1)
 
 
