@@ -40,9 +40,11 @@ class Ready:
     prepared: Prepared
     eligible: NDArray[np.bool_]  # (B, K)
     unexplored: NDArray[np.bool_]  # (B, K): eligible and never pulled
-    exploring_rows: NDArray[np.int64]  # experiments with an unexplored arm
+    exploring_rows: NDArray[np.int64]  # experiments with an unexplored arm (distinct, ascending)
     masked: bool  # some arm is ineligible or unexplored: scores need masking
-    every_arm_eligible: bool = False  # True when it is known: no ineligible arm to mask
+    # True only when every entry of ``eligible`` is (prepare knows it): no eligibility
+    # mask then. False is always safe: the mask is applied.
+    every_arm_eligible: bool = False
 
 
 def choose(

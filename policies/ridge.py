@@ -366,6 +366,9 @@ def quadratic(theta: Array, gram: Array) -> Array:
     """``theta' G theta`` for stacks, shape (...,)."""
     # G theta, then a dot: a three-operand einsum's loop cost about six times as much at
     # B = 100, K = 10, d = 20 (770 against 135 µs), LinGIRO's every round with a model per arm.
+    # matmul takes BLAS for contiguous rows and its own loop for strided ones, which may
+    # differ in the last bits: a caller's batch and single paths must lay theta out alike
+    # (today's do, so an experiment decides alone as in a batch).
     return np.vecdot(theta, np.matmul(gram, theta[..., None])[..., 0])
 
 
