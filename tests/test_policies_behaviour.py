@@ -246,6 +246,36 @@ def test_without_epsilon_a_decision_uses_only_its_index_draw(name: PolicyName) -
     assert used.bit_generator.state == alone.bit_generator.state
 
 
+@pytest.mark.parametrize("pulled", [[0, 1, 2], [0, None, 4]])
+def test_a_first_pass_draws_one_pick_per_exploring_experiment_and_nothing_for_ties(
+    pulled: list[int | None],
+) -> None:
+    """In a first pass the unexplored arms all score +inf, a tie no one draws for: each
+    exploring experiment takes one uniform integer among its unexplored arms, and nothing
+    else, whether every experiment of the batch explores or one does not (its tie of
+    equal scores drawn as ties are). LinUCB's index draws nothing of its own."""
+    config = paper_config("linucb", "covariates", DIM)
+    x = np.ones((1, DIM)) / DIM
+    alone_states = []
+    for arm in pulled:  # None: every arm pulled once with the same reward, equal scores
+        one = init_state(config, N_ARMS, 1)
+        for k in [arm] if arm is not None else range(N_ARMS):
+            update(config, one, np.array([k]), x, np.array([0.5]))
+        alone_states.append(one)
+    state = {name: np.concatenate([one[name] for one in alone_states]) for name in alone_states[0]}
+    batch = len(pulled)
+    contexts = np.broadcast_to(x[:, None, :], (batch, N_ARMS, DIM))
+    used = [np.random.default_rng(10 + row) for row in range(batch)]
+    alone = [np.random.default_rng(10 + row) for row in range(batch)]
+    arms = choose(config, state, contexts, used).arms
+    for row, arm in enumerate(pulled):
+        allowed = [k for k in range(N_ARMS) if k != arm]
+        if arm is None:  # every arm pulled, every score equal: the tie's uniform pick
+            allowed = list(range(N_ARMS))
+        assert arms[row] == allowed[int(alone[row].integers(len(allowed)))]
+        assert used[row].bit_generator.state == alone[row].bit_generator.state
+
+
 def test_epsilon_picks_a_uniform_eligible_arm_that_often() -> None:
     _, state, contexts = _tied_greedy()
     config = paper_config("greedy", "covariates", DIM, epsilon=0.3)
