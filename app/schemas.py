@@ -184,7 +184,8 @@ def _hyperparameter(name: str) -> Any:
 
 class Hyperparameters(_Request):
     """Overrides of the paper's defaults; omit to keep them (LinReBoot's spread
-    excepted: the service's default is ``pooled``).
+    excepted: the service's default is ``pooled``; and no policy takes the
+    paper's first pass unless ``first_pass`` is true).
 
     Each policy takes only its own (``policies.HYPERPARAMETERS``); another
     policy's is refused at creation.
@@ -197,10 +198,15 @@ class Hyperparameters(_Request):
         f"contexts ({_policies_taking('residuals')})",
     )
     spread: Literal["paper", "pooled"] | None = Field(
-        default=None, description="LinReBoot bootstrap spread: paper (Section 3.3, every arm "
-        "pulled once first, sigma_omega tuned per setting) or pooled (no first pass, every arm "
-        "keeps a spread, sigma_omega 0.5 in every setting; the default) "
+        default=None, description="LinReBoot bootstrap spread: paper (Section 3.3, sigma_omega "
+        "tuned per setting, none for an arm never pulled) or pooled (every arm keeps a spread; "
+        "the default) "
         f"({_policies_taking('spread')})",
+    )
+    first_pass: bool | None = Field(
+        default=None, description="true: every arm is pulled once, in random order, before "
+        "any competes (the paper's first K rounds); false (the default): an arm never pulled "
+        f"competes with its prior score ({_policies_taking('first_pass')})",
     )
     ig_alpha: float | None = _hyperparameter("ig_alpha")
     ig_beta: float | None = _hyperparameter("ig_beta")
@@ -216,7 +222,7 @@ class Hyperparameters(_Request):
     discount: float | None = _hyperparameter("discount")
     epsilon: float | None = _hyperparameter("epsilon")
 
-    def overrides(self) -> dict[str, float | str]:
+    def overrides(self) -> dict[str, bool | float | str]:
         return self.model_dump(exclude_none=True)
 
 
@@ -538,10 +544,10 @@ class ExperimentOut(BaseModel):
     seed: int | None
     reward_window_seconds: int
     max_stale_rewards: int
-    hyperparameters: dict[str, float | str] = Field(
+    hyperparameters: dict[str, bool | float | str] = Field(
         description="the overrides given at creation, with the service's LinReBoot spread "
         "where none was given")
-    config: dict[str, float | str | int] = Field(description="every hyperparameter in force")
+    config: dict[str, bool | float | str | int] = Field(description="every hyperparameter in force")
     created_at: float = Field(description="Unix time, seconds")
     arms: list[ArmOut]
     theta_hat: dict[str, list[float]] = Field(

@@ -40,6 +40,8 @@ def _add_simulate(sub: argparse._SubParsersAction[_Parser]) -> None:
     p.add_argument("--horizon", type=int, default=10_000, help="rounds (default 10000)")
     p.add_argument("--seed", type=int, default=0)
     _add_spreads(p)
+    _add_first_pass(p, "on", "the paper's reproduction: every algorithm pulls each arm once "
+                    "first")
     p.add_argument(
         "--sigma-omega", nargs="+", type=float, default=None,
         help="LinReBoot sigma_omega values to sweep (default: the paper's per setting and d)",
@@ -88,12 +90,14 @@ def _simulate(args: argparse.Namespace) -> int:
         raise SystemExit("--baselines authors runs without forgetting: leave --discount at 1")
     cells = grid(args.settings, args.dims, args.policies, args.sigma_omega, args.reading, overrides,
                  discounts=args.discount, switch_every=args.switch_every,
-                 baselines=args.baselines, centres=args.centres, spreads=args.spreads)
+                 baselines=args.baselines, centres=args.centres, spreads=args.spreads,
+                 first_pass=args.first_pass == "on")
     run = run_grid(cells, args.reps, args.horizon, args.seed, args.jobs,
                    time_single=args.time_single_runs)
     drift = f", theta switching every {args.switch_every} rounds" if args.switch_every else ""
     drift += ", the authors' baselines" if args.baselines == "authors" else ""
     drift += ", centres drawn once" if args.centres == "once" else ""
+    drift += ", no first pass" if args.first_pass == "off" else ""
     title = (f"In-process: {args.reps} repetitions x {args.horizon} rounds, "
              f"{args.reading} reading{drift}, seed {args.seed}")
     paths = write_outputs(run, args.out, title)
@@ -132,12 +136,21 @@ def _add_grid_args(p: argparse.ArgumentParser, *, settings: Sequence[str], dims:
     p.add_argument("--horizon", type=int, default=horizon, help=f"rounds (default {horizon})")
     p.add_argument("--seed", type=int, default=0)
     _add_spreads(p, spreads)
+    _add_first_pass(p, "off", "every policy scores an arm never pulled from its prior, as "
+                    "the service does")
 
 
 def _add_spreads(p: argparse.ArgumentParser, default: Sequence[str] = ("paper",)) -> None:
     p.add_argument("--spreads", nargs="+", choices=("paper", "pooled"), default=list(default),
                    help="LinReBoot once per spread rule: paper (Section 3.3) and/or pooled "
-                   f"(no tuning, no forced first pass; docs/API.md); default {' '.join(default)}")
+                   f"(no tuning; docs/API.md); default {' '.join(default)}")
+
+
+def _add_first_pass(p: argparse.ArgumentParser, default: str, why: str) -> None:
+    p.add_argument("--first-pass", choices=("on", "off"), default=default,
+                   help="on: every policy pulls each arm once before any competes (the "
+                   "paper's first K rounds); off: none does. The same for every policy of "
+                   f"the run (default {default}: {why})")
 
 
 def _add_http_args(p: argparse.ArgumentParser) -> None:
@@ -185,7 +198,8 @@ def _cells(args: argparse.Namespace) -> list[Cell]:
     for value in (args.reps, args.horizon):
         if value < 1:
             raise SystemExit("--reps and --horizon must be positive")
-    return grid(args.settings, args.dims, args.policies, spreads=args.spreads)
+    return grid(args.settings, args.dims, args.policies, spreads=args.spreads,
+                first_pass=args.first_pass == "on")
 
 
 def _replay(args: argparse.Namespace) -> int:

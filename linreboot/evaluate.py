@@ -17,8 +17,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from policies import HYPERPARAMETERS, check_hyperparameters, paper_config
-from policies.config import PolicyName, Setting
+from policies import HYPERPARAMETERS, paper_config
+from policies.config import POLICIES, PolicyName, Setting, parse_hyperparameter
 from policies.evaluation import (
     Estimate,
     doubly_robust,
@@ -74,8 +74,13 @@ class Report:
 
 
 def evaluate(feedback: dict[str, Any], policy: PolicyName | None,
-             overrides: dict[str, float | str], train_fraction: float = 0.5) -> Report:
-    """Estimate the value of ``policy`` (default: the logged one) with ``overrides``.
+             overrides: dict[str, str], train_fraction: float = 0.5) -> Report:
+    """Estimate the value of ``policy`` (default: the logged one) with ``overrides``
+    (``--set`` pairs, as written: :func:`policies.config.parse_hyperparameter`).
+
+    The target is held fixed after its training rounds, so it takes no first
+    pass: the logged policy's is dropped, and ``first_pass=true`` is refused
+    (:func:`policies.evaluation.fitted_target`).
 
     Raises
     ------
@@ -96,10 +101,17 @@ def evaluate(feedback: dict[str, Any], policy: PolicyName | None,
                          "that did not log them)")
     logged_config = json.loads(feedback["config"])
     name: PolicyName = policy or logged_config["name"]
-    hyperparameters = ({k: v for k, v in logged_config.items() if k in HYPERPARAMETERS[name]}
-                       if policy is None else {})
-    hyperparameters.update(overrides)
-    check_hyperparameters(name, hyperparameters)
+    if name not in POLICIES:
+        raise ValueError(f"the log names an unknown policy {name!r}")
+    hyperparameters: dict[str, bool | float | str] = (
+        {k: v for k, v in logged_config.items()
+         if k in HYPERPARAMETERS[name] and k != "first_pass"} if policy is None else {})
+    hyperparameters.update(
+        {key: parse_hyperparameter(name, key, text) for key, text in overrides.items()})
+    if hyperparameters.get("first_pass") is True:
+        raise ValueError("a target held fixed after its training rounds takes no first pass: "
+                         "leave out first_pass=true (an arm it never saw is scored from the "
+                         "prior)")
     dim = int(logged_config.get("dim", feedback["context"].shape[-1]))
     config = paper_config(name, setting, dim, **hyperparameters)
 
@@ -150,20 +162,18 @@ def _contexts(feedback: dict[str, Any], setting: str) -> np.ndarray[Any, Any]:
     return np.broadcast_to(context[:, None, :], (n, n_arms, context.shape[1]))
 
 
-def _describe(name: str, hyperparameters: dict[str, float | str]) -> str:
+def _describe(name: str, hyperparameters: dict[str, bool | float | str]) -> str:
     given = ", ".join(f"{k}={v}" for k, v in sorted(hyperparameters.items()))
     return f"{name} ({given})" if given else name
 
 
-def parse_overrides(pairs: list[str]) -> dict[str, float | str]:
-    """``--set name=value`` pairs; values are numbers except ``residuals``."""
-    out: dict[str, float | str] = {}
+def parse_overrides(pairs: list[str]) -> dict[str, str]:
+    """``--set name=value`` pairs, values as written (:func:`evaluate` reads them for the
+    target policy, which knows its hyperparameters and their kinds)."""
+    out: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"--set takes name=value, e.g. ucb_alpha=0.5 (got {pair!r})")
-        try:
-            out[key] = value if key == "residuals" else float(value)
-        except ValueError:
-            raise ValueError(f"--set {key}: {value!r} is not a number") from None
+        out[key] = value
     return out

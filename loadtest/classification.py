@@ -122,6 +122,15 @@ def play_classification(
     repetition (``loadtest.environments.split_rngs``). ``config`` must be of
     the covariates setting with ``dim == data.dim``.
     """
+    return classification_mistakes(config, data, rngs, horizon).sum(axis=1)
+
+
+def classification_mistakes(
+    config: PolicyConfig, data: Dataset, rngs: tuple[Sequence[np.random.Generator],
+                                                     Sequence[np.random.Generator]],
+    horizon: int,
+) -> NDArray[np.int64]:
+    """:func:`play_classification` round by round: 1 for a mistake, shape (B, horizon)."""
     world_rngs, policy_rngs = rngs
     if config.setting != "covariates" or config.dim != data.dim:
         raise ValueError(f"need a covariates config of dim {data.dim}")
@@ -129,11 +138,11 @@ def play_classification(
     batch = len(world_rngs)
     state = init_state(config, data.n_classes, batch)
     rows = np.arange(batch)
-    mistakes = np.zeros(batch, dtype=np.int64)
-    for _ in range(horizon):
+    mistakes = np.zeros((batch, horizon), dtype=np.int64)
+    for t in range(horizon):
         contexts = world.contexts()
         arms = choose(config, state, contexts, policy_rngs).arms
         rewards = world.rewards(arms)
-        mistakes += rewards == 0.0
+        mistakes[:, t] = rewards == 0.0
         update(config, state, arms, contexts[rows, arms], rewards)
     return mistakes

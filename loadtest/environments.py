@@ -120,6 +120,10 @@ class EnvSpec:
         ``default_rng(centres_seed)``, and shared by every repetition, as the
         authors' contextual script draws ``nu_k`` once per d ("predefined before
         the simulation"); each repetition still draws its own theta.
+    noise : float or None
+        None (default): the reading's noise of the setting (:attr:`noise_sd`). A
+        float: the noise standard deviation instead (worlds of other shapes than
+        the paper's); nothing else changes, and no draw but the noise's scale.
     """
 
     setting: Setting
@@ -128,6 +132,7 @@ class EnvSpec:
     reading: Reading = "authors"
     switch_every: int = 0
     centres_seed: int | None = None
+    noise: float | None = None
 
     def __post_init__(self) -> None:
         if self.setting not in SETTINGS:
@@ -146,10 +151,15 @@ class EnvSpec:
             isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0
         ):
             raise ValueError(f"centres_seed must be None or a non-negative integer, got {seed!r}")
+        if self.noise is not None and not (isinstance(self.noise, float | int)
+                                           and 0.0 <= self.noise < math.inf):
+            raise ValueError(f"noise must be None or a finite sd >= 0, got {self.noise!r}")
 
     @property
     def noise_sd(self) -> float:
         """Standard deviation of the Gaussian reward noise."""
+        if self.noise is not None:
+            return float(self.noise)
         if self.setting == "covariates" and self.reading == "authors":
             return _AUTHORS_COVARIATES_NOISE_SD
         return math.sqrt(_NOISE_VARIANCE[self.setting])
@@ -162,7 +172,7 @@ class EnvSpec:
 
 def make_spec(
     setting: Setting, dim: int, *, n_arms: int | None = None, reading: Reading = "authors",
-    switch_every: int = 0, centres_seed: int | None = None,
+    switch_every: int = 0, centres_seed: int | None = None, noise: float | None = None,
 ) -> EnvSpec:
     """Build an `EnvSpec`, with the paper's number of arms unless `n_arms` is given.
 
@@ -178,6 +188,8 @@ def make_spec(
         Rounds between switches of the truth; 0: never.
     centres_seed : int, optional
         Draw the arm features / context centres once from this seed (see `EnvSpec`).
+    noise : float, optional
+        The noise sd instead of the setting's (see `EnvSpec`).
 
     Returns
     -------
@@ -187,7 +199,7 @@ def make_spec(
         raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
     k = DEFAULT_N_ARMS[setting] if n_arms is None else n_arms
     return EnvSpec(setting=setting, dim=dim, n_arms=k, reading=reading,
-                   switch_every=switch_every, centres_seed=centres_seed)
+                   switch_every=switch_every, centres_seed=centres_seed, noise=noise)
 
 
 # --------------------------------------------------------------------------- seeding

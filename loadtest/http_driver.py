@@ -62,9 +62,11 @@ def experiment_spec(cell: Cell, env: Environment, rep: int, seed: int) -> dict[s
     hyper: dict[str, Any] = dict(cell.overrides)
     if cell.sigma_omega is not None:
         hyper["sigma_omega"] = cell.sigma_omega
+    config = cell.config()
     if "spread" in HYPERPARAMETERS[cell.policy]:
         # The service's default spread is not the simulator's: name the cell's.
-        hyper.setdefault("spread", cell.config().spread)
+        hyper.setdefault("spread", config.spread)
+    hyper["first_pass"] = config.first_pass
     return {
         "setting": cell.setting,
         "dim": cell.dim,

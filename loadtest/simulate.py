@@ -7,6 +7,7 @@ service runs, with ``B = reps``.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -48,6 +49,13 @@ class Cell:
     (:class:`loadtest.environments.EnvSpec`); ``centres`` ``once`` shares the
     arm features / context centres among the repetitions, drawn from the
     cell's seed (the authors' contextual script draws them once per d).
+    ``first_pass`` pulls every arm once before any competes (the paper's
+    first K rounds; ``PolicyConfig.first_pass``): the reproduction's cells
+    have it, every other comparison's cells have it for every row or for
+    none. Not in the label (a run's cells all start alike). The authors'
+    variants always have it. ``n_arms`` and ``noise`` (an sd) make a world of
+    another shape than the paper's (None: the paper's); ``delay`` makes each
+    reward known that many decisions after its own (0: before the next).
     """
 
     setting: Setting
@@ -58,6 +66,10 @@ class Cell:
     overrides: tuple[tuple[str, object], ...] = field(default_factory=tuple)
     switch_every: int = 0
     centres: Centres = "per-repetition"
+    first_pass: bool = False
+    n_arms: int | None = None
+    noise: float | None = None
+    delay: int = 0
 
     def config(self) -> PolicyConfig:
         """The paper's hyperparameters in this cell's world, then the cell's own.
@@ -73,19 +85,24 @@ class Cell:
                        **dict(self.overrides)}
         if self.sigma_omega is not None:
             changes["sigma_omega"] = self.sigma_omega
+        changes["first_pass"] = self.first_pass
         return paper_config(self.policy, self.setting, self.dim, **changes)
 
     def env_spec(self, seed: int = 0) -> EnvSpec:
         """The world this cell is played in (``seed``: the run's, for shared centres)."""
         centres_seed = cell_seed(seed, self) if self.centres == "once" else None
         return make_spec(self.setting, self.dim, reading=self.reading,
-                         switch_every=self.switch_every, centres_seed=centres_seed)
+                         switch_every=self.switch_every, centres_seed=centres_seed,
+                         n_arms=self.n_arms, noise=self.noise)
 
     @property
     def label(self) -> str:
         extra = [f"σω={self.sigma_omega:g}"] if self.sigma_omega is not None else []
         extra += [f"{k}={v}" for k, v in self.overrides]
         extra += ["centres once"] if self.centres == "once" and self.setting != "covariates" else []
+        extra += [f"K={self.n_arms}"] if self.n_arms is not None else []
+        extra += [f"noise sd {self.noise:g}"] if self.noise is not None else []
+        extra += [f"delay {self.delay}"] if self.delay else []
         return f"{self.policy} ({', '.join(extra)})" if extra else self.policy
 
 
@@ -170,7 +187,7 @@ def play_together(
     spec, env_seed = cells[0].env_spec(seed), cell_seed(seed, cells[0])
     if any(c.env_spec(seed) != spec or cell_seed(seed, c) != env_seed for c in cells):
         raise ValueError("cells played together must share their worlds (setting, d, reading, "
-                         "centres, switches)")
+                         "centres, switches, arms, noise)")
     env = Environment(spec, split_rngs(env_seed, reps)[0])
     players = [Player.of(cell, seed, reps, horizon, per_decision_rng) for cell in cells]
     worlds = 0.0
@@ -191,7 +208,12 @@ def play_together(
 
 @dataclass
 class Player:
-    """One cell's policy, its statistics and its streams, playing round by round."""
+    """One cell's policy, its statistics and its streams, playing round by round.
+
+    With ``delay`` D, the outcome of round t is learnt at the end of round t + D
+    (the policy decides D rounds without it); outcomes still pending at the
+    horizon are never learnt.
+    """
 
     config: PolicyConfig
     state: State
@@ -202,17 +224,22 @@ class Player:
     regret: Array  # (reps, horizon)
     chosen: NDArray[np.int32]  # (reps, horizon)
     seconds: float = 0.0
+    delay: int = 0
+    pending: collections.deque[tuple[NDArray[np.int64], Array, Array, Array | None]] = field(
+        default_factory=collections.deque)
 
     @classmethod
     def of(cls, cell: Cell, seed: int, reps: int, horizon: int,
            per_decision_rng: bool) -> Player:
         config = cell.config()
         policy_rngs = split_rngs(cell_seed(seed, cell), reps)[1]
+        if cell.delay < 0:
+            raise ValueError("delay must be 0 or more rounds")
         return cls(config, init_state(config, cell.env_spec(seed).n_arms, reps),
                    BufferedStreams(policy_rngs),
                    [decision_seed(seed, cell, rep) for rep in range(reps)], per_decision_rng,
                    np.arange(reps), np.empty((reps, horizon)),
-                   np.empty((reps, horizon), dtype=np.int32))
+                   np.empty((reps, horizon), dtype=np.int32), delay=cell.delay)
 
     def step(self, t: int, env: Environment, contexts: Array, means: Array,
              noise: Array) -> tuple[Array, NDArray[np.int64]]:
@@ -225,7 +252,12 @@ class Player:
         self.regret[:, t], self.chosen[:, t] = lost, arms
         rewards = env.rewards(contexts, arms, noise)
         numbers = np.full(rows.size, t + 1.0) if self.config.discounted else None
-        update(self.config, self.state, arms, contexts[rows, arms], rewards, numbers)
+        if self.delay:
+            self.pending.append((arms, contexts[rows, arms], rewards, numbers))
+            if len(self.pending) > self.delay:
+                update(self.config, self.state, *self.pending.popleft())
+        else:
+            update(self.config, self.state, arms, contexts[rows, arms], rewards, numbers)
         self.seconds += time.perf_counter() - start
         return lost, arms
 
@@ -283,6 +315,7 @@ def grid(
     baselines: Variant = "project",
     centres: Centres = "per-repetition",
     spreads: Sequence[Spread] = ("paper",),
+    first_pass: bool = False,
 ) -> list[Cell]:
     """Every cell of settings x dims x policies x discounts; LinReBoot once per sigma_omega
     and spread (``paper``, the plain label, or ``pooled``: see ``PolicyConfig.spread``).
@@ -291,7 +324,7 @@ def grid(
     a discount of 1 (no forgetting) is no override, so its label is the plain one.
     ``baselines="authors"`` runs the policies that have one in their authors'
     variant (``policies.AUTHORS_VARIANTS``, LinReBoot with the paper's spread
-    among them); ``centres`` as in :class:`Cell`.
+    among them); ``centres`` and ``first_pass`` (for every cell) as in :class:`Cell`.
     """
     cells = []
     for setting in settings:
@@ -310,5 +343,5 @@ def grid(
                     # The pooled spread is ours only: the authors' LinReBoot is the paper's.
                     mine = tuple(o for o in own if o != ("variant", "authors")) if kind else own
                     cells.append(Cell(setting, dim, policy, sigma, reading, kind + mine + forget,
-                                      switch_every, centres))
+                                      switch_every, centres, first_pass))
     return cells

@@ -58,7 +58,7 @@ score exactly 0, which makes its start cost far more than that.
   model per arm there is **no first pass**: an arm never pulled has no rows and
   scores 0, and ``np.argmax`` takes the first of equal scores, so the
   arms are first tried in index order, each only when every arm tried so far
-  scores below 0 (``PolicyConfig.first_pass`` is off for this variant; this
+  scores below 0 (``PolicyConfig.forces_pass`` is off for this variant; this
   start alone costs 67 regret at d = 5 in the covariates setting, RESULTS.md).
   The resample costs O(s d^2) per decision and a stored history, so, as their
   LinPHE, it is drawn from the normal with the exact first two moments of its

@@ -34,6 +34,12 @@ PAPER_POLICIES: tuple[PolicyName, ...] = (
 )
 # PolicyConfig fields the service never takes (not hyperparameters on the wire).
 SIMULATION_ONLY: tuple[str, ...] = ("variant",)
+# PolicyConfig fields that are not numbers (RANGES checks the numbers).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "residuals": get_args(Residuals),
+    "spread": get_args(Spread),
+    "first_pass": ("true", "false"),
+}
 # The policies whose authors' variant differs from ours (policies.authors).
 AUTHORS_VARIANTS: tuple[PolicyName, ...] = (
     "linreboot", "lints-g", "lints-ig", "lingiro", "linphe", "linucb")
@@ -122,16 +128,17 @@ RANGES: dict[str, Range] = {
 # The hyperparameters each policy reads; ``residuals`` is "current" or "observed".
 # Every policy is driven by sums, so every one can forget (``discount``);
 # ``epsilon`` is read by policies.draw, so every policy takes it.
+# ``first_pass`` (every arm pulled once before any competes) is every policy's choice.
+_EVERY_POLICY = ("discount", "epsilon", "first_pass")
 HYPERPARAMETERS: dict[PolicyName, tuple[str, ...]] = {
-    "linreboot": ("reg", "sigma_omega", "residuals", "spread", "discount", "epsilon"),
-    "greedy": ("reg", "residuals", "discount", "epsilon"),
-    "lints-g": ("reg", "discount", "epsilon"),
-    "lints-ig": ("ig_alpha", "ig_beta", "ig_prior_precision", "discount", "epsilon"),
-    "linphe": ("reg", "phe_a", "reward_bound", "discount", "epsilon"),
-    "lingiro": ("reg", "giro_a", "reward_bound", "discount", "epsilon"),
-    "linucb": ("reg", "ucb_delta", "noise_sd", "theta_bound", "context_bound", "discount",
-               "epsilon"),
-    "linucb-const": ("reg", "ucb_alpha", "discount", "epsilon"),
+    "linreboot": ("reg", "sigma_omega", "residuals", "spread", *_EVERY_POLICY),
+    "greedy": ("reg", "residuals", *_EVERY_POLICY),
+    "lints-g": ("reg", *_EVERY_POLICY),
+    "lints-ig": ("ig_alpha", "ig_beta", "ig_prior_precision", *_EVERY_POLICY),
+    "linphe": ("reg", "phe_a", "reward_bound", *_EVERY_POLICY),
+    "lingiro": ("reg", "giro_a", "reward_bound", *_EVERY_POLICY),
+    "linucb": ("reg", "ucb_delta", "noise_sd", "theta_bound", "context_bound", *_EVERY_POLICY),
+    "linucb-const": ("reg", "ucb_alpha", *_EVERY_POLICY),
 }
 
 
@@ -146,6 +153,26 @@ def check_hyperparameters(name: PolicyName, names: Iterable[str]) -> None:
     own = HYPERPARAMETERS[name]
     if any(given not in own for given in names):
         raise ValueError(f"{name} takes only these hyperparameters: {', '.join(own)}")
+
+
+def parse_hyperparameter(name: PolicyName, key: str, text: str) -> float | str | bool:
+    """The value of hyperparameter ``key`` of policy ``name`` written as ``text``
+    (a command line's ``--set key=text``): a number, or one of its choices.
+
+    Raises
+    ------
+    ValueError
+        One line naming what is wrong and what is allowed.
+    """
+    check_hyperparameters(name, [key])
+    if key in CHOICES:
+        if text not in CHOICES[key]:
+            raise ValueError(f"{key} must be one of {', '.join(CHOICES[key])}")
+        return text == "true" if key == "first_pass" else text
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{key} must be a number ({RANGES[key].meaning})") from None
 
 
 def shared_model(setting: Setting) -> bool:
@@ -166,9 +193,16 @@ class PolicyConfig:
     sigma_omega : LinReBoot bootstrap-weight standard deviation (0 gives greedy).
     residuals : LinReBoot residuals against the ``current`` context (Algorithms 2, 3)
         or the context each reward was ``observed`` with.
-    spread : LinReBoot's bootstrap spread: ``paper`` (Section 3.3, after one
-        forced pull of every arm) or ``pooled`` (no forced pull; every arm
-        keeps a spread, :func:`policies.indices.pooled_scale`).
+    spread : LinReBoot's bootstrap spread: ``paper`` (Section 3.3,
+        ``sigma_omega sqrt(RSS_k) / s_k``, 0 for an arm never pulled) or
+        ``pooled`` (every arm keeps a spread, :func:`policies.indices.pooled_scale`).
+    first_pass : pull every eligible arm once, in random order, before any
+        competes (the paper's first K rounds, which its experiments give every
+        algorithm). Off by default for every policy: an arm never pulled is
+        scored from the prior like any other (its ridge estimate from the
+        other arms' data with one shared theta, 0 with a model per arm; the
+        paper's spread gives it none). The paper's reproduction turns it on;
+        the authors' variants always have it (set to true).
     ig_alpha, ig_beta, ig_prior_precision : LinTS-IG normal-inverse-gamma prior.
     phe_a, giro_a : LinPHE / LinGIRO perturbation scale a.
     reward_bound : |reward| bound U used by LinPHE / LinGIRO pseudo-rewards.
@@ -210,6 +244,7 @@ class PolicyConfig:
     ucb_alpha: float = 1.0
     discount: float = 1.0
     epsilon: float = 0.0
+    first_pass: bool = False
     variant: Variant = "project"
 
     def __post_init__(self) -> None:
@@ -233,6 +268,10 @@ class PolicyConfig:
             raise ValueError("the authors' variants explore as their code does: epsilon must be 0")
         if self.variant == "authors" and self.spread != "paper":
             raise ValueError("the authors' LinReBoot is the paper's: spread must be 'paper'")
+        if not isinstance(self.first_pass, bool):
+            raise ValueError("first_pass must be true or false")
+        if self.variant == "authors":  # their code's start, whatever was asked
+            object.__setattr__(self, "first_pass", True)
         if not 1 <= self.dim <= 256:
             raise ValueError("dim must be between 1 and 256")
         for field, bounds in RANGES.items():
@@ -251,15 +290,13 @@ class PolicyConfig:
         return self.discount < 1.0
 
     @property
-    def first_pass(self) -> bool:
-        """Every arm is pulled once before any competes (the paper's first K rounds).
-
-        Not with ``spread="pooled"``, nor in the authors' LinGIRO with a model per
-        arm, whose loop has no such pass (an arm never pulled scores 0 there).
-        """
+    def forces_pass(self) -> bool:
+        """Every arm is pulled once before any competes (``first_pass``), except in
+        the authors' LinGIRO with a model per arm, whose loop has no such pass
+        (an arm never pulled scores 0 there)."""
         authors_giro_per_arm = (self.variant == "authors" and self.name == "lingiro"
                                 and not self.shared)
-        return self.spread == "paper" and not authors_giro_per_arm
+        return self.first_pass and not authors_giro_per_arm
 
     @property
     def first_pass_in_order(self) -> bool:
@@ -275,6 +312,18 @@ class PolicyConfig:
     def shared(self) -> bool:
         """One theta for all arms (stochastic, contextual) rather than one per arm."""
         return shared_model(self.setting)
+
+
+def stored_config(fields: dict[str, object]) -> PolicyConfig:
+    """A :class:`PolicyConfig` from its stored fields (``dataclasses.asdict``).
+
+    Configs stored before ``first_pass`` was a field had the pass exactly
+    when the spread was the paper's (every baseline, and LinReBoot unless
+    pooled): an experiment keeps the start it was created with.
+    """
+    if "first_pass" not in fields:
+        fields = {**fields, "first_pass": fields.get("spread", "paper") == "paper"}
+    return PolicyConfig(**fields)  # type: ignore[arg-type]
 
 
 def paper_sigma_omega(setting: Setting, dim: int) -> float:
@@ -311,7 +360,8 @@ def reading_hyperparameters(setting: Setting, dim: int, reading: Reading) -> dic
 def paper_config(name: PolicyName, setting: Setting, dim: int, **overrides: object) -> PolicyConfig:
     """The paper's hyperparameters for ``name`` in ``setting`` at dimension ``dim``.
 
-    ``greedy`` is LinReBoot with sigma_omega = 0; ``residuals`` defaults to
+    Without the paper's first pass unless ``first_pass=True`` is given (the
+    reproduction gives it). ``greedy`` is LinReBoot with sigma_omega = 0; ``residuals`` defaults to
     ``current`` (Algorithm 2), the variant that measured better (BENCHMARKS.md).
     LinReBoot with ``spread="pooled"`` takes :data:`POOLED_SIGMA_OMEGA` in
     every setting, unless ``sigma_omega`` is given.

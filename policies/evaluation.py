@@ -157,7 +157,11 @@ def fitted_target(
 
     A policy that keeps learning would act on outcomes the log does not have,
     so its value is not identified by a log; the fitted-then-frozen policy's
-    is, and it is what one would deploy warm-started from the log.
+    is, and it is what one would deploy warm-started from the log. A frozen
+    policy takes no first pass (it would pull the arms the training rounds
+    never tried, uniformly, for ever: another policy than the one named), so
+    a ``config`` with one is refused; an arm never pulled in training is
+    scored from the prior.
 
     Parameters
     ----------
@@ -175,7 +179,15 @@ def fitted_target(
     -------
     ndarray, shape (B, n - train, K)
         From :func:`policies.propensity.propensities`: rows sum to 1, ineligible arms 0.
+
+    Raises
+    ------
+    ValueError
+        If ``config`` takes a first pass, or ``train`` is out of range.
     """
+    if config.forces_pass:
+        raise ValueError("a target held fixed after its training rounds takes no first pass "
+                         "(first_pass must be false)")
     batch, n, n_arms, _ = contexts.shape
     if not 0 <= train < n:
         raise ValueError(f"train must be between 0 and {n - 1}")

@@ -69,10 +69,10 @@ def choose(
 
     Notes
     -----
-    An eligible arm that was never pulled is chosen first (uniformly among such
-    arms), as the paper's first K rounds pull every arm once: the bootstrap
-    variance ``RSS_k / s_k^2`` is undefined at ``s_k = 0``. LinReBoot with
-    ``spread="pooled"`` has no such pass (``config.first_pass``).
+    With ``config.first_pass`` an eligible arm that was never pulled is chosen
+    first (uniformly among such arms), as the paper's first K rounds pull every
+    arm once (its bootstrap variance ``RSS_k / s_k^2`` is undefined at
+    ``s_k = 0``); otherwise it competes with its prior score.
     """
     return draw(prepare(config, state, contexts, eligible), rngs)
 
@@ -95,9 +95,9 @@ def prepare(
         expected = (batch, n_arms, config.dim)
         raise ValueError(f"contexts must have shape {expected}, got {contexts.shape}")
     state = discounted(config, state)
-    # Only the paper's first pass forces a never-pulled arm; a pooled spread
-    # scores it like any other (policies.indices.pooled_scale).
-    unexplored = state["pulls"] == 0 if config.first_pass else np.zeros((batch, n_arms), bool)
+    # Only the paper's first pass forces a never-pulled arm; without it the arm
+    # competes with its prior score like any other.
+    unexplored = state["pulls"] == 0 if config.forces_pass else np.zeros((batch, n_arms), bool)
     if eligible is None:  # the common case, in few array operations: every arm eligible
         eligible = _all_eligible(batch, n_arms)
         restricted = False

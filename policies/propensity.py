@@ -180,14 +180,19 @@ class _Family:
         return special.ndtr(u) if dof is None else special.stdtr(dof, u)
 
     def moment(self, u: Array, dof: Array | None) -> Array:
-        """An antiderivative of ``u f(u)``: ``-phi(u)``, or ``-(nu + u^2) f_nu(u) / (nu - 1)``
-        (``nu > 1``: an explored arm has ``nu = 2 alpha + n >= 2``); ``u`` finite."""
+        """An antiderivative of ``u f(u)``: ``-phi(u)``, or ``-(nu + u^2) f_nu(u) / (nu - 1)``,
+        and ``log(1 + u^2) / (2 pi)`` at ``nu = 1`` (Cauchy: LinTS-IG's prior with
+        ``alpha = 1/2``, an arm never pulled has ``nu = 2 alpha = 1``); ``u`` finite."""
         square = u * u
         if dof is None:
             return np.exp(-0.5 * square) * (-1.0 / _ROOT_TAU)
+        cauchy = dof == 1.0
         log_density = (special.gammaln(0.5 * (dof + 1.0)) - special.gammaln(0.5 * dof)
                        - 0.5 * np.log(dof * math.pi) - 0.5 * (dof + 1.0) * np.log1p(square / dof))
-        return -(dof + square) / (dof - 1.0) * np.exp(log_density)
+        general = -(dof + square) / np.where(cauchy, 1.0, dof - 1.0) * np.exp(log_density)
+        if not np.any(cauchy):
+            return general
+        return np.where(cauchy, np.log1p(square) / (2.0 * math.pi), general)
 
     @property
     def step(self) -> float:

@@ -66,7 +66,7 @@ class ExperimentSpec:
     dim: int
     arms: tuple[ArmSpec, ...]
     policy: PolicyName = "linreboot"
-    hyperparameters: dict[str, float | str] = field(default_factory=dict)
+    hyperparameters: dict[str, bool | float | str] = field(default_factory=dict)
     seed: int | None = None
     reward_window_seconds: int = 3600
     max_stale_rewards: int = 0  # rewards a decision's statistics may lag behind
@@ -111,7 +111,7 @@ class ExperimentView:
     """An experiment as stored, with what it has learnt."""
 
     spec: ExperimentSpec
-    config: dict[str, float | str | int]
+    config: dict[str, bool | float | str | int]
     created_at: float
     arms: tuple[ArmState, ...]
     theta_hat: dict[str, list[float]]  # "shared" or one entry per arm id (covariates)

@@ -38,6 +38,7 @@ from policies import (
     paper_config,
     prepare,
 )
+from policies.config import stored_config
 from policies.propensity import SERVICE, estimated, propensities
 from policies.ridge import ridge
 from policies.state import Axis, Sums, inherit_kept
@@ -508,7 +509,7 @@ class ExperimentService:
             if raw is None:
                 continue
             try:
-                config = PolicyConfig(**json.loads(raw[0]["config"]))
+                config = stored_config(json.loads(raw[0]["config"]))
                 if await self._store.upgrade(
                     experiment_id,
                     _stored_format(config),
@@ -1168,7 +1169,7 @@ def _spec_to_json(spec: ExperimentSpec) -> dict[str, object]:
 
 def _parse_definition(meta: dict[str, str], arms_raw: dict[str, str]) -> Definition:
     spec_data = json.loads(meta["spec"])
-    config = PolicyConfig(**json.loads(meta["config"]))
+    config = stored_config(json.loads(meta["config"]))
     arms = []
     for arm_id, text in arms_raw.items():
         data = json.loads(text)

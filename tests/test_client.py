@@ -488,9 +488,11 @@ async def test_every_method(served: str, kind: str) -> None:
         assert (await lrb.readyz()).status == "ready"
         cov = await lrb.create_experiment(
             "cov", setting="covariates", dim=3, arms=["a", "b"], policy="linreboot",
-            hyperparameters={"sigma_omega": 0.5, "spread": "paper"}, seed=1,
+            hyperparameters={"sigma_omega": 0.5, "spread": "paper", "first_pass": True}, seed=1,
             reward_window_seconds=600, max_stale_rewards=0)  # a first pass: index None
-        assert cov.experiment.hyperparameters == {"sigma_omega": 0.5, "spread": "paper"}
+        assert cov.experiment.hyperparameters == {"sigma_omega": 0.5, "spread": "paper",
+                                                  "first_pass": True}
+        assert cov.experiment.config["first_pass"] is True
         assert (cov.experiment.reward_window_seconds, cov.experiment.seed) == (600, 1)
         sto = await lrb.create_experiment(
             "sto", setting="stochastic", dim=2,

@@ -136,7 +136,7 @@ async def test_decision_entries_hold_what_the_decision_was_made_from(
 ) -> None:
     await service.create(ExperimentSpec(
         id="what", setting="covariates", dim=2, arms=tuple(ArmSpec(f"arm{i}") for i in range(6)),
-        seed=3, log_max_entries=100, hyperparameters={"spread": "paper"}))  # its first pass
+        seed=3, log_max_entries=100, hyperparameters={"spread": "paper", "first_pass": True}))
     await service.retire_arms("what", ["arm2"])
     first = await service.choose("what", ChooseRequest(context=(0.5, -1.0)))
     second = await service.choose("what", ChooseRequest(context=(1e-300, 3.0),
@@ -574,7 +574,12 @@ async def test_evaluate_refuses_what_it_cannot_evaluate(api: Api, tmp_path: Path
         (["--log", str(tmp_path / "missing.npz")], "cannot read"),
         (["--log", str(covariates), "--policy", "linucb", "--set", "ucb_alpha=1"],
          "linucb takes only these hyperparameters"),
-        (["--log", str(covariates), "--set", "sigma_omega=x"], "is not a number"),
+        (["--log", str(covariates), "--set", "sigma_omega=x"], "sigma_omega must be a number"),
+        (["--log", str(covariates), "--set", "spread=wide"],
+         "spread must be one of paper, pooled"),
+        (["--log", str(covariates), "--set", "first_pass=true"], "takes no first pass"),
+        (["--log", str(covariates), "--set", "sigma=1"],
+         "linreboot takes only these hyperparameters: reg, sigma_omega"),
         (["--log", str(covariates), "--train-fraction", "1"], "--train-fraction"),
     ):
         done = _evaluate_cli(*args)

@@ -113,3 +113,90 @@ def test_intervals_cover_the_fitted_targets_on_policy_value(setting: Setting, se
     # The target differs from the logging policy: the test is not the logged mean's.
     logged_value = log["rewards"][:, TRAIN:].mean(axis=1)
     assert np.mean(np.abs(logged_value - truth)) > 0.01
+
+
+# --------------------------------------------------------------------------- the policy named
+
+NAMED_LOGS, NAMED_TRAIN, NAMED_ROUNDS, NAMED_ARMS = 100, 1000, 1500, 100
+
+
+def named_logs(seed: int) -> tuple[Environment, dict[str, Array]]:
+    """Logs of the service's default policy with epsilon 0.1 in the stochastic world with
+    K = 100: the first NAMED_TRAIN rounds leave some arms never pulled."""
+    config = paper_config("linreboot", "stochastic", DIM, spread="pooled", epsilon=0.1)
+    env = Environment(make_spec("stochastic", DIM, n_arms=NAMED_ARMS),
+                      seeded_rngs(seed, NAMED_LOGS))
+    rngs = seeded_rngs(seed + 1, NAMED_LOGS)
+    state = init_state(config, NAMED_ARMS, NAMED_LOGS)
+    rows = np.arange(NAMED_LOGS)
+    contexts = env.contexts()  # the stochastic world's arms never change
+    log: dict[str, list[Array]] = {"actions": [], "pscore": [], "rewards": []}
+    for _ in range(NAMED_ROUNDS):
+        ready = prepare(config, state, contexts)
+        arms = draw(ready, rngs).arms
+        rewards = env.rewards(contexts, arms)
+        for name, value in zip(log, (arms, propensities(ready, arms), rewards), strict=True):
+            log[name].append(value)
+        update(config, state, arms, contexts[rows, arms], rewards)
+    out = {name: np.stack(values, axis=1) for name, values in log.items()}
+    out["contexts"] = np.broadcast_to(contexts[:, None], (NAMED_LOGS, NAMED_ROUNDS,
+                                                          *contexts.shape[1:]))
+    out["means"] = env.means(contexts)
+    return env, out
+
+
+def frozen_value(name: PolicyName, log: dict[str, Array], alpha: float) -> Array:
+    """The value of ``name`` fitted on the training rounds, by hand: a ridge solve with
+    NumPy, then the arm of the highest ``x' theta_hat + alpha ||x||_(V^-1)`` (greedy:
+    alpha 0). An arm never pulled in training is scored like any other."""
+    values = np.empty(NAMED_LOGS)
+    reg = paper_config(name, "stochastic", DIM).reg
+    for b in range(NAMED_LOGS):
+        features = log["contexts"][b, 0]
+        x = features[log["actions"][b, :NAMED_TRAIN]]
+        gram = x.T @ x + reg * np.eye(DIM)
+        theta = np.linalg.solve(gram, x.T @ log["rewards"][b, :NAMED_TRAIN])
+        width = np.sqrt(np.einsum("kd,kd->k", features, np.linalg.solve(gram, features.T).T))
+        values[b] = log["means"][b, np.argmax(features @ theta + alpha * width)]
+    return values
+
+
+@pytest.mark.parametrize(("name", "hyperparameters"),
+                         [("greedy", {}), ("linucb-const", {"ucb_alpha": 0.5})])
+def test_intervals_cover_the_named_policy_on_logs_that_leave_arms_unpulled(
+    name: PolicyName, hyperparameters: dict[str, float]
+) -> None:
+    """The target is the policy named, not a first pass over the arms training left
+    unpulled (issue 24: such a target was "uniform over the unpulled arms")."""
+    _, log = named_logs(9)
+    pulled = np.zeros((NAMED_LOGS, NAMED_ARMS), bool)
+    np.put_along_axis(pulled, log["actions"][:, :NAMED_TRAIN], True, axis=1)
+    unpulled = ~pulled
+    assert unpulled.any(axis=1).mean() > 0.9  # nearly every log leaves some arm unpulled
+    truth = frozen_value(name, log, hyperparameters.get("ucb_alpha", 0.0))
+    # What a forced pass would be worth: uniform over the arms never pulled.
+    passing = np.where(unpulled.any(axis=1),
+                       (log["means"] * unpulled).sum(axis=1) / np.maximum(unpulled.sum(1), 1),
+                       truth)
+    assert np.mean(truth - passing) > 0.1  # far apart: a test that tells them apart
+
+    config = paper_config(name, "stochastic", DIM, **hyperparameters)
+    target = fitted_target(config, log["contexts"], log["actions"], log["rewards"],
+                           np.ones(log["contexts"].shape[:3], bool), NAMED_TRAIN)
+    rest = slice(NAMED_TRAIN, None)
+    for estimator in ("ips", "dr"):
+        covered = 0
+        for b in range(NAMED_LOGS):
+            x, a, p, r = (log[k][b, rest] for k in ("contexts", "actions", "pscore", "rewards"))
+            found = (ips(r, a, p, target[b]) if estimator == "ips" else
+                     doubly_robust(r, a, p, target[b], ridge_reward_model(x, a, r)))
+            covered += found.covers(float(truth[b]))
+        assert covered >= 90, (estimator, covered)
+
+
+def test_a_frozen_target_refuses_a_first_pass() -> None:
+    config = paper_config("greedy", "stochastic", DIM, first_pass=True)
+    contexts = np.zeros((1, 4, 3, DIM))
+    with pytest.raises(ValueError, match="takes no first pass"):
+        fitted_target(config, contexts, np.zeros((1, 4), np.int64), np.zeros((1, 4)),
+                      np.ones((1, 4, 3), bool), 2)

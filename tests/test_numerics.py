@@ -356,17 +356,23 @@ def corner(policy: PolicyName, end: str) -> dict[str, float]:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("end", ["low", "high"])
-@pytest.mark.parametrize("policy", [*POLICIES, "linreboot:paper"])
+@pytest.mark.parametrize("policy", [*POLICIES, "linreboot:paper", "linreboot:paper:pass",
+                                    "linucb:pass"])
 async def test_hyperparameters_at_their_extremes_keep_every_policy_serving(
     api: Api, policy: str, end: str
 ) -> None:
-    # linreboot runs the service's default spread (pooled); linreboot:paper the paper's.
-    name, _, spread = policy.partition(":")
-    hyper: dict[str, object] = {**corner(name, end), **({"spread": spread} if spread else {})}  # type: ignore[arg-type]
+    # linreboot runs the service's default spread (pooled); linreboot:paper the paper's;
+    # ":pass" adds the paper's first pass.
+    name, *options = policy.split(":")
+    hyper: dict[str, object] = {**corner(name, end)}  # type: ignore[arg-type]
+    if "paper" in options:
+        hyper["spread"] = "paper"
+    if "pass" in options:
+        hyper["first_pass"] = True
     spec = {"id": "edge", "setting": "covariates", "dim": 3, "seed": 9, "policy": name,
             "arms": [{"id": "a"}, {"id": "b"}], "hyperparameters": hyper}
     key = await api.create(spec)
-    first_pass = (await api.experiment("edge"))["config"]["spread"] == "paper"
+    first_pass = (await api.experiment("edge"))["config"]["first_pass"]
     rng = np.random.default_rng(3)
     pulled: set[str] = set()
     for i in range(24):

@@ -177,7 +177,8 @@ def test_authors_linreboot_per_arm_keeps_beta_zero_until_refreshed() -> None:
 def test_authors_linreboot_per_arm_takes_the_first_pass_in_arm_order() -> None:
     # Their loop pulls arm t in round t, so the last arm of the pass (the one
     # refreshed) is always arm K; ours picks the unexplored arms at random.
-    theirs, ours = authors("linreboot", "covariates"), paper_config("linreboot", "covariates", DIM)
+    theirs = authors("linreboot", "covariates")
+    ours = paper_config("linreboot", "covariates", DIM, first_pass=True)
     assert theirs.first_pass_in_order and not ours.first_pass_in_order
     assert not authors("linreboot", "contextual").first_pass_in_order
     rng = np.random.default_rng(4)
@@ -525,8 +526,9 @@ def test_authors_lingiro_per_arm_starts_as_their_loop() -> None:
     # Linear_GIRO with coefficient_sharing=False has no first pass: an arm without
     # rows has beta = 0 and scores 0, and np.argmax takes the first of equal scores.
     config = authors("lingiro", "covariates")
-    assert not config.first_pass and authors("lingiro", "contextual").first_pass
-    assert paper_config("lingiro", "covariates", DIM).first_pass  # ours pulls each arm first
+    assert not config.forces_pass and authors("lingiro", "contextual").forces_pass
+    # ours pulls each arm first when asked to (the reproduction)
+    assert paper_config("lingiro", "covariates", DIM, first_pass=True).forces_pass
     state = init_state(config, N_ARMS)
     contexts = np.ones((1, N_ARMS, DIM)) / math.sqrt(DIM)
     rngs = [np.random.default_rng(3)]

@@ -3,8 +3,9 @@
 * Reproducibility: the same seeds give the same decisions, and experiment i
   decides the same alone as inside a batch (of 20, and of 60, above the
   batch size where the triangular solves switch to vectorised substitution).
-* Initial exploration and eligibility: every arm is pulled once in the first
-  K rounds, an ineligible arm is never chosen, bad input raises ValueError.
+* Initial exploration and eligibility: with ``first_pass`` every arm is pulled
+  once in the first K rounds, without it an arm never pulled competes with its
+  prior score; an ineligible arm is never chosen, bad input raises ValueError.
 * Learning: LinReBoot's regret is sub-linear on a small seeded world.
 
 The environment is local to this file (loadtest's may change independently):
@@ -95,8 +96,8 @@ def run(
 ) -> IntArray:
     """Drive the policy through the worlds; the arms it pulled, shape (B, T).
 
-    ``eligible``, if given, has shape (B, T, K). Checks on every round that an
-    eligible arm never pulled, if any, is the one chosen.
+    ``eligible``, if given, has shape (B, T, K). With a first pass, checks on
+    every round that an eligible arm never pulled, if any, is the one chosen.
     """
     batch, horizon, n_arms, _ = worlds.contexts.shape
     rngs = [np.random.default_rng([s, 2]) for s in seeds]
@@ -108,7 +109,8 @@ def run(
         unexplored = (state["pulls"] == 0) & (True if mask is None else mask)
         chosen = choose(config, state, worlds.contexts[:, t], rngs, mask).arms
         has_new = unexplored.any(axis=1)
-        assert np.all(unexplored[rows[has_new], chosen[has_new]])
+        if config.forces_pass:
+            assert np.all(unexplored[rows[has_new], chosen[has_new]])
         rewards = worlds.means[rows, t, chosen] + worlds.noise[rows, t, chosen]
         update(config, state, chosen, worlds.contexts[rows, t, chosen], rewards)
         arms[:, t] = chosen
@@ -131,13 +133,15 @@ def test_same_seeds_give_same_decisions(name: PolicyName, setting: Setting) -> N
     np.testing.assert_array_equal(first, second)
 
 
+@pytest.mark.parametrize("first_pass", [False, True])
 @pytest.mark.parametrize(("name", "setting"), CASES)
 def test_experiment_decides_the_same_alone_and_in_a_batch(
-    name: PolicyName, setting: Setting
+    name: PolicyName, setting: Setting, first_pass: bool
 ) -> None:
     # A row's solve must not depend on the rest of the stack (LAPACK per matrix,
-    # the fallback row by row), so decisions must not change with the batch size.
-    config = paper_config(name, setting, DIM)
+    # the fallback row by row), so decisions must not change with the batch size;
+    # nor may a row's first pass depend on which other rows explore.
+    config = paper_config(name, setting, DIM, first_pass=first_pass)
     horizon = 300
     seeds = list(range(60))
     big = run(config, make_worlds(setting, seeds, horizon), seeds)
@@ -153,7 +157,7 @@ def test_experiment_decides_the_same_alone_and_in_a_batch(
 
 @pytest.mark.parametrize(("name", "setting"), CASES)
 def test_first_rounds_pull_every_arm_once(name: PolicyName, setting: Setting) -> None:
-    config = paper_config(name, setting, DIM)
+    config = paper_config(name, setting, DIM, first_pass=True)
     seeds = list(range(20))
     arms = run(config, make_worlds(setting, seeds, horizon=N_ARMS), seeds)
     for row in arms:
@@ -176,8 +180,34 @@ def test_ineligible_arms_are_never_chosen(name: PolicyName, setting: Setting) ->
     assert chosen_eligible.all()
 
 
+@pytest.mark.parametrize(("name", "setting"), CASES)
+def test_without_a_first_pass_no_arm_is_forced(name: PolicyName, setting: Setting) -> None:
+    # The default: an arm never pulled competes with its prior score. Greedy and
+    # LinUCB in a shared-theta world never try every one of the K arms in the first
+    # K rounds (a forced pass would: the previous test); nothing scores +inf.
+    config = paper_config(name, setting, DIM)
+    assert not config.first_pass and not config.forces_pass
+    seeds = list(range(20))
+    worlds = make_worlds(setting, seeds, horizon=N_ARMS)
+    state = init_state(config, N_ARMS, len(seeds))
+    rngs = [np.random.default_rng([s, 2]) for s in seeds]
+    complete = 0
+    for t in range(N_ARMS):
+        ready = prepare(config, state, worlds.contexts[:, t])
+        assert not ready.unexplored.any() and ready.exploring_rows.size == 0
+        choice = draw(ready, rngs)
+        assert np.isfinite(choice.scores).all()
+        rows = np.arange(len(seeds))
+        update(config, state, choice.arms, worlds.contexts[rows, t, choice.arms],
+               worlds.means[rows, t, choice.arms] + worlds.noise[rows, t, choice.arms])
+    complete = int(np.count_nonzero((state["pulls"] > 0).all(axis=1)))
+    # A forced pass makes all 20 complete; by chance alone (a uniform pick each round)
+    # about 20 * 5!/5^5 = 0.8 would. A policy that learns repeats arms that paid.
+    assert complete < len(seeds)
+
+
 def test_scores_mark_unexplored_and_ineligible_arms() -> None:
-    config = paper_config("linreboot", "stochastic", DIM)
+    config = paper_config("linreboot", "stochastic", DIM, first_pass=True)
     state = init_state(config, N_ARMS, batch=1)
     contexts = make_worlds("stochastic", [0], horizon=1).contexts[:, 0]
     arm = np.array([2])
@@ -254,7 +284,7 @@ def test_a_first_pass_draws_one_pick_per_exploring_experiment_and_nothing_for_ti
     exploring experiment takes one uniform integer among its unexplored arms, and nothing
     else, whether every experiment of the batch explores or one does not (its tie of
     equal scores drawn as ties are). LinUCB's index draws nothing of its own."""
-    config = paper_config("linucb", "covariates", DIM)
+    config = paper_config("linucb", "covariates", DIM, first_pass=True)
     x = np.ones((1, DIM)) / DIM
     alone_states = []
     for arm in pulled:  # None: every arm pulled once with the same reward, equal scores
@@ -344,7 +374,8 @@ def test_update_rejects_non_finite_values_and_leaves_state_alone(bad: float) -> 
 
 def test_linreboot_regret_is_sublinear_on_a_seeded_stochastic_world() -> None:
     n_arms, dim, horizon, reps = 10, 5, 2000, 20
-    config = paper_config("linreboot", "stochastic", dim)  # the paper's sigma_omega for d = 5
+    # The paper's algorithm: its sigma_omega for d = 5, and its first pass.
+    config = paper_config("linreboot", "stochastic", dim, first_pass=True)
     seeds = list(range(100, 100 + reps))
     worlds = make_worlds("stochastic", seeds, horizon, n_arms, dim)
     arms = run(config, worlds, seeds)

@@ -30,7 +30,7 @@ def _contexts(setting: Setting, batch: int, n_arms: int, dim: int, seed: int) ->
 def test_the_paper_spread_is_the_default_and_keeps_section_3_3() -> None:
     """``mu_k + sigma_omega sqrt(RSS_k) / s_k z_k`` from the raw history, draw for draw."""
     config = paper_config("linreboot", "stochastic", 2)
-    assert config.spread == "paper" and config.first_pass
+    assert config.spread == "paper" and not config.first_pass
     assert config == paper_config("linreboot", "stochastic", 2, spread="paper")
     features = np.array([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]])
     history = [(0, 0.3), (1, 1.1), (2, -0.2), (0, 0.5), (1, 0.7), (1, 0.9)]

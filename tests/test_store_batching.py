@@ -54,7 +54,7 @@ async def _experiment(
     spec = ExperimentSpec(id=experiment_id, setting="stochastic", dim=2,
                           arms=tuple(ArmSpec(f"a{i}", f) for i, f in enumerate(FEATURES)),
                           max_stale_rewards=max_stale_rewards,
-                          hyperparameters={"spread": "paper"})  # a first pass to see
+                          hyperparameters={"spread": "paper", "first_pass": True})  # a pass to see
     _, key = await service.create(spec)
     return key
 

@@ -150,7 +150,7 @@ class Core:
 
     def create_experiment(
         self, experiment_id: str, *, setting: str, dim: int, arms: Sequence[ArmSpec],
-        policy: str | None = None, hyperparameters: Mapping[str, float | str] | None = None,
+        policy: str | None = None, hyperparameters: Mapping[str, bool | float | str] | None = None,
         seed: int | None = None, reward_window_seconds: int | None = None,
         max_stale_rewards: int | None = None, **fields: Any,
     ) -> Call[CreatedExperiment]:

@@ -51,8 +51,8 @@ class Experiment(_Answer):
     reward_window_seconds: int
     max_stale_rewards: int = 0
     # The overrides given at creation (LinReBoot: with the service's spread if none was)
-    hyperparameters: dict[str, float | str] = {}
-    config: dict[str, float | str | int] = {}  # every hyperparameter in force
+    hyperparameters: dict[str, bool | float | str] = {}
+    config: dict[str, bool | float | str | int] = {}  # every hyperparameter in force
     created_at: float  # Unix time, seconds
     arms: list[Arm]
     theta_hat: dict[str, list[float]] = {}  # "shared", or one per arm id (covariates)
