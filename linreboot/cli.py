@@ -364,14 +364,26 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+# Run as written by tests/test_decision_log.py (with home.npz an exported log).
+EVALUATE_EXAMPLES = """examples:
+  linreboot evaluate --log home.npz
+  linreboot evaluate --log home.npz --policy greedy --json
+  linreboot evaluate --log home.npz --policy linucb-const --set ucb_alpha=0.5 epsilon=0.1
+  linreboot evaluate --log home.npz --policy linreboot --set spread=pooled
+  linreboot evaluate --log home.npz --policy lints-ig --set ig_alpha=1 --train-fraction 0.3
+"""
+
+
 def _add_evaluate(sub: argparse._SubParsersAction[_Parser]) -> None:
     p = sub.add_parser(
         "evaluate",
         help="estimate another policy's value from an exported log (IPS, SNIPS, DR)",
         description="Off-policy evaluation of an exported log (linreboot export --format obp): "
-        "the target policy is fitted on the log's first rounds and held fixed; its mean "
-        "reward on the other rounds is estimated by IPS, self-normalised IPS and doubly "
-        "robust (per-arm ridge reward model), each with a 95%% interval.",
+        "the target policy is fitted on the log's first rounds and held fixed (so it takes "
+        "no first pass: an arm the training rounds never tried is scored from the prior); "
+        "its mean reward on the other rounds is estimated by IPS, self-normalised IPS and "
+        "doubly robust (per-arm ridge reward model), each with a 95% interval.",
+        epilog=EVALUATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--log", type=Path, required=True, help="the .npz that export wrote")
     p.add_argument("--policy", choices=POLICIES, default=None,
@@ -380,7 +392,9 @@ def _add_evaluate(sub: argparse._SubParsersAction[_Parser]) -> None:
                    "--policy linreboot is the paper's spread: add --set spread=pooled for "
                    "the service's default")
     p.add_argument("--set", nargs="+", default=[], metavar="NAME=VALUE",
-                   help="the target's hyperparameters, e.g. --set ucb_alpha=0.5 epsilon=0.1")
+                   help="the target's hyperparameters, numbers or choices (spread=pooled, "
+                   "residuals=observed); a wrong name or value is refused in one line that "
+                   "says what the policy takes")
     p.add_argument("--train-fraction", type=float, default=0.5,
                    help="share of the log the target is fitted on (default 0.5)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

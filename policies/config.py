@@ -50,9 +50,13 @@ _PAPER_SIGMA_OMEGA: dict[Setting, dict[int, float]] = {
     "contextual": {5: 0.05, 10: 0.05, 20: 0.05},
     "covariates": {5: 1.0, 10: 1.0, 20: 0.5},
 }
-# The one sigma_omega of spread="pooled", whatever the setting (RESULTS.md,
-# "A LinReBoot that needs no tuning").
-POOLED_SIGMA_OMEGA = 0.5
+# sigma_omega of spread="pooled" (docs/DEFAULT.md, RESULTS.md "Choosing the
+# default"): the model's own posterior width (1) where the arms' features are
+# fixed, so that nothing but the draws explores, and half of it (0.5) where each
+# request brings new contexts, which explore for free.
+POOLED_SIGMA_OMEGA: dict[Setting, float] = {
+    "stochastic": 1.0, "contextual": 0.5, "covariates": 0.5,
+}
 _FALLBACK_SIGMA_OMEGA: dict[Setting, float] = {
     "stochastic": 0.5, "contextual": 0.05, "covariates": 1.0,
 }
@@ -363,8 +367,8 @@ def paper_config(name: PolicyName, setting: Setting, dim: int, **overrides: obje
     Without the paper's first pass unless ``first_pass=True`` is given (the
     reproduction gives it). ``greedy`` is LinReBoot with sigma_omega = 0; ``residuals`` defaults to
     ``current`` (Algorithm 2), the variant that measured better (BENCHMARKS.md).
-    LinReBoot with ``spread="pooled"`` takes :data:`POOLED_SIGMA_OMEGA` in
-    every setting, unless ``sigma_omega`` is given.
+    LinReBoot with ``spread="pooled"`` takes :data:`POOLED_SIGMA_OMEGA` of its
+    setting, unless ``sigma_omega`` is given.
     With ``variant="authors"`` the authors' scripts' values come first
     (:func:`authors_hyperparameters`), then ``overrides``. The paper's values
     are those of the authors' reading of the environments; for the literal
@@ -373,7 +377,7 @@ def paper_config(name: PolicyName, setting: Setting, dim: int, **overrides: obje
     if name == "greedy":
         sigma_omega = 0.0
     elif overrides.get("spread") == "pooled":
-        sigma_omega = POOLED_SIGMA_OMEGA
+        sigma_omega = POOLED_SIGMA_OMEGA[setting]
     else:
         sigma_omega = paper_sigma_omega(setting, dim)
     base = PolicyConfig(

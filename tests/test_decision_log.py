@@ -586,3 +586,30 @@ async def test_evaluate_refuses_what_it_cannot_evaluate(api: Api, tmp_path: Path
         assert done.returncode == 1, (args, done.stdout)
         assert says in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+def _help_examples() -> list[list[str]]:
+    """Every ``linreboot ...`` line of every subcommand's ``--help``, as argument lists."""
+    from linreboot.cli import build_parser
+
+    parser = build_parser()
+    subcommands = next(a for a in parser._actions if a.choices and a.dest == "command")
+    found = []
+    for name, sub in subcommands.choices.items():  # type: ignore[union-attr]
+        for line in sub.format_help().splitlines():
+            words = line.split()
+            if words[:2] == ["linreboot", name]:
+                found.append(words[1:])
+    return found
+
+
+async def test_every_help_example_runs_as_written(api: Api, tmp_path: Path) -> None:
+    """Issue 24: the examples a --help prints run, home.npz being an exported log."""
+    examples = _help_examples()
+    assert any("spread=pooled" in e for e in examples)  # the one evaluate --help prescribed
+    npz = await _evaluable_export(api, tmp_path, "covariates")
+    for words in examples:
+        assert words[0] == "evaluate", words  # the only subcommand with examples so far
+        done = _evaluate_cli(*[str(npz) if w == "home.npz" else w for w in words[1:]])
+        assert done.returncode == 0, (words, done.stderr)
+        assert "DR" in done.stdout or '"dr"' in done.stdout

@@ -98,6 +98,20 @@ def test_noise_sd_per_setting_and_reading(
     assert make_spec(setting, 5, reading=reading).noise_sd == pytest.approx(math.sqrt(variance))
 
 
+def test_a_noise_sd_replaces_the_settings_and_changes_only_the_noise() -> None:
+    """Worlds of other shapes (issue 24's test set): the same truth and contexts, the
+    noise scaled."""
+    plain = Environment(make_spec("contextual", 3, n_arms=7), seeded_rngs(4, 2))
+    loud = Environment(make_spec("contextual", 3, n_arms=7, noise=1.0), seeded_rngs(4, 2))
+    assert loud.noise_sd == 1.0 and plain.noise_sd == pytest.approx(math.sqrt(0.5))
+    np.testing.assert_array_equal(plain.theta, loud.theta)
+    np.testing.assert_array_equal(plain.contexts(), loud.contexts())
+    np.testing.assert_allclose(loud.noise(), plain.noise() / math.sqrt(0.5), rtol=1e-15)
+    for bad in (-0.1, math.inf, math.nan):
+        with pytest.raises(ValueError, match="noise"):
+            make_spec("stochastic", 3, noise=bad)
+
+
 @pytest.mark.parametrize(
     ("setting", "dim", "n_arms", "reading"),
     [

@@ -51,8 +51,10 @@ def test_the_paper_spread_is_the_default_and_keeps_section_3_3() -> None:
 
 
 def test_the_pooled_spread_is_an_option_of_linreboot_only() -> None:
-    assert paper_config("linreboot", "contextual", 5, spread="pooled").sigma_omega == 0.5
-    assert POOLED_SIGMA_OMEGA == 0.5
+    # The model's own width where the arms are fixed, half of it where contexts vary.
+    assert POOLED_SIGMA_OMEGA == {"stochastic": 1.0, "contextual": 0.5, "covariates": 0.5}
+    for setting, sigma in POOLED_SIGMA_OMEGA.items():
+        assert paper_config("linreboot", setting, 5, spread="pooled").sigma_omega == sigma
     assert paper_config("linreboot", "contextual", 5, spread="pooled",
                         sigma_omega=0.2).sigma_omega == 0.2
     with pytest.raises(ValueError, match="only linreboot"):
@@ -183,7 +185,7 @@ def test_the_paper_spread_never_tries_that_arm_again_within_the_same_bound() -> 
     per round, so below 1e-6 in the bound's rounds."""
     config = paper_config("linreboot", "stochastic", 2)
     assert config.sigma_omega == 0.5
-    assert _rounds_until_arm0(config, _bound(POOLED_SIGMA_OMEGA), seed=3) is None
+    assert _rounds_until_arm0(config, _bound(POOLED_SIGMA_OMEGA["stochastic"]), seed=3) is None
 
 
 @pytest.mark.anyio
@@ -192,7 +194,7 @@ async def test_the_service_takes_the_pooled_spread(api: Api) -> None:
     key = await api.create({**COVARIATES, "hyperparameters": {"spread": "pooled"}})
     experiment = await api.experiment("cov")
     assert experiment["config"]["spread"] == "pooled"
-    assert experiment["config"]["sigma_omega"] == POOLED_SIGMA_OMEGA
+    assert experiment["config"]["sigma_omega"] == POOLED_SIGMA_OMEGA["covariates"]
     response = await api.choose(key, {"experiment_id": "cov", "context": [0.1, 0.2, 0.3]})
     decision = response.json()
     assert response.status_code == 200 and decision["exploring"] is False

@@ -9,7 +9,8 @@ import pytest
 
 from loadtest.experiment import GridRun, write_outputs
 from loadtest.results import read_curves, recorded_rounds, summarise
-from loadtest.simulate import Cell, grid, play, play_together, run_cell
+from loadtest.environments import Environment, split_rngs
+from loadtest.simulate import Cell, Player, cell_seed, grid, play, play_together, run_cell
 from policies.config import POOLED_SIGMA_OMEGA
 from policies.ridge import BufferedStreams, standard_normals
 
@@ -170,7 +171,7 @@ def test_grid_plays_linreboot_once_per_spread_rule() -> None:
     assert [c.label for c in cells] == ["linreboot", "linreboot (spread=pooled)", "greedy"]
     paper, pooled, greedy = (c.config() for c in cells)
     assert (paper.spread, pooled.spread, greedy.spread) == ("paper", "pooled", "paper")
-    assert pooled.sigma_omega == POOLED_SIGMA_OMEGA != paper.sigma_omega
+    assert pooled.sigma_omega == POOLED_SIGMA_OMEGA["stochastic"] != paper.sigma_omega
 
 
 def test_the_authors_baselines_run_the_authors_linreboot_with_the_papers_spread_only() -> None:
@@ -263,3 +264,20 @@ def test_the_policy_benchmark_counts_the_cells_within_the_targets(
         assert f"{kind}: within {limit}x of the floor in {within} of 2 cells; " \
                f"worst {max(ratios):.2f}" in out
     assert "the grid's batched time, project / floor: " in out
+
+
+def test_a_delayed_reward_is_learnt_that_many_decisions_later() -> None:
+    """With delay D, the outcome of round t is added at the end of round t + D: after
+    t rounds the statistics hold t - D outcomes, those of the first rounds."""
+    cell = Cell("covariates", 3, "greedy", delay=5)
+    assert cell.label == "greedy (delay 5)"
+    env = Environment(cell.env_spec(1), split_rngs(cell_seed(1, cell), 3)[0])
+    player = Player.of(cell, 1, 3, 12, False)
+    for t in range(12):
+        contexts = env.contexts()
+        player.step(t, env, contexts, env.means(contexts), env.noise())
+        np.testing.assert_array_equal(player.state["n"].sum(axis=1), max(0, t + 1 - 5))
+    immediate = play(Cell("covariates", 3, "greedy"), 3, 12, seed=1)
+    assert not np.array_equal(immediate.arms, player.chosen)
+    with pytest.raises(ValueError, match="delay"):
+        play(Cell("covariates", 3, "greedy", delay=-1), 2, 3, seed=1)
