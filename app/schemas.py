@@ -261,9 +261,9 @@ class CreateExperimentIn(_Request):
     ) = Field(default=None, description="how long a decision accepts its reward (default 3600)")
     max_stale_rewards: int = Field(
         default=0, ge=0, le=MAX_STALE_REWARDS,
-        description="how many of the latest rewards a decision may not yet reflect: 0 (the "
-        "default) makes every decision reflect every reward acknowledged before its request "
-        "arrived; more lets a "
+        description="how many of the latest outcomes (rewards and default rewards applied) "
+        "a decision may not yet reflect: 0 (the default) makes every decision reflect every "
+        "reward acknowledged and default applied before its request arrived; more lets a "
         "worker keep its copy of the statistics longer (faster under heavy reward traffic)",
     )
     default_reward: Feature | None = Field(
@@ -724,7 +724,8 @@ class LogEntryOut(BaseModel):
         default=None, description="probability of choosing this arm; null if not recorded")
     version: int | None = Field(default=None, description="definition version it was made at")
     rewards_seen: int | None = Field(
-        default=None, description="the rewards counter of the statistics it was made from")
+        default=None, description="the outcomes of the statistics it was made from (rewards "
+        "and default rewards applied)")
     reward: float | None = Field(default=None, description="an outcome's reward")
 
     @classmethod

@@ -147,8 +147,9 @@ class _Prepared:
 class View:
     """What this worker last read of an experiment: its definition and statistics.
 
-    ``version`` and ``rewards`` say when the statistics were read: ``decide.lua``
-    records a decision made from this view only while both are still current.
+    ``version`` and ``rewards`` (the outcomes counter: rewards and default
+    rewards applied) say when the statistics were read: ``decide.lua`` records
+    a decision made from this view only while both are still current.
     """
 
     definition: Definition
@@ -156,7 +157,8 @@ class View:
     rewards: int
     last_number: int  # the highest decision number this worker has seen
     state: State  # every arm, in registration order (ArmRecord.index)
-    behind: int = 0  # rewards this worker applied since the statistics were read
+    # outcomes (rewards, defaults) this worker applied since the statistics were read
+    behind: int = 0
     # The stored sums held `folded` outcomes, and the view added the next
     # `applied` (service.folding); `raw` is `state` before an experiment that
     # forgets is aged to its clock (None: `state` itself). What catching up
@@ -319,7 +321,7 @@ class ExperimentService:
         self.persistence_warnings: list[str] = []
         self.upgraded: list[str] = []  # experiments brought up to date at start-up
         self.upgrade_failures: list[str] = []  # "id: reason" for those that could not be
-        self._sweeper = Sweeper(store, settings.sweep_interval_seconds, self.fold_if_due)
+        self._sweeper = Sweeper(store, settings.sweep_interval_seconds, self._defaults_applied)
 
     @classmethod
     async def open(cls, settings: Settings) -> ExperimentService:
@@ -640,6 +642,15 @@ class ExperimentService:
             view.behind += applied
         await self.fold_if_due(experiment_id, reply.counter, applied)
         return outcomes
+
+    async def _defaults_applied(self, experiment_id: str, counter: int, defaulted: int) -> None:
+        """The sweeper applied ``defaulted`` default rewards: this worker's view is
+        behind by as many (the next decision reads first), and the sums may be due
+        to be written back."""
+        view = self._views.get(experiment_id)
+        if view is not None:
+            view.behind += defaulted
+        await self.fold_if_due(experiment_id, counter, defaulted)
 
     async def fold_if_due(self, experiment_id: str, counter: int, recorded: int) -> None:
         """Write the sums back (:mod:`service.folding`) when the ``recorded`` outcomes

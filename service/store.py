@@ -176,7 +176,8 @@ def _snapshot(
     meta: Mapping[str, str], raw_stats: Mapping[bytes, bytes], outcomes: bytes
 ) -> Snapshot:
     stats = {_text(k): v for k, v in raw_stats.items()}
-    return Snapshot(int(meta["version"]), int(stats.get(keys.REWARDS, 0)), stats,
+    applied = int(stats.get(keys.REWARDS, 0)) + int(stats.get(keys.DEFAULTED, 0))
+    return Snapshot(int(meta["version"]), applied, stats,
                     unfolded=tuple(split_records(outcomes)[0]))
 
 
@@ -324,7 +325,9 @@ class Snapshot:
     """An experiment's statistics as one script saw them."""
 
     version: int  # the meta version (changes when arms are added or retired)
-    rewards: int  # rewards applied: changes whenever the statistics do
+    # Outcomes applied, rewards and default rewards (counters rewards + defaulted):
+    # changes whenever the statistics do.
+    rewards: int
     stats: dict[str, bytes]  # the stats hash: packed sums and counters
     # Outcomes applied but not yet in the sums (keys.outcomes), oldest first:
     # the statistics are the sums with these added (service.folding).
@@ -337,7 +340,7 @@ class Progress:
 
     incarnation: str
     version: int
-    rewards: int
+    rewards: int  # outcomes applied, rewards and default rewards (as Snapshot.rewards)
     decision_seq: int
     folded: int  # outcomes in the sums
     unfolded: tuple[bytes, ...]  # the records after them, oldest first
@@ -832,8 +835,8 @@ class Store:
     ) -> DecideReply:
         """Record a pending decision if the statistics it was made from are current.
 
-        ``seen`` is the (version, rewards) the decision was made at; None records
-        it whatever they are now; ``max_lag`` rewards applied since ``seen`` are
+        ``seen`` is the (version, outcomes counter) the decision was made at; None
+        records it whatever they are now; ``max_lag`` outcomes applied since ``seen`` are
         tolerated. ``number`` is the decision number its random
         draw used (None: the script assigns one); ``reserved`` says an earlier
         stale reply set it aside. ``key_hash`` None skips the key check (trusted

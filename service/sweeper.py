@@ -50,12 +50,13 @@ class Sweeper:
 
     def __init__(
         self, store: Store, interval: float,
-        fold_if_due: Callable[[str, int, int], Awaitable[None]] | None = None,
+        applied: Callable[[str, int, int], Awaitable[None]] | None = None,
     ) -> None:
         self._store = store
         # Called after each call that applied defaults: (experiment, defaulted
-        # counter, defaults applied); see service.folding.
-        self._fold_if_due = fold_if_due
+        # counter, defaults applied): the caller's views are behind by as many, and
+        # its sums may be due to be written back (service.folding).
+        self._applied = applied
         self._interval = interval
         self._task: asyncio.Task[None] | None = None
         self._random = random.Random()
@@ -101,8 +102,8 @@ class Sweeper:
                 return
             swept.defaulted += reply.defaulted
             swept.missed += reply.missed
-            if reply.defaulted and self._fold_if_due is not None:
-                await self._fold_if_due(experiment_id, reply.counter, reply.defaulted)
+            if reply.defaulted and self._applied is not None:
+                await self._applied(experiment_id, reply.counter, reply.defaulted)
             entries = reply.due
             if not entries:
                 return

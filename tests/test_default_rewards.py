@@ -511,3 +511,38 @@ async def test_stop_ends_the_sweeper_even_if_a_sweep_swallows_the_cancellation()
     sweeper.start()
     await asyncio.sleep(0.05)  # inside the sweep
     await asyncio.wait_for(sweeper.stop(), timeout=5)
+
+
+@pytest.mark.parametrize("sweeper", ["same worker", "other worker"])
+async def test_decisions_after_defaults_are_those_after_equal_rewards(
+    service: ExperimentService, other_service: ExperimentService, sweeper: str
+) -> None:
+    """Issue 25: a default changes the statistics as a reward does, so it makes every
+    view stale as a reward does. Two seeded experiments with the same arms: in one,
+    rounds of decisions end in the default (5) for each; in the other each is rewarded
+    5. Decision n draws from the same seed in both, so every decision (arm,
+    propensity, index) and what its log entry says it saw must be the same; before the
+    fix the first experiment kept deciding from a view without the defaults."""
+    arms = (ArmSpec("x", (1.0, 0.0)), ArmSpec("y", (0.0, 1.0)))
+    common = {"setting": "stochastic", "dim": 2, "arms": arms, "policy": "greedy",
+              "seed": 7, "reward_window_seconds": WINDOW, "log_max_entries": 1000}
+    await service.create(ExperimentSpec(id="defaults", default_reward=5.0, **common))
+    await service.create(ExperimentSpec(id="rewards", **common))
+    sweeping = service if sweeper == "same worker" else other_service
+    seen: dict[str, list[tuple[str, float, float | None]]] = {"defaults": [], "rewards": []}
+    for _ in range(4):
+        made = {name: [await service.choose(name, ChooseRequest()) for _ in range(4)]
+                for name in seen}
+        for name, decisions in made.items():
+            seen[name] += [(d.arm_id, d.propensity, d.index) for d in decisions]
+        await service.reward("rewards", [(d.decision_id, 5.0) for d in made["rewards"]])
+        await until_windows_end()
+        assert await sweeping.sweep() == 4
+    assert seen["defaults"] == seen["rewards"]
+    assert len({arm for arm, _, _ in seen["defaults"][4:]}) >= 1
+    counted = [await service.get(name) for name in seen]
+    assert [(v.rewards, v.defaulted, v.decisions) for v in counted] == [(0, 16, 16),
+                                                                         (16, 0, 16)]
+    logs = {name: [e.rewards_seen for e in await whole_log(service, name)
+                   if e.type == "decision"] for name in seen}
+    assert logs["defaults"] == logs["rewards"] == [0] * 4 + [4] * 4 + [8] * 4 + [12] * 4

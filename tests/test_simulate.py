@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from loadtest.environments import Environment, split_rngs
 from loadtest.experiment import GridRun, write_outputs
 from loadtest.results import read_curves, recorded_rounds, summarise
-from loadtest.environments import Environment, split_rngs
 from loadtest.simulate import Cell, Player, cell_seed, grid, play, play_together, run_cell
 from policies.config import POOLED_SIGMA_OMEGA
 from policies.ridge import BufferedStreams, standard_normals

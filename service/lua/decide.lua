@@ -2,8 +2,9 @@
 --
 -- KEYS[1]  meta hash      lrb:{exp}:meta   (incarnation, key_hash, version, default_reward,
 --                          log_max_entries, log_max_age_seconds)
--- KEYS[2]  stats hash     lrb:{exp}:stats  (packed sums; counters rewards, decision_seq, decisions;
---                          the sums with KEYS[6]'s outcomes added are the statistics)
+-- KEYS[2]  stats hash     lrb:{exp}:stats  (packed sums; counters rewards, defaulted,
+--                          decision_seq, decisions; the sums with KEYS[6]'s outcomes
+--                          added are the statistics)
 -- KEYS[3]  decision record lrb:{exp}:decision:<id>  (a fresh id per attempt; a string,
 --          whose format outcomes.lua describes)
 -- KEYS[4]  pending list   lrb:{exp}:pending  ("<deadline> <id>" per decision, in deadline order)
@@ -12,14 +13,14 @@
 -- ARGV[1]  SHA-256 (hex) of the caller's API key; '' for a trusted in-process caller
 -- ARGV[2]  the incarnation the worker's definition belongs to
 -- ARGV[3]  the meta version the worker's statistics were read at; '' accepts any
--- ARGV[4]  the rewards counter they were read at; '' accepts any
+-- ARGV[4]  the outcomes counter (rewards + defaulted) they were read at; '' accepts any
 -- ARGV[5]  the decision number the random draw used; '' when the draw used none
 --          (an unseeded experiment: the script assigns the next number)
 -- ARGV[6]  '1' when ARGV[5] was reserved by an earlier 'stale' reply, '0' when
 --          it is the worker's prediction (it must then be the next number)
 -- ARGV[7]  the reward window in seconds
--- ARGV[8]  how many rewards the statistics may lag behind (the experiment's
---          max_stale_rewards; 0: none)
+-- ARGV[8]  how many outcomes (rewards or default rewards) the statistics may lag
+--          behind (the experiment's max_stale_rewards; 0: none)
 -- ARGV[9]  the grace period in seconds: with a default reward a decision lives
 --          this much longer than its window, so that settle.lua can still
 --          apply the default after a pause of the service, and then recognise
@@ -37,8 +38,9 @@
 --   {'recorded', number}  the decision is recorded (also when an earlier call whose
 --                         reply was lost recorded it: it may be rewarded or settled
 --                         since)
---   {'stale', version, rewards, reserved number or '', outcomes, 'full', field, value, ...}
---   {'stale', version, rewards, reserved number or '', outcomes, 'partial', folded,
+--   {'stale', version, outcomes counter, reserved number or '', outcomes, 'full', field,
+--    value, ...}
+--   {'stale', version, outcomes counter, reserved number or '', outcomes, 'partial', folded,
 --    decision_seq}
 --                         nothing recorded (also when the experiment is another
 --                         incarnation than ARGV[2]): the current statistics
@@ -70,8 +72,11 @@ if existing then  -- recorded by an earlier call whose reply was lost
   return {'recorded', tonumber(string.match(existing, '^.[^\n]*\n([^\n]*)'))}
 end
 
-local counters = redis.call('HMGET', KEYS[2], 'rewards', 'decision_seq', 'folded', 'decisions')
-local rewards, seq = counters[1] or '0', tonumber(counters[2] or '0')
+local counters = redis.call('HMGET', KEYS[2], 'rewards', 'decision_seq', 'folded', 'decisions',
+                            'defaulted')
+-- Outcomes applied, rewards and default rewards alike: either changes the statistics.
+local rewards = tostring(tonumber(counters[1] or '0') + tonumber(counters[5] or '0'))
+local seq = tonumber(counters[2] or '0')
 local number = ARGV[5]
 -- Another incarnation (deleted and created again meanwhile) is always stale.
 local redefined = meta[1] ~= ARGV[2] or (ARGV[3] ~= '' and ARGV[3] ~= meta[3])

@@ -2,16 +2,18 @@
 -- catch up, without the sums (the stats hash's blobs: the bulk of a read).
 --
 -- KEYS[1]  meta hash   lrb:{exp}:meta     (incarnation, version)
--- KEYS[2]  stats hash  lrb:{exp}:stats    (counters rewards, decision_seq, folded)
+-- KEYS[2]  stats hash  lrb:{exp}:stats    (counters rewards, defaulted, decision_seq, folded)
 -- KEYS[3]  outcomes    lrb:{exp}:outcomes (records not yet in the sums: outcomes.lua)
 --
 -- Returns {} when the experiment does not exist, else {incarnation, version,
--- rewards, decision_seq, folded, outcomes}, read together. It writes nothing.
+-- outcomes counter (rewards + defaulted), decision_seq, folded, outcomes}, read
+-- together. It writes nothing.
 
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'version')
 if not meta[1] then
   return {}
 end
-local counters = redis.call('HMGET', KEYS[2], 'rewards', 'decision_seq', 'folded')
-return {meta[1], meta[2], counters[1] or '0', counters[2] or '0', counters[3] or '0',
+local counters = redis.call('HMGET', KEYS[2], 'rewards', 'decision_seq', 'folded', 'defaulted')
+local outcomes = tonumber(counters[1] or '0') + tonumber(counters[4] or '0')
+return {meta[1], meta[2], tostring(outcomes), counters[2] or '0', counters[3] or '0',
         redis.call('GET', KEYS[3]) or ''}
