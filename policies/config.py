@@ -17,10 +17,10 @@ PolicyName = Literal[
 ]
 Residuals = Literal["current", "observed"]
 # How LinReBoot sizes each arm's bootstrap spread. "paper": Section 3.3,
-# ``sigma_omega sqrt(RSS_k) / s_k`` after one forced pull of every arm (the
-# paper's algorithm, with its tuned sigma_omega). "pooled": no forced pull, a
-# pseudo-residual of the variance pooled over the arms, and a cap from the
-# shared model (policies.indices.pooled_scale), with one sigma_omega.
+# ``sigma_omega sqrt(RSS_k) / s_k`` (the paper's algorithm, with its tuned
+# sigma_omega; none for an arm never pulled). "pooled": a pseudo-residual of the
+# variance pooled over the arms, and a cap from the model's own uncertainty
+# (policies.indices.pooled_scale), with sigma_omega per setting (POOLED_SIGMA_OMEGA).
 Spread = Literal["paper", "pooled"]
 # "project": the textbook form of each baseline (the default, and the only one
 # the service offers); "authors": as the paper's authors' experiment code runs

@@ -186,12 +186,13 @@ def pooled_scale(state: State, rss: Array, leverage: Array) -> Array:
     the first is the paper's ``sqrt(RSS_k) / s_k`` with the pseudo-residual
     (one more pull), the second the model's own uncertainty about
     ``x_k' theta``. With one theta shared by many arms the second is far
-    smaller than what an arm's few pulls suggest, and keeps one sigma_omega
-    right in every setting (RESULTS.md). ``v_0 = (SS + 1) / (n + 1)``, with
-    ``SS`` the rewards' sum of squares about their model's mean and ``n`` the
-    rewards so far: their variance, with one pseudo-reward of unit deviation
-    so that it is positive even when every reward so far was the same (its
-    weight in ``v`` falls as ``1 / n^2``). No arm needs a first pull.
+    smaller than what an arm's few pulls suggest: sigma_omega then sets the
+    width in units of the model's posterior sd (docs/DEFAULT.md).
+    ``v_0 = (SS + 1) / (n + 1)``, with ``SS`` the rewards' sum of squares
+    about their model's mean and ``n`` the rewards so far: their variance,
+    with one pseudo-reward of unit deviation so that it is positive even when
+    every reward so far was the same (its weight in ``v`` falls as
+    ``1 / n^2``). No arm needs a first pull.
     """
     n, deviations, squares = state["n"], state["sum_dy"], state["sum_dy2"]
     within = squares - deviations**2 / np.where(n > 0, n, np.inf)  # 0 where n is 0

@@ -524,10 +524,10 @@ async def test_decisions_after_defaults_are_those_after_equal_rewards(
     propensity, index) and what its log entry says it saw must be the same; before the
     fix the first experiment kept deciding from a view without the defaults."""
     arms = (ArmSpec("x", (1.0, 0.0)), ArmSpec("y", (0.0, 1.0)))
-    common = {"setting": "stochastic", "dim": 2, "arms": arms, "policy": "greedy",
-              "seed": 7, "reward_window_seconds": WINDOW, "log_max_entries": 1000}
-    await service.create(ExperimentSpec(id="defaults", default_reward=5.0, **common))
-    await service.create(ExperimentSpec(id="rewards", **common))
+    for name, default in (("defaults", 5.0), ("rewards", None)):
+        await service.create(ExperimentSpec(
+            id=name, setting="stochastic", dim=2, arms=arms, policy="greedy", seed=7,
+            reward_window_seconds=WINDOW, log_max_entries=1000, default_reward=default))
     sweeping = service if sweeper == "same worker" else other_service
     seen: dict[str, list[tuple[str, float, float | None]]] = {"defaults": [], "rewards": []}
     for _ in range(4):
