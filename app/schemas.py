@@ -41,7 +41,23 @@ MAX_SEED = 2**63 - 1
 MAX_STALE_REWARDS = 1_000_000
 MAX_LOG_ENTRIES = 1_000_000_000
 MAX_LOG_AGE_SECONDS = 366 * 24 * 3600
-LOG_ENTRY_ID_PATTERN = r"^[0-9]{1,20}-[0-9]{1,20}$"
+def _at_most(bound: int) -> str:
+    """A pattern (no look-ahead: pydantic's engine has none) of the whole numbers from 0
+    to ``bound``, leading zeros allowed up to ``bound``'s number of digits."""
+    digits = str(bound)
+    shorter = f"[0-9]{{1,{len(digits) - 1}}}"
+    same = []
+    for i, digit in enumerate(map(int, digits)):
+        rest = len(digits) - i - 1
+        if digit:
+            same.append(digits[:i] + (f"[0-{digit - 1}]" if digit > 1 else "0")
+                        + (f"[0-9]{{{rest}}}" if rest else ""))
+    return "(?:" + "|".join([shorter, *same, digits]) + ")"
+
+
+# A Redis stream entry id: two unsigned 64-bit integers, "<ms>-<seq>".
+_U64 = _at_most(2**64 - 1)
+LOG_ENTRY_ID_PATTERN = rf"^{_U64}-{_U64}$"
 
 ExperimentId = Annotated[
     str,

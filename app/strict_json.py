@@ -34,6 +34,7 @@ _NON_FINITE = "non-finite numbers are not allowed; send finite JSON numbers"
 _TOO_MANY_DIGITS = (
     f"an integer has more than {sys.get_int_max_str_digits()} digits; no field takes one that long"
 )
+_TOO_LARGE = "an integer is beyond 1.8e308, the largest number any field takes"
 _NOT_JSON = "the body must be JSON: send it with Content-Type: application/json"
 
 
@@ -42,6 +43,10 @@ class _NonFinite(ValueError):
 
 
 class _TooManyDigits(ValueError):
+    pass
+
+
+class _TooLarge(ValueError):
     pass
 
 
@@ -58,9 +63,15 @@ def _finite_float(text: str) -> float:
 
 def _bounded_int(text: str) -> int:
     try:
-        return int(text)
+        value = int(text)
     except ValueError:  # longer than sys.get_int_max_str_digits() (4300 by default)
         raise _TooManyDigits from None
+    if len(text) > 300:  # a float field would say only "not a valid number"
+        try:
+            float(value)
+        except OverflowError:
+            raise _TooLarge from None
+    return value
 
 
 def loads_strict(data: bytes | str) -> Any:
@@ -85,6 +96,8 @@ def loads_strict(data: bytes | str) -> Any:
         raise json.JSONDecodeError("the document is nested too deeply", "", 0) from None
     except _TooManyDigits:
         raise json.JSONDecodeError(_TOO_MANY_DIGITS, "", 0) from None
+    except _TooLarge:
+        raise json.JSONDecodeError(_TOO_LARGE, "", 0) from None
     except ValueError:  # bytes that are not UTF-8 (nor UTF-16/32)
         raise json.JSONDecodeError("not valid UTF-8 JSON", "", 0) from None
 

@@ -683,14 +683,20 @@ class ExperimentService:
     async def read_log(
         self, experiment_id: str, after: str | None = None, limit: int = 100
     ) -> tuple[builtins.list[LogEntry], str | None]:
-        """Up to ``limit`` decision-log entries after the entry id ``after``, oldest first;
-        and the entry id to go on from (None on the last page)."""
+        """Up to ``limit`` decision-log entries after the entry id ``after``, oldest first,
+        and at most about ``LINREBOOT_LOG_PAGE_MAX_BYTES`` of them (at least one); and
+        the entry id to go on from (None on the last page). The entries are decoded in
+        a thread: a page of large contexts does not hold up the event loop."""
         if after is not None and not _valid_entry_id(after):
             raise InvalidInput("after must be an entry_id from the log")
         definition = await self._definition(experiment_id)
-        raw = await self._store.read_log(experiment_id, after, limit)
-        entries = [_log_entry(definition, entry_id, fields) for entry_id, fields in raw]
-        return entries, (raw[-1][0] if len(raw) == limit else None)
+        if after is not None and _last_entry_id(after):
+            return [], None
+        raw, more = await self._store.read_log(experiment_id, after, limit,
+                                               self._settings.log_page_max_bytes)
+        entries = await asyncio.to_thread(
+            lambda: [_log_entry(definition, entry_id, fields) for entry_id, fields in raw])
+        return entries, (raw[-1][0] if more and raw else None)
 
     # -- helpers ----------------------------------------------------------
 
@@ -943,9 +949,9 @@ def _candidates(
         if any(not a.active for a in pool):
             raise InvalidInput("eligible names a retired arm")
     elif spec.setting == "contextual" and request.arm_contexts:
-        pool = [by_id[i] for i in request.arm_contexts]
-        if any(not a.active for a in pool):
-            raise InvalidInput("arm_contexts names a retired arm")
+        # A retired arm's context is ignored: clients may send it until they learn of
+        # the retirement (no coordinated deploy needed).
+        pool = [by_id[i] for i in request.arm_contexts if by_id[i].active]
     else:
         pool = definition.active_arms
     excluded = set(request.excluded)
@@ -1083,9 +1089,13 @@ def _decision_record(view: View, arm: ArmRecord, x: bytes, propensity: float) ->
 def _valid_entry_id(text: str) -> bool:
     """A Redis stream entry id: two unsigned 64-bit integers, "<ms>-<seq>"."""
     ms, _, seq = text.partition("-")
-    if not all(part.isdigit() and part.isascii() and int(part) < 2**64 for part in (ms, seq)):
-        return False
-    return not int(ms) == int(seq) == 2**64 - 1  # nothing can follow the last id
+    return all(part.isdigit() and part.isascii() and int(part) < 2**64 for part in (ms, seq))
+
+
+def _last_entry_id(text: str) -> bool:
+    """The largest entry id there is: nothing can follow it."""
+    ms, _, seq = text.partition("-")
+    return int(ms) == int(seq) == 2**64 - 1
 
 
 def index_ranges(indexes: Sequence[int]) -> str:

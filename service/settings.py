@@ -81,6 +81,11 @@ class Settings(BaseSettings):
         default=7 * 24 * 3600, ge=1,
         description="decision log age of an experiment that does not set log_max_age_seconds",
     )
+    log_page_max_bytes: int = Field(
+        default=4_000_000, ge=10_000,
+        description="a decision-log page holds entries up to about this many bytes of JSON "
+        "(at least one entry), whatever its limit; its next_after says where to go on",
+    )
     view_cache_bytes: int = Field(
         default=256 * 2**20, ge=0,
         description="per worker: statistics kept in memory for the most recently used "

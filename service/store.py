@@ -114,6 +114,17 @@ def _connection_race(exc: AttributeError) -> bool:
     return tb is not None and tb.tb_frame.f_code.co_filename.startswith(_REDIS_PACKAGE)
 
 
+# uvloop's (and asyncio's) refusal to write on a transport that redis-py closed
+# under the command, as it does to a failed-over master's connections:
+# "unable to perform operation on <TCPTransport closed=True ...>; the handler
+# is closed". A dropped connection: the command may or may not have run.
+_CLOSED_TRANSPORT = re.compile(r"unable to perform operation on .*(closed|is closing)")
+
+
+def _closed_transport(exc: RuntimeError) -> bool:
+    return bool(_CLOSED_TRANSPORT.search(str(exc)))
+
+
 def _out_of_memory(exc: ResponseError) -> bool:
     """Redis refused a write for lack of memory (maxmemory reached, noeviction).
 
@@ -139,6 +150,10 @@ def _call(fn: StoreMethod[P, T], *, bounded: bool) -> StoreMethod[P, T]:
             raise StoreUnavailable(_UNAVAILABLE_MESSAGE) from exc
         except AttributeError as exc:
             if _connection_race(exc):
+                raise StoreUnavailable(_UNAVAILABLE_MESSAGE) from exc
+            raise
+        except RuntimeError as exc:
+            if _closed_transport(exc):
                 raise StoreUnavailable(_UNAVAILABLE_MESSAGE) from exc
             raise
         except ResponseError as exc:
@@ -179,6 +194,19 @@ def _snapshot(
     applied = int(stats.get(keys.REWARDS, 0)) + int(stats.get(keys.DEFAULTED, 0))
     return Snapshot(int(meta["version"]), applied, stats,
                     unfolded=tuple(split_records(outcomes)[0]))
+
+
+_LOG_FIRST_READ = 16  # entries of a log page's first read; the next are sized by them
+
+
+def log_entry_json_bytes(fields: Mapping[str, bytes]) -> int:
+    """About how many bytes an entry takes as JSON: packed float64 fields (contexts)
+    3 times theirs (a float is written in up to 24 characters), text as it is, and a
+    constant for names and punctuation."""
+    total = 200
+    for name, value in fields.items():
+        total += len(value) * (3 if name in ("x", "contexts") else 1) + len(name)
+    return total
 
 
 _UPGRADE_ATTEMPTS = 50
@@ -970,11 +998,34 @@ class Store:
 
     @_translated
     async def read_log(
-        self, experiment_id: str, after: str | None, limit: int
-    ) -> list[tuple[str, dict[str, bytes]]]:
+        self, experiment_id: str, after: str | None, limit: int, max_bytes: int | None = None
+    ) -> tuple[list[tuple[str, dict[str, bytes]]], bool]:
         """Up to ``limit`` entries of the decision log after the entry id ``after``
-        (from the start if None), oldest first: (entry id, fields)."""
-        start = "-" if after is None else f"({after}"
-        entries = await self._client.xrange(keys.log(experiment_id), start, "+", count=limit)
-        return [(_text(entry_id), {_text(k): v for k, v in fields.items()})
-                for entry_id, fields in entries]
+        (from the start if None), oldest first: (entry id, fields); and whether the
+        log may go on after them.
+
+        With ``max_bytes``, entries stop once their JSON would pass about that many
+        bytes (at least one entry): they are read a few at a time, each read sized
+        by the entries before it, so that a log of entries with every arm's context
+        (megabytes each) is never read a thousand at a time.
+        """
+        found: list[tuple[str, dict[str, bytes]]] = []
+        spent, count = 0, limit if max_bytes is None else min(limit, _LOG_FIRST_READ)
+        while True:
+            start = "-" if after is None else f"({after}"
+            chunk = await self._client.xrange(keys.log(experiment_id), start, "+", count=count)
+            for entry_id, fields in chunk:
+                entry = (_text(entry_id), {_text(k): v for k, v in fields.items()})
+                size = log_entry_json_bytes(entry[1])
+                if found and max_bytes is not None and spent + size > max_bytes:
+                    return found, True
+                found.append(entry)
+                spent += size
+            if len(chunk) < count:
+                return found, False
+            if len(found) == limit:
+                return found, True
+            after = found[-1][0]
+            assert max_bytes is not None  # else the first read took `limit` entries
+            each = max(1, spent // len(found))
+            count = max(1, min(limit - len(found), (max_bytes - spent) // each + 1))

@@ -306,6 +306,27 @@ async def test_add_and_retire_arms(api: Api) -> None:
         assert (await api.choose(key, COV_CONTEXT)).json()["arm_id"] == "b"
 
 
+async def test_a_retired_arms_context_is_ignored_not_refused(api: Api) -> None:
+    """Issue 25: a client that still sends a retired arm's context (it has not learnt of
+    the retirement yet) gets a decision among the active arms, not a 422; an unknown
+    arm's context, or contexts of retired arms only, are still refused."""
+    key = await api.create(CONTEXTUAL)
+    retired = await api.http.post("/experiments/ctx/arms/retire", json={"arm_ids": ["c"]},
+                                  headers=ADMIN)
+    assert retired.status_code == 200
+    every = {"a": [1.0, 0.0], "b": [0.0, 1.0], "c": [5.0, 5.0]}
+    for _ in range(5):
+        response = await api.choose(key, {"experiment_id": "ctx", "arm_contexts": every})
+        assert response.status_code == 200, response.text
+        assert response.json()["arm_id"] in ("a", "b")
+    only_retired = await api.choose(key, {"experiment_id": "ctx",
+                                          "arm_contexts": {"c": [1.0, 1.0]}})
+    assert only_retired.status_code == 422 and "no arm is eligible" in only_retired.text
+    unknown = await api.choose(key, {"experiment_id": "ctx",
+                                     "arm_contexts": {**every, "z": [1.0, 1.0]}})
+    assert unknown.status_code == 422
+
+
 async def test_unknown_experiment_is_404_for_management(api: Api) -> None:
     for method, path, body in [
         ("GET", "/experiments/ghost", None),

@@ -106,6 +106,8 @@ CHOOSE_CASES: list[Case] = [
     ("deeply nested", "[" * 100_000 + "]" * 100_000, 422, ("invalid json",), ()),
     ("5,001-digit integer", _choose(f"[0.5, {'7' * 5001}, 0.25]"), 422,
      ("more than 4300 digits",), ("UTF-8", "7" * 20)),
+    ("401-digit integer (beyond a float, within Python's int limit)",
+     _choose(f"[0.5, {'7' * 401}, 0.25]"), 422, ("beyond 1.8e308",), ("7" * 20,)),
     ("5,001-digit seed in a field of ints", _choose("[0.5, 0.5, 0.5]", f', "seed": -{"7" * 5001}'),
      422, ("more than 4300 digits",), ("UTF-8", "7" * 20)),
     ("not UTF-8", '{"experiment_id": "cov", "context": [0.5, 0.5, 0.5], "x": "\udcff"}', 422,

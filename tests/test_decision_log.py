@@ -288,7 +288,7 @@ async def test_the_log_pages_over_http(api: Api) -> None:
     ({"after": "abc"}, 422),
     ({"after": "1-2-3"}, 422),
     ({"after": "18446744073709551616-0"}, 422),  # 2**64: beyond a stream id
-    ({"after": "18446744073709551615-18446744073709551615"}, 422),  # nothing follows it
+    ({"after": "99999999999999999999-0"}, 422),  # 20 digits, beyond it too
     ({"limit": 0}, 422),
     ({"limit": 1001}, 422),
 ])
@@ -298,6 +298,31 @@ async def test_bad_log_pages_are_refused(api: Api, params: dict[str, Any], statu
     response = await api.http.get("/experiments/pages/log", params=params, headers=ADMIN)
     assert response.status_code == status, response.text
     assert response.json()["error"] == "invalid_input"
+
+
+async def test_the_published_entry_id_pattern_is_what_the_route_takes(api: Api) -> None:
+    """Issue 25: the OpenAPI pattern of ``after`` took 20-digit values above 2^64 - 1
+    that the route then refused. Every id it matches is now answered with a page (the
+    largest, after which nothing can come, with an empty one), every other with 422."""
+    import re
+
+    await api.create({"id": "pages", "setting": "covariates", "dim": 2,
+                      "arms": [{"id": a} for a in ARMS]})
+    schema = (await api.http.get("/openapi.json")).json()
+    parameters = schema["paths"]["/experiments/{experiment_id}/log"]["get"]["parameters"]
+    after = next(p for p in parameters if p["name"] == "after")["schema"]
+    pattern = re.compile(next(s for s in after["anyOf"] if "pattern" in s)["pattern"])
+    top = str(2**64 - 1)
+    for ms, seq in ((top, top), (top, "0"), ("0" * 20, "7"), ("1" + "0" * 19, "1"),
+                    (str(2**64), "0"), (top + "0", "0"), ("19" + "0" * 18, "0")):
+        text = f"{ms}-{seq}"
+        matched = bool(pattern.fullmatch(text))
+        assert matched == (int(ms) < 2**64 and int(seq) < 2**64 and len(ms) <= 20), text
+        response = await api.http.get("/experiments/pages/log", params={"after": text},
+                                      headers=ADMIN)
+        assert response.status_code == (200 if matched else 422), (text, response.text)
+        if matched:
+            assert response.json() == {"entries": [], "next_after": None}
 
 
 async def test_the_log_of_a_missing_experiment_is_404_and_needs_the_admin_token(
@@ -613,3 +638,56 @@ async def test_every_help_example_runs_as_written(api: Api, tmp_path: Path) -> N
         done = _evaluate_cli(*[str(npz) if w == "home.npz" else w for w in words[1:]])
         assert done.returncode == 0, (words, done.stderr)
         assert "DR" in done.stdout or '"dr"' in done.stdout
+
+
+async def test_a_page_is_bounded_by_bytes_and_says_where_to_go_on(redis_db: str) -> None:
+    """Issue 25: with every arm's context logged, a page of 1,000 entries was 85 MB.
+    A page stops at about LINREBOOT_LOG_PAGE_MAX_BYTES of JSON (at least one entry), its
+    next_after goes on, and the pages together are the whole log; Redis is read a few
+    entries at a time, not 1,000."""
+    n_arms, dim, decisions = 120, 16, 24
+    entry_bytes = n_arms * dim * 8 * 3  # an entry's contexts as JSON, about
+    settings = Settings(redis_url=redis_db, admin_token=SecretStr(ADMIN_TOKEN),
+                        sweep_interval_seconds=60, log_page_max_bytes=3 * entry_bytes)
+    service = await ExperimentService.open(settings)
+    monitor = redis.Redis.from_url(redis_db)
+    try:
+        arms = tuple(ArmSpec(f"arm{i}") for i in range(n_arms))
+        await service.create(ExperimentSpec(id="wide", setting="contextual", dim=dim, arms=arms,
+                                            log_max_entries=1000, log_all_contexts=True))
+        rng = np.random.default_rng(8)
+        for _ in range(decisions):
+            contexts = {a.id: tuple(rng.normal(size=dim).tolist()) for a in arms}
+            await service.choose("wide", ChooseRequest(arm_contexts=contexts))
+        monitor.config_resetstat()
+        pages, after = [], None
+        while True:
+            page, after = await service.read_log("wide", after, limit=1000)
+            pages.append(page)
+            if after is None:
+                break
+        stats: dict[str, Any] = monitor.info("commandstats")  # type: ignore[assignment]
+        calls = int(stats["cmdstat_xrange"]["calls"])
+    finally:
+        monitor.close()
+        await service.close()
+    sizes = [len(p) for p in pages]
+    assert sum(sizes) == decisions and all(1 <= s <= 3 for s in sizes), sizes
+    ids = [e.decision_id for p in pages for e in p]
+    assert len(set(ids)) == decisions  # the pages, in order, are the whole log once
+    # The first read of a page takes 16 entries at most, the next are sized by them.
+    assert calls <= 2 * len(pages) + 1, (calls, len(pages))
+
+
+async def test_a_page_smaller_than_its_limit_still_ends_the_log(service: ExperimentService
+                                                                 ) -> None:
+    await service.create(ExperimentSpec(id="short", setting="covariates", dim=2,
+                                        arms=(ArmSpec("a"), ArmSpec("b")),
+                                        log_max_entries=100))
+    for _ in range(3):
+        await service.choose("short", ChooseRequest(context=(0.5, 1.0)))
+    page, after = await service.read_log("short", None, limit=10)
+    assert len(page) == 3 and after is None
+    page, after = await service.read_log("short", None, limit=3)
+    assert len(page) == 3 and after == page[-1].entry_id  # the limit reached: maybe more
+    assert await service.read_log("short", after, limit=3) == ([], None)

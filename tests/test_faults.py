@@ -449,3 +449,41 @@ async def test_a_connection_closed_under_the_client_is_a_503_not_a_500(
             await store.list_ids()
     finally:
         await store.close()
+
+
+def test_a_transport_closed_under_a_command_is_a_503_under_uvloop(
+    redis_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 25: in a cluster failover redis-py closes the connections of the node that
+    failed while commands still write to them, and uvloop (the event loop uvicorn runs)
+    raises ``RuntimeError: unable to perform operation on <TCPTransport closed=True
+    ...>; the handler is closed``. That is a dropped connection: 503, not a 500. Here
+    the transports are closed by hand just before a command writes to them; an
+    unrelated RuntimeError stays a bug."""
+    import uvloop
+    from redis.asyncio.connection import Connection
+
+    async def scenario() -> None:
+        store = Store.from_url(redis_db, 2.0)
+        try:
+            await store.ping()
+            monkeypatch.setattr(Connection, "is_connected", property(lambda self: True))
+            pool = store._client.connection_pool  # type: ignore[union-attr]
+            for connection in pool._available_connections:
+                assert connection._writer is not None
+                connection._writer.transport.close()  # no await: still "connected"
+            with pytest.raises(StoreUnavailable) as caught:
+                await store.ping()
+            assert "the handler is closed" in str(caught.value.__cause__)
+            monkeypatch.undo()
+
+            async def ours(self: Store) -> None:
+                raise RuntimeError("a bug of ours")
+
+            monkeypatch.setattr(Store, "list_ids", _translated(ours))
+            with pytest.raises(RuntimeError, match="a bug of ours"):
+                await store.list_ids()
+        finally:
+            await store.close()
+
+    uvloop.run(scenario())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
@@ -81,18 +82,24 @@ async def retire_arms(
     return ExperimentOut.from_domain(await service.retire_arms(experiment_id, arm_ids))
 
 
-@router.get("/{experiment_id}/log", summary="The decision log, a page at a time")
+@router.get("/{experiment_id}/log", summary="The decision log, a page at a time",
+            response_model=LogPageOut)
 async def read_log(
     experiment_id: ExperimentIdPath,
     service: ServiceDep,
-    limit: Annotated[int, Query(ge=1, le=1000, description="entries per page")] = 100,
+    limit: Annotated[int, Query(ge=1, le=1000, description="entries per page at most; a page "
+                                "also stops at about LINREBOOT_LOG_PAGE_MAX_BYTES of JSON "
+                                "(at least one entry)")] = 100,
     after: Annotated[
         str | None,
         Query(pattern=LOG_ENTRY_ID_PATTERN,
               description="an entry_id: the page starts after it (the previous page's "
               "next_after)"),
     ] = None,
-) -> LogPageOut:
+) -> Response:
     entries, next_after = await service.read_log(experiment_id, after, limit)
-    return LogPageOut(entries=[LogEntryOut.from_domain(e) for e in entries],
-                      next_after=next_after)
+    # Megabytes of contexts at the page's size limit: rendered off the event loop.
+    body = await asyncio.to_thread(lambda: LogPageOut(
+        entries=[LogEntryOut.from_domain(e) for e in entries],
+        next_after=next_after).model_dump_json())
+    return Response(body, media_type="application/json")
