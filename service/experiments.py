@@ -321,7 +321,8 @@ class ExperimentService:
         self.persistence_warnings: list[str] = []
         self.upgraded: list[str] = []  # experiments brought up to date at start-up
         self.upgrade_failures: list[str] = []  # "id: reason" for those that could not be
-        self._sweeper = Sweeper(store, settings.sweep_interval_seconds, self._defaults_applied)
+        self._sweeper = Sweeper(store, settings.sweep_interval_seconds, self._defaults_applied,
+                                settings.default_reward_grace_seconds)
 
     @classmethod
     async def open(cls, settings: Settings) -> ExperimentService:

@@ -942,7 +942,7 @@ class Store:
 
     @_translated
     async def settle(
-        self, experiment_id: str, entries: Sequence[str], limit: int
+        self, experiment_id: str, entries: Sequence[str], limit: int, grace_seconds: int
     ) -> SettleReply | None:
         """Run ``settle.lua``: apply the default reward to ``entries`` (pending-list
         entries an earlier call returned) that are still due and unrewarded.
@@ -954,7 +954,7 @@ class Store:
                   keys.pending(experiment_id), keys.settled(experiment_id),
                   keys.outcomes(experiment_id)]
         keyset += [keys.decision(experiment_id, e.split(" ", 1)[1]) for e in entries]
-        reply = await self._batcher.run(self._settle, keyset, [limit, *entries])
+        reply = await self._batcher.run(self._settle, keyset, [limit, grace_seconds, *entries])
         if reply and _text(reply[0]) == "missing":
             return None
         defaulted, missed, counter, *due = reply

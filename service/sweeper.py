@@ -51,8 +51,10 @@ class Sweeper:
     def __init__(
         self, store: Store, interval: float,
         applied: Callable[[str, int, int], Awaitable[None]] | None = None,
+        grace_seconds: int = 3600,
     ) -> None:
         self._store = store
+        self._grace_seconds = grace_seconds  # LINREBOOT_DEFAULT_REWARD_GRACE_SECONDS
         # Called after each call that applied defaults: (experiment, defaulted
         # counter, defaults applied): the caller's views are behind by as many, and
         # its sums may be due to be written back (service.folding).
@@ -96,7 +98,8 @@ class Sweeper:
         entries: list[str] = []
         while True:
             wanted = max(0, min(BATCH, BUDGET - swept.settled - len(entries)))
-            reply = await self._store.settle(experiment_id, entries, wanted)
+            reply = await self._store.settle(experiment_id, entries, wanted,
+                                             self._grace_seconds)
             swept.settled += len(entries)
             if reply is None:  # deleted meanwhile
                 return

@@ -160,11 +160,11 @@ async def test_a_default_counts_once_when_two_sweepers_hold_the_same_entries(
     await until_windows_end()
     store = Store.from_url(redis_db, 2.0)
     try:
-        first = await store.settle("dflt", [], 100)
+        first = await store.settle("dflt", [], 100, 3600)
         assert first is not None and len(first.due) == 5
         # Two sweepers with the same entries, one after the other.
-        done = await store.settle("dflt", first.due, 0)
-        again = await store.settle("dflt", first.due, 0)
+        done = await store.settle("dflt", first.due, 0, 3600)
+        again = await store.settle("dflt", first.due, 0, 3600)
         assert done is not None and again is not None
         assert (done.defaulted, again.defaulted) == (5, 0)
         # The same decision entries pushed back onto the list: settled, not counted.
@@ -173,7 +173,7 @@ async def test_a_default_counts_once_when_two_sweepers_hold_the_same_entries(
             client.rpush(keys.pending("dflt"), *first.due)
         finally:
             client.close()
-        replay = await store.settle("dflt", first.due, 0)
+        replay = await store.settle("dflt", first.due, 0, 3600)
         assert replay is not None and replay.defaulted == 0
     finally:
         await store.close()
@@ -399,12 +399,23 @@ async def test_decisions_of_an_outage_longer_than_the_grace_period_are_all_count
     try:
         rng = np.random.default_rng(8)
         await service.create(spec())
-        for _ in range(2):
-            await service.choose("dflt", context(rng))
+        made = [await service.choose("dflt", context(rng)) for _ in range(3)]
+        # Issue 25: one of them rewarded in time, which the counters must not count
+        # among the defaults missed: rewards + defaulted + missed = decisions.
+        assert (await service.reward("dflt", [(made[0].decision_id, 0.5)]))[0].status == \
+            "applied"
         await asyncio.sleep(WINDOW + 1 + 1.5)  # no sweep meanwhile: as if every worker were down
         await service.sweep()
         view = await service.get("dflt")
-        assert (view.defaulted, view.defaults_missed) == (0, 2)
+        assert (view.rewards, view.defaulted, view.defaults_missed) == (1, 0, 2)
+        assert view.rewards + view.defaulted + view.defaults_missed == view.decisions
+        # The rewarded decision, its grace period over, is gone rather than kept.
+        client = redis.Redis.from_url(app_settings.redis_url or "")
+        try:
+            assert not client.exists(keys.decision("dflt", made[0].decision_id))
+            assert client.llen(keys.pending("dflt")) == 0
+        finally:
+            client.close()
     finally:
         await service.close()
 
@@ -484,7 +495,7 @@ async def test_an_experiment_created_again_without_a_default_is_left_alone(
     await until_windows_end()
     store = Store.from_url(redis_db, 2.0)
     try:  # nothing to settle: not even a due entry to try
-        assert await store.settle("dflt", [], 100) is None
+        assert await store.settle("dflt", [], 100, 3600) is None
     finally:
         await store.close()
     assert await service.sweep() == 0

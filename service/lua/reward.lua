@@ -97,6 +97,12 @@ for k = FIRST, #KEYS do
   else
     append(decision, reward)
     mark_rewarded(KEYS[k], decision, reward)  -- the same decision again is then a repeat
+    if decision[DEADLINE] and not decision[LEGACY] then
+      -- On the pending list until settle.lua reaches it, which gives it its time to
+      -- live again: however long the service is stopped, settle.lua then finds it
+      -- rewarded rather than gone, and does not count it among defaults missed.
+      redis.call('PERSIST', KEYS[k])
+    end
     applied = applied + 1
     log_outcome(KEYS[3], meta[4], meta[5], 'reward', decision_id(KEYS[k]), reward)
     statuses[#statuses + 1] = 'applied'

@@ -12,7 +12,9 @@
 -- KEYS[6]  outcomes       lrb:{exp}:outcomes (outcomes not yet in the sums: outcomes.lua)
 -- KEYS[7..]  decision records lrb:{exp}:decision:<id>, one per ARGV[2..] entry, in order
 -- ARGV[1]  how many due entries to return for the next call (0: none)
--- ARGV[2..]  entries of the pending list, as an earlier call returned them
+-- ARGV[2]  the grace period in seconds (a settled decision lives until its deadline
+--          plus this; a rewarded one has no time to live until it is settled here)
+-- ARGV[3..]  entries of the pending list, as an earlier call returned them
 --
 -- Returns {'missing'} when the experiment does not exist or has no default
 -- reward (it was deleted and created again without one); else
@@ -38,7 +40,8 @@ if not meta[1] or not meta[2] then
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) + tonumber(time[2]) / 1e6
-local FIRST = 7  -- KEYS[FIRST + i - 1] is the decision of ARGV[i + 1]
+local FIRST = 7  -- KEYS[FIRST + i - 1] is the decision of ARGV[i + 2]
+local GRACE_MS = tonumber(ARGV[2]) * 1000
 
 local function deadline(entry)
   return tonumber(string.match(entry, '^[%d.]+'))
@@ -50,7 +53,7 @@ local function claimable()
   local head = redis.call('LRANGE', KEYS[4], 0, given - 1)
   local decisions = {}
   for i = 1, given do
-    local entry = ARGV[i + 1]
+    local entry = ARGV[i + 2]
     if head[i] ~= entry or deadline(entry) > now then
       break
     end
@@ -83,8 +86,10 @@ local function strip(key, left)
 end
 
 -- Give a pending decision the default reward, and drop what a settled
--- decision no longer needs; the milliseconds it has left to live.
-local function settle(key, decision, default)
+-- decision no longer needs; the milliseconds it has left to live. A rewarded
+-- decision waits here without a time to live (reward.lua): it gets the rest of
+-- its grace period after its deadline, or goes now if that has passed.
+local function settle(key, decision, default, entry)
   if decision[STATUS] == 'pending' then
     if decision[LEGACY] then
       redis.call('HSET', key, 'status', 'defaulted', 'reward', default)
@@ -93,6 +98,14 @@ local function settle(key, decision, default)
     end
   end
   local left = redis.call('PTTL', key)
+  if left == -1 then
+    left = math.floor((deadline(entry) - now) * 1000 + GRACE_MS)
+    if left <= 0 then
+      redis.call('DEL', key)
+      return 0
+    end
+    redis.call('PEXPIRE', key, left)
+  end
   -- every decision has a time to live; never make one without
   if left > 0 and decision[LEGACY] then
     strip(key, left)
@@ -130,7 +143,7 @@ if #KEYS >= FIRST then
         log_outcome(KEYS[3], meta[4], meta[5], 'default', decision_id(key), meta[2])
         defaulted = defaulted + 1
       end
-      local left = settle(key, decision, meta[2])
+      local left = settle(key, decision, meta[2], ARGV[i + 2])
       if left > 0 then
         redis.call('RPUSH', KEYS[5], string.format('%.3f', now + left / 1000) .. ' '
                    .. decision_id(key))
