@@ -38,6 +38,7 @@ import uvicorn
 
 from app.logs import configure_logging
 from app.metrics import MULTIPROC_ENV
+from app.protocol import HEAD_TIMEOUT_ENV, GuardedHttpToolsProtocol
 from service.embedded import EmbeddedRedis
 from service.errors import StartupError
 from service.experiments import ExperimentService
@@ -67,6 +68,7 @@ def serve(
         configure_logging(settings.log_level)
         for key, value in overrides.items():  # the workers see the settings this process sees
             os.environ[f"LINREBOOT_{key.upper()}"] = str(value)
+        os.environ[HEAD_TIMEOUT_ENV] = str(settings.request_head_timeout_seconds)
         # uvicorn re-raises a captured SIGTERM after its shutdown, which would kill
         # this process before the embedded Redis is stopped; a SystemExit unwinds
         # the ExitStack instead (uvicorn restores this handler before re-raising).
@@ -82,6 +84,7 @@ def serve(
                 log_config=None,  # uvicorn's records go to the root logger: JSON lines
                 log_level=settings.log_level,
                 access_log=False,  # the app writes its own access log
+                http=GuardedHttpToolsProtocol,  # a deadline on each request's head
             )
     except StartupError as exc:
         print(f"linreboot serve: {exc}", file=sys.stderr)

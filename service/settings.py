@@ -81,6 +81,11 @@ class Settings(BaseSettings):
         default=7 * 24 * 3600, ge=1,
         description="decision log age of an experiment that does not set log_max_age_seconds",
     )
+    request_head_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=3600,
+        description="a connection whose request line and headers take longer than this "
+        "(from its opening, or from the first byte of its next request) is closed",
+    )
     log_page_max_bytes: int = Field(
         default=4_000_000, ge=10_000,
         description="a decision-log page holds entries up to about this many bytes of JSON "

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+import socket
+import time
 
 import httpx
 import pytest
@@ -39,3 +42,53 @@ def test_two_workers_share_state_and_metrics(redis_db: str) -> None:
             text = http.get("/metrics").text
             assert _counter(text, "linreboot_decisions_total") == decisions
             assert _counter(text, 'linreboot_rewards_total{outcome="applied"}') == decisions
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> float | None:
+    """Seconds until the server closes ``sock`` (recv returns b""), None if it does not."""
+    start = time.monotonic()
+    sock.settimeout(seconds)
+    try:
+        while True:
+            data = sock.recv(4096)
+            if not data:
+                return time.monotonic() - start
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        return time.monotonic() - start
+
+
+def test_connections_that_send_their_request_head_too_slowly_are_closed(redis_db: str) -> None:
+    """Issue 25: 200 connections held open for 60 s were never timed out. A connection
+    that sends nothing, or its head a byte a second, is closed at the deadline
+    (LINREBOOT_REQUEST_HEAD_TIMEOUT_SECONDS, 1 s here); one that completes its head in
+    time is served, and served again on the same connection."""
+    env = {"LINREBOOT_REDIS_URL": redis_db, "LINREBOOT_ADMIN_TOKEN": ADMIN_TOKEN,
+           "LINREBOOT_REQUEST_HEAD_TIMEOUT_SECONDS": "1", "LINREBOOT_LOG_LEVEL": "warning"}
+    with server_process(env) as url:
+        host, port = url.removeprefix("http://").split(":")
+        silent = [socket.create_connection((host, int(port))) for _ in range(20)]
+        slow = socket.create_connection((host, int(port)))
+        sent = 0
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # closed: the point
+            for byte in b"GET /healthz HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n":
+                slow.send(bytes([byte]))
+                sent += 1
+                time.sleep(0.05)
+        assert sent < 41  # it never finished its head
+        closed = [_closed_within(s, 5.0) for s in silent] + [_closed_within(slow, 5.0)]
+        for s in [*silent, slow]:
+            s.close()
+        assert all(c is not None for c in closed), closed
+        # A well-behaved client: two requests on one connection, a pause between them.
+        with socket.create_connection((host, int(port))) as ok:
+            for _ in range(2):
+                ok.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                reply = b""
+                while not reply.endswith(b'{"status":"ok"}'):
+                    chunk = ok.recv(4096)
+                    assert chunk, reply  # not closed
+                    reply += chunk
+                assert b"200 OK" in reply
+                time.sleep(0.5)  # below uvicorn's 5 s keep-alive, below our 1 s head deadline
