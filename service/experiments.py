@@ -345,6 +345,7 @@ class ExperimentService:
                 embedded.stop()
             raise
         service = cls(store, settings, embedded)
+        store.quiet_dropped_nodes()  # a cluster's failovers: a warning, not error storms
         try:
             service.persistence_warnings = await service._store.persistence_warnings()
             service.upgraded = await service._upgrade_stored()

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+import math
 import os
 import re
 import secrets
@@ -69,6 +71,8 @@ from redis.exceptions import (
 from service import keys
 from service.errors import StartupError, StoreFull, StoreUnavailable
 from service.folding import fields_of, split_records
+
+logger = logging.getLogger("linreboot.store")
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -132,6 +136,52 @@ def _out_of_memory(exc: ResponseError) -> bool:
     refusal of a write inside a script in a plain script error.
     """
     return isinstance(exc, OutOfMemoryError) or "OOM command not allowed" in str(exc)
+
+
+class DroppedNodeNotices:
+    """One warning a minute, instead of hundreds of errors, for redis-py's dropped nodes.
+
+    When a cluster's topology changes (a failover, a slot migration) redis-py's
+    cluster client replaces its ``ClusterNode`` objects without closing the old
+    ones, and each, when collected, reports "Unclosed ClusterNode object" to the
+    event loop's exception handler, which asyncio logs at error level: hundreds
+    of lines in one failover, none of them an error of the service's. Installed
+    on the running loop, this handler turns them into one warning line a minute
+    (counting those it silenced) and passes every other report on unchanged.
+    """
+
+    MESSAGE = "Unclosed ClusterNode object"
+    WINDOW_SECONDS = 60.0
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._previous = loop.get_exception_handler()
+        self._quiet_until = -math.inf
+        self._silenced = 0
+
+    def install(self) -> None:
+        self._loop.set_exception_handler(self._handle)
+
+    def uninstall(self) -> None:
+        if self._loop.get_exception_handler() == self._handle:
+            self._loop.set_exception_handler(self._previous)
+
+    def _handle(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if context.get("message") != self.MESSAGE:
+            if self._previous is not None:
+                self._previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+            return
+        now = time.monotonic()
+        if now < self._quiet_until:
+            self._silenced += 1
+            return
+        earlier = f" ({self._silenced} more in the minute before)" if self._silenced else ""
+        logger.warning("the Redis Cluster's topology changed (a failover or a slot migration): "
+                       "the client let go of connections to nodes it replaced%s; such notices "
+                       "are silenced for a minute", earlier)
+        self._quiet_until, self._silenced = now + self.WINDOW_SECONDS, 0
 
 
 # A client of one Redis, or of a Redis Cluster (which routes each command by its keys).
@@ -410,6 +460,7 @@ class Store:
 
     def __init__(self, client: Client, deadline_seconds: float | None = None) -> None:
         self._client = client
+        self._notices: DroppedNodeNotices | None = None
         self.deadline_seconds = deadline_seconds  # per call, retries included; None: none
         self.refused_at: float | None = None  # time.monotonic() of the last write refused
         self._reward = client.register_script(_script("reward", uses=["outcomes"]))
@@ -511,7 +562,16 @@ class Store:
             return await self._client.execute_command(*args)
         return await self._client.execute_command(*args, target_nodes=node)
 
+    def quiet_dropped_nodes(self) -> None:
+        """With a cluster, :class:`DroppedNodeNotices` on the running loop until :meth:`close`."""
+        if isinstance(self._client, RedisCluster) and self._notices is None:
+            self._notices = DroppedNodeNotices(asyncio.get_running_loop())
+            self._notices.install()
+
     async def close(self) -> None:
+        if self._notices is not None:
+            self._notices.uninstall()
+            self._notices = None
         await self._client.aclose()
 
     @_translated

@@ -138,6 +138,13 @@ class LocalCluster:
                 process.wait()
         self._processes.clear()
 
+    def kill(self, port: int) -> None:
+        """kill -9 the node at ``port`` (a master fails; its replica takes over after the
+        node timeout, 5 s)."""
+        process = self._processes[[*self.masters, self.replica].index(port)]
+        process.kill()
+        process.wait()
+
     def node_id(self, port: int) -> str:
         return str(self.node(port).execute_command("CLUSTER MYID").decode())
 
