@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import IO
 
 import httpx
 
@@ -25,14 +26,14 @@ def free_port() -> int:
 @contextlib.contextmanager
 def server_process(
     env: dict[str, str], workers: int = 1, timeout_seconds: float = 60.0,
-    port: int | None = None,
+    port: int | None = None, log: IO[bytes] | None = None,
 ) -> Iterator[str]:
     """Run ``linreboot serve`` in a subprocess on ``port`` (default: a free one); yields
-    its base URL."""
+    its base URL. ``log``: a file for its log lines (default: this process's stderr)."""
     port = port or free_port()
     cmd = [sys.executable, "-m", "linreboot", "serve", "--host", "127.0.0.1",
            "--port", str(port), "--workers", str(workers)]
-    proc = subprocess.Popen(cmd, env={**os.environ, **env})
+    proc = subprocess.Popen(cmd, env={**os.environ, **env}, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(url, proc, timeout_seconds)
