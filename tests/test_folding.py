@@ -10,6 +10,7 @@ nothing.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -95,6 +96,7 @@ async def test_the_sums_written_back_are_the_policies_update_bit_for_bit(
         (outcome,) = await service.reward("fold", [(decision_id, observation.reward)], key)
         assert outcome.status == "applied"
         observations.append(observation)
+        await service.drain()  # the fold a reward starts runs in the background
         stats, waiting = _raw(redis_db, "fold")
         assert _counter(stats, keys.FOLDED) == n // FOLD_EVERY * FOLD_EVERY
         assert len(waiting) == n - _counter(stats, keys.FOLDED) == n % FOLD_EVERY
@@ -106,6 +108,7 @@ async def test_the_sums_written_back_are_the_policies_update_bit_for_bit(
     outcomes = await service.reward("fold", [(d, o.reward) for d, o in batch], key)
     assert [o.status for o in outcomes] == ["applied"] * FOLD_EVERY
     observations += [o for _, o in batch]
+    await service.drain()
 
     stats, waiting = _raw(redis_db, "fold")
     total = singles + FOLD_EVERY
@@ -215,6 +218,7 @@ async def test_a_reward_is_applied_when_its_fold_fails(
         client.hset(keys.stats("fold"), keys.model_field(decision.arm_id), "\0" * 8)
         (outcome,) = await service.reward("fold", [(decision.decision_id, 1.0)], key)
         assert outcome.status == "applied"
+        await service.drain()
         stats, waiting = _raw(redis_db, "fold")
         assert len(waiting) == FOLD_EVERY and keys.FOLDED not in stats
         assert _counter(stats, keys.REWARDS) == FOLD_EVERY
@@ -236,6 +240,38 @@ async def test_a_worker_whose_view_is_of_a_deleted_namesake_still_folds(
     for i in range(FOLD_EVERY):
         decision = await other_service.choose("fold", ChooseRequest(context=(1.0, 0.5 * i)), key)
         await service.reward("fold", [(decision.decision_id, float(i))], key)
+    await service.drain()
+    stats, waiting = _raw(redis_db, "fold")
+    assert waiting == [] and _counter(stats, keys.FOLDED) == FOLD_EVERY
+
+
+async def test_a_reward_does_not_wait_for_the_fold_it_starts(
+    service: ExperimentService, redis_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26: the reward that crosses a multiple of FOLD_EVERY used to write the sums
+    back before it answered (one reward in 16 waited milliseconds). The fold now runs
+    in the background: here it is held until the reply is in, and it then completes."""
+    key = await _created(service)
+    await _waiting_outcomes(service, key, FOLD_EVERY - 1)
+    decision = await service.choose("fold", ChooseRequest(context=(1.0, 1.0)), key)
+    release = asyncio.Event()
+    started = asyncio.Event()
+    real_fold = Store.fold
+
+    async def held_fold(self: Store, *args: Any, **kwargs: Any) -> Any:
+        started.set()
+        await release.wait()
+        return await real_fold(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "fold", held_fold)
+    (outcome,) = await asyncio.wait_for(
+        service.reward("fold", [(decision.decision_id, 1.0)], key), timeout=10)
+    assert outcome.status == "applied"
+    await asyncio.wait_for(started.wait(), timeout=10)  # the fold is under way, not done
+    stats, waiting = _raw(redis_db, "fold")
+    assert keys.FOLDED not in stats and len(waiting) == FOLD_EVERY
+    release.set()
+    await service.drain()
     stats, waiting = _raw(redis_db, "fold")
     assert waiting == [] and _counter(stats, keys.FOLDED) == FOLD_EVERY
 
