@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import types
 import typing
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,7 +24,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
-from app.schemas import ErrorDetail, ErrorOut, request_models
+from app.schemas import ErrorDetail, ErrorOut, Hyperparameters, request_models
 from service.errors import (
     Conflict,
     DomainError,
@@ -125,8 +126,31 @@ async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(500, "internal_error", "internal server error")
 
 
+# A name a client may have meant as a hyperparameter: shown back (it cannot carry
+# markup, control characters or a secret of any length); anything else is <key>.
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,39}")
+
+
+def _unknown_hyperparameter(error: dict[str, Any]) -> ErrorDetail | None:
+    """An unknown name in ``hyperparameters``: named (when it is a plain name), with the
+    names there are (``policies.HYPERPARAMETERS`` says which policy takes which)."""
+    loc = tuple(error.get("loc", ()))
+    if error.get("type") != "extra_forbidden" or loc[:2] != ("body", "hyperparameters") \
+            or len(loc) != 3:
+        return None
+    key = str(loc[2])
+    named = key if _NAME.fullmatch(key) else _KEY
+    known = ", ".join(Hyperparameters.model_fields)
+    return ErrorDetail(loc=["body", "hyperparameters", named],
+                       msg=f"unknown hyperparameter {named!r}; the hyperparameters are {known}",
+                       type="extra_forbidden")
+
+
 def _detail(error: dict[str, Any]) -> ErrorDetail:
     """A pydantic error without its ``input``, ``ctx`` and ``url``."""
+    unknown = _unknown_hyperparameter(error)
+    if unknown is not None:
+        return unknown
     if error.get("type") == "json_invalid":
         reason = (error.get("ctx") or {}).get("error", "malformed document")
         return ErrorDetail(loc=["body"], msg=f"invalid JSON: {reason}", type="json_invalid")

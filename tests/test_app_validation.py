@@ -211,7 +211,7 @@ CREATE_CASES: list[Case] = [
     ("unknown setting", _create(setting="adversarial"), 422, ("stochastic",), ("adversarial",)),
     ("unknown policy", _create(policy="oracle"), 422, ("linreboot",), ("oracle",)),
     ("unknown hyperparameter", _create(hyperparameters={"temperature": 1.0}), 422,
-     ("extra",), ()),
+     ("unknown hyperparameter 'temperature'", "sigma_omega"), ()),
     ('"NaN" hyperparameter', _create(hyperparameters={"reg": "NaN"}), 422, _NOT_A_NUMBER,
      ("NaN",)),
     ("NaN hyperparameter", _create(hyperparameters={"reg": 1}).replace("1}", "NaN}"), 422,
@@ -663,3 +663,25 @@ async def test_published_constraints_are_what_validation_enforces(
         assert (loc in locs) == refused, (probe if not refused else "beyond", response.text[:300])
         if refused:
             assert response.status_code == 422
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("key", "shown"), [("sigma", "sigma"), ("Sigma_Omega2", "Sigma_Omega2"),
+                                            ("ev{il}", "<key>"), ("x" * 60, "<key>"),
+                                            ("a\u001bb", "<key>")])
+async def test_an_unknown_hyperparameter_is_named_with_the_valid_ones(
+    api: Api, key: str, shown: str
+) -> None:
+    """Issue 29: the 422 named neither the unknown key nor the valid ones. A plain name
+    is shown back (it cannot carry markup, control characters or a long secret);
+    anything else stays <key>."""
+    response = await api.http.post("/experiments", headers=ADMIN, json={
+        "id": "e", "setting": "covariates", "dim": 2, "arms": [{"id": "a"}],
+        "hyperparameters": {key: 1.0}})
+    assert response.status_code == 422
+    body = response.json()
+    assert f"unknown hyperparameter '{shown}'" in body["message"]
+    assert "sigma_omega" in body["message"] and "ucb_alpha" in body["message"]
+    assert body["details"][0]["loc"] == ["body", "hyperparameters", shown]
+    if shown == "<key>":
+        assert key not in response.text
