@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import os
 import signal
 import socket
@@ -42,9 +43,11 @@ from app.protocol import HEAD_TIMEOUT_ENV, GuardedHttpToolsProtocol
 from service.embedded import EmbeddedRedis
 from service.errors import StartupError
 from service.experiments import ExperimentService
-from service.settings import Settings
+from service.settings import Settings, unknown_variables
 
 __all__ = ["SERVE_PID_ENV", "serve"]
+
+logger = logging.getLogger("linreboot.serve")
 
 APP_FACTORY = "app.main:create_app"
 SERVE_PID_ENV = "LINREBOOT_SERVE_PID"
@@ -66,6 +69,8 @@ def serve(
     try:
         settings = Settings.load(overrides)
         configure_logging(settings.log_level)
+        for line in unknown_variables(os.environ):  # a misspelling is not silent
+            logger.warning(line)
         for key, value in overrides.items():  # the workers see the settings this process sees
             os.environ[f"LINREBOOT_{key.upper()}"] = str(value)
         os.environ[HEAD_TIMEOUT_ENV] = str(settings.request_head_timeout_seconds)

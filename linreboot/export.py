@@ -188,7 +188,19 @@ def write(experiment: dict[str, Any], entries: Sequence[dict[str, Any]], out: Pa
 
 
 def load_bandit_feedback(path: Path) -> dict[str, Any]:
-    """An ``obp`` export as the dict OBP takes (counts as ints, arrays as arrays)."""
+    """An ``obp`` export as the dict OBP takes (counts as ints, arrays as arrays).
+
+    Raises
+    ------
+    ValueError
+        If the file is not such an export (a JSON lines export, say): one line
+        saying which export it takes.
+    """
+    with path.open("rb") as f:
+        head = f.read(4)
+    if head != b"PK\x03\x04":  # an .npz is a zip file
+        raise ValueError("not an obp export (.npz): write one with linreboot export "
+                         "--format obp --out FILE.npz (the JSON lines export is for reading)")
     with np.load(path, allow_pickle=False) as data:
         feedback: dict[str, Any] = {name: data[name] for name in data.files}
     feedback["n_rounds"] = int(feedback["n_rounds"])

@@ -8,6 +8,7 @@ line naming it (:class:`StartupError`), not a traceback.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 from collections.abc import Mapping
 from pathlib import Path
@@ -160,6 +161,28 @@ class Settings(BaseSettings):
                 "address other machines can reach (LINREBOOT_HOST or --host): set a secret token"
             )
         return self
+
+
+# LINREBOOT_* variables that are not settings but are read elsewhere: the tests'
+# Redis, and the serve process's pid for its workers.
+_OTHER_VARIABLES = frozenset({"LINREBOOT_TEST_REDIS_URL", "LINREBOOT_SERVE_PID"})
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One line for each ``LINREBOOT_*`` variable that no setting reads (a misspelling
+    is otherwise ignored in silence), with the closest setting's name when there is
+    one: what the service warns of at start-up."""
+    known = {f"LINREBOOT_{name.upper()}" for name in Settings.model_fields} | _OTHER_VARIABLES
+    suffixes = sorted(k.removeprefix("LINREBOOT_") for k in known)  # the prefix matches all
+    lines = []
+    for name in sorted(environ):
+        if name.startswith("LINREBOOT_") and name not in known:
+            close = difflib.get_close_matches(name.removeprefix("LINREBOOT_"), suffixes, n=1,
+                                              cutoff=0.75)
+            hint = f"; did you mean LINREBOOT_{close[0]}?" if close else ""
+            lines.append(f"{name} is not a setting and is ignored{hint} (see README, "
+                         "Configuration)")
+    return lines
 
 
 def is_loopback(host: str) -> bool:

@@ -52,6 +52,7 @@ from redis.exceptions import (
     BusyLoadingError,
     ClusterError,
     DataError,
+    InvalidResponse,
     NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
@@ -488,16 +489,23 @@ class Store:
         a cluster node (``INFO cluster``; a server that refuses INFO is taken for
         a single Redis). Any node will do, a replica included: the cluster
         client learns the others from it."""
-        if cluster is None:
-            probe = aioredis.Redis.from_url(url, socket_timeout=timeout_seconds,
-                                            socket_connect_timeout=timeout_seconds)
-            try:
-                async with asyncio.timeout(timeout_seconds):
+        probe = aioredis.Redis.from_url(url, socket_timeout=timeout_seconds,
+                                        socket_connect_timeout=timeout_seconds)
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                if cluster is None:
                     cluster = await _cluster_enabled(probe)
-            except _UNAVAILABLE as exc:
-                raise StoreUnavailable(_UNAVAILABLE_MESSAGE) from exc
-            finally:
-                await probe.aclose()
+                else:
+                    await probe.ping()
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(_UNAVAILABLE_MESSAGE) from exc
+        except InvalidResponse:  # e.g. an HTTP server's "<": another service on the port
+            raise StartupError(
+                "REDIS_URL: the server there does not speak Redis's protocol (another "
+                "service on that port?): point REDIS_URL at a Redis server", exit_code=3,
+            ) from None
+        finally:
+            await probe.aclose()
         store = cls.from_url(url, timeout_seconds, cluster=cluster)
         if isinstance(store._client, RedisCluster):
             try:

@@ -591,12 +591,15 @@ async def test_evaluate_refuses_what_it_cannot_evaluate(api: Api, tmp_path: Path
     covariates = await _evaluable_export(api, tmp_path, "covariates")
     contextual = await _evaluable_export(api, tmp_path, "contextual")
     old = tmp_path / "old.npz"
+    jsonl = tmp_path / "home.jsonl"  # the other export, given by mistake (issue 29)
+    jsonl.write_text('{"decision_id": "d", "arm_id": "a"}\n')
     feedback = load_bandit_feedback(covariates)
     np.savez(old, **{k: v for k, v in feedback.items() if k not in ("setting", "config")})
     for args, says in (
         (["--log", str(contextual)], "only the chosen arm's context"),
         (["--log", str(old)], "export it again"),
         (["--log", str(tmp_path / "missing.npz")], "cannot read"),
+        (["--log", str(jsonl)], "not an obp export (.npz)"),
         (["--log", str(covariates), "--policy", "linucb", "--set", "ucb_alpha=1"],
          "linucb takes only these hyperparameters"),
         (["--log", str(covariates), "--set", "sigma_omega=x"], "sigma_omega must be a number"),

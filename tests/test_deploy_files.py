@@ -354,3 +354,19 @@ def test_the_load_balancer_spreads_over_the_replicas(compose: dict[str, Any]) ->
     listen = re.search(r"listen (\d+);", config)
     container_ports = {str(p).rsplit(":", 1)[-1] for p in lb["ports"]}
     assert listen and container_ports == {listen.group(1)}
+
+
+def test_the_readme_lists_every_setting_and_the_docs_name_the_health_check() -> None:
+    """Issue 29: docs drift. Every setting is in README's Configuration table, and
+    docs/API.md names the endpoint the image's HEALTHCHECK probes."""
+    from service.settings import Settings
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Configuration"):readme.index("### Running it")]
+    missing = [f"LINREBOOT_{name.upper()}" for name in Settings.model_fields
+               if f"LINREBOOT_{name.upper()}" not in table]
+    assert missing == []
+    probe = re.search(r"HEALTHCHECK.*?urlopen\('http://127\.0\.0\.1:8000(/\w+)'",
+                      (ROOT / "Dockerfile").read_text(), re.S)
+    assert probe is not None
+    assert f"health-checked on `{probe.group(1)}`" in (ROOT / "docs" / "API.md").read_text()

@@ -73,6 +73,26 @@ def test_serve_refuses_a_wrong_setting_in_one_line(
     assert "hunter2" not in lines[0]  # a password in REDIS_URL is never printed
 
 
+@pytest.mark.parametrize("cluster", [None, "false", "true"])
+def test_a_redis_url_where_another_service_listens_is_one_line(cluster: str | None) -> None:
+    """Issue 29: an HTTP server where Redis should be was a 61-line traceback, exit 1."""
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        env = {"REDIS_URL": f"redis://127.0.0.1:{server.server_address[1]}/0",
+               **({"LINREBOOT_REDIS_CLUSTER": cluster} if cluster else {})}
+        returncode, lines = _serve(**env)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert returncode == 3, lines
+    assert len(lines) == 1 and "REDIS_URL" in lines[0] and "protocol" in lines[0], lines
+
+
 def test_serve_names_what_holds_its_port(tmp_path: Path) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
@@ -148,3 +168,35 @@ def test_the_default_admin_token_is_refused_beyond_loopback(host: str) -> None:
 def test_the_default_admin_token_is_only_a_warning_on_loopback(host: str) -> None:
     assert is_loopback(host)
     assert Settings.load({"host": host, "admin_token": "change-me"}).default_admin_token
+
+
+def test_a_misspelled_variable_is_named_with_the_setting_it_resembles() -> None:
+    """Issue 29: LINREBOOT_* variables that no setting reads were ignored in silence."""
+    from service.settings import unknown_variables
+
+    lines = unknown_variables({"LINREBOOT_ADMIN_TOKNE": "x", "LINREBOOT_PORT": "1",
+                               "LINREBOOT_REDIS_TIMEOUT": "3", "LINREBOOT_WHATEVER": "1",
+                               "LINREBOOT_TEST_REDIS_URL": "redis://x", "HOME": "/root"})
+    assert lines == [
+        "LINREBOOT_ADMIN_TOKNE is not a setting and is ignored; did you mean "
+        "LINREBOOT_ADMIN_TOKEN? (see README, Configuration)",
+        "LINREBOOT_REDIS_TIMEOUT is not a setting and is ignored; did you mean "
+        "LINREBOOT_REDIS_TIMEOUT_SECONDS? (see README, Configuration)",
+        "LINREBOOT_WHATEVER is not a setting and is ignored (see README, Configuration)",
+    ]
+
+
+def test_serve_warns_of_a_misspelled_variable_and_starts(redis_db: str, tmp_path: Path) -> None:
+    import json
+
+    from loadtest.server import server_process
+
+    log_path = tmp_path / "serve.log"
+    env = {"LINREBOOT_REDIS_URL": redis_db, "LINREBOOT_ADMIN_TOKEN": TOKEN,
+           "LINREBOOT_LOG_LEVL": "debug"}
+    with log_path.open("wb") as log, server_process(env, log=log):
+        pass
+    lines = [json.loads(line) for line in log_path.read_text().splitlines()
+             if line.startswith("{")]
+    warned = [line["message"] for line in lines if "LINREBOOT_LOG_LEVL" in line["message"]]
+    assert len(warned) == 1 and "did you mean LINREBOOT_LOG_LEVEL?" in warned[0]
