@@ -51,6 +51,11 @@ class Settings(BaseSettings):
         default=SecretStr(DEFAULT_ADMIN_TOKEN),
         description="bearer token for experiment management",
     )
+    admin_token_file: Path | None = Field(
+        default=None,
+        description="a file holding the admin token (a Docker or Kubernetes secret), read at "
+        "start-up instead of LINREBOOT_ADMIN_TOKEN; one trailing newline is dropped",
+    )
     host: str = "127.0.0.1"
     port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
     workers: int = Field(default=1, ge=1, le=64)
@@ -151,6 +156,26 @@ class Settings(BaseSettings):
                 "LINREBOOT_DEFAULT_REWARD_WINDOW_SECONDS: must be at most "
                 f"LINREBOOT_MAX_REWARD_WINDOW_SECONDS ({self.max_reward_window_seconds})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _token_from_its_file(self) -> Self:
+        if self.admin_token_file is None:
+            return self
+        if not self.default_admin_token:
+            raise ValueError("LINREBOOT_ADMIN_TOKEN_FILE: give the token or its file, not both "
+                             "(unset LINREBOOT_ADMIN_TOKEN)")
+        try:
+            text = self.admin_token_file.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not text"
+            raise ValueError(f"LINREBOOT_ADMIN_TOKEN_FILE: cannot read "
+                             f"{self.admin_token_file} ({reason})") from None
+        token = text.removesuffix("\n").removesuffix("\r")
+        if not token or token != token.strip():
+            raise ValueError("LINREBOOT_ADMIN_TOKEN_FILE: the file must hold the token alone, "
+                             "without blank space around it")
+        self.admin_token = SecretStr(token)
         return self
 
     @model_validator(mode="after")

@@ -57,6 +57,7 @@ def _unreachable_redis() -> str:
     ([], {"LINREBOOT_DEFAULT_REWARD_WINDOW_SECONDS": "999999999"},
      "LINREBOOT_DEFAULT_REWARD_WINDOW_SECONDS", 2),
     ([], {"PROMETHEUS_MULTIPROC_DIR": "/no/such/directory"}, "PROMETHEUS_MULTIPROC_DIR", 2),
+    ([], {"LINREBOOT_ADMIN_TOKEN_FILE": "/no/such/secret"}, "LINREBOOT_ADMIN_TOKEN_FILE", 2),
 ])
 def test_serve_refuses_a_wrong_setting_in_one_line(
     tmp_path: Path, flags: list[str], env: dict[str, str], named: str, code: int
@@ -184,6 +185,41 @@ def test_a_misspelled_variable_is_named_with_the_setting_it_resembles() -> None:
         "LINREBOOT_REDIS_TIMEOUT_SECONDS? (see README, Configuration)",
         "LINREBOOT_WHATEVER is not a setting and is ignored (see README, Configuration)",
     ]
+
+
+def test_the_admin_token_can_come_from_a_file(redis_db: str, tmp_path: Path) -> None:
+    """Issue 29: a Docker or Kubernetes secret is a file; LINREBOOT_ADMIN_TOKEN_FILE names
+    it. Its token (a trailing newline dropped) is the admin token; giving both is one line."""
+    import httpx
+
+    from loadtest.server import server_process
+
+    secret = tmp_path / "admin_token"
+    secret.write_text("token-from-a-secret-file\n")
+    env = {"LINREBOOT_REDIS_URL": redis_db, "LINREBOOT_ADMIN_TOKEN_FILE": str(secret)}
+    base = {k: v for k, v in os.environ.items() if k != "LINREBOOT_ADMIN_TOKEN"}
+    with _environ(base), server_process(env) as url:
+        good = httpx.get(f"{url}/experiments",
+                         headers={"Authorization": "Bearer token-from-a-secret-file"})
+        bad = httpx.get(f"{url}/experiments", headers={"Authorization": "Bearer change-me"})
+    assert (good.status_code, bad.status_code) == (200, 403)  # a wrong token: 403
+    returncode, lines = _serve(LINREBOOT_ADMIN_TOKEN_FILE=str(secret))  # and TOKEN, from _serve
+    assert returncode == 2 and len(lines) == 1 and "not both" in lines[0], lines
+
+
+class _environ:
+    """``os.environ`` replaced by ``values`` for the block."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self._values, self._saved = values, dict(os.environ)
+
+    def __enter__(self) -> None:
+        os.environ.clear()
+        os.environ.update(self._values)
+
+    def __exit__(self, *_: object) -> None:
+        os.environ.clear()
+        os.environ.update(self._saved)
 
 
 def test_serve_warns_of_a_misspelled_variable_and_starts(redis_db: str, tmp_path: Path) -> None:
