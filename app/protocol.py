@@ -4,11 +4,13 @@ uvicorn closes a keep-alive connection that stays idle after a response
 (``timeout_keep_alive``), but not one that connects and sends nothing, nor
 one that sends a request's head a byte at a time: such connections are held
 for as long as the client likes (slowloris). Here every request's head (the
-request line and headers) must arrive within ``LINREBOOT_REQUEST_HEAD_TIMEOUT_SECONDS``
-of the connection opening or of the previous response, else the connection
-is closed. A body is read by the app, whose requests are small and bounded
-(``LINREBOOT_MAX_BODY_BYTES``). A connection left idle after a response is
-closed by uvicorn after 5 s (its ``timeout_keep_alive``).
+request line and headers) must arrive within
+``LINREBOOT_REQUEST_HEAD_TIMEOUT_SECONDS`` of the connection opening or of
+the previous response (bytes that are not a head, such as blank lines, do not
+count), else the connection is closed. A body is read by the app, whose
+requests are small and bounded (``LINREBOOT_MAX_BODY_BYTES``). A connection
+left idle after a response is closed by uvicorn after 5 s (its
+``timeout_keep_alive``).
 """
 
 from __future__ import annotations
@@ -58,11 +60,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm_head_timer()
         super().connection_lost(exc)
 
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        if self._head_timer is None:  # a keep-alive connection's next request
-            self._arm_head_timer()
-
     def on_headers_complete(self) -> None:
         self._disarm_head_timer()
         super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # The next head is due from now, whatever arrives meanwhile: uvicorn's own
+        # keep-alive timer stops at any byte (a blank line between requests, which
+        # the parser skips, would hold the connection for ever). While a request is
+        # handled no head is due (a pipelined one waits for its turn).
+        if not self.transport.is_closing() and not self.pipeline:
+            self._arm_head_timer()

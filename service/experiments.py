@@ -18,7 +18,7 @@ import math
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -78,7 +78,7 @@ from service.errors import (
 )
 from service.folding import FOLD_EVERY, FOLD_LIMIT, fold_into, folded_blobs
 from service.settings import Settings
-from service.store import Progress, Snapshot, Store
+from service.store import Progress, Snapshot, Store, log_entry_json_bytes
 from service.sweeper import Sweeper
 
 logger = logging.getLogger("linreboot.service")
@@ -714,7 +714,8 @@ class ExperimentService:
         if after is not None and _last_entry_id(after):
             return [], None
         raw, more = await self._store.read_log(experiment_id, after, limit,
-                                               self._settings.log_page_max_bytes)
+                                               self._settings.log_page_max_bytes,
+                                               _log_entry_size(definition))
         entries = await asyncio.to_thread(
             lambda: [_log_entry(definition, entry_id, fields) for entry_id, fields in raw])
         return entries, (raw[-1][0] if more and raw else None)
@@ -1110,6 +1111,29 @@ def _decision_record(view: View, arm: ArmRecord, x: bytes, propensity: float) ->
     text = (names["model_field"], names["arm_field"], arm.id, str(view.version),
             str(view.rewards), repr(time.time()), repr(propensity))
     return "\n".join(text).encode() + b"\n" + x
+
+
+def _log_entry_size(definition: Definition) -> Callable[[Mapping[str, bytes]], int]:
+    """About how many bytes of JSON an entry of this experiment's log takes: its packed
+    fields (:func:`service.store.log_entry_json_bytes`) and its eligible arms, stored as
+    index ranges and written as the arms' ids (quoted, with a comma)."""
+    ids = [len(a.id) for a in definition.arms]
+    each = (sum(ids) / len(ids) if ids else 0.0) + 3.0
+
+    def size(fields: Mapping[str, bytes]) -> int:
+        listed = _ranges_count(fields.get("eligible", b"").decode())
+        return log_entry_json_bytes(fields) + int(listed * each)
+
+    return size
+
+
+def _ranges_count(text: str) -> int:
+    """How many indexes ``index_ranges`` text ("0-4,7,9-12") holds, without listing them."""
+    total = 0
+    for part in filter(None, text.split(",")):
+        start, _, end = part.partition("-")
+        total += int(end) - int(start) + 1 if end else 1
+    return total
 
 
 def _valid_entry_id(text: str) -> bool:

@@ -253,7 +253,8 @@ _LOG_FIRST_READ = 16  # entries of a log page's first read; the next are sized b
 def log_entry_json_bytes(fields: Mapping[str, bytes]) -> int:
     """About how many bytes an entry takes as JSON: packed float64 fields (contexts)
     3 times theirs (a float is written in up to 24 characters), text as it is, and a
-    constant for names and punctuation."""
+    constant for names and punctuation. (The eligible arms are stored as index ranges
+    and written as ids: the caller, who knows the ids, adds them.)"""
     total = 200
     for name, value in fields.items():
         total += len(value) * (3 if name in ("x", "contexts") else 1) + len(name)
@@ -1066,7 +1067,8 @@ class Store:
 
     @_translated
     async def read_log(
-        self, experiment_id: str, after: str | None, limit: int, max_bytes: int | None = None
+        self, experiment_id: str, after: str | None, limit: int, max_bytes: int | None = None,
+        size: Callable[[Mapping[str, bytes]], int] | None = None,
     ) -> tuple[list[tuple[str, dict[str, bytes]]], bool]:
         """Up to ``limit`` entries of the decision log after the entry id ``after``
         (from the start if None), oldest first: (entry id, fields); and whether the
@@ -1075,8 +1077,10 @@ class Store:
         With ``max_bytes``, entries stop once their JSON would pass about that many
         bytes (at least one entry): they are read a few at a time, each read sized
         by the entries before it, so that a log of entries with every arm's context
-        (megabytes each) is never read a thousand at a time.
+        (megabytes each) is never read a thousand at a time. ``size`` estimates an
+        entry's JSON (default :func:`log_entry_json_bytes`).
         """
+        size = size or log_entry_json_bytes
         found: list[tuple[str, dict[str, bytes]]] = []
         spent, count = 0, limit if max_bytes is None else min(limit, _LOG_FIRST_READ)
         while True:
@@ -1084,11 +1088,11 @@ class Store:
             chunk = await self._client.xrange(keys.log(experiment_id), start, "+", count=count)
             for entry_id, fields in chunk:
                 entry = (_text(entry_id), {_text(k): v for k, v in fields.items()})
-                size = log_entry_json_bytes(entry[1])
-                if found and max_bytes is not None and spent + size > max_bytes:
+                cost = size(entry[1])
+                if found and max_bytes is not None and spent + cost > max_bytes:
                     return found, True
                 found.append(entry)
-                spent += size
+                spent += cost
             if len(chunk) < count:
                 return found, False
             if len(found) == limit:

@@ -81,6 +81,18 @@ def test_connections_that_send_their_request_head_too_slowly_are_closed(redis_db
         for s in [*silent, slow]:
             s.close()
         assert all(c is not None for c in closed), closed
+        # Blank lines after a response (skipped by the parser, and they stop uvicorn's
+        # keep-alive timer) do not hold a connection past the deadline either.
+        with socket.create_connection((host, int(port))) as dripping:
+            dripping.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            time.sleep(0.3)
+            assert b"200 OK" in dripping.recv(4096)
+            start = time.monotonic()
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                while time.monotonic() - start < 6:
+                    dripping.send(b"\r\n")
+                    time.sleep(0.2)
+            assert time.monotonic() - start < 4  # closed at about the 1 s deadline
         # A well-behaved client: two requests on one connection, a pause between them.
         with socket.create_connection((host, int(port))) as ok:
             for _ in range(2):

@@ -694,3 +694,47 @@ async def test_a_page_smaller_than_its_limit_still_ends_the_log(service: Experim
     page, after = await service.read_log("short", None, limit=3)
     assert len(page) == 3 and after == page[-1].entry_id  # the limit reached: maybe more
     assert await service.read_log("short", after, limit=3) == ([], None)
+
+
+async def test_a_page_counts_the_eligible_arms_ids_it_writes(redis_db: str) -> None:
+    """The eligible arms are stored as index ranges ("0-299") but written as their ids:
+    with many long ids they are most of an entry's JSON, and a page's size must count
+    them (a review measured 478 estimated bytes against 67,296 written)."""
+    from app.schemas import LogEntryOut, LogPageOut
+
+    n_arms, decisions = 300, 30
+    id_of = [f"{i:03d}-" + "x" * 56 for i in range(n_arms)]  # 60 characters each
+    entry_bytes = n_arms * (60 + 3)
+    limit_bytes = 3 * entry_bytes
+    settings = Settings(redis_url=redis_db, admin_token=SecretStr(ADMIN_TOKEN),
+                        sweep_interval_seconds=60, log_page_max_bytes=limit_bytes)
+    service = await ExperimentService.open(settings)
+    try:
+        await service.create(ExperimentSpec(id="ids", setting="covariates", dim=2,
+                                            arms=tuple(ArmSpec(i) for i in id_of),
+                                            log_max_entries=1000))
+        for _ in range(decisions):
+            await service.choose("ids", ChooseRequest(context=(0.5, 1.0)))
+        pages, after = [], None
+        while True:
+            page, after = await service.read_log("ids", after, limit=1000)
+            pages.append(page)
+            if after is None:
+                break
+    finally:
+        await service.close()
+    assert sum(len(p) for p in pages) == decisions and len(pages) >= decisions // 4
+    for page in pages:
+        written = len(LogPageOut(entries=[LogEntryOut.from_domain(e) for e in page],
+                                 next_after=None).model_dump_json())
+        assert written <= 1.5 * limit_bytes or len(page) == 1, (written, len(page))
+
+
+def test_ranges_are_counted_as_they_are_listed() -> None:
+    from service.experiments import _ranges_count
+
+    rng = random.Random(4)
+    for _ in range(500):
+        chosen = sorted(rng.sample(range(2000), rng.randint(0, 300)))
+        text = index_ranges(chosen)
+        assert _ranges_count(text) == len(chosen) == len(parse_index_ranges(text))

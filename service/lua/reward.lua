@@ -39,6 +39,7 @@ if refused then
   return refused
 end
 local incarnation = meta[1]
+local OUTAGE_MS = 7 * 24 * 3600 * 1000  -- how much longer a rewarded record waits for settle.lua
 local FIRST = 5  -- KEYS[FIRST..] are the decisions; ARGV[k - FIRST + 2] is KEYS[k]'s reward
 
 -- Every decision is read and checked before anything is written (Redis does
@@ -98,10 +99,12 @@ for k = FIRST, #KEYS do
     append(decision, reward)
     mark_rewarded(KEYS[k], decision, reward)  -- the same decision again is then a repeat
     if decision[DEADLINE] and not decision[LEGACY] then
-      -- On the pending list until settle.lua reaches it, which gives it its time to
-      -- live again: however long the service is stopped, settle.lua then finds it
-      -- rewarded rather than gone, and does not count it among defaults missed.
-      redis.call('PERSIST', KEYS[k])
+      -- On the pending list until settle.lua reaches it, which gives it back the
+      -- time to live it had: kept OUTAGE longer meanwhile, so that after a stop of
+      -- the service longer than the grace period (up to OUTAGE more) settle.lua finds
+      -- it rewarded rather than gone, and does not count it among defaults missed.
+      -- Bounded: a record whose experiment's DELETE failed halfway still expires.
+      redis.call('PEXPIRE', KEYS[k], redis.call('PTTL', KEYS[k]) + OUTAGE_MS)
     end
     applied = applied + 1
     log_outcome(KEYS[3], meta[4], meta[5], 'reward', decision_id(KEYS[k]), reward)

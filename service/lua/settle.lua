@@ -13,7 +13,7 @@
 -- KEYS[7..]  decision records lrb:{exp}:decision:<id>, one per ARGV[2..] entry, in order
 -- ARGV[1]  how many due entries to return for the next call (0: none)
 -- ARGV[2]  the grace period in seconds (a settled decision lives until its deadline
---          plus this; a rewarded one has no time to live until it is settled here)
+--          plus this; a rewarded one waited longer, until it is settled here)
 -- ARGV[3..]  entries of the pending list, as an earlier call returned them
 --
 -- Returns {'missing'} when the experiment does not exist or has no default
@@ -86,9 +86,9 @@ local function strip(key, left)
 end
 
 -- Give a pending decision the default reward, and drop what a settled
--- decision no longer needs; the milliseconds it has left to live. A rewarded
--- decision waits here without a time to live (reward.lua): it gets the rest of
--- its grace period after its deadline, or goes now if that has passed.
+-- decision no longer needs; the milliseconds it has left to live: the rest of
+-- its grace period after its deadline (a rewarded decision waited here longer,
+-- reward.lua), or none, and it goes now, once that has passed.
 local function settle(key, decision, default, entry)
   if decision[STATUS] == 'pending' then
     if decision[LEGACY] then
@@ -98,7 +98,7 @@ local function settle(key, decision, default, entry)
     end
   end
   local left = redis.call('PTTL', key)
-  if left == -1 then
+  if not decision[LEGACY] then
     left = math.floor((deadline(entry) - now) * 1000 + GRACE_MS)
     if left <= 0 then
       redis.call('DEL', key)
