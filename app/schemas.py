@@ -585,6 +585,9 @@ class ExperimentOut(BaseModel):
     log_max_age_seconds: int = Field(default=0, description="decision log age bound")
     log_all_contexts: bool = Field(
         default=False, description="every eligible arm's context is logged with a decision")
+    previous_key_valid: bool = Field(
+        default=False, description="the key before the last rotation is still accepted "
+        "(until DELETE /experiments/{id}/keys/previous)")
 
     @classmethod
     def from_domain(cls, view: ExperimentView) -> ExperimentOut:
@@ -612,6 +615,7 @@ class ExperimentOut(BaseModel):
             log_max_entries=spec.log_max_entries,
             log_max_age_seconds=spec.log_max_age_seconds,
             log_all_contexts=spec.log_all_contexts,
+            previous_key_valid=view.previous_key_valid,
         )
 
 
@@ -621,6 +625,18 @@ class ExperimentCreatedOut(BaseModel):
         examples=["3q2-8xVd0cP1m4mJm0U7g6q9t4nEw6bB1oG3H0cZr4E"],
     )
     experiment: ExperimentOut
+
+
+class KeyOut(BaseModel):
+    api_key: str = Field(
+        description="the experiment's new key for X-API-Key; shown only now, store it (the "
+        "key before it stays valid until DELETE /experiments/{id}/keys/previous)",
+        examples=["Vq2-8xVd0cP1m4mJm0U7g6q9t4nEw6bB1oG3H0cZr4E"],
+    )
+
+
+class RevokedOut(BaseModel):
+    revoked: bool = Field(description="false when no previous key was valid")
 
 
 class ExperimentListOut(BaseModel):

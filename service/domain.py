@@ -121,6 +121,7 @@ class ExperimentView:
     defaulted: int = 0
     late: int = 0
     defaults_missed: int = 0
+    previous_key_valid: bool = False  # a rotated-out key is still accepted, until revoked
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,12 @@ class Definition:
     version: int
     arms: tuple[ArmRecord, ...]  # registration order
     features: np.ndarray | None = None  # stochastic: one row per arm, in ``arms`` order
+    previous_key_hash: str | None = None  # valid too, after a rotation, until revoked
+
+    def accepts(self, key_hash: str) -> bool:
+        """``key_hash`` is the hash of a key this experiment takes (current or previous)."""
+        return any(hmac.compare_digest(key_hash, known)
+                   for known in (self.key_hash, self.previous_key_hash) if known is not None)
 
     @functools.cached_property
     def active_arms(self) -> list[ArmRecord]:
@@ -483,6 +489,23 @@ class ExperimentService:
             raise Conflict("an arm with one of these ids already exists")
         return await self.get(experiment_id)
 
+    async def rotate_key(self, experiment_id: str) -> str:
+        """A new API key for the experiment, shown once; the current one stays valid as
+        its previous key until :meth:`revoke_previous_key` (one key before it is no
+        longer valid: an experiment takes two at most)."""
+        api_key = secrets.token_urlsafe(32)
+        if not await self._store.rotate_key(experiment_id, _hash_key(api_key)):
+            raise NotFound("no experiment with this id")
+        return api_key
+
+    async def revoke_previous_key(self, experiment_id: str) -> bool:
+        """Revoke the key a rotation kept valid; False if there was none. Takes effect at
+        once: every decision and reward script reads the keys."""
+        result = await self._store.revoke_previous_key(experiment_id)
+        if result == 0:
+            raise NotFound("no experiment with this id")
+        return result == 1
+
     async def retire_arms(self, experiment_id: str, arm_ids: Sequence[str]) -> ExperimentView:
         definition = await self._definition(experiment_id)
         if not arm_ids or len(set(arm_ids)) != len(arm_ids):
@@ -727,15 +750,17 @@ class ExperimentService:
         view = self._views.get(experiment_id)
         if view is None:
             return await self._read_view(experiment_id, key_hash)
-        if key_hash is None or hmac.compare_digest(key_hash, view.definition.key_hash):
+        if key_hash is None or view.definition.accepts(key_hash):
             self._views.move_to_end(experiment_id)
             return view
-        # A wrong key, or the experiment was created again (with a new key).
-        stored = await self._store.key_hash(experiment_id)
+        # A wrong key, a key rotated in since this view was read, or the experiment
+        # was created again (with a new key). (A key revoked since is refused by the
+        # scripts, which read the keys with every decision and reward.)
+        stored = await self._store.key_hashes(experiment_id)
         if stored is None:
             self._forget(experiment_id)
             raise _missing(key_hash)
-        if not hmac.compare_digest(key_hash, stored):
+        if not any(hmac.compare_digest(key_hash, known) for known in stored):
             raise Forbidden(_WRONG_KEY)
         return await self._read_view(experiment_id, key_hash)
 
@@ -745,9 +770,10 @@ class ExperimentService:
             self._forget(experiment_id)
             raise _missing(key_hash)
         meta, arms, snapshot = read
-        if key_hash is not None and not hmac.compare_digest(key_hash, meta["key_hash"]):
+        definition = _parse_definition(meta, arms)
+        if key_hash is not None and not definition.accepts(key_hash):
             raise Forbidden(_WRONG_KEY)  # nothing kept
-        return self._remember(experiment_id, _parse_definition(meta, arms), snapshot)
+        return self._remember(experiment_id, definition, snapshot)
 
     async def _caught_up(
         self, experiment_id: str, view: View, key_hash: str | None,
@@ -1254,6 +1280,7 @@ def _parse_definition(meta: dict[str, str], arms_raw: dict[str, str]) -> Definit
         spec=spec,
         config=config,
         key_hash=meta["key_hash"],
+        previous_key_hash=meta.get("key_hash_old"),
         incarnation=meta["incarnation"],
         created_at=float(meta["created_at"]),
         version=int(meta["version"]),
@@ -1292,6 +1319,7 @@ def _view(
         defaulted=int(stats.get(keys.DEFAULTED, b"0")),
         late=int(stats.get(keys.LATE, b"0")),
         defaults_missed=int(stats.get(keys.DEFAULTS_MISSED, b"0")),
+        previous_key_valid=definition.previous_key_hash is not None,
     )
 
 

@@ -477,6 +477,7 @@ class Store:
         self._upgrade_decision = client.register_script(_script("upgrade_decision"))
         self._delete = client.register_script(_script("delete"))
         self._read = client.register_script(_script("read"))
+        self._keys = client.register_script(_script("keys"))
         self._batcher = _ScriptBatcher(client, deadline_seconds)
 
     @property
@@ -726,6 +727,28 @@ class Store:
         reply = await self._read(keys=[*names, keys.outcomes(experiment_id)], args=[len(names)])
         hashes = [{flat[i]: flat[i + 1] for i in range(0, len(flat), 2)} for flat in reply[:-1]]
         return hashes, reply[-1]
+
+    @_translated
+    async def rotate_key(self, experiment_id: str, new_hash: str) -> bool:
+        """The new key becomes the experiment's, the current one its previous (still
+        valid until revoked); False if the experiment does not exist (``keys.lua``)."""
+        return int(await self._keys(keys=[keys.meta(experiment_id)],
+                                    args=["rotate", new_hash])) == 1
+
+    @_translated
+    async def revoke_previous_key(self, experiment_id: str) -> int:
+        """0: no such experiment; 1: the previous key revoked; 2: there was none."""
+        return int(await self._keys(keys=[keys.meta(experiment_id)], args=["revoke"]))
+
+    @_translated
+    async def key_hashes(self, experiment_id: str) -> tuple[str, ...] | None:
+        """The hashes of the keys the experiment accepts (the current one first); None if
+        it does not exist."""
+        current, previous = await self._client.hmget(keys.meta(experiment_id),
+                                                      ["key_hash", "key_hash_old"])
+        if current is None:
+            return None
+        return tuple(_text(h) for h in (current, previous) if h is not None)
 
     @_translated
     async def key_hash(self, experiment_id: str) -> str | None:

@@ -530,6 +530,14 @@ async def test_every_method(served: str, kind: str) -> None:
         assert [a.id for a in added.arms] == ["a", "b", "c"]
         retired = await lrb.retire_arms("cov", ["a"])
         assert [a.active for a in retired.arms] == [False, True, True]
+        new_key = await lrb.rotate_key("cov")
+        context = np.array([0.2, -1.0, 0.5])
+        for key in (cov.api_key, new_key):  # both valid until the old one is revoked
+            assert (await lrb.choose("cov", context=context, api_key=key)).arm_id
+        assert await lrb.revoke_previous_key("cov") is True
+        assert await lrb.revoke_previous_key("cov") is False
+        with pytest.raises(Forbidden):
+            await lrb.choose("cov", context=context, api_key=cov.api_key)
 
         first = await lrb.list_experiments(limit=2)
         assert ([e.id for e in first.experiments], first.next_after) == (["cov", "ctx"], "ctx")

@@ -82,7 +82,7 @@ def test_the_docs_curl_examples_work_as_written(redis_db: str, base_url: str, do
         command = command.replace(_ADDRESS, base_url.removeprefix("http://"))
         body = _run(command, env, doc)
         path = command.split(base_url.removeprefix("http://"), 1)[1].split()[0]
-        if path == "/experiments":
+        if path == "/experiments" or path.endswith("/keys"):  # created, or a key rotated
             env["KEY"] = body["api_key"]
         elif path == "/choose":
             decision_id = body["decision_id"]

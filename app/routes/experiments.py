@@ -16,9 +16,11 @@ from app.schemas import (
     ExperimentCreatedOut,
     ExperimentListOut,
     ExperimentOut,
+    KeyOut,
     LogEntryOut,
     LogPageOut,
     RetireArmsIn,
+    RevokedOut,
 )
 from app.strict_json import StrictJSONRoute
 from service.domain import EXPERIMENT_ID_PATTERN
@@ -64,6 +66,18 @@ async def get_experiment(experiment_id: ExperimentIdPath, service: ServiceDep) -
 async def delete_experiment(experiment_id: ExperimentIdPath, service: ServiceDep) -> Response:
     await service.delete(experiment_id)
     return Response(status_code=204)
+
+
+@router.post("/{experiment_id}/keys", status_code=201,
+             summary="A new API key; the current one stays valid until revoked")
+async def rotate_key(experiment_id: ExperimentIdPath, service: ServiceDep) -> KeyOut:
+    return KeyOut(api_key=await service.rotate_key(experiment_id))
+
+
+@router.delete("/{experiment_id}/keys/previous",
+               summary="Revoke the key a rotation kept valid (at once, on every worker)")
+async def revoke_previous_key(experiment_id: ExperimentIdPath, service: ServiceDep) -> RevokedOut:
+    return RevokedOut(revoked=await service.revoke_previous_key(experiment_id))
 
 
 @router.post("/{experiment_id}/arms", summary="Add arms")

@@ -118,6 +118,12 @@ class AsyncClient:
     async def retire_arms(self, experiment_id: str, arm_ids: Sequence[str]) -> Experiment:
         return await self._send(self._core.retire_arms(experiment_id, arm_ids))
 
+    async def rotate_key(self, experiment_id: str) -> str:
+        return (await self._send(self._core.rotate_key(experiment_id))).api_key
+
+    async def revoke_previous_key(self, experiment_id: str) -> bool:
+        return (await self._send(self._core.revoke_previous_key(experiment_id))).revoked
+
     # -- decisions and rewards (the experiment's key)
 
     async def choose(self, experiment_id: str, *, context: Vector | None = None,

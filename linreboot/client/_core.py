@@ -37,6 +37,8 @@ from linreboot.client._models import (
     Decision,
     Experiment,
     ExperimentPage,
+    NewKey,
+    Revoked,
     RewardResult,
     ServiceStatus,
 )
@@ -188,6 +190,16 @@ class Core:
         return self._admin_call("POST", _experiment_path(experiment_id, "arms", "retire"),
                                 Experiment.model_validate_json, Retryable.ALWAYS,
                                 {"arm_ids": list(arm_ids)})
+
+    def rotate_key(self, experiment_id: str) -> Call[NewKey]:
+        # Not retried once it may have been applied: a second rotation would revoke the
+        # key the first kept valid.
+        return self._admin_call("POST", _experiment_path(experiment_id, "keys"),
+                                NewKey.model_validate_json, Retryable.IF_NOT_APPLIED)
+
+    def revoke_previous_key(self, experiment_id: str) -> Call[Revoked]:
+        return self._admin_call("DELETE", _experiment_path(experiment_id, "keys", "previous"),
+                                Revoked.model_validate_json, Retryable.ALWAYS)
 
     # -- decisions and rewards (the experiment's key)
 

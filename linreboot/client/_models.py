@@ -61,6 +61,19 @@ class Experiment(_Answer):
     duplicates: int
 
 
+class NewKey(_Answer):
+    """``POST /experiments/{id}/keys``: the experiment's new API key, shown only this once
+    (the key before it stays valid until revoked)."""
+
+    api_key: str
+
+
+class Revoked(_Answer):
+    """``DELETE /experiments/{id}/keys/previous``: False when no previous key was valid."""
+
+    revoked: bool
+
+
 class CreatedExperiment(_Answer):
     """``POST /experiments``: the experiment and its API key, shown only this once."""
 

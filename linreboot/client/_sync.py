@@ -148,6 +148,15 @@ class Client:
         """Retire arms: never chosen again, they keep their history."""
         return self._send(self._core.retire_arms(experiment_id, arm_ids))
 
+    def rotate_key(self, experiment_id: str) -> str:
+        """A new API key for the experiment, shown once; the current one stays valid until
+        :meth:`revoke_previous_key`. Move every caller to the new key, then revoke."""
+        return self._send(self._core.rotate_key(experiment_id)).api_key
+
+    def revoke_previous_key(self, experiment_id: str) -> bool:
+        """Revoke the key the last rotation kept valid (at once); False if there was none."""
+        return self._send(self._core.revoke_previous_key(experiment_id)).revoked
+
     # -- decisions and rewards (the experiment's key)
 
     def choose(self, experiment_id: str, *, context: Vector | None = None,

@@ -1,7 +1,7 @@
 -- Record a decision made from the statistics the worker holds, if they are current.
 --
--- KEYS[1]  meta hash      lrb:{exp}:meta   (incarnation, key_hash, version, default_reward,
---                          log_max_entries, log_max_age_seconds)
+-- KEYS[1]  meta hash      lrb:{exp}:meta   (incarnation, key_hash, key_hash_old, version,
+--                          default_reward, log_max_entries, log_max_age_seconds)
 -- KEYS[2]  stats hash     lrb:{exp}:stats  (packed sums; counters rewards, defaulted,
 --                          decision_seq, decisions; the sums with KEYS[6]'s outcomes
 --                          added are the statistics)
@@ -57,11 +57,11 @@
 --   {'forbidden'}         the key is not the experiment's
 
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'key_hash', 'version', 'default_reward',
-                        'log_max_entries', 'log_max_age_seconds')
+                        'log_max_entries', 'log_max_age_seconds', 'key_hash_old')
 if not meta[1] then
   return {'missing'}
 end
-if ARGV[1] ~= '' and meta[2] ~= ARGV[1] then
+if ARGV[1] ~= '' and meta[2] ~= ARGV[1] and meta[7] ~= ARGV[1] then  -- keys.lua
   return {'forbidden'}
 end
 local existing = redis.pcall('GET', KEYS[3])

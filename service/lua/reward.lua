@@ -1,7 +1,8 @@
 -- Apply a batch of rewards, each exactly once.
 -- store.py puts outcomes.lua in front of this script.
 --
--- KEYS[1]  meta hash      lrb:{exp}:meta     (incarnation, key_hash, model_recipe, log retention,
+-- KEYS[1]  meta hash      lrb:{exp}:meta     (incarnation, key_hash, key_hash_old,
+--                          model_recipe, log retention,
 --                          discount, context_bytes)
 -- KEYS[2]  stats hash     lrb:{exp}:stats    (counters)
 -- KEYS[3]  decision log   lrb:{exp}:log      (a stream; written when meta has log_max_entries)
@@ -27,11 +28,12 @@
 -- and the log and the outcomes string hold the rewards in one order.
 
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'key_hash', 'model_recipe',
-                        'log_max_entries', 'log_max_age_seconds', 'discount', 'context_bytes')
+                        'log_max_entries', 'log_max_age_seconds', 'discount', 'context_bytes',
+                        'key_hash_old')
 if not meta[1] then
   return {'missing'}
 end
-if ARGV[1] ~= '' and meta[2] ~= ARGV[1] then
+if ARGV[1] ~= '' and meta[2] ~= ARGV[1] and meta[8] ~= ARGV[1] then  -- keys.lua
   return {'forbidden'}
 end
 local refused = unusable(meta[3])

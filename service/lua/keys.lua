@@ -1,0 +1,20 @@
+-- Rotate or revoke an experiment's API keys. An experiment accepts its current
+-- key (key_hash) and, after a rotation, the one before it (key_hash_old), until
+-- that is revoked: clients move to the new key with no request refused.
+--
+-- KEYS[1]  meta hash  lrb:{exp}:meta  (key_hash, key_hash_old)
+-- ARGV[1]  'rotate' or 'revoke'
+-- ARGV[2]  with 'rotate': the SHA-256 (hex) of the new key
+--
+-- Returns 0 when the experiment does not exist; else 1, or, for 'revoke', 2
+-- when there was no previous key to revoke.
+
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+if ARGV[1] == 'rotate' then
+  local current = redis.call('HGET', KEYS[1], 'key_hash')
+  redis.call('HSET', KEYS[1], 'key_hash_old', current, 'key_hash', ARGV[2])
+  return 1
+end
+return redis.call('HDEL', KEYS[1], 'key_hash_old') == 1 and 1 or 2
