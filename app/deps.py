@@ -8,13 +8,13 @@ are 401, wrong ones 403.
 
 from __future__ import annotations
 
-import hmac
 from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
+from app.auth import AdminTokens
 from app.metrics import Metrics
 from service.domain import EXPERIMENT_ID_PATTERN
 from service.experiments import ExperimentService
@@ -65,7 +65,7 @@ _api_key = APIKeyHeader(
 
 
 async def _require_admin(
-    settings: SettingsDep,
+    request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
     if credentials is None:
@@ -74,8 +74,8 @@ async def _require_admin(
             "admin token required: send Authorization: Bearer <token>",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    expected = settings.admin_token.get_secret_value().encode()
-    if not hmac.compare_digest(credentials.credentials.encode(), expected):
+    tokens: AdminTokens = request.app.state.admin_tokens
+    if not tokens.valid(credentials.credentials):
         raise HTTPException(403, "the admin token is not valid")
 
 

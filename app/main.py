@@ -18,6 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import FastAPI
 from threadpoolctl import threadpool_limits
 
+from app.auth import AdminTokens
 from app.errors import install_error_handlers
 from app.logs import configure_logging
 from app.metrics import Metrics
@@ -62,6 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = Metrics()
+    app.state.admin_tokens = AdminTokens(settings)
     install_error_handlers(app)
     publish_limits(app, settings)
     # Mounted directly and first, as @app.post routes would be: FastAPI matches

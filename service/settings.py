@@ -53,8 +53,9 @@ class Settings(BaseSettings):
     )
     admin_token_file: Path | None = Field(
         default=None,
-        description="a file holding the admin token (a Docker or Kubernetes secret), read at "
-        "start-up instead of LINREBOOT_ADMIN_TOKEN; one trailing newline is dropped",
+        description="a file holding the admin token (a Docker or Kubernetes secret) instead of "
+        "LINREBOOT_ADMIN_TOKEN; one token a line, each valid; read again when it changes, so "
+        "tokens rotate without a restart",
     )
     host: str = "127.0.0.1"
     port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
@@ -166,16 +167,10 @@ class Settings(BaseSettings):
             raise ValueError("LINREBOOT_ADMIN_TOKEN_FILE: give the token or its file, not both "
                              "(unset LINREBOOT_ADMIN_TOKEN)")
         try:
-            text = self.admin_token_file.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not text"
-            raise ValueError(f"LINREBOOT_ADMIN_TOKEN_FILE: cannot read "
-                             f"{self.admin_token_file} ({reason})") from None
-        token = text.removesuffix("\n").removesuffix("\r")
-        if not token or token != token.strip():
-            raise ValueError("LINREBOOT_ADMIN_TOKEN_FILE: the file must hold the token alone, "
-                             "without blank space around it")
-        self.admin_token = SecretStr(token)
+            tokens = read_admin_tokens(self.admin_token_file)
+        except ValueError as exc:
+            raise ValueError(f"LINREBOOT_ADMIN_TOKEN_FILE: {exc}") from None
+        self.admin_token = SecretStr(tokens[0])
         return self
 
     @model_validator(mode="after")
@@ -186,6 +181,26 @@ class Settings(BaseSettings):
                 "address other machines can reach (LINREBOOT_HOST or --host): set a secret token"
             )
         return self
+
+
+def read_admin_tokens(path: Path) -> tuple[str, ...]:
+    """The admin tokens a token file holds, one per line (blank lines skipped).
+
+    Raises
+    ------
+    ValueError
+        One line saying why the file cannot serve (unreadable, no token, a token
+        with blank space in it).
+    """
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not text"
+        raise ValueError(f"cannot read {path} ({reason})") from None
+    tokens = tuple(line.strip() for line in text.splitlines() if line.strip())
+    if not tokens or any(len(t.split()) != 1 for t in tokens):
+        raise ValueError(f"{path} must hold one token a line, without blank space in a token")
+    return tokens
 
 
 # LINREBOOT_* variables that are not settings but are read elsewhere: the tests'

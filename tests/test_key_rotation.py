@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+from typing import Any
 
 import pytest
 
@@ -100,3 +102,50 @@ async def test_no_request_fails_while_the_key_rotates_under_load(api: Api) -> No
         assert (await api.http.request(method, "/experiments/cov/keys"
                                        + ("/previous" if method == "DELETE" else ""))
                 ).status_code == 401  # the admin token is needed
+
+
+async def test_the_admin_token_file_rotates_without_a_restart(
+    redis_db: str, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 29: one admin token, from the environment, could not change without a
+    restart. LINREBOOT_ADMIN_TOKEN_FILE may hold several tokens, one a line, and is read
+    again when it changes; a file that cannot serve keeps the tokens it held last."""
+    import httpx
+    from pydantic import SecretStr
+
+    from app.main import create_app
+    from service.settings import Settings
+
+    secret = tmp_path / "admin_tokens"
+    secret.write_text("old-token\n")
+    settings = Settings(redis_url=redis_db, admin_token=SecretStr("change-me"),
+                        admin_token_file=secret)
+    app = create_app(settings)
+
+    async def status(http: httpx.AsyncClient, token: str) -> int:
+        response = await http.get("/experiments", headers={"Authorization": f"Bearer {token}"})
+        return response.status_code
+
+    def rewrite(text: str) -> None:
+        before = secret.stat().st_mtime_ns if secret.exists() else 0
+        secret.write_text(text)
+        os.utime(secret, ns=(before + 10**9, before + 10**9))  # a change, however fast
+
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            assert [await status(http, t) for t in ("old-token", "new-token")] == [200, 403]
+            rewrite("old-token\n\nnew-token\n")  # both, while the callers move
+            assert [await status(http, t) for t in ("old-token", "new-token")] == [200, 200]
+            rewrite("new-token\n")
+            assert [await status(http, t) for t in ("old-token", "new-token")] == [403, 200]
+            secret.unlink()  # gone: the last tokens serve, with one warning
+            with caplog.at_level("WARNING", logger="linreboot.app"):
+                for _ in range(3):
+                    assert await status(http, "new-token") == 200
+            warned = [r for r in caplog.records if "ADMIN_TOKEN_FILE" in r.getMessage()]
+            assert len(warned) == 1
+            rewrite("")  # empty: refused as a source, the last tokens serve
+            assert await status(http, "new-token") == 200
+            rewrite("newest-token\n")  # serving again
+            assert [await status(http, t) for t in ("new-token", "newest-token")] == [403, 200]
