@@ -3,12 +3,13 @@
 # set REDIS_URL and LINREBOOT_ADMIN_TOKEN. The image has no embedded Redis and
 # no plotting (the [embedded] and [plots] extras are for development).
 
-FROM python:3.11-slim AS build
+# A pinned base (a Python patch release on a Debian release), and dependencies
+# pinned by requirements.lock: the same build tomorrow as today.
+FROM python:3.11.11-slim-bookworm AS build
 WORKDIR /src
-# The dependencies from pyproject.toml alone: a change to the code reuses this layer.
-COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > requirements.txt \
-    && pip wheel --no-cache-dir --wheel-dir /wheels/deps -r requirements.txt
+# The dependencies from the lock alone: a change to the code reuses this layer.
+COPY pyproject.toml requirements.lock ./
+RUN pip wheel --no-cache-dir --wheel-dir /wheels/deps -r requirements.lock
 COPY README.md ./
 COPY policies ./policies
 COPY service ./service
@@ -17,7 +18,7 @@ COPY loadtest ./loadtest
 COPY linreboot ./linreboot
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels/app .
 
-FROM python:3.11-slim
+FROM python:3.11.11-slim-bookworm
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \

