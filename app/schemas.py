@@ -11,6 +11,7 @@ Whether vectors have the experiment's dimension is the service's check.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, Self
 
@@ -354,6 +355,51 @@ class AddArmsIn(_Request):
         arms = _arms_to_domain(self.arms, problems)
         problems.check()
         return arms
+
+
+# What a live experiment may change (service.experiments.LIVE_SETTINGS).
+_PLAIN_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,39}")
+
+
+class SettingsPatchIn(_Request):
+    """Live settings: how decisions are made and kept, never what the statistics mean."""
+
+    model_config = ConfigDict(
+        extra="allow",  # refused below, with the names that may change
+        json_schema_extra={"examples": [{"epsilon": 0.05, "reward_window_seconds": 600}]},
+    )
+
+    epsilon: float | None = Field(default=None, ge=0.0, le=1.0,
+                                  description="probability of a uniform eligible arm")
+    reward_window_seconds: int | None = Field(
+        default=None, ge=1, json_schema_extra=_limits(maximum="max_reward_window_seconds"),
+        description="the window of decisions made from now on")
+    default_reward: Feature | None = Field(
+        default=None, description="the default of decisions settled from now on (an "
+        "experiment that has one only)")
+    max_stale_rewards: int | None = Field(default=None, ge=0, le=MAX_STALE_REWARDS)
+    log_max_entries: int | None = Field(default=None, ge=0, le=MAX_LOG_ENTRIES)
+    log_max_age_seconds: int | None = Field(default=None, ge=1, le=MAX_LOG_AGE_SECONDS)
+
+    @model_validator(mode="after")
+    def _live_settings_only(self) -> Self:
+        others = sorted(self.model_extra or {})
+        if others:
+            named = ", ".join(o if _PLAIN_NAME.fullmatch(o) else "<key>" for o in others)
+            live = ", ".join(type(self).model_fields)
+            raise ValueError(f"{named}: not a live setting; only {live} change on a live "
+                             "experiment (the others would change what its statistics mean)")
+        if not self.model_dump(exclude_none=True):
+            raise ValueError(f"give one of {', '.join(type(self).model_fields)} at least")
+        return self
+
+    def to_domain(self, settings: Settings) -> dict[str, object]:
+        changes = self.model_dump(exclude_none=True)
+        problems = _Problems(settings)
+        if "default_reward" in changes:
+            problems.number(("default_reward",), changes["default_reward"])
+        problems.check()
+        return changes
 
 
 class RetireArmsIn(_Request):
@@ -743,7 +789,8 @@ class LogEntryOut(BaseModel):
     time: float = Field(description="Unix time, seconds (the store's clock, to the ms)")
     type: LogEntryType = Field(
         description="decision; reward (applied); default (the default reward applied); late "
-        "(a reward after the window, not applied)")
+        "(a reward after the window, not applied); settings (live settings changed: "
+        "changes, and an empty decision_id)")
     decision_id: str
     number: int | None = Field(default=None, description="the decision number")
     arm_id: str | None = Field(default=None, description="the arm chosen")
@@ -759,6 +806,8 @@ class LogEntryOut(BaseModel):
         default=None, description="the outcomes of the statistics it was made from (rewards "
         "and default rewards applied)")
     reward: float | None = Field(default=None, description="an outcome's reward")
+    changes: dict[str, Any] | None = Field(
+        default=None, description="a settings entry: the settings PATCH changed, new values")
 
     @classmethod
     def from_domain(cls, entry: LogEntry) -> LogEntryOut:
@@ -769,7 +818,7 @@ class LogEntryOut(BaseModel):
             eligible=None if entry.eligible is None else list(entry.eligible),
             contexts=None if entry.contexts is None else [list(c) for c in entry.contexts],
             propensity=entry.propensity, version=entry.version,
-            rewards_seen=entry.rewards_seen, reward=entry.reward,
+            rewards_seen=entry.rewards_seen, reward=entry.reward, changes=entry.changes,
         )
 
 

@@ -25,7 +25,7 @@ _ARM_ID = re.compile(ARM_ID_PATTERN)
 _EXPERIMENT_ID = re.compile(EXPERIMENT_ID_PATTERN)
 
 RewardStatus = Literal["applied", "duplicate", "conflict", "late", "not_found"]
-LogEntryType = Literal["decision", "reward", "default", "late"]
+LogEntryType = Literal["decision", "reward", "default", "late", "settings"]
 
 
 def valid_arm_id(arm_id: str) -> bool:
@@ -163,7 +163,8 @@ class LogEntry:
 
     A decision has ``number`` to ``rewards_seen``; an outcome (``reward``: a
     reward applied; ``default``: the default reward applied; ``late``: a
-    reward that arrived after the window, not applied) has ``reward``.
+    reward that arrived after the window, not applied) has ``reward``; a
+    ``settings`` entry (live settings changed) has ``changes`` and no decision.
     ``context`` is the chosen arm's; ``eligible`` the arms it was chosen
     from; ``contexts`` theirs, in that order (an experiment with
     ``log_all_contexts``); ``propensity`` None where the decision recorded none.
@@ -182,3 +183,4 @@ class LogEntry:
     version: int | None = None
     rewards_seen: int | None = None
     reward: float | None = None
+    changes: dict[str, object] | None = None  # a "settings" entry: what PATCH changed

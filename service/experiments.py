@@ -489,6 +489,70 @@ class ExperimentService:
             raise Conflict("an arm with one of these ids already exists")
         return await self.get(experiment_id)
 
+    async def update_settings(
+        self, experiment_id: str, changes: Mapping[str, object]
+    ) -> ExperimentView:
+        """Change the live settings (:data:`LIVE_SETTINGS`) of an experiment: every worker's
+        next decision reads them, and the change goes to the decision log.
+
+        ``reward_window_seconds`` is the window of decisions made from now on;
+        ``default_reward`` the default of decisions settled from now on (one cannot be
+        added or removed: which decisions count would change); ``epsilon`` and
+        ``max_stale_rewards`` hold for decisions made from now on; the log bounds
+        at its next write.
+        """
+        unknown = sorted(set(changes) - set(LIVE_SETTINGS))
+        if unknown or not changes:
+            raise InvalidInput(
+                "only these settings change on a live experiment: " + ", ".join(LIVE_SETTINGS)
+                + "; the others would change what its statistics mean (create another)")
+        for _ in range(_DECIDE_ATTEMPTS):
+            definition = await self._definition(experiment_id)
+            spec, config = self._changed(definition, changes)
+            version = await self._store.update_settings(
+                experiment_id, definition.version, json.dumps(_spec_to_json(spec)),
+                json.dumps(dataclasses.asdict(config)),
+                None if spec.default_reward is None else _reward_text(spec.default_reward),
+                spec.log_max_entries, spec.log_max_age_seconds,
+                json.dumps(dict(changes), sort_keys=True))
+            if version == 0:
+                raise NotFound("no experiment with this id")
+            if version > 0:
+                self._forget(experiment_id)
+                return await self.get(experiment_id)
+        raise StoreUnavailable("the experiment kept changing; retry")
+
+    def _changed(self, definition: Definition, changes: Mapping[str, object]
+                 ) -> tuple[ExperimentSpec, PolicyConfig]:
+        """The spec and config with ``changes``, checked as at creation."""
+        spec, s = definition.spec, self._settings
+        fields = {k: v for k, v in changes.items() if k != "epsilon"}
+        if "default_reward" in changes:
+            if spec.default_reward is None or changes["default_reward"] is None:
+                raise InvalidInput(
+                    "default_reward can change its value only: one cannot be added to or "
+                    "removed from a live experiment (which decisions count would change)")
+            _check_vector([float(changes["default_reward"])],  # type: ignore[arg-type]
+                          s.feature_bound, "default_reward")
+        window = fields.get("reward_window_seconds", spec.reward_window_seconds)
+        if not 1 <= int(window) <= s.max_reward_window_seconds:  # type: ignore[call-overload]
+            raise InvalidInput(
+                f"reward_window_seconds must be between 1 and {s.max_reward_window_seconds}")
+        hyperparameters = dict(spec.hyperparameters)
+        if "epsilon" in changes:
+            hyperparameters["epsilon"] = changes["epsilon"]  # type: ignore[assignment]
+        new_spec = dataclasses.replace(spec, hyperparameters=hyperparameters,
+                                       **fields)  # type: ignore[arg-type]
+        if new_spec.log_all_contexts and new_spec.log_max_entries == 0:
+            raise InvalidInput("log_all_contexts needs a decision log: log_max_entries must "
+                               "stay above 0")
+        epsilon = float(hyperparameters.get("epsilon", definition.config.epsilon))
+        try:
+            config = dataclasses.replace(definition.config, epsilon=epsilon)
+        except ValueError as exc:
+            raise InvalidInput(f"invalid hyperparameters: {exc}") from None
+        return new_spec, config
+
     async def rotate_key(self, experiment_id: str) -> str:
         """A new API key for the experiment, shown once; the current one stays valid as
         its previous key until :meth:`revoke_previous_key` (one key before it is no
@@ -976,6 +1040,12 @@ def _status(text: str) -> RewardStatus:
     raise RuntimeError(f"unexpected reward script result {text!r}")
 
 
+# What PATCH /experiments/{id} may change: nothing that changes what the statistics
+# mean (the model, its prior and its sums), only how decisions are made and kept.
+LIVE_SETTINGS = ("epsilon", "reward_window_seconds", "default_reward", "max_stale_rewards",
+                 "log_max_entries", "log_max_age_seconds")
+
+
 def _fold_due(counter: int, recorded: int) -> bool:
     """The ``recorded`` outcomes took the counter past a multiple of FOLD_EVERY."""
     return counter // FOLD_EVERY > (counter - recorded) // FOLD_EVERY
@@ -1219,10 +1289,13 @@ _OUTCOMES: dict[str, LogEntryType] = {"reward": "reward", "default": "default", 
 
 
 def _log_entry(definition: Definition, entry_id: str, fields: dict[str, bytes]) -> LogEntry:
-    """A decision-log entry as decide.lua, reward.lua or settle.lua wrote it."""
+    """A decision-log entry as decide.lua, reward.lua, settle.lua or settings.lua wrote it."""
     text = {k: v.decode() for k, v in fields.items() if k not in ("x", "contexts")}
     time_ms = int(entry_id.split("-", 1)[0])
     kind = text["type"]
+    if kind == "settings":
+        return LogEntry(entry_id, time_ms / 1000, "settings", "",
+                        changes=json.loads(text["changes"]))
     if kind != "decision":
         return LogEntry(entry_id, time_ms / 1000, _OUTCOMES[kind], text["id"],
                         reward=float(text["reward"]))

@@ -478,6 +478,7 @@ class Store:
         self._delete = client.register_script(_script("delete"))
         self._read = client.register_script(_script("read"))
         self._keys = client.register_script(_script("keys"))
+        self._settings = client.register_script(_script("settings"))
         self._batcher = _ScriptBatcher(client, deadline_seconds)
 
     @property
@@ -888,6 +889,19 @@ class Store:
         args = [str(max_arms), *(item for pair in arms.items() for item in pair)]
         keyset = [keys.meta(experiment_id), keys.arms(experiment_id)]
         return int(await self._add_arms(keys=keyset, args=args))
+
+    @_translated
+    async def update_settings(
+        self, experiment_id: str, version: int, spec: str, config: str,
+        default_reward: str | None, log_max_entries: int, log_max_age_seconds: int,
+        change: str,
+    ) -> int:
+        """Write the live settings (``settings.lua``): the new version, 0 if the experiment
+        is gone, -1 if its definition changed since ``version`` was read."""
+        args = [str(version), spec, config, default_reward or "", str(log_max_entries),
+                str(log_max_age_seconds), change]
+        return int(await self._settings(keys=[keys.meta(experiment_id), keys.log(experiment_id)],
+                                        args=args))
 
     @_translated
     async def retire_arms(self, experiment_id: str, arm_ids: Sequence[str]) -> int:

@@ -530,6 +530,8 @@ async def test_every_method(served: str, kind: str) -> None:
         assert [a.id for a in added.arms] == ["a", "b", "c"]
         retired = await lrb.retire_arms("cov", ["a"])
         assert [a.active for a in retired.arms] == [False, True, True]
+        patched = await lrb.update_settings("cov", epsilon=0.25, reward_window_seconds=900)
+        assert (patched.config["epsilon"], patched.reward_window_seconds) == (0.25, 900)
         new_key = await lrb.rotate_key("cov")
         context = np.array([0.2, -1.0, 0.5])
         for key in (cov.api_key, new_key):  # both valid until the old one is revoked

@@ -21,6 +21,7 @@ from app.schemas import (
     LogPageOut,
     RetireArmsIn,
     RevokedOut,
+    SettingsPatchIn,
 )
 from app.strict_json import StrictJSONRoute
 from service.domain import EXPERIMENT_ID_PATTERN
@@ -60,6 +61,16 @@ async def list_experiments(
 @router.get("/{experiment_id}", summary="An experiment and what it has learnt")
 async def get_experiment(experiment_id: ExperimentIdPath, service: ServiceDep) -> ExperimentOut:
     return ExperimentOut.from_domain(await service.get(experiment_id))
+
+
+@router.patch("/{experiment_id}",
+              summary="Change live settings (epsilon, reward window, default reward, ...)")
+async def update_settings(
+    experiment_id: ExperimentIdPath, body: SettingsPatchIn, service: ServiceDep,
+    settings: SettingsDep,
+) -> ExperimentOut:
+    changes = body.to_domain(settings)
+    return ExperimentOut.from_domain(await service.update_settings(experiment_id, changes))
 
 
 @router.delete("/{experiment_id}", status_code=204, summary="Delete an experiment and its state")

@@ -118,6 +118,9 @@ class AsyncClient:
     async def retire_arms(self, experiment_id: str, arm_ids: Sequence[str]) -> Experiment:
         return await self._send(self._core.retire_arms(experiment_id, arm_ids))
 
+    async def update_settings(self, experiment_id: str, **changes: Any) -> Experiment:
+        return await self._send(self._core.update_settings(experiment_id, changes))
+
     async def rotate_key(self, experiment_id: str) -> str:
         return (await self._send(self._core.rotate_key(experiment_id))).api_key
 

@@ -191,6 +191,11 @@ class Core:
                                 Experiment.model_validate_json, Retryable.ALWAYS,
                                 {"arm_ids": list(arm_ids)})
 
+    def update_settings(self, experiment_id: str, changes: Mapping[str, Any]) -> Call[Experiment]:
+        # The same values again change nothing more (the log records the change twice).
+        return self._admin_call("PATCH", _experiment_path(experiment_id),
+                                Experiment.model_validate_json, Retryable.ALWAYS, dict(changes))
+
     def rotate_key(self, experiment_id: str) -> Call[NewKey]:
         # Not retried once it may have been applied: a second rotation would revoke the
         # key the first kept valid.

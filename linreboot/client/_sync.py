@@ -148,6 +148,12 @@ class Client:
         """Retire arms: never chosen again, they keep their history."""
         return self._send(self._core.retire_arms(experiment_id, arm_ids))
 
+    def update_settings(self, experiment_id: str, **changes: Any) -> Experiment:
+        """Change live settings (``epsilon``, ``reward_window_seconds``,
+        ``default_reward``, ``max_stale_rewards``, ``log_max_entries``,
+        ``log_max_age_seconds``); the experiment as it is then."""
+        return self._send(self._core.update_settings(experiment_id, changes))
+
     def rotate_key(self, experiment_id: str) -> str:
         """A new API key for the experiment, shown once; the current one stays valid until
         :meth:`revoke_previous_key`. Move every caller to the new key, then revoke."""

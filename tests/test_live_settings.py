@@ -1,0 +1,99 @@
+"""Live settings (issue 29): PATCH /experiments/{id} changes how decisions are made and
+kept (epsilon, reward window, default reward's value, max_stale_rewards, log bounds),
+never what the statistics mean; every worker's next decision sees the change, and the
+decision log records it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
+from service.errors import InvalidInput, NotFound
+from service.experiments import ExperimentService
+from tests.conftest import ADMIN, COVARIATES, Api
+
+pytestmark = pytest.mark.anyio
+
+ARMS = (ArmSpec("a"), ArmSpec("b"), ArmSpec("c"))
+CONTEXT = ChooseRequest(context=(1.0, 0.5))
+
+
+async def _trained(service: ExperimentService, **spec: object) -> None:
+    """A greedy experiment where arm b pays and the others do not: it picks b for sure."""
+    await service.create(ExperimentSpec(id="live", setting="covariates", dim=2, arms=ARMS,
+                                        policy="greedy", log_max_entries=1000,
+                                        **spec))  # type: ignore[arg-type]
+    for arm, reward in (("a", 0.0), ("b", 1.0), ("c", 0.0)) * 3:
+        decision = await service.choose("live", ChooseRequest(context=(1.0, 0.5),
+                                                              eligible=(arm,)))
+        await service.reward("live", [(decision.decision_id, reward)])
+
+
+async def test_every_worker_decides_with_the_new_settings_at_its_next_decision(
+    service: ExperimentService, other_service: ExperimentService
+) -> None:
+    await _trained(service)
+    before = await other_service.choose("live", CONTEXT)  # this worker holds a view now
+    assert (before.arm_id, before.propensity) == ("b", 1.0)
+    view = await service.update_settings("live", {"epsilon": 1.0, "reward_window_seconds": 90})
+    assert view.config["epsilon"] == 1.0 and view.spec.reward_window_seconds == 90
+    after = await other_service.choose("live", CONTEXT)  # its view predates the change
+    assert after.propensity == pytest.approx(1 / 3) and after.expires_in_seconds == 90
+    assert view.spec.hyperparameters["epsilon"] == 1.0
+    # The statistics are untouched: the same pulls before and after.
+    assert [a.pulls for a in view.arms] == [a.pulls for a in (await service.get("live")).arms]
+    log, _ = await service.read_log("live", limit=1000)
+    (entry,) = [e for e in log if e.type == "settings"]
+    assert entry.changes == {"epsilon": 1.0, "reward_window_seconds": 90}
+    assert [e.type for e in log].index("settings") < len(log) - 1  # before the decision after
+
+
+async def test_the_default_reward_changes_for_decisions_settled_afterwards(
+    service: ExperimentService,
+) -> None:
+    await service.create(ExperimentSpec(id="live", setting="covariates", dim=2, arms=ARMS,
+                                        reward_window_seconds=1, default_reward=0.0,
+                                        log_max_entries=1000))
+    made = [await service.choose("live", CONTEXT) for _ in range(3)]
+    await service.update_settings("live", {"default_reward": -2.5})
+    await asyncio.sleep(1.2)
+    assert await service.sweep() == 3
+    log, _ = await service.read_log("live", limit=1000)
+    defaults = [e.reward for e in log if e.type == "default"]
+    assert defaults == [-2.5] * len(made)
+
+
+async def test_what_would_change_the_statistics_meaning_is_refused(
+    service: ExperimentService, api: Api
+) -> None:
+    await api.create(COVARIATES)
+    for body, says in (({"reg": 1.0}, "reg: not a live setting"),
+                       ({"sigma_omega": 2, "epsilon": 0.1}, "sigma_omega: not a live setting"),
+                       ({"policy": "greedy"}, "only epsilon, reward_window_seconds"),
+                       ({"ev{il}": 1}, "<key>: not a live setting"),
+                       ({}, "give one of"),
+                       ({"epsilon": 2.0}, "less than or equal to 1"),
+                       ({"default_reward": 1.0}, "one cannot be added"),
+                       ({"reward_window_seconds": 10**9}, "reward_window_seconds")):
+        before = await api.experiment("cov")
+        response = await api.http.patch("/experiments/cov", json=body, headers=ADMIN)
+        assert response.status_code == 422, (body, response.text)
+        assert says in response.json()["message"], (body, response.text)
+        assert "ev{il}" not in response.text
+        assert await api.experiment("cov") == before  # nothing changed
+    missing = await api.http.patch("/experiments/ghost", json={"epsilon": 0.1}, headers=ADMIN)
+    assert missing.status_code == 404
+    assert (await api.http.patch("/experiments/cov", json={"epsilon": 0.1})).status_code == 401
+    changed = await api.http.patch("/experiments/cov", headers=ADMIN, json={
+        "epsilon": 0.2, "max_stale_rewards": 3, "log_max_entries": 50,
+        "log_max_age_seconds": 120})
+    assert changed.status_code == 200, changed.text
+    view = changed.json()
+    assert (view["config"]["epsilon"], view["max_stale_rewards"], view["log_max_entries"],
+            view["log_max_age_seconds"]) == (0.2, 3, 50, 120)
+    with pytest.raises(NotFound):
+        await service.update_settings("ghost", {"epsilon": 0.1})
+    with pytest.raises(InvalidInput, match="only these settings"):
+        await service.update_settings("cov", {"dim": 4})
