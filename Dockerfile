@@ -10,7 +10,7 @@ WORKDIR /src
 # The dependencies from the lock alone: a change to the code reuses this layer.
 COPY pyproject.toml requirements.lock ./
 RUN pip wheel --no-cache-dir --wheel-dir /wheels/deps -r requirements.lock
-COPY README.md ./
+COPY README.md LICENSE ./
 COPY policies ./policies
 COPY service ./service
 COPY app ./app

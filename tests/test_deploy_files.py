@@ -136,7 +136,8 @@ def test_copies_every_package_the_build_needs(dockerfile: list[Instruction]) -> 
     copied = {Path(src).name for keyword, args in dockerfile if keyword == "COPY"
               and not args.startswith("--from") for src in args.split()[:-1]}
     readme = pyproject["project"].get("readme")
-    for needed in [*packages, "pyproject.toml", *([readme] if readme else [])]:
+    licenses = pyproject["project"].get("license-files", [])  # the build needs them too
+    for needed in [*packages, "pyproject.toml", *([readme] if readme else []), *licenses]:
         assert needed in copied, needed
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
     assert not ignored & copied, "a file the build copies is in .dockerignore"
