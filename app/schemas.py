@@ -444,6 +444,10 @@ class ChooseIn(_Request):
         default=None, description="choose among these active arms only"
     )
     excluded: ArmIds = Field(default_factory=list, description="never choose these arms")
+    decision_id: DecisionId | None = Field(
+        default=None, description="an id of the caller's choosing (1-128 of A-Z a-z 0-9 _ . : "
+        "-): the request is then idempotent, the same request again under it gets the same "
+        "decision, recorded once (within its reward window); another request under it is a 409")
 
     @model_validator(mode="after")
     def _distinct_arms(self) -> Self:
@@ -470,6 +474,7 @@ class ChooseIn(_Request):
             ),
             eligible=tuple(self.eligible) if self.eligible is not None else None,
             excluded=tuple(self.excluded),
+            decision_id=self.decision_id,
         )
 
 

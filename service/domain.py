@@ -7,6 +7,8 @@ them against the experiment (dimensions, arm ids) and raises
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -131,12 +133,21 @@ class ChooseRequest:
     Exactly one of the context fields, by setting: stochastic needs none;
     contextual needs ``arm_contexts`` for every eligible arm; covariates needs
     ``context``. ``eligible`` and ``excluded`` restrict the active arms.
+    ``decision_id``, chosen by the caller, makes the request idempotent: the
+    same request again under it gets the same decision, recorded once.
     """
 
     context: tuple[float, ...] | None = None
     arm_contexts: dict[str, tuple[float, ...]] | None = None
     eligible: tuple[str, ...] | None = None
     excluded: tuple[str, ...] = ()
+    decision_id: str | None = None
+
+    def digest(self) -> str:
+        """What the request asks for, as a hash: the same request gives the same one."""
+        text = json.dumps([self.context, self.arm_contexts, self.eligible, self.excluded],
+                          sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)

@@ -658,7 +658,8 @@ class ExperimentService:
             rng = self._rng if number is None else _decision_rng(definition.spec.seed, number)
             choice = draw(ready, [rng])
             picked = int(choice.arms[0])
-            decision_id = secrets.token_hex(16)  # as random as uuid4().hex, cheaper
+            # The caller's id (idempotent), else as random as uuid4().hex, cheaper.
+            decision_id = request.decision_id or secrets.token_hex(16)
             x = np.ascontiguousarray(contexts[picked], dtype="<f8").tobytes()
             propensity = await view.propensity(ready, picked)
             record = _decision_record(view, arms[picked], x, propensity)
@@ -673,7 +674,16 @@ class ExperimentService:
                 logged=_log_entry_fields(decision_id, arms, arms[picked], x, view, propensity,
                                          every),
                 held=view.folded + view.applied,
+                request=None if request.decision_id is None else (
+                    request.digest(), _answer(arms[picked].id, choice, propensity),
+                    self._settings.idempotency_seconds),
             )
+            if reply.status == "repeat":  # answered before under the caller's id
+                assert reply.answer is not None
+                return _repeated(definition, decision_id, reply.number, reply.answer)
+            if reply.status == "conflict":
+                raise Conflict("this decision_id was used by another request (a different "
+                               "context, eligible or excluded): choose a new id")
             if reply.status == "recorded":
                 view.last_number = max(view.last_number, reply.number)
                 return _decision(definition, decision_id, arms[picked], choice, reply.number,
@@ -1312,6 +1322,22 @@ def _log_entry(definition: Definition, entry_id: str, fields: dict[str, bytes]) 
         version=int(text["version"]) if text["version"] else None,
         rewards_seen=int(text["rewards_seen"]) if text["rewards_seen"] else None,
     )
+
+
+def _answer(arm_id: str, choice: Choice, propensity: float) -> str:
+    """What a retry of an idempotent decision gets back (decide.lua's ARGV[13])."""
+    score = float(choice.scores[0, int(choice.arms[0])])
+    return "\n".join((arm_id, repr(propensity), "" if math.isinf(score) else repr(score)))
+
+
+def _repeated(definition: Definition, decision_id: str, number: int, answer: str) -> Decision:
+    """The decision an earlier request under ``decision_id`` got (:func:`_answer`)."""
+    arm_id, propensity, index = answer.split("\n")
+    return Decision(decision_id=decision_id, arm_id=arm_id,
+                    index=float(index) if index else None, exploring=not index,
+                    decision_number=number,
+                    expires_in_seconds=definition.spec.reward_window_seconds,
+                    propensity=float(propensity))
 
 
 def _decision(

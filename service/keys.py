@@ -31,6 +31,13 @@ def stats(experiment_id: str) -> str:
     return f"{PREFIX}:{{{experiment_id}}}:stats"
 
 
+def request(experiment_id: str, decision_id: str) -> str:
+    """String: a decision whose id the caller chose (idempotent ``/choose``): the digest
+    of its request and the decision answered, so that a retry gets the same answer;
+    expires with the decision's record."""
+    return f"{PREFIX}:{{{experiment_id}}}:request:{decision_id}"
+
+
 def decision(experiment_id: str, decision_id: str) -> str:
     """String: one pending (or rewarded, or settled) decision's record (its format is in
     ``lua/outcomes.lua``; a hash when an earlier version wrote it); expires after the

@@ -93,6 +93,12 @@ class Settings(BaseSettings):
         description="a connection whose request line and headers take longer than this "
         "(from its opening, or from the first byte of its next request) is closed",
     )
+    idempotency_seconds: int = Field(
+        default=300, ge=1, le=7 * 24 * 3600,
+        description="how long a /choose retried under the same decision_id gets the same "
+        "decision (at most its reward window); each such decision keeps about 200 bytes in "
+        "Redis for that long",
+    )
     log_page_max_bytes: int = Field(
         default=4_000_000, ge=10_000,
         description="a decision-log page holds entries up to about this many bytes of JSON "

@@ -448,8 +448,9 @@ class SettleReply:
 class DecideReply:
     """What ``decide.lua`` did: recorded the decision, or found the caller's view stale."""
 
-    status: Literal["recorded", "stale", "missing", "forbidden"]
+    status: Literal["recorded", "stale", "missing", "forbidden", "repeat", "conflict"]
     number: int = 0
+    answer: str | None = None  # with "repeat": the earlier answer (decide.lua's ARGV[13])
     # With "stale", what to decide from instead: the statistics, or what the
     # caller's statistics lack (``held`` was given and they can catch up).
     snapshot: Snapshot | None = None
@@ -966,6 +967,7 @@ class Store:
         record: bytes,
         logged: Mapping[str, str | bytes] | None = None,
         held: int | None = None,
+        request: tuple[str, str, int] | None = None,
     ) -> DecideReply:
         """Record a pending decision if the statistics it was made from are current.
 
@@ -978,7 +980,11 @@ class Store:
         (``decide.lua``'s ARGV[11]), ``logged`` its entry in the decision log
         (the script adds its number). ``held``: how many outcomes the caller's
         statistics hold (folded and added); a stale reply then carries only what
-        they lack when they can catch up (``DecideReply.progress``). See ``decide.lua``.
+        they lack when they can catch up (``DecideReply.progress``). ``request``: the
+        caller chose ``decision_id``; the request's digest, the answer (but its
+        number) and how long (seconds) to keep them, so that a retry gets the same
+        answer ("repeat") and another request under the same id is refused
+        ("conflict"). See ``decide.lua``.
         """
         args: list[str | bytes | int] = [
             "" if key_hash is None else key_hash,
@@ -992,6 +998,7 @@ class Store:
             grace_seconds,
             "" if held is None else str(held),
             record,
+            *(request or ("", "", "")),
         ]
         for pair in (logged or {}).items():
             args.extend(pair)
@@ -1002,11 +1009,16 @@ class Store:
             keys.pending(experiment_id),
             keys.log(experiment_id),
             keys.outcomes(experiment_id),
+            *([keys.request(experiment_id, decision_id)] if request is not None else []),
         ]
         reply = await self._batcher.run(self._decide, keyset, args)
         status = _text(reply[0])
         if status == "recorded":
             return DecideReply("recorded", number=int(reply[1]))
+        if status == "repeat":
+            return DecideReply("repeat", number=int(reply[1]), answer=_text(reply[2]))
+        if status == "conflict":
+            return DecideReply("conflict")
         if status == "stale":
             version, rewards, reserved_number, outcomes, kind, *rest = reply[1:]
             text = _text(reserved_number)

@@ -25,10 +25,10 @@ What to rely on:
   and a total deadline; never on a 4xx. A call is retried after an ambiguous
   failure (the request may have taken effect: a 503 ``store_unavailable``, a
   timeout after sending) only if repeating it is harmless: reads, rewards,
-  deletion, retiring arms. ``choose``, ``create_experiment`` and ``add_arms``
-  are retried only when they surely did not take effect (connection refused;
-  503 ``store_full``): a retried ``/choose`` after a lost reply would record a
-  second decision. ``Retry(retry_choose=True)`` retries it anyway.
+  deletion, retiring arms, and ``choose``, which names its decision id (a new
+  one, or ``decision_id=`` yours): a retry gets the decision the first attempt
+  recorded. ``create_experiment`` and ``add_arms`` are retried only when they
+  surely did not take effect (connection refused; 503 ``store_full``).
 - **Rewards count once**: the decision id is an idempotency key, so a reward
   retried after a lost reply answers ``duplicate``. :class:`RewardResult`'s
   ``status`` is ``applied`` or ``duplicate``, and both mean counted

@@ -133,10 +133,10 @@ class AsyncClient:
                      arm_contexts: Mapping[str, Vector] | None = None,
                      eligible: Sequence[str] | None = None,
                      excluded: Sequence[str] | None = None,
-                     api_key: str | None = None) -> Decision:
+                     api_key: str | None = None, decision_id: str | None = None) -> Decision:
         return await self._send(self._core.choose(
             experiment_id, context=context, arm_contexts=arm_contexts, eligible=eligible,
-            excluded=excluded, api_key=api_key))
+            excluded=excluded, api_key=api_key, decision_id=decision_id))
 
     async def reward(self, experiment_id: str, decision_id: str, reward: float, *,
                      api_key: str | None = None) -> RewardResult:

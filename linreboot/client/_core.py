@@ -23,6 +23,7 @@ To add a route:
 from __future__ import annotations
 
 import random
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -212,9 +213,12 @@ class Core:
         self, experiment_id: str, *, context: Vector | None = None,
         arm_contexts: Mapping[str, Vector] | None = None,
         eligible: Sequence[str] | None = None, excluded: Sequence[str] | None = None,
-        api_key: str | None = None,
+        api_key: str | None = None, decision_id: str | None = None,
     ) -> Call[Decision]:
-        body: dict[str, Any] = {"experiment_id": experiment_id}
+        # A decision id of ours makes the request idempotent: a retry after a lost reply
+        # gets the decision the first attempt recorded, not a second one.
+        body: dict[str, Any] = {"experiment_id": experiment_id,
+                                "decision_id": decision_id or uuid.uuid4().hex}
         if context is not None:
             body["context"] = _vector(context)
         if arm_contexts is not None:
@@ -223,9 +227,8 @@ class Core:
             body["eligible"] = list(eligible)
         if excluded:
             body["excluded"] = list(excluded)
-        retryable = Retryable.ALWAYS if self.retry.retry_choose else Retryable.IF_NOT_APPLIED
         return Call("POST", "/choose", Decision.model_validate_json, self._key(api_key),
-                    retryable, body)
+                    Retryable.ALWAYS, body)
 
     def reward(self, experiment_id: str, decision_id: str, reward: float,
                api_key: str | None = None) -> Call[RewardResult]:

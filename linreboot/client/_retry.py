@@ -69,10 +69,9 @@ class Retry:
         seconds times a uniform factor in ``[1, 1 + retry_after_jitter]``, so
         that clients told the same time do not all come back at once.
     retry_choose : bool
-        Also retry ``/choose`` after an ambiguous failure. Off by default: a
-        ``/choose`` whose reply was lost may have recorded a decision, and
-        retrying records a second one (the first then waits for a reward that
-        never comes; with a default reward, it gets that).
+        Kept for compatibility, no longer needed: ``/choose`` names its decision
+        id (its own, or the caller's), so the service answers a retry with the
+        decision the first attempt recorded, and it is retried like a reward.
     """
 
     attempts: int = 5

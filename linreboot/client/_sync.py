@@ -168,17 +168,17 @@ class Client:
     def choose(self, experiment_id: str, *, context: Vector | None = None,
                arm_contexts: Mapping[str, Vector] | None = None,
                eligible: Sequence[str] | None = None, excluded: Sequence[str] | None = None,
-               api_key: str | None = None) -> Decision:
+               api_key: str | None = None, decision_id: str | None = None) -> Decision:
         """Choose an arm: ``context`` (covariates), ``arm_contexts`` (contextual) or neither.
 
-        Retried only when it surely recorded nothing (no connection; 503
-        ``store_full``), unless ``Retry(retry_choose=True)``: after a lost reply
-        or a 503 ``store_unavailable`` a decision may have been recorded, and a
-        retry records another.
+        The request names its decision id (``decision_id``, or a new random one), so
+        it is retried like a reward: after a lost reply or a 503 the service
+        answers the retry with the decision the first attempt recorded, if it did.
         """
         return self._send(self._core.choose(experiment_id, context=context,
                                             arm_contexts=arm_contexts, eligible=eligible,
-                                            excluded=excluded, api_key=api_key))
+                                            excluded=excluded, api_key=api_key,
+                                            decision_id=decision_id))
 
     def reward(self, experiment_id: str, decision_id: str, reward: float, *,
                api_key: str | None = None) -> RewardResult:

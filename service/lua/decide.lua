@@ -10,6 +10,8 @@
 -- KEYS[4]  pending list   lrb:{exp}:pending  ("<deadline> <id>" per decision, in deadline order)
 -- KEYS[5]  decision log   lrb:{exp}:log      (a stream; written when meta has log_max_entries)
 -- KEYS[6]  outcomes       lrb:{exp}:outcomes (outcomes not yet in the sums: outcomes.lua)
+-- KEYS[7]  (optional) request lrb:{exp}:request:<id>: a decision id the caller chose;
+--          a request already answered under it gets the same answer (idempotent)
 -- ARGV[1]  SHA-256 (hex) of the caller's API key; '' for a trusted in-process caller
 -- ARGV[2]  the incarnation the worker's definition belongs to
 -- ARGV[3]  the meta version the worker's statistics were read at; '' accepts any
@@ -30,7 +32,12 @@
 -- ARGV[11] the pending record's end, after its deadline: model field '\n' arm
 --          field '\n' arm '\n' version '\n' rewards seen '\n' created at '\n'
 --          propensity '\n' context (packed)
--- ARGV[12 ..]  field, value, ... of the decision's log entry, but its number
+-- ARGV[12] with KEYS[7]: the digest of the request (what it asked for)
+-- ARGV[13] with KEYS[7]: the answer but its number: arm '\n' propensity '\n' index
+--          ('' while exploring)
+-- ARGV[14] with KEYS[7]: how long (seconds) a retry gets the same answer (at most the
+--          decision's own time to live)
+-- ARGV[15 ..]  field, value, ... of the decision's log entry, but its number
 --          (which the script adds): type, id, arm, x, version, rewards_seen,
 --          eligible, propensity
 --
@@ -55,6 +62,9 @@
 --                         request it then refuses takes no number
 --   {'missing'}           no such experiment
 --   {'forbidden'}         the key is not the experiment's
+--   {'repeat', number, answer}  KEYS[7]'s request was answered before, with the same
+--                         digest: that answer (ARGV[13]'s format); nothing recorded
+--   {'conflict'}          KEYS[7]'s id was used by a request with another digest
 
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'key_hash', 'version', 'default_reward',
                         'log_max_entries', 'log_max_age_seconds', 'key_hash_old')
@@ -63,6 +73,16 @@ if not meta[1] then
 end
 if ARGV[1] ~= '' and meta[2] ~= ARGV[1] and meta[7] ~= ARGV[1] then  -- keys.lua
   return {'forbidden'}
+end
+if KEYS[7] then
+  local earlier = redis.call('GET', KEYS[7])
+  if earlier then
+    local digest, number, answer = string.match(earlier, '^([^\n]*)\n([^\n]*)\n(.*)$')
+    if digest ~= ARGV[12] then
+      return {'conflict'}
+    end
+    return {'repeat', tonumber(number), answer}
+  end
 end
 local existing = redis.pcall('GET', KEYS[3])
 if existing then  -- recorded by an earlier call whose reply was lost
@@ -124,6 +144,10 @@ local ttl = defaulted and window + tonumber(ARGV[9]) or window
 local deadline = string.format('%.3f', now + window)
 redis.call('SET', KEYS[3], table.concat({'p' .. ARGV[2], number, defaulted and deadline or '',
                                          ARGV[11]}, '\n'), 'EX', ttl)
+if KEYS[7] then
+  redis.call('SET', KEYS[7], ARGV[12] .. '\n' .. number .. '\n' .. ARGV[13], 'EX',
+             math.min(ttl, tonumber(ARGV[14])))
+end
 
 -- List the decision by the end of its window. All of an experiment's
 -- decisions have the same window, so the list is in deadline order. With a
@@ -164,7 +188,7 @@ local max_entries = tonumber(meta[5] or '0')
 if max_entries > 0 then
   local age = tonumber(meta[6])
   redis.call('XADD', KEYS[5], 'MAXLEN', '~', max_entries, '*', 'number', number,
-             unpack(ARGV, 12))
+             unpack(ARGV, 15))
   redis.call('EXPIRE', KEYS[5], age)
   if tidy then
     redis.call('XTRIM', KEYS[5], 'MINID', '~', string.format('%.0f', (now - age) * 1000))

@@ -1,0 +1,71 @@
+"""Idempotent decisions (issue 29): a ``/choose`` that names its own ``decision_id``
+gets the same decision when it is sent again, recorded once; the same id with another
+request is a 409. So a client may retry a ``/choose`` whose reply was lost."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
+from service.errors import Conflict
+from service.experiments import ExperimentService
+from tests.conftest import Api
+
+pytestmark = pytest.mark.anyio
+
+SPEC = ExperimentSpec(id="idem", setting="covariates", dim=2,
+                      arms=(ArmSpec("a"), ArmSpec("b"), ArmSpec("c")), log_max_entries=1000)
+
+
+async def test_the_same_request_under_the_same_id_is_the_same_decision_recorded_once(
+    service: ExperimentService, other_service: ExperimentService
+) -> None:
+    await service.create(SPEC)
+    request = ChooseRequest(context=(0.3, -1.0), decision_id="order-17:slot-1")
+    first = await service.choose("idem", request)
+    assert first.decision_id == "order-17:slot-1"
+    # Rewards in between change the statistics: a retry still gets the first answer.
+    for _ in range(3):
+        other = await service.choose("idem", ChooseRequest(context=(1.0, 1.0)))
+        await service.reward("idem", [(other.decision_id, 1.0)])
+    again = [await w.choose("idem", request) for w in (service, other_service, service)]
+    assert all(d == first for d in again)
+    view = await service.get("idem")
+    assert view.decisions == 4  # the three others and this one, once
+    log, _ = await service.read_log("idem", limit=1000)
+    assert [e.decision_id for e in log if e.type == "decision"].count("order-17:slot-1") == 1
+    (outcome,) = await service.reward("idem", [("order-17:slot-1", 0.5)])
+    assert outcome.status == "applied"
+    assert await service.choose("idem", request) == first  # after its reward too
+    with pytest.raises(Conflict, match="another request"):
+        await service.choose("idem", ChooseRequest(context=(0.3, -0.9),
+                                                   decision_id="order-17:slot-1"))
+    assert (await service.get("idem")).decisions == 4
+
+
+async def test_concurrent_retries_record_one_decision(
+    service: ExperimentService, other_service: ExperimentService
+) -> None:
+    await service.create(SPEC)
+    request = ChooseRequest(context=(0.3, -1.0), decision_id="burst")
+    answers = await asyncio.gather(*(w.choose("idem", request)
+                                     for w in (service, other_service) * 8))
+    assert len({(d.arm_id, d.decision_number, d.propensity) for d in answers}) == 1
+    assert (await service.get("idem")).decisions == 1
+
+
+async def test_over_http_a_retry_is_the_same_answer_and_a_bad_id_is_refused(api: Api) -> None:
+    key = await api.create({"id": "cov", "setting": "covariates", "dim": 3,
+                            "arms": [{"id": "a"}, {"id": "b"}]})
+    body = {"experiment_id": "cov", "context": [0.1, 0.2, 0.3], "decision_id": "req-1"}
+    first, second = [await api.choose(key, body) for _ in range(2)]
+    assert first.status_code == second.status_code == 200
+    assert first.json() == second.json() and first.json()["decision_id"] == "req-1"
+    other = await api.choose(key, {**body, "context": [0.1, 0.2, 0.4]})
+    assert other.status_code == 409 and other.json()["error"] == "conflict"
+    for bad in ("has space", "{tag}", "x" * 129, ""):
+        refused = await api.choose(key, {**body, "decision_id": bad})
+        assert refused.status_code == 422, bad
+    assert (await api.experiment("cov"))["decisions"] == 1
