@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -229,6 +230,10 @@ class Ledger:
     replies: list[Reply] = field(default_factory=list)
     decisions: dict[str, tuple[str, float]] = field(default_factory=dict)  # id: (arm, reward)
     outcomes: dict[str, str] = field(default_factory=dict)  # id: reward status, or "unknown"
+    # /choose requests by their decision id: the decision id the clients named, each
+    # sent until answered 200 (a retry is idempotent), and those still unanswered.
+    chosen_ids: set[str] = field(default_factory=set)
+    unanswered_ids: set[str] = field(default_factory=set)
     readiness: list[Reply] = field(default_factory=list)
 
     async def post(self, http: httpx.AsyncClient, route: str, body: dict[str, Any],
@@ -268,14 +273,24 @@ def _reward_outcome(response: httpx.Response | None) -> str:
 
 async def _traffic(http: httpx.AsyncClient, experiment_id: str, key: str, ledger: Ledger,
                    stop: asyncio.Event, seed: int) -> None:
-    """Choose, then reward the decision once; a 503'd reward is left for the resend."""
+    """Choose, then reward the decision once; a 503'd reward is left for the resend. Each
+    /choose names its decision id and is sent again under it until answered (the service
+    answers a retry with the decision it recorded, if it did)."""
     rng = np.random.default_rng(seed)
     headers = {"X-API-Key": key}
-    while not stop.is_set():
-        chosen = await ledger.post(http, "/choose", {"experiment_id": experiment_id}, headers)
-        if chosen is None or chosen.status_code != 200:
+    for n in itertools.count():
+        if stop.is_set():
+            return
+        body = {"experiment_id": experiment_id, "decision_id": f"c{seed}-{n}"}
+        ledger.chosen_ids.add(body["decision_id"])
+        ledger.unanswered_ids.add(body["decision_id"])
+        chosen = await ledger.post(http, "/choose", body, headers)
+        while (chosen is None or chosen.status_code != 200) and not stop.is_set():
             await asyncio.sleep(BACKOFF_SECONDS)
-            continue
+            chosen = await ledger.post(http, "/choose", body, headers)
+        if chosen is None or chosen.status_code != 200:
+            return  # stopped: _resend_unknown sends it again
+        ledger.unanswered_ids.discard(body["decision_id"])
         decision = chosen.json()
         decision_id, reward = decision["decision_id"], float(rng.normal(0.5, 1.0))
         ledger.decisions[decision_id] = (decision["arm_id"], reward)
@@ -307,6 +322,7 @@ class Outcome:
     recovered_at: float | None = None
     resent: Counter[str] = field(default_factory=Counter)  # 503'd rewards resent: their answers
     unresolved: int = 0  # of those, still without an applied/duplicate answer
+    stored_decisions: int = 0  # the experiment's decisions counter, against chosen_ids
     acknowledged: int = 0
     stored_rewards: int = 0
     lost: int = 0
@@ -426,10 +442,19 @@ async def _recovered(ledger: Ledger, cleared_at: float, timeout_seconds: float) 
 
 async def _resend_unknown(http: httpx.AsyncClient, experiment_id: str, key: str,
                           outcome: Outcome, timeout_seconds: float) -> None:
-    """Resend each reward whose reply was a 503 or a dropped connection, until answered."""
+    """Resend each /choose left unanswered and each reward whose reply was a 503 or a
+    dropped connection, until answered."""
     ledger = outcome.ledger
-    pending = [d for d, status in ledger.outcomes.items() if status == "unknown"]
     deadline = time.monotonic() + timeout_seconds
+    for decision_id in sorted(ledger.unanswered_ids):
+        chosen = {"experiment_id": experiment_id, "decision_id": decision_id}
+        while time.monotonic() < deadline:
+            answer = await ledger.post(http, "/choose", chosen, {"X-API-Key": key})
+            if answer is not None and answer.status_code == 200:
+                ledger.unanswered_ids.discard(decision_id)
+                break
+            await asyncio.sleep(BACKOFF_SECONDS)
+    pending = [d for d, status in ledger.outcomes.items() if status == "unknown"]
     for decision_id in pending:
         _, reward = ledger.decisions[decision_id]
         body = {"experiment_id": experiment_id, "decision_id": decision_id, "reward": reward}
@@ -455,6 +480,7 @@ async def _audit(http: httpx.AsyncClient, experiment_id: str, key: str,
     response.raise_for_status()
     view = response.json()
     outcome.stored_rewards = int(view["rewards"])
+    outcome.stored_decisions = int(view["decisions"])
     pulls: Counter[str] = Counter(arm for arm, _ in acknowledged.values())
     sums: dict[str, float] = {}
     for arm, reward in acknowledged.values():

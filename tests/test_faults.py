@@ -98,6 +98,10 @@ def _assert_survived(outcome: Outcome) -> None:
     assert outcome.acknowledged > 0
     assert (outcome.lost, outcome.counted_twice) == (0, 0)
     assert outcome.stored_rewards == outcome.acknowledged
+    # Every /choose named its decision id and was sent again until answered: each id is
+    # one decision, none recorded twice by a retry, none lost (issue 29).
+    assert outcome.ledger.unanswered_ids == set()
+    assert outcome.stored_decisions == len(outcome.ledger.chosen_ids) > 0
     assert outcome.sums_match
     assert outcome.audit_statuses == {"duplicate": outcome.acknowledged}
 
