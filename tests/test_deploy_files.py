@@ -368,7 +368,8 @@ def test_cluster_nodes_are_redis_7_persisting_and_never_evicting(
     assert re.fullmatch(r"redis:7\.\d+\.\d+(-[a-z0-9.]+)?", str(service["image"]))
     words = _shell_words(service)
     assert words[:2] == ["exec", "redis-server"]
-    options = dict(zip(words[2::2], words[3::2], strict=True))
+    every = _options(words[2:])
+    options = {name: " ".join(values[0]) for name, values in every.items()}
     assert options["--cluster-enabled"] == "yes"
     assert options["--appendonly"] == "yes"
     assert options["--maxmemory-policy"] == "noeviction"
@@ -379,6 +380,27 @@ def test_cluster_nodes_are_redis_7_persisting_and_never_evicting(
     assert mounts["/data"] == f"{node}-data"  # a volume of its own: nodes.conf and the AOF
     assert mounts["/data"] in compose["volumes"]
     assert "ports" not in service, "Redis stays on the compose network"
+    # No anonymous access: the default user off, the service's ACL user with the
+    # password, which the replicas use too (issue 29).
+    assert ["default", "off"] in every["--user"]
+    (user,) = [u for u in every["--user"] if u[0] == "linreboot"]
+    assert user[1] == "on" and ">$REDIS_PASSWORD" in user
+    assert every["--masteruser"] == [["linreboot"]]
+    assert every["--masterauth"] == [["$REDIS_PASSWORD"]]
+    assert "cpus" in service and "mem_limit" in service
+
+
+def _options(words: list[str]) -> dict[str, list[list[str]]]:
+    """A command line's options: each ``--name`` with its values, every time it is given."""
+    found: dict[str, list[list[str]]] = {}
+    last: list[str] = []
+    for word in words:
+        if word.startswith("--"):
+            last = []
+            found.setdefault(word, []).append(last)
+        else:
+            last.append(word)
+    return found
 
 
 def test_the_cluster_is_three_masters_with_a_replica_each(compose: dict[str, Any]) -> None:
@@ -398,7 +420,9 @@ def test_several_service_replicas_run_on_the_cluster(compose: dict[str, Any]) ->
     assert api["deploy"]["replicas"] >= 2
     env = _environment(api)
     assert set(env) <= _settings_env_names()
-    host = re.fullmatch(rf"redis://(redis-\d):{REDIS_PORT}/0", env["REDIS_URL"])
+    password = "${REDIS_PASSWORD:?set REDIS_PASSWORD, e.g. in .env}"
+    host = re.fullmatch(rf"redis://linreboot:{re.escape(password)}@(redis-\d):{REDIS_PORT}/0",
+                        env["REDIS_URL"])
     assert host and host.group(1) in CLUSTER_NODES
     assert Settings.model_validate({"redis_cluster": env["LINREBOOT_REDIS_CLUSTER"]}).redis_cluster
     assert env["LINREBOOT_ADMIN_TOKEN"].startswith("${")
