@@ -534,6 +534,7 @@ PUBLISHED: dict[str, dict[tuple[str, str], object]] = {
                          "{}": _VECTOR},
         "eligible": _ARM_IDS,
         "excluded": _ARM_IDS,
+        "decision_id": {"pattern": DECISION_ID_PATTERN},
     }),
     "/reward": _flat({
         "experiment_id": {"pattern": EXPERIMENT_ID_PATTERN},
