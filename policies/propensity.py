@@ -138,6 +138,12 @@ def _pairs(
     ready: Ready, rows: NDArray[np.int64], cols: NDArray[np.int64], accuracy: Accuracy
 ) -> Array:
     """``p`` (steps 1-2 of the module notes) of arm ``cols[i]`` in experiment ``rows[i]``."""
+    law = None
+    if rows.size == 1 and not ready.exploring_rows.size:  # a decision's, in the service
+        law = index_of(ready.config).law(ready.config, ready.prepared)
+        value = _one_normal(ready, law, int(cols[0]), accuracy)
+        if value is not None:
+            return np.array([value])
     out = np.zeros(rows.shape)
     todo = ready.eligible[rows, cols]
     candidates = ready.eligible
@@ -156,7 +162,8 @@ def _pairs(
         todo &= ~lone
     if not todo.any():
         return out
-    law = index_of(ready.config).law(ready.config, ready.prepared)
+    if law is None:
+        law = index_of(ready.config).law(ready.config, ready.prepared)
     if law.loadings is not None and np.any(law.loadings):
         out[todo] = _shared(law, candidates, rows[todo], cols[todo], accuracy)
     else:
@@ -164,6 +171,45 @@ def _pairs(
         out[todo] = _independent(law.mean, spread, law.dof, candidates, rows[todo], cols[todo],
                                  accuracy)
     return out
+
+
+_ROW_0 = np.zeros(1, dtype=np.int64)
+
+
+def _one_normal(ready: Ready, law: Law, arm: int, accuracy: Accuracy) -> float | None:
+    """:func:`_independent`'s value for one experiment (B = 1) whose indices are independent
+    normals, none a point mass, in a third of its array operations on K values (the same
+    operations on the same numbers: the same bits); None where that does not serve
+    (another law, a point mass, an arm that is not a candidate or alone), and the general
+    path decides."""
+    eligible = ready.eligible[0]
+    if law.spread is None or law.dof is not None or law.loadings is not None \
+            or not eligible[arm] or eligible.size == 1:
+        return None
+    mean, spread = law.mean[0], law.spread[0]
+    if not spread.any() or np.any(spread <= np.maximum(_POINT * np.abs(mean), _TINY)):
+        return None  # a point mass (a deterministic index, or a spread of 0): the general rule
+    family = _Family(None, accuracy)
+    reach = family.quantile(None) * spread
+    low, high = mean - reach, mean + reach
+    if ready.every_arm_eligible:
+        floor = float(low.max())
+        alive = high > floor
+    else:
+        if np.count_nonzero(eligible) == 1:
+            return None  # alone: chosen for sure (the general path says 1 exactly)
+        floor = float(np.where(eligible, low, -np.inf).max())
+        alive = eligible & (high > floor)
+    if not alive[arm]:
+        return None
+    value = _smooth_one(mean, spread, alive, high, max(float(low[arm]), floor), arm)
+    if value is not None:
+        return value
+    # A factor too narrow for the smooth rule: the general rule, on the arrays made here.
+    window = _Window(family, mean[None], spread[None], low[None], high[None],
+                     alive[None], np.array([floor]), np.full(1, -np.inf), _ROW_0,
+                     np.array([arm]))
+    return float(window.integrals()[0])
 
 
 # --------------------------------------------------------------------------- independent

@@ -23,6 +23,7 @@ The shared-model estimate has its own standard error (at most
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -44,6 +45,7 @@ from policies import (
     prepare,
     update,
 )
+from policies.authors import index_of
 from policies.config import PolicyName, Setting
 from policies.propensity import (
     FINE,
@@ -414,3 +416,35 @@ def test_the_only_eligible_arm_is_chosen_with_probability_exactly_one(policy: st
     ready = prepare(config, state, contexts, eligible)
     assert propensities(ready).tolist() == [[0.0, 1.0, 0.0]]
     assert propensities(ready, np.array([1])).tolist() == [1.0]
+
+
+def test_one_decisions_path_gives_the_general_paths_bits() -> None:
+    """Issue 26: the propensity of one experiment's drawn arm with independent normal
+    indices (the service's every LinReBoot decision) takes a shorter path, the same
+    operations on the same numbers: its values are the general path's, bit for bit, with
+    every arm eligible or some not, arms alike or a factor far narrower than the arm (the
+    smooth rule does not serve), and point masses (the general path decides)."""
+    from unittest import mock
+
+    module = propensity_module
+    rng = np.random.default_rng(26)
+    taken = 0
+    for case in range(300):
+        n_arms = int(rng.integers(2, 40))
+        mean = rng.normal(size=n_arms) * rng.choice([0.01, 0.3, 3.0])
+        spread = np.exp(rng.normal(size=n_arms) * rng.choice([0.1, 1.0, 4.0]))
+        if case % 5 == 0:
+            spread[rng.integers(n_arms)] = 0.0  # a point mass
+        eligible = rng.random(n_arms) < 0.8 if case % 3 == 0 else np.ones(n_arms, bool)
+        eligible[0] = True
+        ready = dataclasses.replace(ready_for(mean.tolist(), spread.tolist(), eligible.tolist()),
+                                    every_arm_eligible=bool(eligible.all()))
+        for arm in np.flatnonzero(eligible)[:3]:
+            chosen = np.array([arm])
+            law = index_of(ready.config).law(ready.config, ready.prepared)
+            taken += module._one_normal(ready, law, int(arm), SERVICE) is not None
+            fast = propensities(ready, chosen, accuracy=SERVICE)
+            with mock.patch.object(module, "_one_normal", lambda *a: None):
+                general = propensities(ready, chosen, accuracy=SERVICE)
+            assert fast.tobytes() == general.tobytes(), (case, arm, fast, general)
+    assert taken > 300  # the short path served most cases, not only the fallbacks
