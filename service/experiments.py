@@ -538,6 +538,14 @@ class ExperimentService:
         if not 1 <= int(window) <= s.max_reward_window_seconds:  # type: ignore[call-overload]
             raise InvalidInput(
                 f"reward_window_seconds must be between 1 and {s.max_reward_window_seconds}")
+        if spec.default_reward is not None and int(window) < spec.reward_window_seconds:  # type: ignore[call-overload]
+            # The pending decisions wait in deadline order and the sweeper stops at the
+            # first that is not due; a shorter window would put new deadlines before old
+            # ones, and decisions behind them would miss their default.
+            raise InvalidInput(
+                "reward_window_seconds cannot shrink on an experiment with a default_reward "
+                f"(now {spec.reward_window_seconds}): the decisions waiting for their default "
+                "are kept in deadline order; it may stay or grow")
         hyperparameters = dict(spec.hyperparameters)
         if "epsilon" in changes:
             hyperparameters["epsilon"] = changes["epsilon"]  # type: ignore[assignment]

@@ -97,3 +97,31 @@ async def test_what_would_change_the_statistics_meaning_is_refused(
         await service.update_settings("ghost", {"epsilon": 0.1})
     with pytest.raises(InvalidInput, match="only these settings"):
         await service.update_settings("cov", {"dim": 4})
+
+
+async def test_a_window_with_a_default_reward_may_grow_but_not_shrink(
+    service: ExperimentService,
+) -> None:
+    """Decisions waiting for their default are kept in deadline order; a shorter window
+    would let a new deadline come before an older one, and the sweeper (which stops at the
+    first decision not due) would leave the older ones without their default."""
+    await service.create(ExperimentSpec(id="live", setting="covariates", dim=2, arms=ARMS,
+                                        reward_window_seconds=2, default_reward=0.5,
+                                        log_max_entries=1000))
+    early = await service.choose("live", CONTEXT)
+    with pytest.raises(InvalidInput, match="cannot shrink .* default_reward"):
+        await service.update_settings("live", {"reward_window_seconds": 1})
+    assert (await service.get("live")).spec.reward_window_seconds == 2
+    await service.update_settings("live", {"reward_window_seconds": 3})  # growing is fine
+    late = await service.choose("live", CONTEXT)
+    assert (early.expires_in_seconds, late.expires_in_seconds) == (2, 3)
+    await asyncio.sleep(3.2)
+    assert await service.sweep() == 2  # both got their default, in order
+    log, _ = await service.read_log("live", limit=1000)
+    assert sorted(e.decision_id for e in log if e.type == "default") == sorted(
+        [early.decision_id, late.decision_id])
+    # Without a default reward nothing waits in that order: the window may shrink.
+    await service.create(ExperimentSpec(id="free", setting="covariates", dim=2, arms=ARMS,
+                                        reward_window_seconds=5))
+    view = await service.update_settings("free", {"reward_window_seconds": 1})
+    assert view.spec.reward_window_seconds == 1

@@ -149,19 +149,22 @@ if KEYS[7] then
              math.min(ttl, tonumber(ARGV[14])))
 end
 
--- List the decision by the end of its window. All of an experiment's
--- decisions have the same window, so the list is in deadline order. With a
--- default reward, settle.lua takes the entries whose window has ended from
--- its head. Without, the list only lets DELETE find the decisions: it expires
--- with its newest decision, and every 64th decision drops the expired entries
--- (up to 128) from its head, so it holds the live decisions and a few more.
+-- List the decision by the end of its window. With a default reward the
+-- window may grow but never shrink (ExperimentService._changed), so the list
+-- is in deadline order, and settle.lua takes the entries whose window has
+-- ended from its head. Without, the list only lets DELETE find the decisions:
+-- it expires with its newest decision, and every 64th decision drops the
+-- expired entries (up to 128) from its head, so it holds the live decisions
+-- and a few more (a window made shorter only delays the drop; the list's TTL
+-- is never shortened).
 local id = string.match(KEYS[3], ':decision:(.*)$')
 local listed = redis.call('RPUSH', KEYS[4], deadline .. ' ' .. id)
 if defaulted then
   -- Never expires: settle.lua must find every entry, even after an outage
   -- longer than the grace period (it then counts the decision as missed).
   redis.call('PERSIST', KEYS[4])
-else
+elseif redis.call('TTL', KEYS[4]) < ttl + 1 then
+  -- Never shortened: after a shorter window the older decisions outlive the new.
   redis.call('EXPIRE', KEYS[4], ttl + 1)
 end
 local tidy = listed % 64 == 0
