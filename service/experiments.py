@@ -692,6 +692,12 @@ class ExperimentService:
             if reply.status == "conflict":
                 raise Conflict("this decision_id was used by another request (a different "
                                "context, eligible or excluded): choose a new id")
+            if reply.status == "spent":
+                raise Conflict(
+                    "this decision_id was answered more than "
+                    f"{self._settings.idempotency_seconds} s ago (LINREBOOT_IDEMPOTENCY_SECONDS) "
+                    "and its decision is still live: its answer is no longer kept for a "
+                    "retry; choose a new id")
             if reply.status == "recorded":
                 view.last_number = max(view.last_number, reply.number)
                 return _decision(definition, decision_id, arms[picked], choice, reply.number,

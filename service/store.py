@@ -448,7 +448,7 @@ class SettleReply:
 class DecideReply:
     """What ``decide.lua`` did: recorded the decision, or found the caller's view stale."""
 
-    status: Literal["recorded", "stale", "missing", "forbidden", "repeat", "conflict"]
+    status: Literal["recorded", "stale", "missing", "forbidden", "repeat", "conflict", "spent"]
     number: int = 0
     answer: str | None = None  # with "repeat": the earlier answer (decide.lua's ARGV[13])
     # With "stale", what to decide from instead: the statistics, or what the
@@ -984,7 +984,8 @@ class Store:
         caller chose ``decision_id``; the request's digest, the answer (but its
         number) and how long (seconds) to keep them, so that a retry gets the same
         answer ("repeat") and another request under the same id is refused
-        ("conflict"). See ``decide.lua``.
+        ("conflict"), as is any request under it once its answer is no longer kept
+        while its decision lives ("spent"). See ``decide.lua``.
         """
         args: list[str | bytes | int] = [
             "" if key_hash is None else key_hash,
@@ -1017,8 +1018,8 @@ class Store:
             return DecideReply("recorded", number=int(reply[1]))
         if status == "repeat":
             return DecideReply("repeat", number=int(reply[1]), answer=_text(reply[2]))
-        if status == "conflict":
-            return DecideReply("conflict")
+        if status in ("conflict", "spent"):
+            return DecideReply(status)  # type: ignore[arg-type]
         if status == "stale":
             version, rewards, reserved_number, outcomes, kind, *rest = reply[1:]
             text = _text(reserved_number)

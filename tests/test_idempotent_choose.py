@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from service.settings import Settings
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.errors import Conflict
 from service.experiments import ExperimentService
@@ -43,6 +44,48 @@ async def test_the_same_request_under_the_same_id_is_the_same_decision_recorded_
         await service.choose("idem", ChooseRequest(context=(0.3, -0.9),
                                                    decision_id="order-17:slot-1"))
     assert (await service.get("idem")).decisions == 4
+
+
+async def test_an_id_answered_before_a_delete_is_a_fresh_decision_of_the_new_experiment(
+    service: ExperimentService,
+) -> None:
+    """The kept answer belongs to the experiment as it was: deleted and created again, the
+    experiment decides afresh under the same id (it has none of the old decisions)."""
+    await service.create(SPEC)
+    request = ChooseRequest(context=(0.3, -1.0), decision_id="reused")
+    await service.choose("idem", request)
+    await service.delete("idem")
+    await service.create(SPEC)
+    fresh = await service.choose("idem", request)
+    assert fresh.decision_number == 1
+    assert (await service.get("idem")).decisions == 1  # recorded, not an old answer repeated
+    log, _ = await service.read_log("idem", limit=1000)
+    assert [e.decision_id for e in log if e.type == "decision"] == ["reused"]
+    (outcome,) = await service.reward("idem", [("reused", 1.0)])
+    assert outcome.status == "applied"
+    assert await service.choose("idem", request) == fresh  # and its retries repeat it
+
+
+async def test_an_id_whose_answer_is_no_longer_kept_is_refused_while_its_decision_lives(
+    app_settings: Settings,
+) -> None:
+    """After LINREBOOT_IDEMPOTENCY_SECONDS the answer is gone but the decision (its window
+    is longer) is not: a fresh answer under the id would contradict the recorded one."""
+    settings = app_settings.model_copy(update={"idempotency_seconds": 1})
+    service = await ExperimentService.open(settings)
+    try:
+        await service.create(SPEC)  # a reward window of an hour
+        request = ChooseRequest(context=(0.3, -1.0), decision_id="slow-retry")
+        first = await service.choose("idem", request)
+        assert await service.choose("idem", request) == first  # within the second
+        await asyncio.sleep(1.3)
+        with pytest.raises(Conflict, match="no longer kept .* choose a new id"):
+            await service.choose("idem", request)
+        assert (await service.get("idem")).decisions == 1
+        (outcome,) = await service.reward("idem", [("slow-retry", 1.0)])
+        assert outcome.status == "applied"  # the decision itself is intact
+    finally:
+        await service.close()
 
 
 async def test_concurrent_retries_record_one_decision(

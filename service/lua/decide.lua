@@ -11,7 +11,8 @@
 -- KEYS[5]  decision log   lrb:{exp}:log      (a stream; written when meta has log_max_entries)
 -- KEYS[6]  outcomes       lrb:{exp}:outcomes (outcomes not yet in the sums: outcomes.lua)
 -- KEYS[7]  (optional) request lrb:{exp}:request:<id>: a decision id the caller chose;
---          a request already answered under it gets the same answer (idempotent)
+--          a request already answered under it gets the same answer (idempotent);
+--          'p' incarnation '\n' digest '\n' number '\n' answer
 -- ARGV[1]  SHA-256 (hex) of the caller's API key; '' for a trusted in-process caller
 -- ARGV[2]  the incarnation the worker's definition belongs to
 -- ARGV[3]  the meta version the worker's statistics were read at; '' accepts any
@@ -65,6 +66,8 @@
 --   {'repeat', number, answer}  KEYS[7]'s request was answered before, with the same
 --                         digest: that answer (ARGV[13]'s format); nothing recorded
 --   {'conflict'}          KEYS[7]'s id was used by a request with another digest
+--   {'spent'}             KEYS[7]'s id has a live decision but its answer is no longer
+--                         kept (older than ARGV[14]): nothing recorded
 
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'key_hash', 'version', 'default_reward',
                         'log_max_entries', 'log_max_age_seconds', 'key_hash_old')
@@ -77,19 +80,31 @@ end
 if KEYS[7] then
   local earlier = redis.call('GET', KEYS[7])
   if earlier then
-    local digest, number, answer = string.match(earlier, '^([^\n]*)\n([^\n]*)\n(.*)$')
-    if digest ~= ARGV[12] then
-      return {'conflict'}
+    local incarnation, digest, number, answer =
+      string.match(earlier, '^p([^\n]*)\n([^\n]*)\n([^\n]*)\n(.*)$')
+    if incarnation == meta[1] then  -- else: the experiment's before a DELETE, not this one's
+      if digest ~= ARGV[12] then
+        return {'conflict'}
+      end
+      return {'repeat', tonumber(number), answer}
     end
-    return {'repeat', tonumber(number), answer}
   end
 end
 local existing = redis.pcall('GET', KEYS[3])
-if existing then  -- recorded by an earlier call whose reply was lost
+if existing then
   if type(existing) == 'table' then  -- an earlier version's decision hash
     return {'recorded', tonumber(redis.call('HGET', KEYS[3], 'number'))}
   end
-  return {'recorded', tonumber(string.match(existing, '^.[^\n]*\n([^\n]*)'))}
+  local incarnation, recorded = string.match(existing, '^.([^\n]*)\n([^\n]*)')  -- any state
+  if incarnation == meta[1] then
+    if KEYS[7] then
+      -- The caller's id, answered longer ago than its request is kept (ARGV[14]):
+      -- the answer is gone, and a fresh one under the same id would contradict it.
+      return {'spent'}
+    end
+    return {'recorded', tonumber(recorded)}  -- by an earlier call whose reply was lost
+  end
+  -- else a decision of the experiment before a DELETE, left behind: replaced below
 end
 
 local counters = redis.call('HMGET', KEYS[2], 'rewards', 'decision_seq', 'folded', 'decisions',
@@ -145,7 +160,8 @@ local deadline = string.format('%.3f', now + window)
 redis.call('SET', KEYS[3], table.concat({'p' .. ARGV[2], number, defaulted and deadline or '',
                                          ARGV[11]}, '\n'), 'EX', ttl)
 if KEYS[7] then
-  redis.call('SET', KEYS[7], ARGV[12] .. '\n' .. number .. '\n' .. ARGV[13], 'EX',
+  redis.call('SET', KEYS[7], 'p' .. meta[1] .. '\n' .. ARGV[12] .. '\n' .. number .. '\n'
+             .. ARGV[13], 'EX',
              math.min(ttl, tonumber(ARGV[14])))
 end
 
