@@ -196,7 +196,7 @@ def read_admin_tokens(path: Path) -> tuple[str, ...]:
     ------
     ValueError
         One line saying why the file cannot serve (unreadable, no token, a token
-        with blank space in it).
+        with blank space in it, the documented default token).
     """
     try:
         text = path.read_text()
@@ -206,6 +206,11 @@ def read_admin_tokens(path: Path) -> tuple[str, ...]:
     tokens = tuple(line.strip() for line in text.splitlines() if line.strip())
     if not tokens or any(len(t.split()) != 1 for t in tokens):
         raise ValueError(f"{path} must hold one token a line, without blank space in a token")
+    if DEFAULT_ADMIN_TOKEN in tokens:
+        # A file is how secrets are given; the documented default is no secret (and a
+        # token added to the file later would otherwise slip past the start-up check).
+        raise ValueError(f"{path} holds the documented default {DEFAULT_ADMIN_TOKEN!r}: set a "
+                         "secret token")
     return tokens
 
 
