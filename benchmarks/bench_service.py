@@ -3,7 +3,7 @@
 Usage::
 
     python -m benchmarks.bench_service [--duration 10] [--connections 32] [--workers 1]
-                                       [--rounds 3] [--cluster]
+                                       [--rounds 3] [--spread paper|default] [--cluster]
 
 Starts one embedded Redis, the service and a floor app (a minimal FastAPI
 endpoint doing one Redis round trip) under the same uvicorn settings, then
@@ -13,7 +13,8 @@ decision is rewarded (with max_stale_rewards 0, then 100), floor again. Each
 run's ratio to the mean of its round's two floor runs is what to compare
 across machines; the report gives the median over rounds (the shared machine
 drifts by 10-20 % between runs).
-Stochastic setting, K = 100 arms, d = 20, LinReBoot, an unseeded experiment.
+Stochastic setting, K = 100 arms, d = 20, LinReBoot (``--spread``: the paper's, or
+the service's default), an unseeded experiment.
 
 ``--cluster`` then measures the same on a local Redis Cluster (3 masters and
 a replica, tests/cluster.py), in the same run: one table per store. The
@@ -137,7 +138,7 @@ def _start(stack: ExitStack, cmd: list[str], env: dict[str, str], port: int, pro
 
 
 def _experiment(url: str, token: str, experiment_id: str = "bench",
-                max_stale_rewards: int = 0) -> tuple[str, str]:
+                max_stale_rewards: int = 0, spread: str = "paper") -> tuple[str, str]:
     rng = np.random.default_rng(0)
     features = rng.random((100, 20))
     features /= np.linalg.norm(features, axis=1, keepdims=True)
@@ -145,8 +146,9 @@ def _experiment(url: str, token: str, experiment_id: str = "bench",
         "id": experiment_id, "setting": "stochastic", "dim": 20, "policy": "linreboot",
         "arms": [{"id": f"a{k}", "features": f.tolist()} for k, f in enumerate(features)],
         "max_stale_rewards": max_stale_rewards,
-        # The paper's spread, as BENCHMARKS.md measured it (the service's default is pooled).
-        "hyperparameters": {"spread": "paper"},
+        # "paper": as BENCHMARKS.md measured it before issue 26; "default": the service's
+        # default (pooled), what issue 26's targets are about.
+        "hyperparameters": {} if spread == "default" else {"spread": spread},
     }
     r = httpx.post(f"{url}/experiments", json=body,
                    headers={"Authorization": f"Bearer {token}"}, timeout=30)
@@ -155,7 +157,7 @@ def _experiment(url: str, token: str, experiment_id: str = "bench",
 
 
 def measure(duration: int, connections: int, workers: int, rounds: int,
-            cluster: bool = False) -> list[list[WrkResult]]:
+            cluster: bool = False, spread: str = "paper") -> list[list[WrkResult]]:
     """``rounds`` rounds of floor, /choose, /reward, the two mixed runs, floor."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk")
@@ -174,8 +176,8 @@ def measure(duration: int, connections: int, workers: int, rounds: int,
         service = _start(stack, [sys.executable, "-m", "linreboot", "serve", "--port",
                                  str(service_port), "--workers", str(workers)],
                          env, service_port, "/readyz")
-        experiment, key = _experiment(service, token)
-        lagging, lagging_key = _experiment(service, token, "bench-lag", LAG)
+        experiment, key = _experiment(service, token, spread=spread)
+        lagging, lagging_key = _experiment(service, token, "bench-lag", LAG, spread)
         floor_lua = tmp / "floor.lua"
         floor_lua.write_text('wrk.method = "POST"\nwrk.body = "{}"\n'
                              'wrk.headers["Content-Type"] = "application/json"\n')
@@ -262,13 +264,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of every run; the report gives medians")
     parser.add_argument("--json", type=Path, default=None, help="also write raw figures here")
+    parser.add_argument("--spread", choices=("paper", "default"), default="paper",
+                        help="LinReBoot's spread: the paper's (as earlier runs) or the "
+                             "service's default (pooled)")
     parser.add_argument("--cluster", action="store_true",
                         help="then the same on a local Redis Cluster, in the same run")
     args = parser.parse_args()
     stores = [False, True] if args.cluster else [False]
     measured = {}
     for cluster in stores:
-        rounds = measure(args.duration, args.connections, args.workers, args.rounds, cluster)
+        rounds = measure(args.duration, args.connections, args.workers, args.rounds, cluster,
+                         args.spread)
         measured["cluster" if cluster else "redis"] = rounds
         print(("On a Redis Cluster (3 masters)" if cluster else "On one Redis") + ":")
         print(report(rounds, args.workers), flush=True)

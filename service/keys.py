@@ -33,8 +33,9 @@ def stats(experiment_id: str) -> str:
 
 def request(experiment_id: str, decision_id: str) -> str:
     """String: a decision whose id the caller chose (idempotent ``/choose``): the digest
-    of its request and the decision answered, so that a retry gets the same answer;
-    expires with the decision's record."""
+    of its request and the decision answered (and the incarnation), so that a retry gets
+    the same answer; expires with the decision's record, or after
+    ``LINREBOOT_IDEMPOTENCY_SECONDS`` if sooner."""
     return f"{PREFIX}:{{{experiment_id}}}:request:{decision_id}"
 
 

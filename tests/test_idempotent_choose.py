@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
-from service.settings import Settings
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.errors import Conflict
 from service.experiments import ExperimentService
+from service.settings import Settings
 from tests.conftest import Api
 
 pytestmark = pytest.mark.anyio
@@ -79,7 +79,7 @@ async def test_an_id_whose_answer_is_no_longer_kept_is_refused_while_its_decisio
         first = await service.choose("idem", request)
         assert await service.choose("idem", request) == first  # within the second
         await asyncio.sleep(1.3)
-        with pytest.raises(Conflict, match="no longer kept .* choose a new id"):
+        with pytest.raises(Conflict, match=r"no longer kept .* choose a new id"):
             await service.choose("idem", request)
         assert (await service.get("idem")).decisions == 1
         (outcome,) = await service.reward("idem", [("slow-retry", 1.0)])
@@ -112,3 +112,27 @@ async def test_over_http_a_retry_is_the_same_answer_and_a_bad_id_is_refused(api:
         refused = await api.choose(key, {**body, "decision_id": bad})
         assert refused.status_code == 422, bad
     assert (await api.experiment("cov"))["decisions"] == 1
+
+
+async def test_an_answer_kept_by_the_version_before_incarnations_is_still_repeated(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """A retry across the upgrade: the request key as the previous version wrote it (no
+    incarnation in front) is the current experiment's."""
+    import redis
+
+    from service import keys
+
+    await service.create(SPEC)
+    request = ChooseRequest(context=(0.3, -1.0), decision_id="upgraded")
+    first = await service.choose("idem", request)
+    client = redis.Redis.from_url(redis_db)
+    try:
+        key = keys.request("idem", "upgraded")
+        kept: bytes = client.get(key)  # type: ignore[assignment]
+        assert kept.startswith(b"p")
+        client.set(key, kept.split(b"\n", 1)[1], keepttl=True)  # the old format
+        assert await service.choose("idem", request) == first
+    finally:
+        client.close()
+    assert (await service.get("idem")).decisions == 1

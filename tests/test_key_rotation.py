@@ -152,5 +152,5 @@ async def test_the_admin_token_file_rotates_without_a_restart(
             rewrite("newest-token\nchange-me\n")  # the documented default: refused
             assert [await status(http, t) for t in ("newest-token", "change-me")] == [200, 403]
     secret.write_text("a-secret\nchange-me\n")
-    with pytest.raises(ValueError, match="ADMIN_TOKEN_FILE: .* holds the documented default"):
+    with pytest.raises(ValueError, match=r"ADMIN_TOKEN_FILE: .* holds the documented default"):
         Settings(redis_url=redis_db, admin_token_file=secret)

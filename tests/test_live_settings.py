@@ -109,7 +109,7 @@ async def test_a_window_with_a_default_reward_may_grow_but_not_shrink(
                                         reward_window_seconds=2, default_reward=0.5,
                                         log_max_entries=1000))
     early = await service.choose("live", CONTEXT)
-    with pytest.raises(InvalidInput, match="cannot shrink .* default_reward"):
+    with pytest.raises(InvalidInput, match=r"cannot shrink .* default_reward"):
         await service.update_settings("live", {"reward_window_seconds": 1})
     assert (await service.get("live")).spec.reward_window_seconds == 2
     await service.update_settings("live", {"reward_window_seconds": 3})  # growing is fine
@@ -125,3 +125,36 @@ async def test_a_window_with_a_default_reward_may_grow_but_not_shrink(
                                         reward_window_seconds=5))
     view = await service.update_settings("free", {"reward_window_seconds": 1})
     assert view.spec.reward_window_seconds == 1
+
+
+async def test_a_decision_made_with_a_window_from_before_a_patch_keeps_the_deadline_order(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """A worker retrying without the version (decide.lua's ARGV[3] '') may still hold the
+    window from before a PATCH made it longer: its decision is listed no earlier than the
+    last one, so the sweeper, which reads the list in order, misses no default."""
+    import redis
+
+    from service import keys
+    from service.store import Store
+
+    await service.create(ExperimentSpec(id="live", setting="covariates", dim=2, arms=ARMS,
+                                        reward_window_seconds=60, default_reward=0.0))
+    await service.choose("live", CONTEXT)
+    client = redis.Redis.from_url(redis_db)
+    store = Store.from_url(redis_db, 5.0)
+    try:
+        incarnation = client.hget(keys.meta("live"), "incarnation").decode()  # type: ignore[union-attr]
+        reply = await store.decide(
+            "live", "with-the-old-window", key_hash=None, incarnation=incarnation, seen=None,
+            number=None, reserved=False, ttl_seconds=2, max_lag=0, grace_seconds=60,
+            record=b"model:a\narm:a\na\n1\n0\n0.0\n0.5\n" + b"\0" * 16)
+        assert reply.status == "recorded"
+        entries: list[bytes] = client.lrange(keys.pending("live"), 0, -1)  # type: ignore[assignment]
+        listed = [float(e.split()[0]) for e in entries]
+        assert len(listed) == 2 and listed[1] >= listed[0]  # in order: not now + 2 s
+        left: int = client.ttl(keys.decision("live", "with-the-old-window"))  # type: ignore[assignment]
+        assert left >= 60 + 60 - 2  # its record outlives its later deadline and the grace
+    finally:
+        client.close()
+        await store.close()

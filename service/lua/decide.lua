@@ -82,6 +82,10 @@ if KEYS[7] then
   if earlier then
     local incarnation, digest, number, answer =
       string.match(earlier, '^p([^\n]*)\n([^\n]*)\n([^\n]*)\n(.*)$')
+    if not incarnation then  -- kept by the version before incarnations (a hex digest first)
+      incarnation = meta[1]
+      digest, number, answer = string.match(earlier, '^([^\n]*)\n([^\n]*)\n(.*)$')
+    end
     if incarnation == meta[1] then  -- else: the experiment's before a DELETE, not this one's
       if digest ~= ARGV[12] then
         return {'conflict'}
@@ -92,10 +96,13 @@ if KEYS[7] then
 end
 local existing = redis.pcall('GET', KEYS[3])
 if existing then
+  local incarnation, recorded
   if type(existing) == 'table' then  -- an earlier version's decision hash
-    return {'recorded', tonumber(redis.call('HGET', KEYS[3], 'number'))}
+    local fields = redis.call('HMGET', KEYS[3], 'incarnation', 'number')
+    incarnation, recorded = fields[1] or meta[1], fields[2]
+  else
+    incarnation, recorded = string.match(existing, '^.([^\n]*)\n([^\n]*)')  -- any state
   end
-  local incarnation, recorded = string.match(existing, '^.([^\n]*)\n([^\n]*)')  -- any state
   if incarnation == meta[1] then
     if KEYS[7] then
       -- The caller's id, answered longer ago than its request is kept (ARGV[14]):
@@ -155,8 +162,22 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) + tonumber(time[2]) / 1e6
 local window = tonumber(ARGV[7])
 local defaulted = meta[4] ~= false  -- the experiment has a default reward
-local ttl = defaulted and window + tonumber(ARGV[9]) or window
-local deadline = string.format('%.3f', now + window)
+local ends = now + window
+local ttl = window
+if defaulted then
+  -- Never before the last listed deadline: settle.lua reads the list in order,
+  -- and a worker's window (ARGV[7]) may lag a PATCH that made it longer when it
+  -- retries without the version (ARGV[3] ''). Such a decision waits a little
+  -- longer for its default instead of hiding a due one behind it.
+  local last = redis.call('LINDEX', KEYS[4], -1)
+  local listed = last and tonumber(string.match(last, '^[%d.]+'))
+  local later = listed and listed - ends or 0
+  if later > 0 then
+    ends = listed
+  end
+  ttl = window + tonumber(ARGV[9]) + (later > 0 and math.ceil(later) or 0)
+end
+local deadline = string.format('%.3f', ends)
 redis.call('SET', KEYS[3], table.concat({'p' .. ARGV[2], number, defaulted and deadline or '',
                                          ARGV[11]}, '\n'), 'EX', ttl)
 if KEYS[7] then
@@ -174,7 +195,7 @@ end
 -- and a few more (a window made shorter only delays the drop; the list's TTL
 -- is never shortened).
 local id = string.match(KEYS[3], ':decision:(.*)$')
-local listed = redis.call('RPUSH', KEYS[4], deadline .. ' ' .. id)
+local length = redis.call('RPUSH', KEYS[4], deadline .. ' ' .. id)
 if defaulted then
   -- Never expires: settle.lua must find every entry, even after an outage
   -- longer than the grace period (it then counts the decision as missed).
@@ -183,7 +204,7 @@ elseif redis.call('TTL', KEYS[4]) < ttl + 1 then
   -- Never shortened: after a shorter window the older decisions outlive the new.
   redis.call('EXPIRE', KEYS[4], ttl + 1)
 end
-local tidy = listed % 64 == 0
+local tidy = length % 64 == 0
 if tidy and not defaulted then
   local expired = 0
   for _, head in ipairs(redis.call('LRANGE', KEYS[4], 0, 127)) do
