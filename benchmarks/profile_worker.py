@@ -1,0 +1,122 @@
+"""Where one worker's time goes under choose + reward pairs: a sampling profile.
+
+Usage::
+
+    python -m benchmarks.profile_worker [--seconds 12] [--rate 500] [--spread default]
+
+Needs wrk (``apt-get install wrk``) and py-spy (``pip install py-spy``; not a
+dependency of the service). Starts ``linreboot serve`` with one worker and its
+embedded Redis, creates the stochastic K = 100, d = 20 LinReBoot experiment of
+``benchmarks.bench_service``, drives it with ``wrk_pairs.lua`` (every decision
+rewarded) and samples the worker with py-spy meanwhile. Prints the share of
+samples by where the innermost frame of a known package is (the policy math,
+the service, redis-py, the HTTP stack, the event loop), one table, for
+BENCHMARKS.md. Redis's own time is ``bench_service``'s "Redis µs/request".
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks.bench_service import _experiment
+from loadtest.server import free_port
+
+HERE = Path(__file__).resolve().parent
+
+# (a path fragment of a frame's file, its category), the first that matches wins.
+CATEGORIES = (
+    ("policies/propensity", "policy math: propensity"),
+    ("policies/", "policy math: prepare, draw, update"),
+    ("service/folding", "service: folding"),
+    ("service/store", "service: store (script calls, batching)"),
+    ("service/", "service: experiments, codec"),
+    ("redis/", "redis-py client"),
+    ("pydantic", "pydantic"),
+    ("app/", "app: routes and middleware"),
+    ("fastapi/", "fastapi"),
+    ("starlette/", "starlette"),
+    ("uvicorn/", "uvicorn (HTTP parsing, sending)"),
+    ("asyncio/", "asyncio (event loop, socket writes)"),
+)
+
+
+def categorise(stacks: Path) -> dict[str, float]:
+    """Share of samples by the innermost frame that belongs to a known category."""
+    counts: collections.Counter[str] = collections.Counter()
+    for line in stacks.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        name = "other"
+        for frame in reversed(stack.split(";")[1:]):
+            hit = [label for fragment, label in CATEGORIES if fragment in frame]
+            if hit:
+                name = hit[0]
+                break
+        counts[name] += int(n)
+    total = sum(counts.values())
+    return {name: count / total for name, count in counts.most_common()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=int, default=12, help="seconds sampled")
+    parser.add_argument("--rate", type=int, default=500, help="samples a second")
+    parser.add_argument("--spread", choices=("paper", "default"), default="default")
+    args = parser.parse_args()
+    for tool in ("wrk", "py-spy"):
+        if shutil.which(tool) is None and not (Path(sys.executable).parent / tool).exists():
+            raise SystemExit(f"{tool} is needed: see this module's docstring")
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    token, port = "profile-token", free_port()
+    with tempfile.TemporaryDirectory() as directory:
+        env = {**os.environ, "LINREBOOT_ADMIN_TOKEN": token, "LINREBOOT_LOG_LEVEL": "warning",
+               "LINREBOOT_DATA_DIR": directory}
+        env.pop("LINREBOOT_REDIS_URL", None)
+        server = subprocess.Popen([sys.executable, "-m", "linreboot", "serve", "--port",
+                                   str(port), "--workers", "1"], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            for _ in range(120):
+                try:
+                    if httpx.get(f"{url}/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.25)
+            experiment, key = _experiment(url, token, spread=args.spread)
+            wrk = ["wrk", "-t1", "-c32", "-s", str(HERE / "wrk_pairs.lua")]
+            subprocess.run([*wrk, "-d3s", f"{url}/choose", "--", experiment, key],
+                           check=True, stdout=subprocess.DEVNULL)  # warm-up
+            load = subprocess.Popen([*wrk, f"-d{args.seconds + 3}s", f"{url}/choose", "--",
+                                     experiment, key], stdout=subprocess.DEVNULL)
+            time.sleep(1)
+            stacks = Path(directory) / "stacks.txt"
+            subprocess.run([py_spy, "record", "--pid", str(server.pid), "--rate",
+                            str(args.rate), "-d", str(args.seconds), "--format", "raw",
+                            "--nonblocking", "-o", str(stacks)],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            load.wait()
+            shares = categorise(stacks)
+        finally:
+            server.terminate()
+            server.wait()
+    print(f"one worker, choose + reward pairs, {args.seconds} s at {args.rate} samples/s; "
+          f"LinReBoot ({args.spread} spread), K = 100, d = 20")
+    print("| where | share of the worker's samples |")
+    print("|---|---:|")
+    for name, share in shares.items():
+        print(f"| {name} | {100 * share:.1f} % |")
+
+
+if __name__ == "__main__":
+    main()
