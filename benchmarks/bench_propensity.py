@@ -28,6 +28,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import time
 from collections.abc import Callable
 from itertools import cycle
+from typing import Any
 
 import numpy as np
 
@@ -57,10 +58,11 @@ def cpu_us(call: Callable[[], object], calls: int, repeats: int) -> float:
     return best * 1e6
 
 
-def played(policy: PolicyName, setting: Setting, arms: int, dim: int, rounds: int
-           ) -> tuple[Ready, Callable[[], Ready], np.random.Generator]:
-    """The prepared decision after ``rounds`` rounds, and a function that prepares it again."""
-    config = paper_config(policy, setting, dim)
+def played(policy: PolicyName, setting: Setting, arms: int, dim: int, rounds: int,
+           **hyperparameters: Any) -> tuple[Ready, Callable[[], Ready], np.random.Generator]:
+    """The prepared decision after ``rounds`` rounds, and a function that prepares it again
+    (the paper's configuration, with ``hyperparameters`` changed)."""
+    config = paper_config(policy, setting, dim, **hyperparameters)
     rng = np.random.default_rng(0)
     env = Environment(make_spec(setting, dim, n_arms=arms), [np.random.default_rng(1)])
     state = init_state(config, arms)

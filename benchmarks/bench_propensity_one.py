@@ -32,9 +32,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 import policies.propensity as propensity
-from benchmarks.bench_propensity import cpu_us
-from loadtest.environments import Environment, make_spec
-from policies import Ready, choose, draw, init_state, paper_config, prepare, update
+from benchmarks.bench_propensity import cpu_us, played
+from policies import Ready, draw
 from policies.config import Setting
 from policies.propensity import SERVICE, propensities
 
@@ -59,16 +58,7 @@ def main() -> None:
     print("| LinReBoot | setting | K | general path | single path | ratio | same bits |")
     print("|---|---|---:|---:|---:|---:|---|")
     for label, setting, arms, overrides in CASES:
-        config = paper_config("linreboot", setting, args.dim, **overrides)
-        rng = np.random.default_rng(0)
-        env = Environment(make_spec(setting, args.dim, n_arms=arms), [np.random.default_rng(1)])
-        state = init_state(config, arms)
-        for _ in range(args.rounds):
-            contexts = env.contexts()
-            chosen = choose(config, state, contexts, [rng]).arms
-            update(config, state, chosen, contexts[np.arange(1), chosen],
-                   env.rewards(contexts, chosen))
-        ready = prepare(config, state, env.contexts())
+        ready, _, rng = played("linreboot", setting, arms, args.dim, args.rounds, **overrides)
         drawn = [np.array([int(draw(ready, [rng]).arms[0])]) for _ in range(20)]
         arm = cycle(drawn)
 
