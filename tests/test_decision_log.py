@@ -56,14 +56,20 @@ def app_settings(redis_db: str) -> Settings:
                     sweep_interval_seconds=60)
 
 
-async def whole_log(service: ExperimentService, experiment_id: str) -> list[LogEntry]:
-    entries: list[LogEntry] = []
+async def log_pages(service: ExperimentService, experiment_id: str, limit: int
+                    ) -> list[list[LogEntry]]:
+    """The log as its pages, each read after the one before, to the end."""
+    pages: list[list[LogEntry]] = []
     after = None
     while True:
-        page, after = await service.read_log(experiment_id, after, limit=7)
-        entries += page
+        page, after = await service.read_log(experiment_id, after, limit=limit)
+        pages.append(page)
         if after is None:
-            return entries
+            return pages
+
+
+async def whole_log(service: ExperimentService, experiment_id: str) -> list[LogEntry]:
+    return [e for page in await log_pages(service, experiment_id, 7) for e in page]
 
 
 def replayed(log: list[LogEntry], arm_ids: list[str]) -> list[Observation]:
@@ -663,12 +669,7 @@ async def test_a_page_is_bounded_by_bytes_and_says_where_to_go_on(redis_db: str)
             contexts = {a.id: tuple(rng.normal(size=dim).tolist()) for a in arms}
             await service.choose("wide", ChooseRequest(arm_contexts=contexts))
         monitor.config_resetstat()
-        pages, after = [], None
-        while True:
-            page, after = await service.read_log("wide", after, limit=1000)
-            pages.append(page)
-            if after is None:
-                break
+        pages = await log_pages(service, "wide", 1000)
         stats: dict[str, Any] = monitor.info("commandstats")  # type: ignore[assignment]
         calls = int(stats["cmdstat_xrange"]["calls"])
     finally:
@@ -715,12 +716,7 @@ async def test_a_page_counts_the_eligible_arms_ids_it_writes(redis_db: str) -> N
                                             log_max_entries=1000))
         for _ in range(decisions):
             await service.choose("ids", ChooseRequest(context=(0.5, 1.0)))
-        pages, after = [], None
-        while True:
-            page, after = await service.read_log("ids", after, limit=1000)
-            pages.append(page)
-            if after is None:
-                break
+        pages = await log_pages(service, "ids", 1000)
     finally:
         await service.close()
     assert sum(len(p) for p in pages) == decisions and len(pages) >= decisions // 4
