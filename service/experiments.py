@@ -111,8 +111,7 @@ class Definition:
 
     def accepts(self, key_hash: str) -> bool:
         """``key_hash`` is the hash of a key this experiment takes (current or previous)."""
-        return any(hmac.compare_digest(key_hash, known)
-                   for known in (self.key_hash, self.previous_key_hash) if known is not None)
+        return _one_of(key_hash, (self.key_hash, self.previous_key_hash))
 
     @functools.cached_property
     def active_arms(self) -> list[ArmRecord]:
@@ -848,7 +847,7 @@ class ExperimentService:
         if stored is None:
             self._forget(experiment_id)
             raise _missing(key_hash)
-        if not any(hmac.compare_digest(key_hash, known) for known in stored):
+        if not _one_of(key_hash, stored):
             raise Forbidden(_WRONG_KEY)
         return await self._read_view(experiment_id, key_hash)
 
@@ -1068,6 +1067,12 @@ def _status(text: str) -> RewardStatus:
 # mean (the model, its prior and its sums), only how decisions are made and kept.
 LIVE_SETTINGS = ("epsilon", "reward_window_seconds", "default_reward", "max_stale_rewards",
                  "log_max_entries", "log_max_age_seconds")
+
+
+def _one_of(key_hash: str, known: Sequence[str | None]) -> bool:
+    """``key_hash`` is one of the ``known`` hashes (None: no such key), compared in
+    constant time."""
+    return any(hmac.compare_digest(key_hash, k) for k in known if k is not None)
 
 
 def _fold_due(counter: int, recorded: int) -> bool:
