@@ -72,6 +72,7 @@ class Version:
     recorded: bool  # reward.lua takes the outcomes key (KEYS[4]): records outcomes
     held: bool = False  # decide.lua takes the outcomes the caller's view holds (ARGV[10])
     record: bool = False  # decide.lua takes the decision's record, one string (ARGV[11])
+    request: bool = False  # decide.lua takes a caller's request id's fields (ARGV[12..14])
     times: dict[tuple[int, str], list[float]] = field(default_factory=dict)
 
 
@@ -102,7 +103,8 @@ def _version(client: redis.Redis, name: str, rev: str | None) -> Version:
     decide_text = _read(rev, "decide") or ""
     return Version(name, decide, reward, load(_read(rev, "fold_read")), load(_read(rev, "fold")),
                    "lrb:{exp}:outcomes" in reward_text, "ARGV[10] how many outcomes" in decide_text,
-                   "ARGV[11] the pending record" in decide_text)
+                   "ARGV[11] the pending record" in decide_text,
+                   "ARGV[14] with KEYS[7]" in decide_text)
 
 
 def _experiment(version: Version, dim: int) -> str:
@@ -159,8 +161,9 @@ def _decide_args(version: Version, experiment: str, dim: int, decision_id: str) 
     fields = _decision_fields(dim)
     held = [""] if version.held else []  # the outcomes the caller's view holds: unknown
     fixed = [len(keyset), *keyset, "h", "inc", "", "", "", "0", 3600, 0, 3600, *held]
+    no_request = ["", "", ""] if version.request else []  # the service's id, not the caller's
     if version.record:
-        return [*fixed, _decision_record(dim), *_logged(decision_id, dim)]
+        return [*fixed, _decision_record(dim), *no_request, *_logged(decision_id, dim)]
     return [*fixed, len(fields), *(item for pair in fields.items() for item in pair),
             *_logged(decision_id, dim)]
 
