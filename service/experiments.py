@@ -78,7 +78,7 @@ from service.errors import (
 )
 from service.folding import FOLD_EVERY, FOLD_LIMIT, fold_into, folded_blobs
 from service.settings import Settings
-from service.store import Progress, Snapshot, Store, log_entry_json_bytes
+from service.store import Appended, Progress, Snapshot, Store, log_entry_json_bytes
 from service.sweeper import Sweeper
 
 logger = logging.getLogger("linreboot.service")
@@ -128,6 +128,12 @@ class Definition:
         return _rows(self.active_arms)
 
     @functools.cached_property
+    def arm_positions(self) -> dict[str, int]:
+        """Each arm's stats field, to its position in the state's arm axis (a view
+        adding outcomes looks their arms up here)."""
+        return _arm_positions(self.arms)
+
+    @functools.cached_property
     def by_id(self) -> dict[str, ArmRecord]:
         return {a.id: a for a in self.arms}
 
@@ -164,6 +170,10 @@ class View:
     state: State  # every arm, in registration order (ArmRecord.index)
     # outcomes (rewards, defaults) this worker applied since the statistics were read
     behind: int = 0
+    # The records of those outcomes, while they are all of them and the next after
+    # `rewards` (this worker's own rewards, nobody else's between): the view catches
+    # up with them without reading. None once it cannot.
+    own: list[bytes] | None = field(default_factory=list, repr=False)
     # The stored sums held `folded` outcomes, and the view added the next
     # `applied` (service.folding); `raw` is `state` before an experiment that
     # forgets is aged to its clock (None: `state` itself). What catching up
@@ -264,6 +274,9 @@ def _rows(arms: Sequence[ArmRecord]) -> tuple[int, ...]:
 
 
 _WRONG_KEY = "the API key is not valid for this experiment"
+# A view keeps the records of at most this many of its worker's own outcomes (a few
+# hundred bytes each); beyond, it reads what it lacks when it must catch up.
+_OWN_RECORDS_KEPT = 256
 
 
 def _missing(key: str | None) -> DomainError:
@@ -645,9 +658,13 @@ class ExperimentService:
         key_hash = None if api_key is None else _hash_key(api_key)
         view = await self._view_for(experiment_id, key_hash)
         if view.behind > view.definition.spec.max_stale_rewards:
-            # decide.lua would refuse a decision from this view: read first, rather
+            # decide.lua would refuse a decision from this view: catch up first, rather
             # than prepare, draw and compute a propensity twice.
-            view = await self._caught_up(experiment_id, view, key_hash)
+            if view.own is not None and len(view.own) == view.behind:
+                view = self._added(experiment_id, view, view.own, view.rewards + view.behind,
+                                   view.folded, view.last_number)
+            else:
+                view = await self._caught_up(experiment_id, view, key_hash)
         bound = self._settings.feature_bound
         try:
             candidates = view.ready(request, bound)
@@ -752,10 +769,27 @@ class ExperimentService:
             outcomes.append(RewardOutcome(decision_id, status, _REWARD_MESSAGES[status]))
         applied = sum(outcome.status == "applied" for outcome in outcomes)
         view = self._views.get(experiment_id)
-        if view is not None:
-            view.behind += applied
+        if view is not None and applied:
+            self._add_own(view, reply.appended, applied)
         self._fold_soon(experiment_id, reply.counter, applied)
         return outcomes
+
+    @staticmethod
+    def _add_own(view: View, appended: Appended | None, applied: int) -> None:
+        """``view`` is ``applied`` outcomes behind more; it keeps their records
+        (:attr:`View.own`) while they follow on from what it holds."""
+        if view.own is not None:
+            follows = (appended is not None and len(appended.records) == applied
+                       and len(view.own) == view.behind
+                       and appended.incarnation == view.definition.incarnation
+                       and appended.version == view.version
+                       and appended.outcomes - applied == view.rewards + view.behind)
+            if follows and len(view.own) + applied <= _OWN_RECORDS_KEPT:
+                assert appended is not None
+                view.own.extend(appended.records)
+            else:
+                view.own = None
+        view.behind += applied
 
     def _fold_soon(self, experiment_id: str, counter: int, recorded: int) -> None:
         """:meth:`fold_if_due` in the background: the request that crossed a multiple
@@ -781,6 +815,7 @@ class ExperimentService:
         view = self._views.get(experiment_id)
         if view is not None:
             view.behind += defaulted
+            view.own = None  # their records are not at hand: catching up reads
         await self.fold_if_due(experiment_id, counter, defaulted)
 
     async def fold_if_due(self, experiment_id: str, counter: int, recorded: int) -> None:
@@ -901,14 +936,24 @@ class ExperimentService:
         if not (progress.incarnation == view.definition.incarnation
                 and progress.version == view.version and 0 <= start <= len(progress.unfolded)):
             return None
+        return self._added(experiment_id, view, progress.unfolded[start:], progress.rewards,
+                           progress.folded, max(view.last_number, progress.decision_seq))
+
+    def _added(
+        self, experiment_id: str, view: View, records: Sequence[bytes], rewards: int,
+        folded: int, last_number: int,
+    ) -> View:
+        """This worker's view from now: ``view`` with the outcomes ``records`` (the next
+        after those it holds) added, at the outcomes counter ``rewards``; ``folded`` of its
+        outcomes are in the stored sums. The same bits as reading the statistics."""
         config = view.definition.config
         sums = {name: value.copy() for name, value in view.sums.items()}
-        fold_into(config, sums, _arm_positions(view.definition.arms), progress.unfolded[start:])
+        fold_into(config, sums, view.definition.arm_positions, records)
         state = discounted(config, sums)
-        caught = View(view.definition, version=view.version, rewards=progress.rewards,
-                      last_number=max(view.last_number, progress.decision_seq),
-                      state=state, folded=progress.folded, applied=len(progress.unfolded),
-                      raw=None if state is sums else sums)
+        held = view.folded + view.applied + len(records)  # outcomes in the new view
+        caught = View(view.definition, version=view.version, rewards=rewards,
+                      last_number=last_number, state=state, folded=folded,
+                      applied=held - folded, raw=None if state is sums else sums)
         caught.inherit(view)
         return self._keep(experiment_id, caught)
 

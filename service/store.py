@@ -27,6 +27,7 @@ script checks before it writes, and a refused creation is undone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
@@ -327,6 +328,53 @@ class _HiredisPackedConnection(Connection):
             raise DataError(str(exc)) from exc
 
 
+class HeldConnection:
+    """One connection of a pool's kind, held by its owner for pipelines, one at a time.
+
+    What a non-transactional pipeline of redis-py does (pack the commands,
+    send them, read each reply in order, error replies as exceptions in the
+    list; retried whole by the connection's retry policy after a connection
+    error), without the pool's checkout and release. redis-py drops the
+    connection when a send or a read fails or is cancelled (a deadline), so a
+    pipeline cut short leaves no reply behind for the next one: that one
+    connects again.
+    """
+
+    def __init__(self, pool: aioredis.ConnectionPool) -> None:
+        self._pool = pool
+        self._connection: Connection | None = None
+        self._lock = asyncio.Lock()
+
+    def turn(self) -> asyncio.Lock:
+        """Held while a caller prepares and runs its pipeline."""
+        return self._lock
+
+    async def pipeline(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        if self._connection is None:
+            self._connection = self._pool.make_connection()
+        connection = self._connection
+        packed = connection.pack_commands(commands)
+
+        async def round_trip() -> list[Any]:
+            await connection.send_packed_command(packed)
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(await connection.read_response())
+                except ResponseError as error:  # read whole: the stream stays in step
+                    replies.append(error)
+            return replies
+
+        async def dropped(error: Exception) -> None:
+            await connection.disconnect()
+
+        return await connection.retry.call_with_retry(round_trip, dropped)
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            await self._connection.disconnect()
+
+
 class _ScriptBatcher:
     """Sends the scripts called during one event-loop turn as one pipeline.
 
@@ -351,6 +399,12 @@ class _ScriptBatcher:
         self._deadline = deadline_seconds
         self._queue: list[tuple[AsyncScript, list[Any], asyncio.Future[Any]]] = []
         self._flushes: set[asyncio.Task[None]] = set()  # held until done (no early GC)
+        # On a single Redis the batches go over one connection of the pool's
+        # kind, held by the batcher: a pooled pipeline's checkout, release and
+        # bookkeeping cost a worker about as much CPU as the round trip itself.
+        # One batch at a time: the calls that arrive meanwhile make the next.
+        self._held: HeldConnection | None = (
+            None if isinstance(client, RedisCluster) else HeldConnection(client.connection_pool))
 
     async def run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
         loop = asyncio.get_running_loop()
@@ -363,11 +417,17 @@ class _ScriptBatcher:
         return await future
 
     async def _flush(self) -> None:
-        batch, self._queue = self._queue, []
+        batch: list[tuple[AsyncScript, list[Any], asyncio.Future[Any]]] = []
+        turn: contextlib.AbstractAsyncContextManager[Any] = (
+            self._held.turn() if self._held is not None else contextlib.nullcontext())
         try:
-            async with asyncio.timeout(self._deadline):
-                replies = await self._execute([(script, argv) for script, argv, _ in batch])
+            async with asyncio.timeout(self._deadline), turn:
+                batch, self._queue = self._queue, []  # with the calls queued while waiting
+                calls = [(script, argv) for script, argv, _ in batch]
+                replies = await self._execute(calls) if calls else []
         except BaseException as exc:
+            if not batch:  # failed waiting for the turn: so do the calls queued
+                batch, self._queue = self._queue, []
             for _, _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
@@ -379,6 +439,10 @@ class _ScriptBatcher:
                 future.set_exception(reply)
             else:
                 future.set_result(reply)
+
+    async def close(self) -> None:
+        if self._held is not None:
+            await self._held.close()
 
     async def _execute(self, calls: list[tuple[AsyncScript, list[Any]]]) -> list[Any]:
         replies = await self._pipeline(calls)
@@ -394,6 +458,8 @@ class _ScriptBatcher:
         return replies
 
     async def _pipeline(self, calls: list[tuple[AsyncScript, list[Any]]]) -> list[Any]:
+        if self._held is not None:
+            return await self._held.pipeline([("EVALSHA", s.sha, *argv) for s, argv in calls])
         async with self._client.pipeline(transaction=False) as pipe:
             for script, argv in calls:
                 pipe.execute_command("EVALSHA", script.sha, *argv)
@@ -427,11 +493,23 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class Appended:
+    """The outcomes one call recorded, and where: a view at ``outcomes - len(records)``
+    outcomes of this incarnation and version is at ``outcomes`` with them added."""
+
+    incarnation: str
+    version: int
+    outcomes: int  # the outcomes counter (rewards + defaulted) after them
+    records: tuple[bytes, ...]  # their payloads, in order (service.folding)
+
+
+@dataclass(frozen=True)
 class RewardReply:
     """What one ``reward.lua`` call did."""
 
     statuses: list[str]  # one per reward, or ["missing"] / ["forbidden"] for the whole call
     counter: int = 0  # the rewards counter after them (0 when none was applied)
+    appended: Appended | None = None  # the outcomes it recorded (None when none was applied)
 
 
 @dataclass(frozen=True)
@@ -584,6 +662,7 @@ class Store:
         if self._notices is not None:
             self._notices.uninstall()
             self._notices = None
+        await self._batcher.close()
         await self._client.aclose()
 
     @_translated
@@ -1046,18 +1125,25 @@ class Store:
         """Run the exactly-once reward script on (decision id, reward text) pairs.
 
         ``key_hash`` must be the experiment's; None skips the check (trusted
-        in-process callers). Returns one status per item and the rewards counter
-        after them (0 when none was applied), or the statuses ``["missing"]`` /
-        ``["forbidden"]`` for the whole call (then nothing was written).
+        in-process callers). Returns one status per item, the rewards counter
+        after them (0 when none was applied) and the outcomes recorded
+        (:class:`Appended`), or the statuses ``["missing"]`` / ``["forbidden"]``
+        for the whole call (then nothing was written).
         """
         keyset = [keys.meta(experiment_id), keys.stats(experiment_id), keys.log(experiment_id),
                   keys.outcomes(experiment_id)]
         keyset += [keys.decision(experiment_id, decision_id) for decision_id, _ in items]
         args = ["" if key_hash is None else key_hash, *(reward for _, reward in items)]
-        *statuses, counter = await self._batcher.run(self._reward, keyset, args)
-        if not statuses:  # 'missing' or 'forbidden': the script's only reply
-            return RewardReply([_text(counter)])
-        return RewardReply([_text(r) for r in statuses], int(counter))
+        reply = await self._batcher.run(self._reward, keyset, args)
+        if len(reply) == 1:  # 'missing' or 'forbidden': the script's only reply
+            return RewardReply([_text(reply[0])])
+        statuses, counter, appended = reply[:len(items)], reply[len(items)], reply[len(items) + 1:]
+        own = None
+        if appended:  # some were applied: their records, and where they came
+            incarnation, version, outcomes, records = appended
+            own = Appended(_text(incarnation), int(version), int(outcomes),
+                           tuple(split_records(records)[0]))
+        return RewardReply([_text(r) for r in statuses], int(counter), own)
 
     @_translated
     async def settle(

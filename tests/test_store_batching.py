@@ -24,6 +24,7 @@ import redis
 from policies import PolicyConfig
 from service import keys
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
+from service.errors import StoreUnavailable
 from service.experiments import ExperimentService
 from service.settings import Settings
 from service.store import Store, _ScriptBatcher
@@ -132,6 +133,58 @@ async def test_a_cancelled_caller_leaves_the_rest_of_its_batch_alone(
     assert (await service.get("sto")).decisions == 6
 
 
+async def test_a_killed_connection_is_replaced_and_its_batch_runs_once(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """The batches travel over one held connection: Redis dropping it (a restart, a
+    CLIENT KILL) costs a reconnection, not the calls, and nothing runs twice."""
+    key = await _experiment(service)
+    first = await service.choose("sto", ChooseRequest(), key)
+    client = redis.Redis.from_url(redis_db)
+    try:
+        killed = client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    finally:
+        client.close()
+    assert killed >= 1
+
+    second = await service.choose("sto", ChooseRequest(), key)
+    outcome = await service.reward("sto", [(first.decision_id, 1.0)], key)
+
+    assert second.decision_number == 2
+    assert outcome[0].status == "applied"
+    assert (await service.get("sto")).decisions == 2
+
+
+async def test_a_batch_cut_short_by_its_deadline_leaves_no_reply_for_the_next(
+    app_settings: Settings, redis_db: str
+) -> None:
+    """A batch abandoned at the deadline (Redis paused) drops its connection: the
+    replies Redis sends after the pause are never read as the next batch's."""
+    opened = await ExperimentService.open(
+        app_settings.model_copy(update={"redis_timeout_seconds": 0.3}))
+    client = redis.Redis.from_url(redis_db)
+    try:
+        key = await _experiment(opened)
+        first = await opened.choose("sto", ChooseRequest(), key)
+        client.execute_command("CLIENT", "PAUSE", "1000", "ALL")
+        with pytest.raises(StoreUnavailable):
+            await opened.choose("sto", ChooseRequest(), key)
+        await asyncio.sleep(1.0)  # the pause is over
+
+        unknown = await opened.reward("sto", [("0" * 32, 0.0)], key)
+        applied = await opened.reward("sto", [(first.decision_id, 1.0)], key)
+        third = await opened.choose("sto", ChooseRequest(), key)
+
+        assert [unknown[0].status, applied[0].status] == ["not_found", "applied"]
+        # Whether Redis ran the abandoned decision or dropped it with its connection,
+        # the numbers and the count agree: no reply was taken for another call's.
+        assert third.decision_number == (await opened.get("sto")).decisions
+    finally:
+        client.execute_command("CLIENT", "UNPAUSE")
+        client.close()
+        await opened.close()
+
+
 async def test_a_stale_view_decides_again_from_the_current_statistics(
     service: ExperimentService, other_service: ExperimentService, redis_db: str
 ) -> None:
@@ -153,8 +206,88 @@ async def test_a_stale_view_decides_again_from_the_current_statistics(
     assert record is not None and record["rewards_seen"] == b"3"
 
 
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The store's reads of statistics, by name, as they happen."""
+    reads: list[str] = []
+    for name in ("read_progress", "read_snapshot", "read_experiment"):
+        original = getattr(Store, name)
+
+        async def counted(self: Store, *args: Any, _name: str = name, _original: Any = original,
+                          **kwargs: Any) -> Any:
+            reads.append(_name)
+            return await _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(Store, name, counted)
+    return reads
+
+
+async def test_a_worker_adds_its_own_rewards_to_its_view_without_reading(
+    service: ExperimentService, other_service: ExperimentService,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """reward.lua returns the outcomes it recorded: the worker that sent them keeps
+    them, and adds them to its view when it must (with max_stale_rewards 0, before
+    its next decision); it then has the statistics a worker reading them has, to the
+    bit."""
+    key = await _experiment(service, "own")
+    await service.choose("own", ChooseRequest(), key)  # the first read
+    reads = _count_reads(monkeypatch)
+    rewards = np.random.default_rng(5).normal(size=20)  # 20: a fold comes in between
+    for value in rewards:
+        decision = await service.choose("own", ChooseRequest(), key)
+        outcome = await service.reward("own", [(decision.decision_id, float(value))], key)
+        assert outcome[0].status == "applied"
+    await service.drain()
+    await service.choose("own", ChooseRequest(), key)  # adds the last reward
+    assert reads == []  # neither the outcomes nor the sums were read
+    mine = service._views["own"]
+    theirs = await other_service._view_for("own", None)  # read from Redis
+    assert mine.rewards == theirs.rewards == 20 and mine.behind == 0
+    assert mine.folded + mine.applied == theirs.folded + theirs.applied == 20
+    assert mine.state.keys() == theirs.state.keys()
+    for name, value in theirs.state.items():
+        np.testing.assert_array_equal(mine.state[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize(("batch", "read"), [(256, []), (257, ["read_progress"])])
+async def test_a_view_keeps_the_records_of_at_most_256_of_its_own_outcomes(
+    service: ExperimentService, monkeypatch: pytest.MonkeyPatch, batch: int, read: list[str],
+) -> None:
+    key = await _experiment(service, "own")
+    decisions = [await service.choose("own", ChooseRequest(), key) for _ in range(batch)]
+    outcomes = await service.reward("own", [(d.decision_id, 1.0) for d in decisions], key)
+    assert {o.status for o in outcomes} == {"applied"}
+    reads = _count_reads(monkeypatch)
+
+    await service.choose("own", ChooseRequest(), key)
+
+    assert reads == read
+    assert service._views["own"].rewards == batch
+
+
+async def test_an_outcome_through_another_worker_between_makes_the_next_decision_read(
+    service: ExperimentService, other_service: ExperimentService,
+    monkeypatch: pytest.MonkeyPatch, redis_db: str,
+) -> None:
+    """A worker adds its own outcomes only to a view that held every outcome before them:
+    after another worker's reward in between, its next decision reads what it lacks."""
+    key = await _experiment(service, "own")
+    mine = await service.choose("own", ChooseRequest(), key)
+    theirs = await other_service.choose("own", ChooseRequest(), key)
+    assert (await other_service.reward("own", [(theirs.decision_id, 1.0)], key))[0].status \
+        == "applied"
+    assert (await service.reward("own", [(mine.decision_id, 0.0)], key))[0].status == "applied"
+    reads = _count_reads(monkeypatch)
+
+    after = await service.choose("own", ChooseRequest(), key)
+
+    assert reads == ["read_progress"]
+    record = records.read(redis_db, "own", after.decision_id)
+    assert record is not None and record["rewards_seen"] == b"2"
+
+
 @pytest.mark.parametrize("max_stale_rewards", [0, 1])
-async def test_a_worker_that_applied_a_reward_reads_before_it_decides(
+async def test_a_worker_that_applied_a_reward_decides_from_it(
     service: ExperimentService, monkeypatch: pytest.MonkeyPatch, redis_db: str,
     max_stale_rewards: int,
 ) -> None:
@@ -172,8 +305,9 @@ async def test_a_worker_that_applied_a_reward_reads_before_it_decides(
         assert (await service.reward("own", [(decision.decision_id, 1.0)], key))[0].status \
             == "applied"
         after = await service.choose("own", ChooseRequest(), key)
-        # Within the allowed lag the view is kept; beyond it the statistics are read
-        # first, so the decision is made once, from the current statistics.
+        # Within the allowed lag the view is kept; beyond it the statistics are
+        # brought up to date first (the worker's own outcomes added, or read), so the
+        # decision is made once, from the current statistics.
         lag = rewarded % (max_stale_rewards + 1)
         record = records.read(redis_db, "own", after.decision_id)
         assert record is not None and record["rewards_seen"] == str(rewarded - lag).encode()

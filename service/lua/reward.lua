@@ -15,7 +15,11 @@
 --
 -- Returns {'missing'} when the experiment does not exist, {'forbidden'} when
 -- the key is not its key, else one status per decision, then the 'rewards'
--- counter (0 when nothing was applied). A status is 'applied',
+-- counter (0 when nothing was applied), and when any was applied: the
+-- incarnation, the meta version, the outcomes counter (rewards + defaulted)
+-- after them and the records this call appended to the outcomes string, so
+-- that a worker whose statistics held every outcome before them can add them
+-- without reading (ExperimentService.reward). A status is 'applied',
 -- 'duplicate' (the same reward was already applied: a safe retry), 'conflict'
 -- (a different reward was applied), 'late' (the experiment has a default
 -- reward and the decision's window has ended: the default counts, or will
@@ -29,7 +33,7 @@
 
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'key_hash', 'model_recipe',
                         'log_max_entries', 'log_max_age_seconds', 'discount', 'context_bytes',
-                        'key_hash_old')
+                        'key_hash_old', 'version')
 if not meta[1] then
   return {'missing'}
 end
@@ -122,4 +126,11 @@ if duplicates > 0 then
   redis.call('HINCRBY', KEYS[2], 'duplicates', duplicates)
 end
 statuses[#statuses + 1] = rewards
+if applied > 0 then
+  local defaulted = tonumber(redis.call('HGET', KEYS[2], 'defaulted') or '0')
+  statuses[#statuses + 1] = incarnation
+  statuses[#statuses + 1] = meta[9] or '0'
+  statuses[#statuses + 1] = tostring(rewards + defaulted)
+  statuses[#statuses + 1] = table.concat(records)
+end
 return statuses
