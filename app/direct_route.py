@@ -19,6 +19,14 @@ format:
 
 An endpoint served this way takes exactly those parameters; :class:`DirectRoute`
 refuses any other signature when the app is built.
+
+:class:`DirectLaneAPI` then serves a POST to such a route's path without
+FastAPI's stack: Starlette's error middleware, FastAPI's exception telemetry
+and body limit, the exception middleware, the exit stack and the router's
+matching are a layer each, on every request, and these routes use none of
+what they do but the exception handlers, which the lane calls itself. The
+app's own middlewares (access log, body limit) wrap the lane as they wrap
+the stack.
 """
 
 from __future__ import annotations
@@ -29,16 +37,17 @@ import typing
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi import HTTPException, Request, Response
+from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.deps import API_KEY_HEADER, experiment_caller
 from app.strict_json import is_json, loads_strict, not_json
 
-__all__ = ["DirectRoute"]
+__all__ = ["DirectLaneAPI", "DirectRoute"]
 
 _PARAMETERS = {"body", "caller", "response"}
 
@@ -104,3 +113,68 @@ async def _body(request: Request) -> Any:
         raise RequestValidationError([_MISSING])
     return body
 
+
+
+class DirectLaneAPI(FastAPI):
+    """A FastAPI app whose :class:`DirectRoute` routes skip FastAPI's stack (see above).
+
+    A request takes the lane when it is a POST to a direct route's exact path
+    and the app is not served under a ``root_path`` (then the router's
+    matching decides, as for every other request).
+    """
+
+    def build_middleware_stack(self) -> ASGIApp:
+        stack = super().build_middleware_stack()
+        routes = {route.path: route for route in self.router.routes
+                  if isinstance(route, DirectRoute) and "POST" in (route.methods or ())}
+        if not routes:
+            return stack
+        lane: ASGIApp = _Lane(self, routes)
+        for middleware in reversed(self.user_middleware):  # as Starlette wraps the stack
+            lane = middleware.cls(lane, *middleware.args, **middleware.kwargs)
+        return _Fork(stack, lane, frozenset(routes))
+
+
+class _Fork:
+    def __init__(self, stack: ASGIApp, lane: ASGIApp, paths: frozenset[str]) -> None:
+        self.stack, self.lane, self.paths = stack, lane, paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.paths
+                and not scope.get("root_path")):
+            await self.lane(scope, receive, send)
+        else:
+            await self.stack(scope, receive, send)
+
+
+class _Lane:
+    """The direct routes' handlers, with the app's exception handlers as Starlette's
+    middlewares apply them: the handler of the exception's nearest class; with none
+    but ``Exception``'s (the 500), its response is sent and the exception raised
+    again, for the server to log, as Starlette's error middleware does."""
+
+    def __init__(self, app: FastAPI, routes: dict[str, DirectRoute]) -> None:
+        self.app = app
+        self.routes = {path: (route, route.get_route_handler()) for path, route in routes.items()}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route, handler = self.routes[scope["path"]]
+        scope["route"], scope["endpoint"], scope["path_params"] = route, route.endpoint, {}
+        request = Request(scope, receive, send)
+        try:
+            response = await handler(request)
+        except Exception as exc:
+            handled = self._handled_as(exc)
+            if handled is None:
+                raise
+            on_error = self.app.exception_handlers[handled]
+            response = await on_error(request, exc)  # type: ignore[misc]  # ours are async
+            if handled is Exception:  # unexpected: a 500, and the server logs it
+                await response(scope, receive, send)
+                raise
+        await response(scope, receive, send)
+
+    def _handled_as(self, exc: Exception) -> type | None:
+        """The nearest class of ``exc`` that has a handler."""
+        return next((cls for cls in type(exc).__mro__ if cls in self.app.exception_handlers),
+                    None)

@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from threadpoolctl import threadpool_limits
 
 from app.auth import AdminTokens
+from app.direct_route import DirectLaneAPI
 from app.errors import install_error_handlers
 from app.logs import configure_logging
 from app.metrics import Metrics
@@ -53,7 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """
     settings = settings if settings is not None else _settings_or_exit()
     configure_logging(settings.log_level)
-    app = FastAPI(
+    app = DirectLaneAPI(
         title="LinReBoot recommendations",
         version=_version(),
         description=_DESCRIPTION,
