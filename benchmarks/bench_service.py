@@ -62,6 +62,7 @@ class WrkResult:
     errors: int
     requests: int = 0
     redis_us_per_request: float = 0.0  # Redis server CPU (INFO commandstats)
+    worker_us_per_request: float = 0.0  # the serving processes' CPU (user + system)
 
 
 def _unit_ms(value: str) -> float:
@@ -102,6 +103,38 @@ def with_redis_cost(servers: list[redis.Redis], run: Callable[[], WrkResult]) ->
     return dataclasses.replace(result, redis_us_per_request=busy_us / max(result.requests, 1))
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its descendants (uvicorn's workers), from
+    /proc: what the serving side spent, whatever else shares the machine's cores."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [child for child, of in parents.items() if of == parent]
+        tree.update(children)
+        frontier.extend(children)
+    return sum(times.get(p, 0.0) for p in tree)
+
+
+def with_worker_cost(pid: int, run: Callable[[], WrkResult]) -> WrkResult:
+    """``run()``, with the CPU the process tree ``pid`` spent per request during it."""
+    before = tree_cpu_seconds(pid)
+    result = run()
+    spent = tree_cpu_seconds(pid) - before
+    return dataclasses.replace(result, worker_us_per_request=1e6 * spent / max(result.requests, 1))
+
+
 def _store(stack: ExitStack, tmp: Path, cluster: bool) -> tuple[str, str, list[redis.Redis]]:
     """A Redis (embedded) or a local Redis Cluster: its URL, the URL for the floor app
     (a plain client: on a cluster, the master of its key) and the primaries."""
@@ -122,7 +155,9 @@ def _store(stack: ExitStack, tmp: Path, cluster: bool) -> tuple[str, str, list[r
     return url, floor_url, servers
 
 
-def _start(stack: ExitStack, cmd: list[str], env: dict[str, str], port: int, probe: str) -> str:
+def _start(stack: ExitStack, cmd: list[str], env: dict[str, str], port: int,
+           probe: str) -> tuple[str, int]:
+    """The server's URL, once it answers ``probe``, and its process id."""
     proc = subprocess.Popen(cmd, env={**os.environ, **env})
     stack.callback(proc.wait, timeout=30)  # callbacks run last-in first-out:
     stack.callback(proc.terminate)  # terminate, then wait
@@ -131,7 +166,7 @@ def _start(stack: ExitStack, cmd: list[str], env: dict[str, str], port: int, pro
     while time.monotonic() < deadline:
         try:
             httpx.request("GET" if probe != "/floor" else "POST", url + probe, timeout=1)
-            return url
+            return url, proc.pid
         except httpx.HTTPError:
             time.sleep(0.2)
     raise TimeoutError(f"{cmd} did not start")
@@ -169,11 +204,11 @@ def measure(duration: int, connections: int, workers: int, rounds: int,
                "LINREBOOT_LOG_LEVEL": "warning"}
         floor_port, service_port = free_port(), free_port()
         uvicorn_opts = ["--workers", str(workers), "--log-level", "warning", "--no-access-log"]
-        floor = _start(stack, [sys.executable, "-m", "uvicorn", "--factory",
+        floor, floor_pid = _start(stack, [sys.executable, "-m", "uvicorn", "--factory",
                                "benchmarks.floor_app:create_app", "--port", str(floor_port),
                                *uvicorn_opts], {**env, "LINREBOOT_REDIS_URL": floor_url},
                        floor_port, "/floor")
-        service = _start(stack, [sys.executable, "-m", "linreboot", "serve", "--port",
+        service, service_pid = _start(stack, [sys.executable, "-m", "linreboot", "serve", "--port",
                                  str(service_port), "--workers", str(workers)],
                          env, service_port, "/readyz")
         experiment, key = _experiment(service, token, spread=spread)
@@ -205,51 +240,68 @@ def measure(duration: int, connections: int, workers: int, rounds: int,
             ]
             all_rounds.append([
                 with_redis_cost(servers, functools.partial(
-                    run_wrk, name, url, seconds, connections, script, script_args))
+                    with_worker_cost, floor_pid if name == "floor" else service_pid,
+                    functools.partial(run_wrk, name, url, seconds, connections, script,
+                                      script_args)))
                 for name, url, seconds, script, script_args in runs
             ])
         return all_rounds
 
 
 def report(rounds: list[list[WrkResult]], workers: int) -> str:
-    """One row per endpoint: the median over rounds of req/s, ratio, p50, p99.
+    """One row per endpoint: the median over rounds of req/s, ratio, p50, p99, and of
+    the CPU per request of the serving workers and of Redis.
 
     A round's ratio divides by the mean of that round's two floor runs, so the
-    machine's drift between rounds cancels.
+    machine's drift between rounds cancels. The CPU ratio divides the floor's
+    worker CPU per request by the endpoint's: the throughput ratio of a worker
+    with a core of its own (on a machine where wrk, Redis and the worker share
+    few cores, the req/s ratio also carries their contention).
     """
     ratios: dict[str, list[float]] = {}
+    cpu_ratios: dict[str, list[float]] = {}
     rows: dict[str, list[WrkResult]] = {}
-    floors = []
+    floors, floor_cpus = [], []
     for results in rounds:
-        floor_rps = statistics.mean(r.requests_per_second for r in results if r.name == "floor")
+        floor_runs = [r for r in results if r.name == "floor"]
+        floor_rps = statistics.mean(r.requests_per_second for r in floor_runs)
+        floor_cpu = statistics.mean(r.worker_us_per_request for r in floor_runs)
         floors.append(floor_rps)
+        floor_cpus.append(floor_cpu)
         for r in results:
             if r.name != "floor":
                 ratios.setdefault(r.name, []).append(r.requests_per_second / floor_rps)
+                cpu_ratios.setdefault(r.name, []).append(
+                    floor_cpu / r.worker_us_per_request if r.worker_us_per_request else 0.0)
                 rows.setdefault(r.name, []).append(r)
     lines = [
         f"uvicorn workers: {workers}; {len(rounds)} rounds; floor (median of the rounds' "
         f"means): {statistics.median(floors):.0f} req/s",
         "",
         "| endpoint | req/s | ratio to floor (median) | ratios by round | p50 ms | p99 ms "
-        "| Redis µs/request | errors |",
-        "|---|---|---|---|---|---|---|---|",
+        "| worker µs/request | CPU ratio (median) | CPU ratios by round | Redis µs/request "
+        "| errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     floor_runs = [r for results in rounds for r in results if r.name == "floor"]
     lines.append(
         f"| floor | {statistics.median(floors):.0f} | 1.00 | | "
         f"{statistics.median(r.p50_ms for r in floor_runs):.2f} | "
         f"{statistics.median(r.p99_ms for r in floor_runs):.2f} | "
+        f"{statistics.median(floor_cpus):.0f} | 1.00 | | "
         f"{statistics.median(r.redis_us_per_request for r in floor_runs):.1f} | "
         f"{sum(r.errors for r in floor_runs)} |"
     )
     for name, results in rows.items():
         by_round = ", ".join(f"{x:.2f}" for x in ratios[name])
+        cpu_by_round = ", ".join(f"{x:.2f}" for x in cpu_ratios[name])
         lines.append(
             f"| {name} | {statistics.median(r.requests_per_second for r in results):.0f} | "
             f"**{statistics.median(ratios[name]):.2f}** | {by_round} | "
             f"{statistics.median(r.p50_ms for r in results):.2f} | "
             f"{statistics.median(r.p99_ms for r in results):.2f} | "
+            f"{statistics.median(r.worker_us_per_request for r in results):.0f} | "
+            f"**{statistics.median(cpu_ratios[name]):.2f}** | {cpu_by_round} | "
             f"{statistics.median(r.redis_us_per_request for r in results):.1f} | "
             f"{sum(r.errors for r in results)} |"
         )

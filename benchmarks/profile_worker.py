@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m benchmarks.profile_worker [--seconds 12] [--rate 500] [--spread default]
+    python -m benchmarks.profile_worker [--seconds 12] [--rate 500] [--spread default] [--top N]
 
 Needs wrk (``apt-get install wrk``) and py-spy (``pip install py-spy``; not a
 dependency of the service). Starts ``linreboot serve`` with one worker and its
@@ -11,7 +11,8 @@ embedded Redis, creates the stochastic K = 100, d = 20 LinReBoot experiment of
 rewarded) and samples the worker with py-spy meanwhile. Prints the share of
 samples by where the innermost frame of a known package is (the policy math,
 the service, redis-py, the HTTP stack, the event loop), one table, for
-BENCHMARKS.md. Redis's own time is ``bench_service``'s "Redis µs/request".
+BENCHMARKS.md; ``--top N`` adds the N functions most often innermost (self
+time). Redis's own time is ``bench_service``'s "Redis µs/request".
 """
 
 from __future__ import annotations
@@ -66,11 +67,23 @@ def categorise(stacks: Path) -> dict[str, float]:
     return {name: count / total for name, count in counts.most_common()}
 
 
+def innermost(stacks: Path, top: int) -> list[tuple[str, float]]:
+    """The ``top`` innermost frames (function and file) by their share of samples."""
+    counts: collections.Counter[str] = collections.Counter()
+    for line in stacks.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        frame = stack.split(";")[-1]
+        counts[frame.split(":")[0].replace(str(Path.cwd()) + "/", "")] += int(n)
+    total = sum(counts.values())
+    return [(frame, count / total) for frame, count in counts.most_common(top)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=int, default=12, help="seconds sampled")
     parser.add_argument("--rate", type=int, default=500, help="samples a second")
     parser.add_argument("--spread", choices=("paper", "default"), default="default")
+    parser.add_argument("--top", type=int, default=0, help="also the N top functions (self)")
     args = parser.parse_args()
     for tool in ("wrk", "py-spy"):
         if shutil.which(tool) is None and not (Path(sys.executable).parent / tool).exists():
@@ -107,6 +120,7 @@ def main() -> None:
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             load.wait()
             shares = categorise(stacks)
+            functions = innermost(stacks, args.top)
         finally:
             server.terminate()
             server.wait()
@@ -116,6 +130,10 @@ def main() -> None:
     print("|---|---:|")
     for name, share in shares.items():
         print(f"| {name} | {100 * share:.1f} % |")
+    if functions:
+        print("\n| function (innermost frame) | share |\n|---|---:|")
+        for frame, share in functions:
+            print(f"| `{frame}` | {100 * share:.1f} % |")
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ import hiredis
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import Connection
+from redis.asyncio.connection import AbstractConnection, Connection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
@@ -310,8 +310,8 @@ async def _cluster_enabled(client: aioredis.Redis) -> bool:
     return bool(int(info.get("cluster_enabled", 0)))
 
 
-class _HiredisPackedConnection(Connection):
-    """A connection that packs commands in C (hiredis), as redis-py's sync client does.
+class _HiredisPacking:
+    """Packs commands in C (hiredis), as redis-py's sync client does.
 
     The asyncio client packs in Python, argument by argument; for a decision's
     two dozen arguments that was a visible share of ``/choose``.
@@ -326,6 +326,17 @@ class _HiredisPackedConnection(Connection):
             return [hiredis.pack_command(args)]
         except TypeError as exc:
             raise DataError(str(exc)) from exc
+
+
+_PACKING_IN_C: dict[type[AbstractConnection], type[AbstractConnection]] = {}
+
+
+def _packing_in_c(connection_class: type[AbstractConnection]) -> type[AbstractConnection]:
+    """``connection_class`` (TCP, TLS or a unix socket: the URL decides) packing in C."""
+    if connection_class not in _PACKING_IN_C:
+        _PACKING_IN_C[connection_class] = type(
+            f"HiredisPacked{connection_class.__name__}", (_HiredisPacking, connection_class), {})
+    return _PACKING_IN_C[connection_class]
 
 
 class HeldConnection:
@@ -632,10 +643,9 @@ class Store:
         }
         if cluster:
             return cls(RedisCluster.from_url(url, **options), timeout_seconds)
-        client = aioredis.Redis.from_url(
-            url, **options,
-            connection_class=_HiredisPackedConnection,  # rediss:// keeps SSLConnection
-        )
+        client = aioredis.Redis.from_url(url, **options)
+        pool = client.connection_pool
+        pool.connection_class = _packing_in_c(pool.connection_class)
         return cls(client, timeout_seconds)
 
     async def _primaries(self) -> list[ClusterNode | None]:

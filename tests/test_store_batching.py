@@ -17,6 +17,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import hiredis
 import numpy as np
 import pytest
 import redis
@@ -548,3 +549,16 @@ async def test_a_resent_decision_is_answered_with_its_number_and_recorded_once(
         await store.close()
     outcome = await service.reward("again", [(made.decision_id, 1.0)], key)
     assert outcome[0].status == "applied"
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "unix:///run/redis.sock?db=0",
+                                 "rediss://127.0.0.1:6380/0"])
+def test_every_kind_of_connection_packs_commands_in_c(url: str) -> None:
+    """The URL picks the connection's kind (TCP, a unix socket, TLS); each packs with
+    hiredis (the embedded Redis is a unix socket: it packed in Python before)."""
+    client = Store.from_url(url, 1.0)._client
+    assert isinstance(client, redis.asyncio.Redis)
+    connection = client.connection_pool.make_connection()
+    command: tuple[Any, ...] = ("EVALSHA", "0" * 40, 2, "k1", "k2", b"\x00\xff", 1.5, 7)
+    assert connection.pack_command(*command) == [hiredis.pack_command(command)]
+    assert type(connection).__module__ == "service.store"
