@@ -31,6 +31,7 @@ the stack.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import typing
@@ -120,31 +121,35 @@ class DirectLaneAPI(FastAPI):
 
     A request takes the lane when it is a POST to a direct route's exact path
     and the app is not served under a ``root_path`` (then the router's
-    matching decides, as for every other request).
+    matching decides, as for every other request). The lane is entered before
+    FastAPI's own ``__call__``, which asks OpenTelemetry's three providers
+    whether it is configured (three environment lookups) on every request.
+    ``lane = False`` serves every request through the stack.
     """
 
-    def build_middleware_stack(self) -> ASGIApp:
-        stack = super().build_middleware_stack()
-        routes = {route.path: route for route in self.router.routes
-                  if isinstance(route, DirectRoute) and "POST" in (route.methods or ())}
-        if not routes:
-            return stack
-        lane: ASGIApp = _Lane(self, routes)
-        for middleware in reversed(self.user_middleware):  # as Starlette wraps the stack
-            lane = middleware.cls(lane, *middleware.args, **middleware.kwargs)
-        return _Fork(stack, lane, frozenset(routes))
-
-
-class _Fork:
-    def __init__(self, stack: ASGIApp, lane: ASGIApp, paths: frozenset[str]) -> None:
-        self.stack, self.lane, self.paths = stack, lane, paths
+    lane = True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.paths
-                and not scope.get("root_path")):
-            await self.lane(scope, receive, send)
-        else:
-            await self.stack(scope, receive, send)
+        if (scope["type"] == "http" and scope["method"] == "POST" and self.lane
+                and not self.root_path and not scope.get("root_path")):
+            paths, lane = self._direct
+            if scope["path"] in paths:
+                scope["app"] = self
+                await lane(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+    @functools.cached_property
+    def _direct(self) -> tuple[frozenset[str], ASGIApp]:
+        """The direct routes' paths, and the lane: their handlers in the app's own
+        middlewares, wrapped as Starlette wraps the stack (built on the first request,
+        when the middlewares are all added)."""
+        routes = {route.path: route for route in self.router.routes
+                  if isinstance(route, DirectRoute) and "POST" in (route.methods or ())}
+        lane: ASGIApp = _Lane(self, routes)
+        for middleware in reversed(self.user_middleware):
+            lane = middleware.cls(lane, *middleware.args, **middleware.kwargs)
+        return frozenset(routes), lane
 
 
 class _Lane:

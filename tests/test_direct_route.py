@@ -17,7 +17,7 @@ from fastapi import APIRouter, FastAPI
 from pydantic import SecretStr
 
 from app.deps import ExperimentCallerDep
-from app.direct_route import DirectRoute, _Fork
+from app.direct_route import DirectLaneAPI, DirectRoute
 from app.main import create_app
 from app.schemas import ChooseIn, DecisionOut
 from service.settings import Settings
@@ -78,8 +78,8 @@ def _requests(key: str, decision_id: str) -> list[tuple[str, dict[str, str], byt
 async def test_the_lane_answers_as_the_whole_stack_does(app_settings: Settings) -> None:
     settings = app_settings.model_copy(update={"max_body_bytes": 4096})
     lane, stack = create_app(settings), create_app(settings)
-    # The stack-only app: built as FastAPI builds it, without the fork to the lane.
-    stack.middleware_stack = FastAPI.build_middleware_stack(stack)
+    assert isinstance(stack, DirectLaneAPI)
+    stack.lane = False  # every request through FastAPI's stack
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     answers: dict[str, list[tuple[int, bytes, str | None]]] = {}
     async with lane.router.lifespan_context(lane), stack.router.lifespan_context(stack):
@@ -108,26 +108,31 @@ async def test_the_lane_answers_as_the_whole_stack_does(app_settings: Settings) 
 
 @pytest.mark.anyio
 async def test_the_lane_is_taken_by_the_direct_paths_only(
-    app: FastAPI, monkeypatch: pytest.MonkeyPatch
+    app: DirectLaneAPI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Built lazily by Starlette: the fork sends POST /choose and /reward to the lane, and
-    every other request (another method, a path with a slash more) to the stack."""
+    """POST /choose and /reward take the lane; every other request (another method, a
+    path with a slash more, a root path) FastAPI's stack."""
+    taken: list[str] = []
+    paths, lane = app._direct
+
+    async def counted_lane(scope: Any, receive: Any, send: Any) -> None:
+        taken.append("lane")
+        await lane(scope, receive, send)
+
+    stack = FastAPI.__call__
+
+    async def counted_stack(self: FastAPI, scope: Any, receive: Any, send: Any) -> None:
+        taken.append("stack")
+        await stack(self, scope, receive, send)
+
+    monkeypatch.setitem(app.__dict__, "_direct", (paths, counted_lane))
+    monkeypatch.setattr(FastAPI, "__call__", counted_stack)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
-        await http.get("/healthz")
-        fork = app.middleware_stack
-        assert isinstance(fork, _Fork)
-        taken: list[str] = []
-        for lane in ("lane", "stack"):
-            inner = getattr(fork, lane)
-
-            async def counted(scope: Any, receive: Any, send: Any, inner: Any = inner,
-                              lane: str = lane) -> None:
-                taken.append(lane)
-                await inner(scope, receive, send)
-
-            monkeypatch.setattr(fork, lane, counted)
         for method, path in (("POST", "/choose"), ("POST", "/reward"), ("GET", "/choose"),
                              ("POST", "/choose/"), ("POST", "/experiments")):
             await http.request(method, path, json={})
-    assert taken == ["lane", "lane", "stack", "stack", "stack"]
+    rooted = httpx.ASGITransport(app=app, raise_app_exceptions=False, root_path="/api")
+    async with httpx.AsyncClient(transport=rooted, base_url="http://t") as http:
+        await http.post("/api/choose", json={})
+    assert taken == ["lane", "lane", "stack", "stack", "stack", "stack"]
