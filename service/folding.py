@@ -36,9 +36,11 @@ from service.codec import assemble_state, pack
 
 # Rewards (and, counted apart, default rewards) between folds: a view adds
 # about this many records at most (each costs a worker about 10 µs; more
-# after a fold failed), and a fold's Redis time (its reads, the sums it
-# writes back) is shared by this many outcomes.
-FOLD_EVERY = 16
+# after a fold failed), and a fold's cost (three round trips and the sums
+# decoded, added to and encoded: about a millisecond of the worker's CPU at
+# d = 20, and its Redis time) is shared by this many outcomes. 32 rather
+# than 16: a tenth of a reward's worker CPU was its share of the folds.
+FOLD_EVERY = 32
 # The most records one fold takes: after folding stopped for a while (no
 # worker could reach Redis), the folds that follow catch up, each bounded
 # (fold.lua unpacks two values per field written: at most 4 per record, far

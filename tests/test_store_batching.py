@@ -27,6 +27,7 @@ from service import keys
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.errors import StoreUnavailable
 from service.experiments import ExperimentService
+from service.folding import FOLD_EVERY
 from service.settings import Settings
 from service.store import Store, _ScriptBatcher
 from tests import records
@@ -233,7 +234,7 @@ async def test_a_worker_adds_its_own_rewards_to_its_view_without_reading(
     key = await _experiment(service, "own")
     await service.choose("own", ChooseRequest(), key)  # the first read
     reads = _count_reads(monkeypatch)
-    rewards = np.random.default_rng(5).normal(size=20)  # 20: a fold comes in between
+    rewards = np.random.default_rng(5).normal(size=FOLD_EVERY + 4)  # a fold in between
     for value in rewards:
         decision = await service.choose("own", ChooseRequest(), key)
         outcome = await service.reward("own", [(decision.decision_id, float(value))], key)
@@ -243,8 +244,9 @@ async def test_a_worker_adds_its_own_rewards_to_its_view_without_reading(
     assert reads == []  # neither the outcomes nor the sums were read
     mine = service._views["own"]
     theirs = await other_service._view_for("own", None)  # read from Redis
-    assert mine.rewards == theirs.rewards == 20 and mine.behind == 0
-    assert mine.folded + mine.applied == theirs.folded + theirs.applied == 20
+    assert mine.rewards == theirs.rewards == FOLD_EVERY + 4 and mine.behind == 0
+    assert mine.folded + mine.applied == theirs.folded + theirs.applied == FOLD_EVERY + 4
+    assert theirs.folded >= FOLD_EVERY  # (a fold takes the records waiting when it runs)
     assert mine.state.keys() == theirs.state.keys()
     for name, value in theirs.state.items():
         np.testing.assert_array_equal(mine.state[name], value, err_msg=name)
