@@ -4,6 +4,7 @@ Usage::
 
     python -m benchmarks.bench_service [--duration 10] [--connections 32] [--workers 1]
                                        [--rounds 3] [--spread paper|default] [--cluster]
+                                       [--setting stochastic|covariates] [--arms K] [--dim D]
 
 Starts one embedded Redis, the service and a floor app (a minimal FastAPI
 endpoint doing one Redis round trip) under the same uvicorn settings, then
@@ -12,9 +13,13 @@ on loopback, in rounds: floor, /choose, /reward, a mixed run in which every
 decision is rewarded (with max_stale_rewards 0, then 100), floor again. Each
 run's ratio to the mean of its round's two floor runs is what to compare
 across machines; the report gives the median over rounds (the shared machine
-drifts by 10-20 % between runs).
-Stochastic setting, K = 100 arms, d = 20, LinReBoot (``--spread``: the paper's, or
-the service's default), an unseeded experiment.
+drifts by 10-20 % between runs). Each run also gives the serving workers' CPU
+per request (from /proc) and its ratio to the floor's: what one worker with a
+core of its own would serve, where wrk, Redis and the worker share few cores.
+Stochastic setting, K = 100 arms, d = 20 unless ``--setting``, ``--arms``,
+``--dim`` say otherwise (covariates: one context with each /choose),
+LinReBoot (``--spread``: the paper's, or the service's default), an unseeded
+experiment.
 
 ``--cluster`` then measures the same on a local Redis Cluster (3 masters and
 a replica, tests/cluster.py), in the same run: one table per store. The
@@ -172,14 +177,36 @@ def _start(stack: ExitStack, cmd: list[str], env: dict[str, str], port: int,
     raise TimeoutError(f"{cmd} did not start")
 
 
+@dataclass(frozen=True)
+class World:
+    """What the benchmark's experiments decide over: the issue's K = 100, d = 20
+    stochastic world by default; covariates sends one context with each /choose."""
+
+    setting: str = "stochastic"
+    arms: int = 100
+    dim: int = 20
+
+    def arm_specs(self) -> list[dict[str, object]]:
+        if self.setting != "stochastic":
+            return [{"id": f"a{k}"} for k in range(self.arms)]
+        features = np.random.default_rng(0).random((self.arms, self.dim))
+        features /= np.linalg.norm(features, axis=1, keepdims=True)
+        return [{"id": f"a{k}", "features": f.tolist()} for k, f in enumerate(features)]
+
+    def choose_body(self, experiment_id: str) -> str:
+        body: dict[str, object] = {"experiment_id": experiment_id}
+        if self.setting == "covariates":
+            context = np.random.default_rng(1).normal(size=self.dim)
+            body["context"] = (context / np.linalg.norm(context)).round(6).tolist()
+        return json.dumps(body, separators=(",", ":"))
+
+
 def _experiment(url: str, token: str, experiment_id: str = "bench",
-                max_stale_rewards: int = 0, spread: str = "paper") -> tuple[str, str]:
-    rng = np.random.default_rng(0)
-    features = rng.random((100, 20))
-    features /= np.linalg.norm(features, axis=1, keepdims=True)
+                max_stale_rewards: int = 0, spread: str = "paper",
+                world: World = World()) -> tuple[str, str]:
     body = {
-        "id": experiment_id, "setting": "stochastic", "dim": 20, "policy": "linreboot",
-        "arms": [{"id": f"a{k}", "features": f.tolist()} for k, f in enumerate(features)],
+        "id": experiment_id, "setting": world.setting, "dim": world.dim, "policy": "linreboot",
+        "arms": world.arm_specs(),
         "max_stale_rewards": max_stale_rewards,
         # "paper": as BENCHMARKS.md measured it before issue 26; "default": the service's
         # default (pooled), what issue 26's targets are about.
@@ -192,7 +219,8 @@ def _experiment(url: str, token: str, experiment_id: str = "bench",
 
 
 def measure(duration: int, connections: int, workers: int, rounds: int,
-            cluster: bool = False, spread: str = "paper") -> list[list[WrkResult]]:
+            cluster: bool = False, spread: str = "paper",
+            world: World = World()) -> list[list[WrkResult]]:
     """``rounds`` rounds of floor, /choose, /reward, the two mixed runs, floor."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk")
@@ -211,12 +239,12 @@ def measure(duration: int, connections: int, workers: int, rounds: int,
         service, service_pid = _start(stack, [sys.executable, "-m", "linreboot", "serve", "--port",
                                  str(service_port), "--workers", str(workers)],
                          env, service_port, "/readyz")
-        experiment, key = _experiment(service, token, spread=spread)
-        lagging, lagging_key = _experiment(service, token, "bench-lag", LAG, spread)
+        experiment, key = _experiment(service, token, spread=spread, world=world)
+        lagging, lagging_key = _experiment(service, token, "bench-lag", LAG, spread, world)
         floor_lua = tmp / "floor.lua"
         floor_lua.write_text('wrk.method = "POST"\nwrk.body = "{}"\n'
                              'wrk.headers["Content-Type"] = "application/json"\n')
-        choose_body = json.dumps({"experiment_id": experiment})
+        choose_body = world.choose_body(experiment)
         run_wrk("warm-up", f"{service}/choose", 2, connections, HERE / "wrk_choose.lua",
                 [choose_body, key, str(tmp)])
         all_rounds = []
@@ -233,9 +261,9 @@ def measure(duration: int, connections: int, workers: int, rounds: int,
                  [experiment, key, str(ids), "1"]),
                 # Not in the target: each decision rewarded, so views go stale.
                 ("choose+reward", f"{service}/choose", duration, HERE / "wrk_pairs.lua",
-                 [experiment, key]),
+                 [experiment, key, choose_body]),
                 (f"choose+reward, lag {LAG}", f"{service}/choose", duration,
-                 HERE / "wrk_pairs.lua", [lagging, lagging_key]),
+                 HERE / "wrk_pairs.lua", [lagging, lagging_key, world.choose_body(lagging)]),
                 ("floor", f"{floor}/floor", duration, floor_lua, []),
             ]
             all_rounds.append([
@@ -319,6 +347,9 @@ def main() -> None:
     parser.add_argument("--spread", choices=("paper", "default"), default="paper",
                         help="LinReBoot's spread: the paper's (as earlier runs) or the "
                              "service's default (pooled)")
+    parser.add_argument("--setting", choices=("stochastic", "covariates"), default="stochastic")
+    parser.add_argument("--arms", type=int, default=100, help="K")
+    parser.add_argument("--dim", type=int, default=20, help="d")
     parser.add_argument("--cluster", action="store_true",
                         help="then the same on a local Redis Cluster, in the same run")
     args = parser.parse_args()
@@ -326,7 +357,7 @@ def main() -> None:
     measured = {}
     for cluster in stores:
         rounds = measure(args.duration, args.connections, args.workers, args.rounds, cluster,
-                         args.spread)
+                         args.spread, World(args.setting, args.arms, args.dim))
         measured["cluster" if cluster else "redis"] = rounds
         print(("On a Redis Cluster (3 masters)" if cluster else "On one Redis") + ":")
         print(report(rounds, args.workers), flush=True)

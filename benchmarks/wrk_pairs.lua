@@ -7,7 +7,8 @@ local first, last = 1, 0
 
 function init(args)
   experiment, key = args[1], args[2]
-  choose_body = string.format('{"experiment_id": "%s"}', experiment)
+  -- args[3]: the /choose body, when the experiment needs a context
+  choose_body = args[3] or string.format('{"experiment_id": "%s"}', experiment)
   wrk.headers["Content-Type"] = "application/json"
   wrk.headers["X-API-Key"] = key
 end
