@@ -319,7 +319,7 @@ AUTHORS_INDEX: dict[str, Index] = {
     "lints-g": Index(prepare_lints_g_authors, draw_lints_gaussian, law_lints_gaussian, True),
     "linucb": Index(prepare_linucb_authors, draw_deterministic, law_deterministic),
     "lints-ig": Index(prepare_lints_ig_authors, draw_lints_ig_authors, law_lints_ig_authors,
-                      True),
+                      True, student_t=True),
     "lingiro": Index(prepare_lingiro_authors, draw_lingiro_authors, law_lingiro_authors, True),
     "linphe": Index(prepare_linphe_authors, draw_perturbed_ridge, law_perturbed_ridge, True),
 }

@@ -587,12 +587,14 @@ class Index:
     """A policy's index in two steps: :attr:`prepare` once per state, :attr:`draw` per decision;
     :attr:`law` is the distribution of what :attr:`draw` returns (for propensities);
     :attr:`one_draw` says that a shared model's draw moves every arm's score at once
-    (correlated scores: their propensity is estimated, not integrated)."""
+    (correlated scores: their propensity is estimated, not integrated);
+    :attr:`student_t` that :attr:`law` has degrees of freedom (Student t scores)."""
 
     prepare: PrepareFn
     draw: DrawFn
     law: LawFn
     one_draw: bool = False
+    student_t: bool = False
 
     def __call__(
         self, config: PolicyConfig, state: State, contexts: Array, rngs: Rngs
@@ -606,7 +608,7 @@ INDEX: dict[PolicyName, Index] = {
     "greedy": Index(prepare_linreboot, draw_linreboot, law_linreboot),
     "lints-g": Index(prepare_lints_gaussian, draw_lints_gaussian, law_lints_gaussian, True),
     "lints-ig": Index(prepare_lints_inverse_gamma, draw_lints_inverse_gamma,
-                      law_lints_inverse_gamma, True),
+                      law_lints_inverse_gamma, True, student_t=True),
     "linphe": Index(prepare_linphe, draw_perturbed_ridge, law_perturbed_ridge, True),
     "lingiro": Index(prepare_lingiro, draw_perturbed_ridge, law_perturbed_ridge, True),
     "linucb": Index(prepare_linucb, draw_deterministic, law_deterministic),

@@ -39,7 +39,7 @@ from policies import (
     prepare,
 )
 from policies.config import stored_config
-from policies.propensity import SERVICE, estimated, propensities
+from policies.propensity import SERVICE, off_the_loop, propensities
 from policies.ridge import ridge
 from policies.state import Axis, Sums, inherit_kept
 from service import keys
@@ -253,15 +253,17 @@ class View:
     async def propensity(self, ready: Ready, position: int) -> float:
         """The probability that ``draw(ready)`` picks ``position``: it depends on the
         statistics, not on the draw, so it is kept with ``ready`` while the view keeps
-        that (until a reward changes the statistics). A shared model's estimate takes
-        milliseconds, so it runs in a thread, not on the event loop."""
+        that (until a reward changes the statistics). A shared model's estimate and a
+        Student t integral take milliseconds, so they run in a thread, not on the event
+        loop (:func:`policies.propensity.off_the_loop`)."""
         last = self._last
         kept = last.propensities if last is not None and last.ready is ready else {}
         if position not in kept:
             def compute() -> float:
                 arm = np.array([position])
                 return float(propensities(ready, arm, accuracy=SERVICE)[0])
-            kept[position] = await asyncio.to_thread(compute) if estimated(ready) else compute()
+            kept[position] = (await asyncio.to_thread(compute) if off_the_loop(ready)
+                              else compute())
         return kept[position]
 
 

@@ -173,6 +173,38 @@ async def test_decision_entries_hold_what_the_decision_was_made_from(
     assert reward.reward == 1.0 and reward.time >= one.time
 
 
+@pytest.mark.parametrize(("policy", "threaded"), [("lints-ig", True), ("linreboot", False)])
+async def test_a_propensity_that_takes_milliseconds_is_computed_off_the_event_loop(
+    service: ExperimentService, monkeypatch: pytest.MonkeyPatch, policy: PolicyName,
+    threaded: bool,
+) -> None:
+    """LinTS-IG's Student t integral (0.1 s at K = 100, d = 20) runs in a thread, as a
+    shared model's estimate does; LinReBoot's microseconds stay on the loop. The value
+    is the library's either way."""
+    threads: list[str] = []
+    to_thread = asyncio.to_thread
+
+    async def recorded(function: Any, *args: Any) -> Any:
+        threads.append(getattr(function, "__name__", "?"))
+        return await to_thread(function, *args)
+
+    monkeypatch.setattr(asyncio, "to_thread", recorded)
+    await service.create(ExperimentSpec(id="t", setting="covariates", dim=2, policy=policy,
+                                        arms=tuple(ArmSpec(f"a{i}") for i in range(4)), seed=1))
+    for reward in (1.0, 0.0, 0.5, 2.0):
+        decision = await service.choose("t", ChooseRequest(context=(0.5, -1.0)))
+        await service.reward("t", [(decision.decision_id, reward)])
+    threads.clear()
+    decision = await service.choose("t", ChooseRequest(context=(0.3, 0.7)))
+
+    assert threads == (["compute"] if threaded else [])
+    view = service._views["t"]
+    ready = view.ready(ChooseRequest(context=(0.3, 0.7)), 1e6)[2]
+    arm = [a.id for a in view.definition.arms].index(decision.arm_id)
+    assert decision.propensity == float(propensities(ready, np.array([arm]),
+                                                     accuracy=SERVICE)[0])
+
+
 async def test_log_all_contexts_logs_every_eligible_arms_context(
     service: ExperimentService,
 ) -> None:

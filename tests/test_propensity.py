@@ -53,6 +53,7 @@ from policies.propensity import (
     SHARED_TARGET_SE,
     Accuracy,
     estimated,
+    off_the_loop,
     propensities,
     shared_propensity,
 )
@@ -401,6 +402,23 @@ def test_the_services_coarser_shared_estimate_is_within_its_standard_error(
     coarse = propensities(ready, accuracy=SERVICE)[0]
     assert np.all(np.abs(coarse - accurate) <= 4.5 * (SERVICE.shared_se + SHARED_TARGET_SE))
     assert not estimated(state_after("linreboot", "contextual", rounds=5, seed=1, n_arms=3)[1])
+
+
+@pytest.mark.parametrize(("policy", "setting", "slow"), [
+    ("lints-ig", "covariates", True),  # Student t arms: integrated, on a finer grid
+    ("lints-g", "contextual", True),  # a shared model: estimated
+    ("lints-g", "covariates", False),  # independent normal arms
+    ("linreboot", "covariates", False),
+    ("linucb", "stochastic", False),
+])
+def test_the_propensities_a_server_runs_off_its_event_loop(
+    policy: PolicyName, setting: Setting, slow: bool
+) -> None:
+    """``off_the_loop`` marks the laws whose propensity has no microsecond rule: a shared
+    model's correlated scores, and Student t scores (the law's degrees of freedom)."""
+    _, ready = state_after(policy, setting, rounds=60, seed=3, n_arms=30, dim=5)
+    law = index_of(ready.config).law(ready.config, ready.prepared)
+    assert off_the_loop(ready) == slow == (estimated(ready) or law.dof is not None)
 
 
 @pytest.mark.parametrize("policy", ["linreboot", "lints-g", "linucb"])
