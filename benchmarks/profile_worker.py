@@ -3,6 +3,7 @@
 Usage::
 
     python -m benchmarks.profile_worker [--seconds 12] [--rate 500] [--spread default] [--top N]
+                                        [--load pairs|choose]
 
 Needs wrk (``apt-get install wrk``) and py-spy (``pip install py-spy``; not a
 dependency of the service). Starts ``linreboot serve`` with one worker and its
@@ -84,6 +85,8 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=500, help="samples a second")
     parser.add_argument("--spread", choices=("paper", "default"), default="default")
     parser.add_argument("--top", type=int, default=0, help="also the N top functions (self)")
+    parser.add_argument("--load", choices=("pairs", "choose"), default="pairs",
+                        help="every decision rewarded (wrk_pairs.lua), or decisions only")
     args = parser.parse_args()
     for tool in ("wrk", "py-spy"):
         if shutil.which(tool) is None and not (Path(sys.executable).parent / tool).exists():
@@ -107,11 +110,15 @@ def main() -> None:
                     pass
                 time.sleep(0.25)
             experiment, key = _experiment(url, token, spread=args.spread)
-            wrk = ["wrk", "-t1", "-c32", "-s", str(HERE / "wrk_pairs.lua")]
-            subprocess.run([*wrk, "-d3s", f"{url}/choose", "--", experiment, key],
+            script, script_args = ((HERE / "wrk_pairs.lua", [experiment, key])
+                                   if args.load == "pairs" else
+                                   (HERE / "wrk_choose.lua",
+                                    [f'{{"experiment_id": "{experiment}"}}', key, directory]))
+            wrk = ["wrk", "-t1", "-c32", "-s", str(script)]
+            subprocess.run([*wrk, "-d3s", f"{url}/choose", "--", *script_args],
                            check=True, stdout=subprocess.DEVNULL)  # warm-up
             load = subprocess.Popen([*wrk, f"-d{args.seconds + 3}s", f"{url}/choose", "--",
-                                     experiment, key], stdout=subprocess.DEVNULL)
+                                     *script_args], stdout=subprocess.DEVNULL)
             time.sleep(1)
             stacks = Path(directory) / "stacks.txt"
             subprocess.run([py_spy, "record", "--pid", str(server.pid), "--rate",
@@ -124,7 +131,8 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait()
-    print(f"one worker, choose + reward pairs, {args.seconds} s at {args.rate} samples/s; "
+    load = "choose + reward pairs" if args.load == "pairs" else "/choose only"
+    print(f"one worker, {load}, {args.seconds} s at {args.rate} samples/s; "
           f"LinReBoot ({args.spread} spread), K = 100, d = 20")
     print("| where | share of the worker's samples |")
     print("|---|---:|")
