@@ -303,6 +303,12 @@ class CreateExperimentIn(_Request):
         "with each decision (8 d bytes per arm), not only the chosen arm's, so that "
         "`linreboot evaluate` can evaluate the experiment; needs a decision log",
     )
+    propensities: bool = Field(
+        default=True, description="compute, return and log each decision's propensity; "
+        "false for the paper's baselines whose propensity takes milliseconds (LinTS-G, "
+        "LinTS-IG, LinPHE, LinGIRO): decisions then carry null, and their log cannot be "
+        "evaluated off-policy",
+    )
 
     @model_validator(mode="after")
     def _distinct_arms(self) -> Self:
@@ -337,6 +343,7 @@ class CreateExperimentIn(_Request):
                              else self.log_max_entries),
             log_max_age_seconds=self.log_max_age_seconds or settings.default_log_max_age_seconds,
             log_all_contexts=self.log_all_contexts,
+            propensities=self.propensities,
         )
 
 
@@ -636,6 +643,8 @@ class ExperimentOut(BaseModel):
     log_max_age_seconds: int = Field(default=0, description="decision log age bound")
     log_all_contexts: bool = Field(
         default=False, description="every eligible arm's context is logged with a decision")
+    propensities: bool = Field(
+        default=True, description="decisions carry and log their propensity")
     previous_key_valid: bool = Field(
         default=False, description="the key before the last rotation is still accepted "
         "(until DELETE /experiments/{id}/keys/previous)")
@@ -666,6 +675,7 @@ class ExperimentOut(BaseModel):
             log_max_entries=spec.log_max_entries,
             log_max_age_seconds=spec.log_max_age_seconds,
             log_all_contexts=spec.log_all_contexts,
+            propensities=spec.propensities,
             previous_key_valid=view.previous_key_valid,
         )
 
@@ -720,9 +730,10 @@ class DecisionOut(BaseModel):
     exploring: bool = Field(description="true while the arm is in its first, forced pull")
     decision_number: int
     expires_in_seconds: int = Field(description="the reward must arrive within this time")
-    propensity: float = Field(
+    propensity: float | None = Field(
         ge=0.0, le=1.0, description="the probability that the policy chose this arm, given "
-        "the statistics it used (logged; Open Bandit Pipeline's pscore)",
+        "the statistics it used (logged; Open Bandit Pipeline's pscore); null when the "
+        "experiment was created with propensities false",
     )
 
     @classmethod

@@ -131,8 +131,8 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait()
-    load = "choose + reward pairs" if args.load == "pairs" else "/choose only"
-    print(f"one worker, {load}, {args.seconds} s at {args.rate} samples/s; "
+    driven = "choose + reward pairs" if args.load == "pairs" else "/choose only"
+    print(f"one worker, {driven}, {args.seconds} s at {args.rate} samples/s; "
           f"LinReBoot ({args.spread} spread), K = 100, d = 20")
     print("| where | share of the worker's samples |")
     print("|---|---:|")

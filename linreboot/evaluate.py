@@ -98,7 +98,8 @@ def evaluate(feedback: dict[str, Any], policy: PolicyName | None,
     missing = int(np.isnan(pscore[train:]).sum())
     if missing:
         raise ValueError(f"{missing} rounds have no logged propensity (decided by a version "
-                         "that did not log them)")
+                         "that did not log them, or by an experiment created with "
+                         "propensities false)")
     logged_config = json.loads(feedback["config"])
     name: PolicyName = policy or logged_config["name"]
     if name not in POLICIES:

@@ -61,6 +61,9 @@ class ExperimentSpec:
     (0 entries: no log). ``log_all_contexts`` (contextual setting) logs every
     eligible arm's context with each decision, not only the chosen arm's:
     what an off-policy evaluation of a contextual experiment needs.
+    ``propensities`` False: decisions carry and log no propensity (None), for
+    the paper's baselines whose propensity takes milliseconds; their log cannot
+    be evaluated off-policy.
     """
 
     id: str
@@ -76,6 +79,7 @@ class ExperimentSpec:
     log_max_entries: int = 0  # decisions and outcomes kept in the decision log; 0: no log
     log_max_age_seconds: int = 7 * 24 * 3600
     log_all_contexts: bool = False  # contextual: every eligible arm's context in the log
+    propensities: bool = True  # each decision's propensity computed, returned and logged
 
 
 # The spread a LinReBoot experiment gets when its client names none: the rule
@@ -158,7 +162,9 @@ class Decision:
     exploring: bool
     decision_number: int
     expires_in_seconds: int
-    propensity: float  # the probability that the policy chose this arm (policies.propensity)
+    # the probability that the policy chose this arm (policies.propensity); None when the
+    # experiment computes none (ExperimentSpec.propensities)
+    propensity: float | None
 
 
 @dataclass(frozen=True)

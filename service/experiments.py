@@ -687,7 +687,8 @@ class ExperimentService:
             # The caller's id (idempotent), else as random as uuid4().hex, cheaper.
             decision_id = request.decision_id or secrets.token_hex(16)
             x = np.ascontiguousarray(contexts[picked], dtype="<f8").tobytes()
-            propensity = await view.propensity(ready, picked)
+            propensity = (await view.propensity(ready, picked)
+                          if definition.spec.propensities else None)
             record = _decision_record(view, arms[picked], x, propensity)
             every = contexts if definition.spec.log_all_contexts else None
             reply = await self._store.decide(
@@ -1275,14 +1276,19 @@ def _upgraded_stats(
     return out
 
 
-def _decision_record(view: View, arm: ArmRecord, x: bytes, propensity: float) -> bytes:
+def _decision_record(view: View, arm: ArmRecord, x: bytes, propensity: float | None) -> bytes:
     """The pending decision's record after what decide.lua puts in front of it (incarnation,
     number, deadline; the format is in ``outcomes.lua``): what reward.lua needs (the stats
     fields and ``x``, the context, packed) and the state the decision was made from."""
     names = _field_names(view.definition.config.shared, arm.id)
     text = (names["model_field"], names["arm_field"], arm.id, str(view.version),
-            str(view.rewards), repr(time.time()), repr(propensity))
+            str(view.rewards), repr(time.time()), _text_of(propensity))
     return "\n".join(text).encode() + b"\n" + x
+
+
+def _text_of(propensity: float | None) -> str:
+    """A propensity as the records and the log keep it: '' for none."""
+    return "" if propensity is None else repr(propensity)
 
 
 def _log_entry_size(definition: Definition) -> Callable[[Mapping[str, bytes]], int]:
@@ -1346,11 +1352,12 @@ def parse_index_ranges(text: str) -> list[int]:
 
 def _log_entry_fields(
     decision_id: str, arms: Sequence[ArmRecord], arm: ArmRecord, x: bytes, view: View,
-    propensity: float, contexts: np.ndarray | None = None,
+    propensity: float | None, contexts: np.ndarray | None = None,
 ) -> dict[str, str | bytes]:
     """The decision's entry in the decision log (decide.lua adds its number): the chosen
     ``arm`` and its context, the arms it was chosen from (and, given, their
-    ``contexts``), the statistics it was made from, and its propensity."""
+    ``contexts``), the statistics it was made from, and its propensity (no field when
+    the experiment computes none: the entry says so as an older version's does)."""
     definition = view.definition
     eligible = (definition.active_ranges if arms is definition.active_arms
                 else index_ranges([a.index for a in arms]))
@@ -1358,7 +1365,8 @@ def _log_entry_fields(
         "contexts": np.ascontiguousarray(contexts, dtype="<f8").tobytes()}
     return {"type": "decision", "id": decision_id, "arm": arm.id, "x": x,
             "version": str(view.version), "rewards_seen": str(view.rewards),
-            "eligible": eligible, **every, "propensity": repr(propensity)}
+            "eligible": eligible, **every,
+            **({} if propensity is None else {"propensity": repr(propensity)})}
 
 
 _OUTCOMES: dict[str, LogEntryType] = {"reward": "reward", "default": "default", "late": "late"}
@@ -1390,10 +1398,10 @@ def _log_entry(definition: Definition, entry_id: str, fields: dict[str, bytes]) 
     )
 
 
-def _answer(arm_id: str, choice: Choice, propensity: float) -> str:
+def _answer(arm_id: str, choice: Choice, propensity: float | None) -> str:
     """What a retry of an idempotent decision gets back (decide.lua's ARGV[13])."""
     score = float(choice.scores[0, int(choice.arms[0])])
-    return "\n".join((arm_id, repr(propensity), "" if math.isinf(score) else repr(score)))
+    return "\n".join((arm_id, _text_of(propensity), "" if math.isinf(score) else repr(score)))
 
 
 def _repeated(definition: Definition, decision_id: str, number: int, answer: str) -> Decision:
@@ -1403,12 +1411,12 @@ def _repeated(definition: Definition, decision_id: str, number: int, answer: str
                     index=float(index) if index else None, exploring=not index,
                     decision_number=number,
                     expires_in_seconds=definition.spec.reward_window_seconds,
-                    propensity=float(propensity))
+                    propensity=float(propensity) if propensity else None)
 
 
 def _decision(
     definition: Definition, decision_id: str, arm: ArmRecord, choice: Choice, number: int,
-    propensity: float,
+    propensity: float | None,
 ) -> Decision:
     score = float(choice.scores[0, int(choice.arms[0])])
     exploring = math.isinf(score)

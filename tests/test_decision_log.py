@@ -205,6 +205,43 @@ async def test_a_propensity_that_takes_milliseconds_is_computed_off_the_event_lo
                                                      accuracy=SERVICE)[0])
 
 
+async def test_an_experiment_created_without_propensities_computes_returns_and_logs_none(
+    api: Api, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """``"propensities": false`` (for the paper's baselines, whose propensity takes
+    milliseconds): no propensity is computed; decisions, their idempotent repeats and
+    the log carry none; the export has NaN pscores and evaluation refuses it, saying why."""
+    from linreboot.evaluate import evaluate
+    from service.experiments import View
+
+    async def never(*_args: object) -> float:
+        raise AssertionError("a propensity was computed")
+
+    monkeypatch.setattr(View, "propensity", never)
+    key = await api.create({
+        "id": "off", "setting": "stochastic", "dim": 2, "policy": "lints-g", "seed": 4,
+        "propensities": False, "log_max_entries": 1000,
+        "arms": [{"id": f"a{i}", "features": [np.cos(i), np.sin(i)]} for i in range(5)]})
+    assert (await api.experiment("off"))["propensities"] is False
+    for i in range(6):
+        chosen = await api.choose(key, {"experiment_id": "off", "decision_id": f"d{i}"})
+        again = await api.choose(key, {"experiment_id": "off", "decision_id": f"d{i}"})
+        assert chosen.status_code == again.status_code == 200
+        assert chosen.json()["propensity"] is None and again.json() == chosen.json()
+        assert (await api.reward(key, {"experiment_id": "off", "decision_id": f"d{i}",
+                                       "reward": float(i % 2)})).status_code == 200
+    logged = (await api.http.get("/experiments/off/log", headers=ADMIN)).json()["entries"]
+    decisions = [e for e in logged if e["type"] == "decision"]
+    assert len(decisions) == 6 and all(e["propensity"] is None for e in decisions)
+
+    npz = tmp_path / "off.npz"
+    assert await export(api.http, "off", ADMIN_TOKEN, npz, "obp") == 6
+    feedback = load_bandit_feedback(npz)
+    assert np.isnan(feedback["pscore"]).all()
+    with pytest.raises(ValueError, match="created with propensities false"):
+        evaluate(feedback, None, {})
+
+
 async def test_log_all_contexts_logs_every_eligible_arms_context(
     service: ExperimentService,
 ) -> None:

@@ -540,7 +540,7 @@ async def test_decisions_after_defaults_are_those_after_equal_rewards(
             id=name, setting="stochastic", dim=2, arms=arms, policy="greedy", seed=7,
             reward_window_seconds=WINDOW, log_max_entries=1000, default_reward=default))
     sweeping = service if sweeper == "same worker" else other_service
-    seen: dict[str, list[tuple[str, float, float | None]]] = {"defaults": [], "rewards": []}
+    seen: dict[str, list[tuple[str, float | None, float | None]]] = {"defaults": [], "rewards": []}
     for _ in range(4):
         made = {name: [await service.choose(name, ChooseRequest()) for _ in range(4)]
                 for name in seen}
