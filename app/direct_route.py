@@ -123,7 +123,9 @@ class DirectLaneAPI(FastAPI):
     and the app is not served under a ``root_path`` (then the router's
     matching decides, as for every other request). The lane is entered before
     FastAPI's own ``__call__``, which asks OpenTelemetry's three providers
-    whether it is configured (three environment lookups) on every request.
+    whether it is configured (three environment lookups) on every request: so
+    FastAPI's own OpenTelemetry instrumentation, if configured, does not see
+    these two routes (the service's metrics and access log do).
     ``lane = False`` serves every request through the stack.
     """
 
@@ -172,12 +174,25 @@ class _Lane:
             handled = self._handled_as(exc)
             if handled is None:
                 raise
-            on_error = self.app.exception_handlers[handled]
-            response = await on_error(request, exc)  # type: ignore[misc]  # ours are async
             if handled is Exception:  # unexpected: a 500, and the server logs it
-                await response(scope, receive, send)
+                await self._unexpected(request, exc, send)
+                raise
+            try:
+                response = await self.app.exception_handlers[handled](  # type: ignore[misc]
+                    request, exc)  # (the app's handlers are async)
+            except Exception as failure:  # a handler that fails: as unexpected, as the stack
+                await self._unexpected(request, failure, send)
                 raise
         await response(scope, receive, send)
+
+    async def _unexpected(self, request: Request, exc: Exception, send: Send) -> None:
+        """Send the 500 handler's response, if the app has one (Starlette's error
+        middleware's role; the caller raises ``exc`` again). Unlike the stack's, it
+        passes through the app's middlewares: the 500 has its X-Request-ID."""
+        on_error = self.app.exception_handlers.get(Exception)
+        if on_error is not None:
+            response = await on_error(request, exc)  # type: ignore[misc]
+            await response(request.scope, request.receive, send)
 
     def _handled_as(self, exc: Exception) -> type | None:
         """The nearest class of ``exc`` that has a handler."""

@@ -174,6 +174,7 @@ class View:
     # `rewards` (this worker's own rewards, nobody else's between): the view catches
     # up with them without reading. None once it cannot.
     own: list[bytes] | None = field(default_factory=list, repr=False)
+    own_bytes: int = 0  # their size, counted in the worker's view budget with `nbytes`
     # The stored sums held `folded` outcomes, and the view added the next
     # `applied` (service.folding); `raw` is `state` before an experiment that
     # forgets is aged to its clock (None: `state` itself). What catching up
@@ -777,10 +778,11 @@ class ExperimentService:
         self._fold_soon(experiment_id, reply.counter, applied)
         return outcomes
 
-    @staticmethod
-    def _add_own(view: View, appended: Appended | None, applied: int) -> None:
-        """``view`` is ``applied`` outcomes behind more; it keeps their records
-        (:attr:`View.own`) while they follow on from what it holds."""
+    def _add_own(self, view: View, appended: Appended | None, applied: int) -> None:
+        """``view`` (this worker's current one) is ``applied`` outcomes behind more; it
+        keeps their records (:attr:`View.own`, counted in the view budget) while they
+        follow on from what it holds, and learns the decision numbers taken meanwhile
+        (a seeded decision predicts the next)."""
         if view.own is not None:
             follows = (appended is not None and len(appended.records) == applied
                        and len(view.own) == view.behind
@@ -790,9 +792,21 @@ class ExperimentService:
             if follows and len(view.own) + applied <= _OWN_RECORDS_KEPT:
                 assert appended is not None
                 view.own.extend(appended.records)
+                view.last_number = max(view.last_number, appended.decision_seq)
+                self._count_own(view, sum(map(len, appended.records)))
             else:
-                view.own = None
+                self._drop_own(view)
         view.behind += applied
+
+    def _drop_own(self, view: View) -> None:
+        """``view`` catches up by reading from now on."""
+        view.own = None
+        self._count_own(view, -view.own_bytes)
+
+    def _count_own(self, view: View, change: int) -> None:
+        view.own_bytes += change
+        self._view_bytes += change
+        self._within_budget(keep=view)
 
     def _fold_soon(self, experiment_id: str, counter: int, recorded: int) -> None:
         """:meth:`fold_if_due` in the background: the request that crossed a multiple
@@ -818,7 +832,7 @@ class ExperimentService:
         view = self._views.get(experiment_id)
         if view is not None:
             view.behind += defaulted
-            view.own = None  # their records are not at hand: catching up reads
+            self._drop_own(view)  # their records are not at hand: catching up reads
         await self.fold_if_due(experiment_id, counter, defaulted)
 
     async def fold_if_due(self, experiment_id: str, counter: int, recorded: int) -> None:
@@ -1018,17 +1032,23 @@ class ExperimentService:
         """Cache ``view`` as this worker's view of the experiment."""
         self._forget(experiment_id)
         self._views[experiment_id] = view
-        self._view_bytes += view.nbytes
-        # Least recently used first, but never the view just made.
-        while self._view_bytes > self._settings.view_cache_bytes and len(self._views) > 1:
-            _, dropped = self._views.popitem(last=False)
-            self._view_bytes -= dropped.nbytes
+        self._view_bytes += view.nbytes + view.own_bytes
+        self._within_budget(keep=view)
         return view
+
+    def _within_budget(self, keep: View) -> None:
+        """Drop views, least recently used first, until the budget holds or one is left,
+        but never ``keep``."""
+        for experiment_id, view in list(self._views.items()):
+            if self._view_bytes <= self._settings.view_cache_bytes or len(self._views) <= 1:
+                return
+            if view is not keep:
+                self._forget(experiment_id)
 
     def _forget(self, experiment_id: str) -> None:
         dropped = self._views.pop(experiment_id, None)
         if dropped is not None:
-            self._view_bytes -= dropped.nbytes
+            self._view_bytes -= dropped.nbytes + dropped.own_bytes
 
     async def _definition(self, experiment_id: str) -> Definition:
         if not valid_experiment_id(experiment_id):
@@ -1434,6 +1454,8 @@ def _decision(
 def _spec_to_json(spec: ExperimentSpec) -> dict[str, object]:
     data = dataclasses.asdict(spec)
     data.pop("arms")
+    if spec.propensities:  # the default, left out: a worker of the version before reads it
+        data.pop("propensities")
     return data
 
 

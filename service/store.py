@@ -518,6 +518,7 @@ class Appended:
     incarnation: str
     version: int
     outcomes: int  # the outcomes counter (rewards + defaulted) after them
+    decision_seq: int  # the decision numbers taken by then
     records: tuple[bytes, ...]  # their payloads, in order (service.folding)
 
 
@@ -1157,8 +1158,8 @@ class Store:
         statuses, counter, appended = reply[:len(items)], reply[len(items)], reply[len(items) + 1:]
         own = None
         if appended:  # some were applied: their records, and where they came
-            incarnation, version, outcomes, records = appended
-            own = Appended(_text(incarnation), int(version), int(outcomes),
+            incarnation, version, outcomes, decision_seq, records = appended
+            own = Appended(_text(incarnation), int(version), int(outcomes), int(decision_seq),
                            tuple(split_records(records)[0]))
         return RewardReply([_text(r) for r in statuses], int(counter), own)
 

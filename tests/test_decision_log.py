@@ -242,6 +242,24 @@ async def test_an_experiment_created_without_propensities_computes_returns_and_l
         evaluate(feedback, None, {})
 
 
+@pytest.mark.parametrize("propensities", [True, False])
+async def test_the_stored_spec_names_propensities_only_when_they_are_off(
+    service: ExperimentService, redis_db: str, propensities: bool
+) -> None:
+    """A worker of the version before reads an experiment created with the default (it
+    would refuse an unknown key in the spec); an experiment without propensities says so."""
+    await service.create(ExperimentSpec(id="s", setting="covariates", dim=2,
+                                        arms=(ArmSpec("a"), ArmSpec("b")),
+                                        propensities=propensities))
+    client = redis.Redis.from_url(redis_db)
+    try:
+        stored = json.loads(client.hget(keys.meta("s"), "spec"))  # type: ignore[arg-type]
+    finally:
+        client.close()
+    assert ("propensities" in stored) == (not propensities)
+    assert (await service.get("s")).spec.propensities == propensities
+
+
 async def test_log_all_contexts_logs_every_eligible_arms_context(
     service: ExperimentService,
 ) -> None:

@@ -136,3 +136,42 @@ async def test_the_lane_is_taken_by_the_direct_paths_only(
     async with httpx.AsyncClient(transport=rooted, base_url="http://t") as http:
         await http.post("/api/choose", json={})
     assert taken == ["lane", "lane", "stack", "stack", "stack", "stack"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("failing", ["the endpoint", "the exception handler"])
+async def test_the_lane_answers_a_failure_as_the_stack_does(
+    app_settings: Settings, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """An unexpected error in the endpoint, or in the handler of an expected one: the
+    JSON 500 of the app's handler, and the error raised again for the server to log."""
+    from service.errors import DomainError, Forbidden
+
+    lane, stack = create_app(app_settings), create_app(app_settings)
+    assert isinstance(stack, DirectLaneAPI)
+    stack.lane = False
+    answers: list[object] = []
+    async with lane.router.lifespan_context(lane), stack.router.lifespan_context(stack):
+        for app in (lane, stack):
+            async def broken(*_args: object) -> None:
+                raise RuntimeError("broken") if failing == "the endpoint" else Forbidden("no")
+
+            async def failing_handler(*_args: object) -> None:
+                raise RuntimeError("the handler failed")
+
+            monkeypatch.setattr(app.state.service, "choose", broken)
+            if failing == "the exception handler":
+                monkeypatch.setitem(app.exception_handlers, DomainError, failing_handler)
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=True)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                with pytest.raises(RuntimeError) as raised:
+                    await http.post("/choose", json={"experiment_id": "x"},
+                                    headers={"X-API-Key": "k"})
+            answers.append(str(raised.value))
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                response = await http.post("/choose", json={"experiment_id": "x"},
+                                           headers={"X-API-Key": "k"})
+            answers.append((response.status_code, response.json()))
+    assert answers[:2] == answers[2:]
+    assert answers[1] == (500, {"error": "internal_error", "message": "internal server error"})

@@ -243,6 +243,7 @@ async def test_a_worker_adds_its_own_rewards_to_its_view_without_reading(
     await service.choose("own", ChooseRequest(), key)  # adds the last reward
     assert reads == []  # neither the outcomes nor the sums were read
     mine = service._views["own"]
+    assert service._view_bytes == sum(v.nbytes + v.own_bytes for v in service._views.values())
     theirs = await other_service._view_for("own", None)  # read from Redis
     assert mine.rewards == theirs.rewards == FOLD_EVERY + 4 and mine.behind == 0
     assert mine.folded + mine.applied == theirs.folded + theirs.applied == FOLD_EVERY + 4
@@ -266,6 +267,37 @@ async def test_a_view_keeps_the_records_of_at_most_256_of_its_own_outcomes(
 
     assert reads == read
     assert service._views["own"].rewards == batch
+
+
+async def test_a_seeded_worker_learns_the_numbers_other_workers_took_from_its_rewards(
+    service: ExperimentService, other_service: ExperimentService,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A seeded decision predicts its number: a worker that catches up from its own
+    rewards' records learns the numbers other workers' decisions took meanwhile (reward.lua
+    returns decision_seq), so its next decision is recorded at once, not after a stale
+    reply and a second draw."""
+    spec = ExperimentSpec(id="seeded", setting="stochastic", dim=2, seed=9,
+                          arms=tuple(ArmSpec(f"a{i}", f) for i, f in enumerate(FEATURES)))
+    _, key = await service.create(spec)
+    stale: list[int] = []  # the numbers this worker predicted and found taken
+    decide = Store.decide
+
+    async def counted(self: Store, *args: Any, **kwargs: Any) -> Any:
+        reply = await decide(self, *args, **kwargs)
+        if reply.status == "stale" and self is service._store:
+            stale.append(kwargs["number"])
+        return reply
+
+    monkeypatch.setattr(Store, "decide", counted)
+    for _ in range(4):
+        mine = await service.choose("seeded", ChooseRequest(), key)
+        await other_service.choose("seeded", ChooseRequest(), key)  # takes the next number
+        await service.reward("seeded", [(mine.decision_id, 1.0)], key)
+    reads = _count_reads(monkeypatch)
+    after = await service.choose("seeded", ChooseRequest(), key)
+    assert reads == [] and stale == []
+    assert after.decision_number == 9  # 8 taken before it, in turn by the two workers
 
 
 async def test_an_outcome_through_another_worker_between_makes_the_next_decision_read(

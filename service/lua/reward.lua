@@ -17,7 +17,8 @@
 -- the key is not its key, else one status per decision, then the 'rewards'
 -- counter (0 when nothing was applied), and when any was applied: the
 -- incarnation, the meta version, the outcomes counter (rewards + defaulted)
--- after them and the records this call appended to the outcomes string, so
+-- after them, the decision counter (decision_seq) and the records this call
+-- appended to the outcomes string, so
 -- that a worker whose statistics held every outcome before them can add them
 -- without reading (ExperimentService.reward). A status is 'applied',
 -- 'duplicate' (the same reward was already applied: a safe retry), 'conflict'
@@ -127,10 +128,11 @@ if duplicates > 0 then
 end
 statuses[#statuses + 1] = rewards
 if applied > 0 then
-  local defaulted = tonumber(redis.call('HGET', KEYS[2], 'defaulted') or '0')
+  local counters = redis.call('HMGET', KEYS[2], 'defaulted', 'decision_seq')
   statuses[#statuses + 1] = incarnation
   statuses[#statuses + 1] = meta[9] or '0'
-  statuses[#statuses + 1] = tostring(rewards + defaulted)
+  statuses[#statuses + 1] = tostring(rewards + tonumber(counters[1] or '0'))
+  statuses[#statuses + 1] = counters[2] or '0'
   statuses[#statuses + 1] = table.concat(records)
 end
 return statuses
