@@ -362,12 +362,15 @@ class HeldConnection:
         self._pool = pool
         self._connection: Connection | None = None
         self._lock = asyncio.Lock()
+        self._closed = False
 
     def turn(self) -> asyncio.Lock:
         """Held while a caller prepares and runs its pipeline."""
         return self._lock
 
     async def pipeline(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        if self._closed:  # a batch still queued at shutdown connects no more
+            raise RedisConnectionError("the store is closed")
         if self._connection is None:
             self._connection = self._pool.make_connection()
         connection = self._connection
@@ -385,10 +388,13 @@ class HeldConnection:
 
         async def dropped(error: Exception) -> None:
             await connection.disconnect()
+            if self._closed:  # closed meanwhile: no retry
+                raise error
 
         return await connection.retry.call_with_retry(round_trip, dropped)
 
     async def close(self) -> None:
+        self._closed = True
         if self._connection is not None:
             await self._connection.disconnect()
 

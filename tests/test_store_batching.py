@@ -157,6 +157,22 @@ async def test_a_killed_connection_is_replaced_and_its_batch_runs_once(
     assert (await service.get("sto")).decisions == 2
 
 
+async def test_a_closed_store_sends_no_more_batches(app_settings: Settings) -> None:
+    """A call that reaches the batcher after the store closed (a request still in flight at
+    shutdown) is refused as the store being unavailable, without connecting again."""
+    opened = await ExperimentService.open(app_settings)
+    key = await _experiment(opened)
+    decision = await opened.choose("sto", ChooseRequest(), key)
+    store = opened._store
+    held = store._batcher._held
+    assert held is not None and held._connection is not None
+    await opened.close()
+
+    with pytest.raises(StoreUnavailable):
+        await store.apply_rewards("sto", None, [(decision.decision_id, "1.0")])
+    assert not held._connection.is_connected
+
+
 async def test_a_batch_cut_short_by_its_deadline_leaves_no_reply_for_the_next(
     app_settings: Settings, redis_db: str
 ) -> None:
