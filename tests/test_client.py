@@ -357,6 +357,21 @@ async def test_a_duplicate_reward_counts_as_success(quick: Quick) -> None:
     assert (view.rewards, view.duplicates) == (1, 1)
 
 
+async def test_the_experiment_says_how_it_was_created(quick: Quick) -> None:
+    """The settings fixed at creation come back in the client's Experiment, the opt-out of
+    propensities included (its decisions then carry None)."""
+    lrb = quick.client()
+    created = await lrb.create_experiment(
+        "off", setting="covariates", dim=2, arms=["a", "b"], seed=1, propensities=False,
+        default_reward=0.0, log_max_entries=500, log_max_age_seconds=3600)
+    view = await lrb.get_experiment("off")
+    assert (view.propensities, view.default_reward, view.log_max_entries,
+            view.log_max_age_seconds, view.log_all_contexts) == (False, 0.0, 500, 3600, False)
+    decided = await lrb.choose("off", context=[0.1, 0.2], api_key=created.api_key)
+    assert decided.propensity is None
+    assert (await lrb.get_experiment("off")).decisions == 1
+
+
 async def test_batches_go_in_chunks_of_max_batch_rewards(quick: Quick) -> None:
     lrb = quick.client(max_batch_rewards=MAX_BATCH)
     key = await _covariates(lrb)

@@ -59,6 +59,12 @@ class Experiment(_Answer):
     decisions: int
     rewards: int
     duplicates: int
+    # Fixed at creation (defaults: as a service before them answers)
+    default_reward: float | None = None
+    log_max_entries: int = 0
+    log_max_age_seconds: int = 0
+    log_all_contexts: bool = False
+    propensities: bool = True  # False: decisions carry no propensity (None)
 
 
 class NewKey(_Answer):
