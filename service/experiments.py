@@ -1038,7 +1038,10 @@ class ExperimentService:
 
     def _within_budget(self, keep: View) -> None:
         """Drop views, least recently used first, until the budget holds or one is left,
-        but never ``keep``."""
+        but never ``keep``. (Checked first: every reward and catch-up comes here, and the
+        views may be thousands.)"""
+        if self._view_bytes <= self._settings.view_cache_bytes:
+            return
         for experiment_id, view in list(self._views.items()):
             if self._view_bytes <= self._settings.view_cache_bytes or len(self._views) <= 1:
                 return
