@@ -35,11 +35,13 @@ applies per second at most: its ceiling.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import secrets
 import statistics
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -47,10 +49,11 @@ from typing import Any
 import numpy as np
 import redis
 
+from loadtest.faults import redis_process
 from loadtest.server import free_port
 from policies import paper_config
 from policies.state import Axis
-from service import keys
+from service import keys, store
 from service.codec import recipe, stored_recipe
 from service.embedded import EmbeddedRedis
 from service.folding import FOLD_EVERY, FOLD_LIMIT, fields_of, folded_blobs, split_records
@@ -73,6 +76,7 @@ class Version:
     held: bool = False  # decide.lua takes the outcomes the caller's view holds (ARGV[10])
     record: bool = False  # decide.lua takes the decision's record, one string (ARGV[11])
     request: bool = False  # decide.lua takes a caller's request id's fields (ARGV[12..14])
+    command: str = "EVALSHA"  # or FCALL: decide and reward name functions (Redis 7)
     times: dict[tuple[int, str], list[float]] = field(default_factory=dict)
 
 
@@ -105,6 +109,14 @@ def _version(client: redis.Redis, name: str, rev: str | None) -> Version:
                    "lrb:{exp}:outcomes" in reward_text, "ARGV[10] how many outcomes" in decide_text,
                    "ARGV[11] the pending record" in decide_text,
                    "ARGV[14] with KEYS[7]" in decide_text)
+
+
+def _functions(client: redis.Redis, scripts: Version) -> Version:
+    """This checkout's decide and reward as the service calls them on Redis 7: functions."""
+    library = store.library()
+    client.execute_command("FUNCTION", "LOAD", "REPLACE", library.code)
+    return replace(scripts, name="this, functions", decide=library.functions[scripts.decide],
+                   reward=library.functions[scripts.reward], command="FCALL", times={})
 
 
 def _experiment(version: Version, dim: int) -> str:
@@ -176,17 +188,18 @@ def _reward_args(version: Version, experiment: str, decision_ids: list[str]) -> 
     return [len(keyset), *keyset, "h", *("0.5" for _ in decision_ids)]
 
 
-def _timed(client: redis.Redis, sha: str, calls: list[list[Any]]) -> float:
-    """Redis's µs per EVALSHA over ``calls`` (pipelines of 100)."""
+def _timed(client: redis.Redis, sha: str, calls: list[list[Any]], command: str = "EVALSHA"
+           ) -> float:
+    """Redis's µs per EVALSHA (or FCALL of a function) over ``calls`` (pipelines of 100)."""
     client.config_resetstat()
     for start in range(0, len(calls), 100):
         with client.pipeline(transaction=False) as pipe:
             for args in calls[start: start + 100]:
-                pipe.evalsha(sha, *args)
-            replies = pipe.execute()
+                pipe.execute_command(command, sha, *args)
+            replies = pipe.execute(raise_on_error=False)
         assert all(not isinstance(r, Exception) for r in replies), replies[0]
     stats: dict[str, dict[str, float]] = client.info("commandstats")  # type: ignore[assignment]
-    return float(stats["cmdstat_evalsha"]["usec_per_call"])
+    return float(stats[f"cmdstat_{command.lower()}"]["usec_per_call"])
 
 
 def _block(client: redis.Redis, version: Version, dim: int, calls: int) -> None:
@@ -194,20 +207,21 @@ def _block(client: redis.Redis, version: Version, dim: int, calls: int) -> None:
     ids = [secrets.token_hex(16) for _ in range(calls + BATCH * (calls // BATCH))]
     single, batched = ids[:calls], ids[calls:]
     choose = _timed(client, version.decide,
-                    [_decide_args(version, experiment, dim, i) for i in ids])
+                    [_decide_args(version, experiment, dim, i) for i in ids], version.command)
     # As the service calls them: a fold after every FOLD_EVERY single rewards,
     # and after each batch (it crosses a multiple of FOLD_EVERY).
     rewards, folds, folded = 0.0, 0.0, 0
     for start in range(0, len(single), FOLD_EVERY):
         group = single[start: start + FOLD_EVERY]
         rewards += _timed(client, version.reward,
-                          [_reward_args(version, experiment, [i]) for i in group]) * len(group)
+                          [_reward_args(version, experiment, [i]) for i in group],
+                          version.command) * len(group)
         spent, count = _timed_folds(client, version, experiment, dim)
         folds, folded = folds + spent, folded + count
     batch = 0.0
     for start in range(0, len(batched), BATCH):
         calls_ = [_reward_args(version, experiment, batched[start: start + BATCH])]
-        batch += _timed(client, version.reward, calls_) + _timed_folds(
+        batch += _timed(client, version.reward, calls_, version.command) + _timed_folds(
             client, version, experiment, dim)[0]
     reward, fold = rewards / len(single), folds / max(folded, 1)
     figures = (choose, reward, batch / len(batched), fold, reward + fold)
@@ -358,27 +372,44 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=1000, help="single rewards per block")
     parser.add_argument("--breakdown", type=int, metavar="D",
                         help="instead, where a call's time goes at dimension D (script cuts)")
+    parser.add_argument("--redis-server", metavar="PATH",
+                        help="a redis-server 7 (e.g. Debian's /usr/bin/redis-server) instead of "
+                             "the embedded 6.2: this checkout as functions and as scripts")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        embedded = EmbeddedRedis(Path(tmp), port=free_port()).start()
-        try:
-            client = redis.Redis.from_url(embedded.url)
-            if args.breakdown:
-                _breakdown(client, args.breakdown, args.blocks, args.calls)
-                return
-            versions = [_version(client, "this", None)]
-            if args.against:
-                versions.append(_version(client, args.against, args.against))
-            for v in versions:
+    with tempfile.TemporaryDirectory() as tmp, _server(Path(tmp), args.redis_server) as url:
+        client = redis.Redis.from_url(url)
+        server: dict[str, Any] = client.info("server")  # type: ignore[assignment]
+        print(f"Redis {server['redis_version']}\n")
+        if args.breakdown:
+            _breakdown(client, args.breakdown, args.blocks, args.calls)
+            return
+        versions = [_version(client, "this", None)]
+        if args.redis_server:
+            versions.insert(0, _functions(client, versions[0]))
+        if args.against:
+            versions.append(_version(client, args.against, args.against))
+        for v in versions:
+            for dim in DIMS:
+                _create(client, _experiment(v, dim), dim, v.recorded)
+        for block in range(args.blocks):
+            for v in versions if block % 2 == 0 else versions[::-1]:
                 for dim in DIMS:
-                    _create(client, _experiment(v, dim), dim, v.recorded)
-            for block in range(args.blocks):
-                for v in versions if block % 2 == 0 else versions[::-1]:
-                    for dim in DIMS:
-                        _block(client, v, dim, args.calls)
-            _report(versions, args.blocks)
+                    _block(client, v, dim, args.calls)
+        _report(versions, args.blocks)
+
+
+@contextlib.contextmanager
+def _server(directory: Path, binary: str | None) -> Iterator[str]:
+    """The embedded Redis (AOF on, as the service's), or ``binary`` with the same settings."""
+    if binary is None:
+        embedded = EmbeddedRedis(directory, port=free_port()).start()
+        try:
+            yield embedded.url
         finally:
             embedded.stop()
+        return
+    with redis_process(directory, free_port(), binary) as server:
+        yield server.url
 
 
 if __name__ == "__main__":

