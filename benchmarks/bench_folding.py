@@ -48,8 +48,10 @@ from typing import Any
 import numpy as np
 import redis
 
-import service.experiments as experiments
+import service.decisions as decisions
+import service.definition as definition
 import service.folding as folding
+import service.views as views_module
 from loadtest.environments import Environment, make_spec
 from loadtest.server import free_port
 from policies import Setting
@@ -173,8 +175,8 @@ async def _experiments(
 
 async def _run(blocks: int, pairs: int, everies: list[int]) -> None:
     in_views, in_folds = _Clock(), _Clock()
-    experiments.fold_into = in_views.wrap(folding.fold_into)
-    experiments.folded_blobs = in_folds.wrap(folding.folded_blobs)
+    views_module.fold_into = definition.fold_into = in_views.wrap(folding.fold_into)
+    decisions.folded_blobs = in_folds.wrap(folding.folded_blobs)
     with tempfile.TemporaryDirectory() as tmp:
         embedded = EmbeddedRedis(Path(tmp), port=free_port()).start()
         client = redis.Redis.from_url(embedded.url)
@@ -184,7 +186,7 @@ async def _run(blocks: int, pairs: int, everies: list[int]) -> None:
             rows: dict[tuple[Setting, int], list[tuple[float, float, float, float]]] = {}
             for block in range(blocks):
                 for every in everies if block % 2 == 0 else everies[::-1]:
-                    experiments.FOLD_EVERY = every
+                    decisions.FOLD_EVERY = every
                     for setting in SETTINGS:
                         client.config_resetstat()
                         in_views.seconds = in_folds.seconds = 0.0

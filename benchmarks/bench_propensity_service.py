@@ -47,8 +47,9 @@ from policies import POLICIES, Setting
 from policies.config import PolicyName
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.embedded import EmbeddedRedis
-from service.experiments import ExperimentService, View
+from service.experiments import ExperimentService
 from service.settings import Settings
+from service.views import View
 
 ARMS, DIM = 100, 20
 

@@ -36,10 +36,10 @@ K, D = 100, 20
 async def _block(service: ExperimentService, key: str, pairs: int, awaited: bool) -> list[float]:
     """Each reward's latency; ``awaited``: the reward's fold, if it started one, is waited
     for before the reward counts as answered (as before issue 26)."""
-    original = service._fold_soon
+    original = service.decisions._fold_soon
     started: list[tuple[str, int, int]] = []
     if awaited:
-        service._fold_soon = lambda *call: started.append(call)  # type: ignore[method-assign]
+        service.decisions._fold_soon = lambda *call: started.append(call)  # type: ignore[method-assign]
     latencies = []
     try:
         for _ in range(pairs):
@@ -52,7 +52,7 @@ async def _block(service: ExperimentService, key: str, pairs: int, awaited: bool
             latencies.append(time.perf_counter() - start)
         await service.drain()
     finally:
-        service._fold_soon = original  # type: ignore[method-assign]
+        service.decisions._fold_soon = original  # type: ignore[method-assign]
     return latencies
 
 

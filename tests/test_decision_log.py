@@ -32,9 +32,10 @@ from policies import PolicyConfig, Setting, layout, prepare
 from policies.config import PolicyName
 from policies.propensity import SERVICE, propensities
 from service import keys
+from service.definition import index_ranges, parse_index_ranges
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec, LogEntry
 from service.errors import InvalidInput
-from service.experiments import ExperimentService, index_ranges, parse_index_ranges
+from service.experiments import ExperimentService
 from service.settings import Settings
 from tests.conftest import ADMIN, ADMIN_TOKEN, Api
 from tests.test_service_durability import (
@@ -198,7 +199,7 @@ async def test_a_propensity_that_takes_milliseconds_is_computed_off_the_event_lo
     decision = await service.choose("t", ChooseRequest(context=(0.3, 0.7)))
 
     assert threads == (["compute"] if threaded else [])
-    view = service._views["t"]
+    view = service.views.held["t"]
     ready = view.ready(ChooseRequest(context=(0.3, 0.7)), 1e6)[2]
     arm = [a.id for a in view.definition.arms].index(decision.arm_id)
     assert decision.propensity == float(propensities(ready, np.array([arm]),
@@ -212,7 +213,7 @@ async def test_an_experiment_created_without_propensities_computes_returns_and_l
     milliseconds): no propensity is computed; decisions, their idempotent repeats and
     the log carry none; the export has NaN pscores and evaluation refuses it, saying why."""
     from linreboot.evaluate import evaluate
-    from service.experiments import View
+    from service.views import View
 
     async def never(*_args: object) -> float:
         raise AssertionError("a propensity was computed")
@@ -814,7 +815,7 @@ async def test_a_page_counts_the_eligible_arms_ids_it_writes(redis_db: str) -> N
 
 
 def test_ranges_are_counted_as_they_are_listed() -> None:
-    from service.experiments import _ranges_count
+    from service.definition import ranges_count as _ranges_count
 
     rng = random.Random(4)
     for _ in range(500):

@@ -147,7 +147,7 @@ async def test_a_fold_that_another_change_overtook_writes_nothing(
     key = await _created(service)
     await _waiting_outcomes(service, key, 5)
     config = PolicyConfig(**(await service.get("fold")).config)  # type: ignore[arg-type]
-    incarnation = (await service._definition("fold")).incarnation
+    incarnation = (await service.views.definition("fold")).incarnation
     client = redis.Redis.from_url(redis_db)
     store = Store.from_url(redis_db, 5.0)
     try:
@@ -185,7 +185,7 @@ async def test_a_fold_takes_at_most_its_limit_oldest_first(
     key = await _created(service)
     await _waiting_outcomes(service, key, 7)
     config = PolicyConfig(**(await service.get("fold")).config)  # type: ignore[arg-type]
-    incarnation = (await service._definition("fold")).incarnation
+    incarnation = (await service.views.definition("fold")).incarnation
     whole = stored_stats(redis_db, "fold")
     store = Store.from_url(redis_db, 5.0)
     try:
@@ -288,7 +288,7 @@ async def test_a_view_catches_up_with_new_outcomes_to_the_bits_of_a_full_read(
     decision is found stale), and folds by the other take outcomes this one has not
     seen now and then. After every decision this worker's view holds the statistics a
     full read gives, bit for bit."""
-    from service.experiments import _state_for
+    from service.definition import state_for as _state_for
 
     spec = ExperimentSpec(id="fold", seed=5, **SPECS[kind])  # type: ignore[arg-type]
     _, key = await service.create(spec)
@@ -318,7 +318,7 @@ async def test_a_view_catches_up_with_new_outcomes_to_the_bits_of_a_full_read(
         for i in range(3 * FOLD_EVERY):
             context = tuple(rng.normal(size=spec.dim)) if spec.setting != "stochastic" else None
             mine = await service.choose("fold", ChooseRequest(context=context), key)
-            view = service._views["fold"]  # caught up before deciding: this reward's after
+            view = service.views.held["fold"]  # caught up before deciding: this reward's after
             read = await store.read_experiment("fold")
             assert read is not None
             config, snapshot = view.definition.config, read[2]
@@ -411,7 +411,7 @@ async def test_a_view_after_a_reward_solves_only_the_model_that_changed(
         context = tuple(float(v) for v in rng.normal(size=spec.dim))
         decision = await service.choose("kept", ChooseRequest(context=context), key)
         assert sum(solved) == (len(ARMS) if i == 0 else 1), (i, solved)
-        view = service._views["kept"]
+        view = service.views.held["kept"]
         assert view._last is not None and isinstance(view._last.state, policies.state.Sums)
         theta = view._last.state.kept["theta"]
         reg = view.definition.config.reg

@@ -264,9 +264,9 @@ async def test_a_worker_adds_its_own_rewards_to_its_view_without_reading(
     await service.drain()
     await service.choose("own", ChooseRequest(), key)  # adds the last reward
     assert reads == []  # neither the outcomes nor the sums were read
-    mine = service._views["own"]
-    assert service._view_bytes == sum(v.nbytes + v.own_bytes for v in service._views.values())
-    theirs = await other_service._view_for("own", None)  # read from Redis
+    mine = service.views.held["own"]
+    assert service.views.nbytes == sum(v.nbytes + v.own_bytes for v in service.views.held.values())
+    theirs = await other_service.views.view_for("own", None)  # read from Redis
     assert mine.rewards == theirs.rewards == FOLD_EVERY + 4 and mine.behind == 0
     assert mine.folded + mine.applied == theirs.folded + theirs.applied == FOLD_EVERY + 4
     assert theirs.folded >= FOLD_EVERY  # (a fold takes the records waiting when it runs)
@@ -288,7 +288,7 @@ async def test_a_view_keeps_the_records_of_at_most_256_of_its_own_outcomes(
     await service.choose("own", ChooseRequest(), key)
 
     assert reads == read
-    assert service._views["own"].rewards == batch
+    assert service.views.held["own"].rewards == batch
 
 
 async def test_a_seeded_worker_learns_the_numbers_other_workers_took_from_its_rewards(

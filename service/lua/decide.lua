@@ -187,7 +187,7 @@ if KEYS[7] then
 end
 
 -- List the decision by the end of its window. With a default reward the
--- window may grow but never shrink (ExperimentService._changed), so the list
+-- window may grow but never shrink (service.lifecycle, Lifecycle._changed), so the list
 -- is in deadline order, and settle.lua takes the entries whose window has
 -- ended from its head. Without, the list only lets DELETE find the decisions:
 -- it expires with its newest decision, and every 64th decision drops the

@@ -1,0 +1,344 @@
+"""Room 2: decisions and rewards: choose an arm from a view and record it; apply
+rewards exactly once; write the sums back (folds) in the background."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import functools
+import logging
+import math
+import secrets
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from policies import Choice, draw
+from service.definition import (
+    WRONG_KEY,
+    ArmRecord,
+    Definition,
+    field_names,
+    hash_key,
+    index_ranges,
+    missing_experiment,
+    reward_text,
+)
+from service.domain import (
+    ChooseRequest,
+    Decision,
+    RewardOutcome,
+    RewardStatus,
+    valid_experiment_id,
+)
+from service.errors import Conflict, Forbidden, InvalidInput, NotFound, StoreUnavailable
+from service.folding import FOLD_EVERY, FOLD_LIMIT, folded_blobs
+from service.settings import Settings
+from service.store import Store
+from service.views import UnknownArm, View, Views
+
+logger = logging.getLogger("linreboot.service")
+
+
+# A stale view costs one more attempt; a third means the experiment is being redefined.
+_DECIDE_ATTEMPTS = 3
+
+
+class Decisions:
+    """``/choose`` and ``/reward``: decisions from this worker's views, rewards exactly once."""
+
+    def __init__(self, store: Store, settings: Settings, views: Views) -> None:
+        self._store = store
+        self._settings = settings
+        self.views = views
+        self._rng = np.random.default_rng()  # unseeded experiments share one stream
+        self._background: set[asyncio.Task[None]] = set()  # folds no request waits for
+    async def choose(
+        self, experiment_id: str, request: ChooseRequest, api_key: str | None = None
+    ) -> Decision:
+        """Choose an arm from this worker's view of the statistics, and record it.
+
+        The decision is recorded only if that view is still current, or at most
+        the experiment's ``max_stale_rewards`` behind (one round trip then);
+        otherwise the store replies with the current statistics, read after
+        the request arrived, and the decision is made again from them. So a
+        decision reflects every reward acknowledged before its request arrived
+        (but the latest ``max_stale_rewards``); rewards that arrive while it is
+        being made may or may not count. ``api_key`` is checked before the
+        request is (403 first) and again by ``decide.lua``; a missing
+        experiment is the same 403 (:func:`service.definition.missing_experiment`).
+        None is for trusted in-process callers only (a missing experiment is then 404).
+        """
+        if not valid_experiment_id(experiment_id):
+            raise missing_experiment(api_key)
+        key_hash = None if api_key is None else hash_key(api_key)
+        view = await self.views.view_for(experiment_id, key_hash)
+        if view.behind > view.definition.spec.max_stale_rewards:
+            # decide.lua would refuse a decision from this view: catch up first, rather
+            # than prepare, draw and compute a propensity twice.
+            if view.own is not None and len(view.own) == view.behind:
+                view = self.views.added(experiment_id, view, view.own, view.rewards + view.behind,
+                                   view.folded, view.last_number)
+            else:
+                view = await self.views.caught_up(experiment_id, view, key_hash)
+        bound = self._settings.feature_bound
+        try:
+            candidates = view.ready(request, bound)
+        except UnknownArm:  # perhaps added since this worker read the experiment
+            view = await self.views.read_view(experiment_id, key_hash)
+            candidates = view.ready(request, bound)
+        seeded = view.definition.spec.seed is not None
+        seen: tuple[int, int] | None = (view.version, view.rewards)
+        number, reserved = (view.last_number + 1 if seeded else None), False
+        for attempt in range(_DECIDE_ATTEMPTS):
+            if attempt:
+                candidates = view.ready(request, bound)
+            definition = view.definition
+            arms, contexts, ready = candidates
+            rng = self._rng if number is None else _decision_rng(definition.spec.seed, number)
+            choice = draw(ready, [rng])
+            picked = int(choice.arms[0])
+            # The caller's id (idempotent), else as random as uuid4().hex, cheaper.
+            decision_id = request.decision_id or secrets.token_hex(16)
+            x = np.ascontiguousarray(contexts[picked], dtype="<f8").tobytes()
+            propensity = (await view.propensity(ready, picked)
+                          if definition.spec.propensities else None)
+            record = _decision_record(view, arms[picked], x, propensity)
+            every = contexts if definition.spec.log_all_contexts else None
+            reply = await self._store.decide(
+                experiment_id, decision_id, key_hash=key_hash,
+                incarnation=definition.incarnation, seen=seen, number=number,
+                reserved=reserved, ttl_seconds=definition.spec.reward_window_seconds,
+                max_lag=definition.spec.max_stale_rewards,
+                grace_seconds=self._settings.default_reward_grace_seconds,
+                record=record,
+                logged=_log_entry_fields(decision_id, arms, arms[picked], x, view, propensity,
+                                         every),
+                held=view.folded + view.applied,
+                request=None if request.decision_id is None else (
+                    request.digest(), _answer(arms[picked].id, choice, propensity),
+                    self._settings.idempotency_seconds),
+            )
+            if reply.status == "repeat":  # answered before under the caller's id
+                assert reply.answer is not None
+                return _repeated(definition, decision_id, reply.number, reply.answer)
+            if reply.status == "conflict":
+                raise Conflict("this decision_id was used by another request (a different "
+                               "context, eligible or excluded): choose a new id")
+            if reply.status == "spent":
+                raise Conflict(
+                    "this decision_id was answered more than "
+                    f"{self._settings.idempotency_seconds} s ago (LINREBOOT_IDEMPOTENCY_SECONDS) "
+                    "and its decision is still live: its answer is no longer kept for a "
+                    "retry; choose a new id")
+            if reply.status == "recorded":
+                view.last_number = max(view.last_number, reply.number)
+                return _decision(definition, decision_id, arms[picked], choice, reply.number,
+                                 propensity)
+            if reply.status == "missing":
+                self.views.forget(experiment_id)
+                raise missing_experiment(api_key)
+            if reply.status == "forbidden":
+                raise Forbidden(WRONG_KEY)
+            if reply.progress is not None:  # what this view lacks: catch up
+                view = await self.views.caught_up(experiment_id, view, key_hash, reply.progress)
+            else:
+                assert reply.snapshot is not None
+                view = await self.views.refresh(experiment_id, view, reply.snapshot)
+            # Decide again from the statistics just read, and record that
+            # decision whatever has changed since: under steady rewards a
+            # check would fail again and again.
+            seen, number, reserved = None, reply.reserved, True
+            if number is None and view.definition.spec.seed is not None:
+                # No number set aside: the definition changed (arms, or created
+                # again) since the request was checked. Check it again (the next
+                # attempt's ready()), so a refusal takes no number; then predict one.
+                seen, number, reserved = (view.version, view.rewards), view.last_number + 1, False
+        raise StoreUnavailable("the experiment changed while deciding; retry")
+
+    async def reward(
+        self, experiment_id: str, items: Sequence[tuple[str, float]], api_key: str | None = None
+    ) -> builtins.list[RewardOutcome]:
+        """Apply rewards exactly once, in one script that also checks ``api_key``.
+
+        A missing experiment is the 403 of a wrong key. ``api_key=None`` is for
+        trusted in-process callers only (a missing experiment is then 404).
+        """
+        if not items:
+            raise InvalidInput("give at least one reward")
+        bound = self._settings.feature_bound
+        for _, value in items:
+            if not (math.isfinite(value) and abs(value) <= bound):
+                raise InvalidInput(f"rewards must be finite numbers with |reward| <= {bound:g}")
+        if not valid_experiment_id(experiment_id):
+            raise missing_experiment(api_key)
+        key_hash = None if api_key is None else hash_key(api_key)
+        texts = [(decision_id, reward_text(value)) for decision_id, value in items]
+        reply = await self._store.apply_rewards(experiment_id, key_hash, texts)
+        if reply.statuses == ["missing"]:
+            self.views.forget(experiment_id)
+            raise missing_experiment(api_key)
+        if reply.statuses == ["forbidden"]:
+            raise Forbidden(WRONG_KEY)
+        outcomes = []
+        for (decision_id, _), text in zip(items, reply.statuses, strict=True):
+            status = _status(text)
+            outcomes.append(RewardOutcome(decision_id, status, _REWARD_MESSAGES[status]))
+        applied = sum(outcome.status == "applied" for outcome in outcomes)
+        view = self.views.get(experiment_id)
+        if view is not None and applied:
+            self.views.add_own(view, reply.appended, applied)
+        self._fold_soon(experiment_id, reply.counter, applied)
+        return outcomes
+
+    def _fold_soon(self, experiment_id: str, counter: int, recorded: int) -> None:
+        """:meth:`fold_if_due` in the background: the request that crossed a multiple
+        of FOLD_EVERY does not wait for the sums to be written back (a read, a solve of
+        the outcomes, a write: milliseconds at d = 20), which no reply depends on."""
+        if not _fold_due(counter, recorded):
+            return
+        task = asyncio.get_running_loop().create_task(
+            self.fold_if_due(experiment_id, counter, recorded), name=f"fold {experiment_id}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def drain(self) -> None:
+        """Wait for the background folds started so far (ExperimentService.close does;
+        tests that read the stored sums after a reward do too)."""
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    async def defaults_applied(self, experiment_id: str, counter: int, defaulted: int) -> None:
+        """The sweeper applied ``defaulted`` default rewards: this worker's view is
+        behind by as many (the next decision reads first), and the sums may be due
+        to be written back."""
+        view = self.views.get(experiment_id)
+        if view is not None:
+            view.behind += defaulted
+            self.views.drop_own(view)  # their records are not at hand: catching up reads
+        await self.fold_if_due(experiment_id, counter, defaulted)
+
+    async def fold_if_due(self, experiment_id: str, counter: int, recorded: int) -> None:
+        """Write the sums back (:mod:`service.folding`) when the ``recorded`` outcomes
+        took the experiment's rewards (or defaulted) counter to ``counter``, past
+        a multiple of FOLD_EVERY.
+
+        Exactly one call crosses each multiple. A fold that fails is logged and
+        left to the next (its records wait, counted in every view): the outcomes
+        it would have folded are applied already.
+        """
+        if not _fold_due(counter, recorded):
+            return
+        try:
+            view = self.views.get(experiment_id)
+            definition = (view.definition if view is not None
+                          else await self.views.definition(experiment_id))
+            folded = await self._store.fold(experiment_id, definition.incarnation, FOLD_LIMIT,
+                                            functools.partial(folded_blobs, definition.config))
+            if folded is None and view is not None:  # created again since this worker read it
+                self.views.forget(experiment_id)
+                definition = await self.views.definition(experiment_id)
+                await self._store.fold(experiment_id, definition.incarnation, FOLD_LIMIT,
+                                       functools.partial(folded_blobs, definition.config))
+        except (StoreUnavailable, NotFound) as exc:
+            logger.warning("experiment %s: the sums were not written back (%s); the next "
+                           "fold will", experiment_id, exc)
+        except Exception:  # a damaged entry: the views that read it fail as loudly
+            logger.exception("experiment %s: the sums were not written back", experiment_id)
+
+
+_REWARD_MESSAGES: dict[RewardStatus, str] = {
+    "applied": "reward applied",
+    "duplicate": "this reward was already applied; not applied again",
+    "conflict": "a different reward was already applied to this decision",
+    "late": "the decision's reward window has ended: its default reward counts instead; "
+            "not applied",
+    "not_found": "no pending decision with this id in this experiment (unknown or expired)",
+}
+
+
+def _status(text: str) -> RewardStatus:
+    for status in _REWARD_MESSAGES:
+        if status == text:
+            return status
+    raise RuntimeError(f"unexpected reward script result {text!r}")
+
+
+def _fold_due(counter: int, recorded: int) -> bool:
+    """The ``recorded`` outcomes took the counter past a multiple of FOLD_EVERY."""
+    return counter // FOLD_EVERY > (counter - recorded) // FOLD_EVERY
+
+
+def _decision_rng(seed: int | None, number: int) -> np.random.Generator:
+    """Seeded experiments: decision n always draws from the same stream."""
+    if seed is None:
+        return np.random.default_rng()
+    return np.random.default_rng(np.random.SeedSequence([seed, number]))
+
+
+def _decision_record(view: View, arm: ArmRecord, x: bytes, propensity: float | None) -> bytes:
+    """The pending decision's record after what decide.lua puts in front of it (incarnation,
+    number, deadline; the format is in ``outcomes.lua``): what reward.lua needs (the stats
+    fields and ``x``, the context, packed) and the state the decision was made from."""
+    names = field_names(view.definition.config.shared, arm.id)
+    text = (names["model_field"], names["arm_field"], arm.id, str(view.version),
+            str(view.rewards), repr(time.time()), _text_of(propensity))
+    return "\n".join(text).encode() + b"\n" + x
+
+
+def _text_of(propensity: float | None) -> str:
+    """A propensity as the records and the log keep it: '' for none."""
+    return "" if propensity is None else repr(propensity)
+
+
+def _log_entry_fields(
+    decision_id: str, arms: Sequence[ArmRecord], arm: ArmRecord, x: bytes, view: View,
+    propensity: float | None, contexts: np.ndarray | None = None,
+) -> dict[str, str | bytes]:
+    """The decision's entry in the decision log (decide.lua adds its number): the chosen
+    ``arm`` and its context, the arms it was chosen from (and, given, their
+    ``contexts``), the statistics it was made from, and its propensity (no field when
+    the experiment computes none: the entry says so as an older version's does)."""
+    definition = view.definition
+    eligible = (definition.active_ranges if arms is definition.active_arms
+                else index_ranges([a.index for a in arms]))
+    every = {} if contexts is None else {
+        "contexts": np.ascontiguousarray(contexts, dtype="<f8").tobytes()}
+    return {"type": "decision", "id": decision_id, "arm": arm.id, "x": x,
+            "version": str(view.version), "rewards_seen": str(view.rewards),
+            "eligible": eligible, **every,
+            **({} if propensity is None else {"propensity": repr(propensity)})}
+
+
+def _answer(arm_id: str, choice: Choice, propensity: float | None) -> str:
+    """What a retry of an idempotent decision gets back (decide.lua's ARGV[13])."""
+    score = float(choice.scores[0, int(choice.arms[0])])
+    return "\n".join((arm_id, _text_of(propensity), "" if math.isinf(score) else repr(score)))
+
+
+def _repeated(definition: Definition, decision_id: str, number: int, answer: str) -> Decision:
+    """The decision an earlier request under ``decision_id`` got (:func:`_answer`)."""
+    arm_id, propensity, index = answer.split("\n")
+    return Decision(decision_id=decision_id, arm_id=arm_id,
+                    index=float(index) if index else None, exploring=not index,
+                    decision_number=number,
+                    expires_in_seconds=definition.spec.reward_window_seconds,
+                    propensity=float(propensity) if propensity else None)
+
+
+def _decision(
+    definition: Definition, decision_id: str, arm: ArmRecord, choice: Choice, number: int,
+    propensity: float | None,
+) -> Decision:
+    score = float(choice.scores[0, int(choice.arms[0])])
+    exploring = math.isinf(score)
+    return Decision(
+        decision_id=decision_id,
+        arm_id=arm.id,
+        index=None if exploring else score,
+        exploring=exploring,
+        decision_number=number,
+        expires_in_seconds=definition.spec.reward_window_seconds,
+        propensity=propensity,
+    )

@@ -1,0 +1,432 @@
+"""Room 3: the experiment lifecycle: create, read, list, delete; arms, keys and live
+settings; validation; the start-up upgrade of experiments stored by earlier versions."""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import functools
+import json
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from policies import (
+    POLICIES,
+    SETTINGS,
+    PolicyConfig,
+    check_hyperparameters,
+    discounted,
+    layout,
+    paper_config,
+)
+from policies.config import stored_config
+from policies.ridge import ridge
+from policies.state import Axis
+from service import keys
+from service.codec import RECORDED, legacy_recipe, recipe, stored_recipe, upgrade_blob
+from service.definition import (
+    ArmRecord,
+    Definition,
+    check_vector,
+    field_names,
+    hash_key,
+    parse_definition,
+    reward_text,
+    spec_to_json,
+    state_for,
+)
+from service.domain import (
+    ArmSpec,
+    ArmState,
+    ExperimentSpec,
+    ExperimentView,
+    valid_arm_id,
+    valid_experiment_id,
+    with_service_defaults,
+)
+from service.errors import Conflict, InvalidInput, NotFound, StoreUnavailable
+from service.settings import Settings
+from service.store import Store
+from service.views import Views
+
+# A settings change races a decision's redefinition at most twice in a row; a third
+# time means the experiment keeps changing.
+_ATTEMPTS = 3
+
+
+class Lifecycle:
+    """Create, read, change and delete experiments."""
+
+    def __init__(self, store: Store, settings: Settings, views: Views) -> None:
+        self._store = store
+        self._settings = settings
+        self.views = views
+    async def create(self, spec: ExperimentSpec) -> tuple[ExperimentView, str]:
+        spec = with_service_defaults(spec)
+        config = self._validate_spec(spec)
+        api_key = secrets.token_urlsafe(32)
+        meta = {
+            "spec": json.dumps(spec_to_json(spec)),
+            "config": json.dumps(dataclasses.asdict(config)),
+            "key_hash": hash_key(api_key),
+            "incarnation": secrets.token_hex(8),
+            "created_at": repr(time.time()),
+            # Random, not 1: a worker that cached a deleted experiment of the
+            # same id must see a different version and reload.
+            "version": str(secrets.randbits(52) + 1),
+            # What the stored sums hold (service.codec) and a context's size, fixed
+            # for this incarnation, and how fast the sums forget (policies.state,
+            # "Forgetting").
+            **_stored_format(config),
+            **({"discount": repr(config.discount)} if config.discounted else {}),
+            # Read by the scripts: the default reward (settle.lua) and the
+            # decision log's bounds (decide.lua, reward.lua, settle.lua).
+            **({} if spec.default_reward is None
+               else {"default_reward": reward_text(spec.default_reward)}),
+            **({} if spec.log_max_entries == 0
+               else {"log_max_entries": str(spec.log_max_entries),
+                     "log_max_age_seconds": str(spec.log_max_age_seconds)}),
+        }
+        arms = {
+            a.id: json.dumps({"index": i, "active": True, "features": a.features})
+            for i, a in enumerate(spec.arms)
+        }
+        if not await self._store.create(spec.id, meta, arms,
+                                        default_reward=spec.default_reward is not None):
+            raise Conflict("an experiment with this id already exists")
+        # From what was written, not read back: a read that failed now (Redis
+        # just out of memory, say) would leave the experiment without its key.
+        return _view(parse_definition(meta, arms), {}, ()), api_key
+
+    async def get(self, experiment_id: str) -> ExperimentView:
+        if not valid_experiment_id(experiment_id):
+            raise NotFound("no experiment with this id")
+        read = await self._store.read_experiment(experiment_id)
+        if read is None:
+            raise NotFound("no experiment with this id")
+        meta, arms, snapshot = read
+        return _view(parse_definition(meta, arms), snapshot.stats, snapshot.unfolded)
+
+    async def list(
+        self, limit: int = 100, after: str | None = None
+    ) -> tuple[builtins.list[ExperimentView], str | None]:
+        """Up to ``limit`` experiments in id order, after ``after``; and the id to go on from.
+
+        The second value is None on the last page.
+        """
+        ids = [i for i in await self._store.list_ids() if after is None or i > after]
+        views = []
+        for experiment_id in ids[:limit]:
+            try:
+                views.append(await self.get(experiment_id))
+            except NotFound:
+                await self._store.forget_id(experiment_id)
+        more = len(ids) > limit
+        return views, (ids[limit - 1] if more else None)
+
+    async def delete(self, experiment_id: str) -> None:
+        self.views.forget(experiment_id)
+        if not await self._store.delete(experiment_id):
+            raise NotFound("no experiment with this id")
+
+    async def add_arms(self, experiment_id: str, arms: Sequence[ArmSpec]) -> ExperimentView:
+        definition = await self.views.definition(experiment_id)
+        self._validate_arms(definition.spec.setting, definition.spec.dim, arms)
+        too_many = InvalidInput(f"an experiment may have at most {self._settings.max_arms} arms")
+        if len(definition.arms) + len(arms) > self._settings.max_arms:
+            raise too_many
+        records = {a.id: json.dumps({"active": True, "features": a.features}) for a in arms}
+        result = await self._store.add_arms(experiment_id, records, self._settings.max_arms)
+        if result == 0:
+            raise NotFound("no experiment with this id")
+        if result == -2:  # arms added by another request meanwhile
+            raise too_many
+        if result < 0:
+            raise Conflict("an arm with one of these ids already exists")
+        return await self.get(experiment_id)
+
+    async def update_settings(
+        self, experiment_id: str, changes: Mapping[str, object]
+    ) -> ExperimentView:
+        """Change the live settings (:data:`LIVE_SETTINGS`) of an experiment: every worker's
+        next decision reads them, and the change goes to the decision log.
+
+        ``reward_window_seconds`` is the window of decisions made from now on;
+        ``default_reward`` the default of decisions settled from now on (one cannot be
+        added or removed: which decisions count would change); ``epsilon`` and
+        ``max_stale_rewards`` hold for decisions made from now on; the log bounds
+        at its next write.
+        """
+        unknown = sorted(set(changes) - set(LIVE_SETTINGS))
+        if unknown or not changes:
+            raise InvalidInput(
+                "only these settings change on a live experiment: " + ", ".join(LIVE_SETTINGS)
+                + "; the others would change what its statistics mean (create another)")
+        for _ in range(_ATTEMPTS):
+            definition = await self.views.definition(experiment_id)
+            spec, config = self._changed(definition, changes)
+            version = await self._store.update_settings(
+                experiment_id, definition.version, json.dumps(spec_to_json(spec)),
+                json.dumps(dataclasses.asdict(config)),
+                None if spec.default_reward is None else reward_text(spec.default_reward),
+                spec.log_max_entries, spec.log_max_age_seconds,
+                json.dumps(dict(changes), sort_keys=True))
+            if version == 0:
+                raise NotFound("no experiment with this id")
+            if version > 0:
+                self.views.forget(experiment_id)
+                return await self.get(experiment_id)
+        raise StoreUnavailable("the experiment kept changing; retry")
+
+    def _changed(self, definition: Definition, changes: Mapping[str, object]
+                 ) -> tuple[ExperimentSpec, PolicyConfig]:
+        """The spec and config with ``changes``, checked as at creation."""
+        spec, s = definition.spec, self._settings
+        fields = {k: v for k, v in changes.items() if k != "epsilon"}
+        if "default_reward" in changes:
+            if spec.default_reward is None or changes["default_reward"] is None:
+                raise InvalidInput(
+                    "default_reward can change its value only: one cannot be added to or "
+                    "removed from a live experiment (which decisions count would change)")
+            check_vector([float(changes["default_reward"])],  # type: ignore[arg-type]
+                          s.feature_bound, "default_reward")
+        window = fields.get("reward_window_seconds", spec.reward_window_seconds)
+        if not 1 <= int(window) <= s.max_reward_window_seconds:  # type: ignore[call-overload]
+            raise InvalidInput(
+                f"reward_window_seconds must be between 1 and {s.max_reward_window_seconds}")
+        if spec.default_reward is not None and int(window) < spec.reward_window_seconds:  # type: ignore[call-overload]
+            # The pending decisions wait in deadline order and the sweeper stops at the
+            # first that is not due; a shorter window would put new deadlines before old
+            # ones, and decisions behind them would miss their default.
+            raise InvalidInput(
+                "reward_window_seconds cannot shrink on an experiment with a default_reward "
+                f"(now {spec.reward_window_seconds}): the decisions waiting for their default "
+                "are kept in deadline order; it may stay or grow")
+        hyperparameters = dict(spec.hyperparameters)
+        if "epsilon" in changes:
+            hyperparameters["epsilon"] = changes["epsilon"]  # type: ignore[assignment]
+        new_spec = dataclasses.replace(spec, hyperparameters=hyperparameters,
+                                       **fields)  # type: ignore[arg-type]
+        if new_spec.log_all_contexts and new_spec.log_max_entries == 0:
+            raise InvalidInput("log_all_contexts needs a decision log: log_max_entries must "
+                               "stay above 0")
+        epsilon = float(hyperparameters.get("epsilon", definition.config.epsilon))
+        try:
+            config = dataclasses.replace(definition.config, epsilon=epsilon)
+        except ValueError as exc:
+            raise InvalidInput(f"invalid hyperparameters: {exc}") from None
+        return new_spec, config
+
+    async def rotate_key(self, experiment_id: str) -> str:
+        """A new API key for the experiment, shown once; the current one stays valid as
+        its previous key until :meth:`revoke_previous_key` (one key before it is no
+        longer valid: an experiment takes two at most)."""
+        api_key = secrets.token_urlsafe(32)
+        if not await self._store.rotate_key(experiment_id, hash_key(api_key)):
+            raise NotFound("no experiment with this id")
+        return api_key
+
+    async def revoke_previous_key(self, experiment_id: str) -> bool:
+        """Revoke the key a rotation kept valid; False if there was none. Takes effect at
+        once: every decision and reward script reads the keys."""
+        result = await self._store.revoke_previous_key(experiment_id)
+        if result == 0:
+            raise NotFound("no experiment with this id")
+        return result == 1
+
+    async def retire_arms(self, experiment_id: str, arm_ids: Sequence[str]) -> ExperimentView:
+        definition = await self.views.definition(experiment_id)
+        if not arm_ids or len(set(arm_ids)) != len(arm_ids):
+            raise InvalidInput("give one or more distinct arm ids to retire")
+        every = InvalidInput("cannot retire every active arm")
+        if not {a.id for a in definition.active_arms} - set(arm_ids):
+            raise every
+        result = await self._store.retire_arms(experiment_id, arm_ids)
+        if result == 0:
+            raise NotFound("no experiment with this id")
+        if result == -2:  # the others retired by another request meanwhile
+            raise every
+        if result < 0:
+            raise NotFound("unknown arm id")
+        return await self.get(experiment_id)
+
+    async def upgrade_stored(self) -> tuple[builtins.list[str], builtins.list[str]]:
+        """Experiments written by an earlier version, brought up to date.
+
+        Earlier versions stored no recipes (or the recipe of whole Gram
+        matrices), pending decisions without field names, and Gram matrices
+        whole. Each worker runs this at start-up; the store makes it happen
+        once. Returns the experiments upgraded, and "id: reason" for each that
+        could not be (it answers 5xx until it is fixed or deleted; it does not
+        stop the service).
+        """
+        upgraded, failures = [], []
+        for experiment_id in await self._store.list_ids():
+            raw = await self._store.read_definition(experiment_id)
+            if raw is None:
+                continue
+            try:
+                config = stored_config(json.loads(raw[0]["config"]))
+                if await self._store.upgrade(
+                    experiment_id,
+                    _stored_format(config),
+                    functools.partial(_upgraded_stats, config),
+                    functools.partial(field_names, config.shared),
+                    functools.partial(_decisions_behind, config),
+                ):
+                    upgraded.append(experiment_id)
+            except (ValueError, TypeError, KeyError, RuntimeError) as exc:
+                failures.append(f"{experiment_id}: {exc}")
+        return upgraded, failures
+
+    def _validate_spec(self, spec: ExperimentSpec) -> PolicyConfig:
+        s = self._settings
+        if not valid_experiment_id(spec.id):
+            raise InvalidInput(
+                "experiment id must be 1-64 characters of A-Z a-z 0-9 _ . -, not . or ..")
+        if spec.setting not in SETTINGS:
+            raise InvalidInput(f"setting must be one of {', '.join(SETTINGS)}")
+        if spec.policy not in POLICIES:
+            raise InvalidInput(f"policy must be one of {', '.join(POLICIES)}")
+        if not 1 <= spec.dim <= s.max_dim:
+            raise InvalidInput(f"dim must be between 1 and {s.max_dim}")
+        if not 1 <= len(spec.arms) <= s.max_arms:
+            raise InvalidInput(f"give between 1 and {s.max_arms} arms")
+        if not 1 <= spec.reward_window_seconds <= s.max_reward_window_seconds:
+            raise InvalidInput(
+                f"reward_window_seconds must be between 1 and {s.max_reward_window_seconds}"
+            )
+        if spec.max_stale_rewards < 0:
+            raise InvalidInput("max_stale_rewards must be 0 or more")
+        if spec.default_reward is not None:
+            check_vector([spec.default_reward], s.feature_bound, "default_reward")
+        if spec.log_max_entries < 0 or spec.log_max_age_seconds < 1:
+            raise InvalidInput("log_max_entries must be 0 or more and log_max_age_seconds "
+                               "1 or more")
+        if spec.log_all_contexts and (spec.setting != "contextual" or spec.log_max_entries == 0):
+            raise InvalidInput("log_all_contexts needs the contextual setting and a decision "
+                               "log (log_max_entries above 0): elsewhere the log has every "
+                               "context already")
+        self._validate_arms(spec.setting, spec.dim, spec.arms)
+        try:
+            check_hyperparameters(spec.policy, spec.hyperparameters)
+            return paper_config(spec.policy, spec.setting, spec.dim, **spec.hyperparameters)
+        except (ValueError, TypeError) as exc:
+            raise InvalidInput(f"invalid hyperparameters: {exc}") from None
+
+    def _validate_arms(self, setting: str, dim: int, arms: Sequence[ArmSpec]) -> None:
+        ids = [a.id for a in arms]
+        if not all(valid_arm_id(i) for i in ids):
+            raise InvalidInput("arm ids must be 1-64 characters of A-Z a-z 0-9 _ . : -")
+        if len(set(ids)) != len(ids):
+            raise InvalidInput("arm ids must be distinct")
+        for arm in arms:
+            if setting == "stochastic":
+                if arm.features is None or len(arm.features) != dim:
+                    raise InvalidInput(
+                        f"in the stochastic setting every arm needs {dim} features"
+                    )
+                check_vector(arm.features, self._settings.feature_bound, "arm features")
+            elif arm.features is not None:
+                raise InvalidInput(
+                    "arm features are fixed only in the stochastic setting; "
+                    "send contexts with /choose instead"
+                )
+
+
+# What PATCH /experiments/{id} may change: nothing that changes what the statistics
+# mean (the model, its prior and its sums), only how decisions are made and kept.
+LIVE_SETTINGS = ("epsilon", "reward_window_seconds", "default_reward", "max_stale_rewards",
+                 "log_max_entries", "log_max_age_seconds")
+
+
+def _stored_format(config: PolicyConfig) -> dict[str, str]:
+    """Meta fields that say how the experiment's statistics are stored: the recipes of
+    its sums (``service.codec``) and the bytes of a context, which reward.lua and
+    settle.lua check a decision's against before recording its outcome."""
+    return {"model_recipe": stored_recipe(config, "model"),
+            "arm_recipe": stored_recipe(config, "arm"),
+            "context_bytes": str(8 * config.dim)}
+
+
+def _decisions_behind(config: PolicyConfig, stored: Mapping[str, str | None]) -> bool:
+    """Whether an experiment's pending decisions may lack their stats field names: stored
+    by a version before today's recipes (one that differs only in not recording outcomes,
+    the ``RECORDED`` suffix, wrote them)."""
+    axes: tuple[Axis, ...] = ("model", "arm")
+    return any((stored.get(f"{axis}_recipe") or "").removesuffix(RECORDED) != recipe(config, axis)
+               for axis in axes)
+
+
+def _upgraded_stats(
+    config: PolicyConfig, stats: dict[str, bytes], stored: Mapping[str, str | None]
+) -> dict[str, bytes]:
+    """The statistics' blobs in the current format (counters unchanged).
+
+    ``stored`` holds the recipes the blobs were written under (None: the
+    first version's, which stored none).
+    """
+    axes: tuple[Axis, ...] = ("model", "arm")
+    recipes = {axis: (stored.get(f"{axis}_recipe") or legacy_recipe(config, axis))
+               .removesuffix(RECORDED) for axis in axes}
+    out = {}
+    for name, blob in stats.items():
+        if name == keys.SHARED_MODEL_FIELD or name.startswith("model:"):
+            out[name] = upgrade_blob(config, "model", blob, recipes["model"])
+        elif name.startswith("arm:"):
+            out[name] = upgrade_blob(config, "arm", blob, recipes["arm"])
+    return out
+
+
+def _view(
+    definition: Definition, stats: dict[str, bytes], unfolded: Sequence[bytes]
+) -> ExperimentView:
+    config = definition.config
+    state = discounted(config, state_for(config, list(definition.arms), stats, unfolded))
+    arm_fields = [name for name, spec in layout(config).items() if spec.axis == "arm"]
+    thetas = [ridge(xtx, xty, config.reg).tolist()
+              for xtx, xty in zip(state["xtx"][0], state["xty"][0], strict=True)]
+    theta = ({"shared": thetas[0]} if config.shared
+             else {arm.id: thetas[k] for k, arm in enumerate(definition.arms)})
+    arm_states = [
+        _arm_state(arm, {name: state[name][0, k] for name in arm_fields},
+                   thetas[0 if config.shared else k])
+        for k, arm in enumerate(definition.arms)
+    ]
+    return ExperimentView(
+        spec=definition.spec,
+        config=dataclasses.asdict(config),
+        created_at=definition.created_at,
+        arms=tuple(arm_states),
+        theta_hat=theta,
+        decisions=int(stats.get(keys.DECISIONS, b"0")),
+        rewards=int(stats.get(keys.REWARDS, b"0")),
+        duplicates=int(stats.get(keys.DUPLICATES, b"0")),
+        defaulted=int(stats.get(keys.DEFAULTED, b"0")),
+        late=int(stats.get(keys.LATE, b"0")),
+        defaults_missed=int(stats.get(keys.DEFAULTS_MISSED, b"0")),
+        previous_key_valid=definition.previous_key_hash is not None,
+    )
+
+
+def _arm_state(arm: ArmRecord, sums: dict[str, np.ndarray], theta: list[float]) -> ArmState:
+    """An arm's counters and estimates; with forgetting, ``pulls`` counts its outcomes
+    undiscounted and ``weight`` is their discounted sum, which the estimates use."""
+    pulls = float(sums["pulls"])
+    count = int(sums["total_pulls"]) if "total_pulls" in sums else int(pulls)
+    weight = pulls if "total_pulls" in sums else None
+    if pulls == 0:
+        return ArmState(arm.id, arm.active, count, None, None, arm.features, weight)
+    shift, total, squares = float(sums["shift_r"]), float(sums["sum_dr"]), float(sums["sum_dr2"])
+    mean_deviation = total / pulls
+    # RSS about the model's prediction where the arm has one fixed feature vector
+    # (stochastic, as in Section 3.3), else about the arm's mean reward; both
+    # about the arm's first reward (policies.state), so no digit is lost.
+    centre = (float(np.dot(arm.features, theta)) - shift if arm.features is not None
+              else mean_deviation)
+    rss = squares - 2 * centre * total + pulls * centre**2
+    return ArmState(arm.id, arm.active, count, shift + mean_deviation, max(rss, 0.0),
+                    arm.features, weight)

@@ -1,0 +1,469 @@
+"""Room 1: each worker's views of its experiments' statistics, and their catch-up.
+
+A view is what this worker last read of an experiment (definition and
+statistics) with the policy prepared from it. Rewards make views stale; a view
+catches up by adding the outcomes it lacks (its own rewards' records, or what
+``progress.lua`` returns) to a copy of its sums, the same bits as reading them,
+and reads the statistics only when a fold took outcomes it never added. The views
+share one memory budget, least recently used dropped first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from policies import Ready, State, discounted, layout, prepare
+from policies.propensity import SERVICE, off_the_loop, propensities
+from policies.state import Sums, inherit_kept
+from service import keys
+from service.definition import (
+    WRONG_KEY,
+    ArmRecord,
+    Definition,
+    check_vector,
+    missing_experiment,
+    one_of,
+    parse_definition,
+    rows_of,
+    state_for,
+)
+from service.domain import ChooseRequest, ExperimentSpec, valid_experiment_id
+from service.errors import Forbidden, InvalidInput, NotFound
+from service.folding import fold_into
+from service.settings import Settings
+from service.store import Appended, Progress, Snapshot, Store
+
+# A view keeps the records of at most this many of its worker's own outcomes (a few
+# hundred bytes each); beyond, it reads what it lacks when it must catch up.
+_OWN_RECORDS_KEPT = 256
+
+
+@dataclass
+class _Prepared:
+    """The last request's arms (rows), their statistics, and, while the contexts stay
+    the same, the prepared policy and the propensities computed from it (by position)."""
+
+    rows: tuple[int, ...]
+    state: State
+    ready: Ready | None = None
+    propensities: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class View:
+    """What this worker last read of an experiment: its definition and statistics.
+
+    ``version`` and ``rewards`` (the outcomes counter: rewards and default
+    rewards applied) say when the statistics were read: ``decide.lua`` records
+    a decision made from this view only while both are still current.
+    """
+
+    definition: Definition
+    version: int
+    rewards: int
+    last_number: int  # the highest decision number this worker has seen
+    state: State  # every arm, in registration order (ArmRecord.index)
+    # outcomes (rewards, defaults) this worker applied since the statistics were read
+    behind: int = 0
+    # The records of those outcomes, while they are all of them and the next after
+    # `rewards` (this worker's own rewards, nobody else's between): the view catches
+    # up with them without reading. None once it cannot.
+    own: list[bytes] | None = field(default_factory=list, repr=False)
+    own_bytes: int = 0  # their size, counted in the worker's view budget with `nbytes`
+    # The stored sums held `folded` outcomes, and the view added the next
+    # `applied` (service.folding); `raw` is `state` before an experiment that
+    # forgets is aged to its clock (None: `state` itself). What catching up
+    # with the latest outcomes starts from (Views.caught_up).
+    folded: int = 0
+    applied: int = 0
+    raw: State | None = None
+    _last: _Prepared | None = field(default=None, repr=False)
+    _inherited: _Prepared | None = field(default=None, repr=False)  # see inherit()
+
+    @functools.cached_property
+    def nbytes(self) -> int:
+        """Memory it may hold: the statistics (and the sums before they were aged, for an
+        experiment that forgets), as much again for a request's subset, and with a model
+        per arm the solutions the subset keeps (``policies.state.kept_theta``)."""
+        sums = sum(a.nbytes for a in self.state.values())
+        raw = 0 if self.raw is None else sum(a.nbytes for a in self.raw.values())
+        if self.definition.config.shared:
+            return 2 * sums + raw
+        # One kept solution per model: theta, with the inverse of X'X + reg I (LinUCB,
+        # the pooled spread) or the draw basis W (the samplers, LinPHE and LinGIRO), and
+        # the X'X and X'y it was solved from (policies.state.kept_theta,
+        # kept_ridge_and_inverse, kept_draw_basis): at most 2 X'X and 2 X'y; counted
+        # with room to spare.
+        return 2 * sums + raw + 5 * self.state["xtx"].nbytes + 2 * self.state["xty"].nbytes
+
+    @property
+    def sums(self) -> State:
+        """The statistics as stored, with the outcomes the view added: not aged."""
+        return self.state if self.raw is None else self.raw
+
+    def inherit(self, older: View) -> None:
+        """Start from the solutions ``older``'s last request kept (of the same definition):
+        with a model per arm a reward changes one model, and the first request on this
+        view then solves that one instead of all (``policies.state.inherit_kept``; the
+        same bits as solving all, as each model is solved alone)."""
+        if older.definition is self.definition and self._last is None:
+            # Copied when a request on this view asks for the same arms (most do).
+            self._inherited = older._last if older._last is not None else older._inherited
+
+    def _sliced(self, rows: tuple[int, ...]) -> Sums:
+        """The statistics of the arms at ``rows``: a Sums, so that the requests on this
+        view keep its solutions (``policies.state.kept_theta``)."""
+        config = self.definition.config
+        take = np.array(rows)
+        return Sums({
+            name: self.state[name][:, take] if spec.per_arm(config) else self.state[name]
+            for name, spec in layout(config).items()
+        })
+
+    def ready(
+        self, request: ChooseRequest, bound: float
+    ) -> tuple[list[ArmRecord], np.ndarray, Ready]:
+        """The arms a request may get, their contexts (K', d), and the prepared policy.
+
+        Most requests name no arms, so the rows are those of the last request
+        and their statistics are reused; with fixed contexts (stochastic) so is
+        the prepared policy: then a decision costs only its random draw.
+        """
+        arms, contexts = _candidates(self.definition, request, bound)
+        definition, config = self.definition, self.definition.config
+        rows = definition.active_rows if arms is definition.active_arms else rows_of(arms)
+        if self._last is None or self._last.rows != rows:
+            sliced = self._sliced(rows)
+            inherited, self._inherited = self._inherited, None
+            if inherited is not None and inherited.rows == rows:
+                inherit_kept(sliced, inherited.state)
+            self._last = _Prepared(rows, sliced)
+        last = self._last
+        if last.ready is not None:
+            return arms, contexts, last.ready
+        ready = prepare(config, last.state, contexts[None])
+        if definition.features is not None:  # contexts follow from the rows
+            last.ready = ready
+        return arms, contexts, ready
+
+    async def propensity(self, ready: Ready, position: int) -> float:
+        """The probability that ``draw(ready)`` picks ``position``: it depends on the
+        statistics, not on the draw, so it is kept with ``ready`` while the view keeps
+        that (until a reward changes the statistics). A shared model's estimate and a
+        Student t integral take milliseconds, so they run in a thread, not on the event
+        loop (:func:`policies.propensity.off_the_loop`)."""
+        last = self._last
+        kept = last.propensities if last is not None and last.ready is ready else {}
+        if position not in kept:
+            def compute() -> float:
+                arm = np.array([position])
+                return float(propensities(ready, arm, accuracy=SERVICE)[0])
+            kept[position] = (await asyncio.to_thread(compute) if off_the_loop(ready)
+                              else compute())
+        return kept[position]
+
+
+class UnknownArm(InvalidInput):
+    """A request names an arm the definition at hand does not have."""
+
+
+class Views:
+    """This worker's views, by experiment, within ``settings.view_cache_bytes``."""
+
+    def __init__(self, store: Store, settings: Settings) -> None:
+        self._store = store
+        self._settings = settings
+        # Per experiment, what this worker last read; least recently used first.
+        self._held: OrderedDict[str, View] = OrderedDict()
+        self._bytes = 0  # their nbytes and own_bytes, against settings.view_cache_bytes
+
+    @property
+    def held(self) -> Mapping[str, View]:
+        """The views held, least recently used first."""
+        return self._held
+
+    @property
+    def nbytes(self) -> int:
+        """The memory the views count against the budget."""
+        return self._bytes
+
+    def get(self, experiment_id: str) -> View | None:
+        """The view held of the experiment, if any (not marked as used)."""
+        return self._held.get(experiment_id)
+    async def view_for(self, experiment_id: str, key_hash: str | None) -> View:
+        """This worker's view, read if it has none; 403 unless ``key_hash`` is the key's."""
+        view = self._held.get(experiment_id)
+        if view is None:
+            return await self.read_view(experiment_id, key_hash)
+        if key_hash is None or view.definition.accepts(key_hash):
+            self._held.move_to_end(experiment_id)
+            return view
+        # A wrong key, a key rotated in since this view was read, or the experiment
+        # was created again (with a new key). (A key revoked since is refused by the
+        # scripts, which read the keys with every decision and reward.)
+        stored = await self._store.key_hashes(experiment_id)
+        if stored is None:
+            self.forget(experiment_id)
+            raise missing_experiment(key_hash)
+        if not one_of(key_hash, stored):
+            raise Forbidden(WRONG_KEY)
+        return await self.read_view(experiment_id, key_hash)
+
+    async def read_view(self, experiment_id: str, key_hash: str | None = None) -> View:
+        read = await self._store.read_experiment(experiment_id)
+        if read is None:
+            self.forget(experiment_id)
+            raise missing_experiment(key_hash)
+        meta, arms, snapshot = read
+        definition = parse_definition(meta, arms)
+        if key_hash is not None and not definition.accepts(key_hash):
+            raise Forbidden(WRONG_KEY)  # nothing kept
+        return self._remember(experiment_id, definition, snapshot)
+
+    async def caught_up(
+        self, experiment_id: str, view: View, key_hash: str | None,
+        progress: Progress | None = None,
+    ) -> View:
+        """The view with the statistics read now (and the definition, if arms changed).
+
+        The sums change only by outcomes appended to the outcomes string and by
+        folds of them (:mod:`service.folding`). So when no fold took an outcome
+        this view has not added, the view catches up by adding the outcomes it
+        lacks to a copy of its sums: the same bits as reading the sums, without
+        reading them (the bulk of a read: a blob per arm). ``progress``: what
+        a stale reply brought (else it is read); if the view cannot catch up
+        with it, the statistics are read.
+        """
+        if progress is None:
+            progress = await self._store.read_progress(experiment_id)
+        if progress is None:
+            self.forget(experiment_id)
+            raise missing_experiment(key_hash)
+        caught = self._catch_up(experiment_id, view, progress)
+        if caught is not None:
+            return caught
+        snapshot = await self._store.read_snapshot(experiment_id)
+        if snapshot is None:
+            self.forget(experiment_id)
+            raise missing_experiment(key_hash)
+        return await self.refresh(experiment_id, view, snapshot)
+
+    def _catch_up(self, experiment_id: str, view: View, progress: Progress) -> View | None:
+        """The view at ``progress``, from ``view`` and the outcomes it lacks; None when a
+        fold took outcomes it never added, or the definition changed."""
+        latest = self._newer(experiment_id, view, progress.incarnation, progress.version,
+                             progress.rewards)
+        if latest is not None:
+            return latest  # another request caught up meanwhile
+        start = view.folded + view.applied - progress.folded  # the first outcome it lacks
+        if not (progress.incarnation == view.definition.incarnation
+                and progress.version == view.version and 0 <= start <= len(progress.unfolded)):
+            return None
+        return self.added(experiment_id, view, progress.unfolded[start:], progress.rewards,
+                           progress.folded, max(view.last_number, progress.decision_seq))
+
+    def added(
+        self, experiment_id: str, view: View, records: Sequence[bytes], rewards: int,
+        folded: int, last_number: int,
+    ) -> View:
+        """This worker's view from now: ``view`` with the outcomes ``records`` (the next
+        after those it holds) added, at the outcomes counter ``rewards``; ``folded`` of its
+        outcomes are in the stored sums. The same bits as reading the statistics."""
+        config = view.definition.config
+        sums = {name: value.copy() for name, value in view.sums.items()}
+        fold_into(config, sums, view.definition.arm_positions, records)
+        state = discounted(config, sums)
+        held = view.folded + view.applied + len(records)  # outcomes in the new view
+        caught = View(view.definition, version=view.version, rewards=rewards,
+                      last_number=last_number, state=state, folded=folded,
+                      applied=held - folded, raw=None if state is sums else sums)
+        caught.inherit(view)
+        return self._keep(experiment_id, caught)
+
+    async def refresh(self, experiment_id: str, view: View, snapshot: Snapshot) -> View:
+        """The view after a stale reply: its statistics, and the definition if arms changed.
+
+        Requests that were in flight together get stale replies together; the
+        first one rebuilds the view and the others take it if it is at least
+        as new as their snapshot (same version, no fewer rewards).
+        """
+        latest = self._newer(experiment_id, view, view.definition.incarnation, snapshot.version,
+                             snapshot.rewards)
+        if latest is not None:
+            return latest
+        definition = view.definition
+        if snapshot.version != definition.version:
+            definition = await self.definition(experiment_id)
+        # Decision numbers start again when the experiment is created again.
+        same = definition.incarnation == view.definition.incarnation
+        return self._remember(experiment_id, definition, snapshot, view.last_number if same else 0,
+                              older=view)
+
+    def _newer(
+        self, experiment_id: str, view: View, incarnation: str, version: int, rewards: int
+    ) -> View | None:
+        """The cached view, if another request replaced ``view`` with one at least as new as
+        statistics read at (incarnation, version, rewards): requests in flight together get
+        stale replies together, and the first one's view serves the others."""
+        latest = self._held.get(experiment_id)
+        if (latest is not None and latest is not view
+                and latest.definition.incarnation == incarnation
+                and latest.version == version and latest.rewards >= rewards):
+            return latest
+        return None
+
+    def _remember(
+        self, experiment_id: str, definition: Definition, snapshot: Snapshot, last_number: int = 0,
+        older: View | None = None,
+    ) -> View:
+        number = int(snapshot.stats.get(keys.DECISION_SEQUENCE, b"0"))
+        config = definition.config
+        sums = state_for(config, list(definition.arms), snapshot.stats, snapshot.unfolded)
+        state = discounted(config, sums)
+        view = View(
+            definition,
+            version=snapshot.version,
+            rewards=snapshot.rewards,
+            last_number=max(last_number, number),
+            state=state,
+            folded=int(snapshot.stats.get(keys.FOLDED, b"0")),
+            applied=len(snapshot.unfolded),
+            raw=None if state is sums else sums,
+        )
+        if older is not None:
+            view.inherit(older)
+        return self._keep(experiment_id, view)
+
+    def _keep(self, experiment_id: str, view: View) -> View:
+        """Cache ``view`` as this worker's view of the experiment."""
+        self.forget(experiment_id)
+        self._held[experiment_id] = view
+        self._bytes += view.nbytes + view.own_bytes
+        self._within_budget(keep=view)
+        return view
+
+    def _within_budget(self, keep: View) -> None:
+        """Drop views, least recently used first, until the budget holds or one is left,
+        but never ``keep``. (Checked first: every reward and catch-up comes here, and the
+        views may be thousands.)"""
+        if self._bytes <= self._settings.view_cache_bytes:
+            return
+        for experiment_id, view in list(self._held.items()):
+            if self._bytes <= self._settings.view_cache_bytes or len(self._held) <= 1:
+                return
+            if view is not keep:
+                self.forget(experiment_id)
+
+    def forget(self, experiment_id: str) -> None:
+        dropped = self._held.pop(experiment_id, None)
+        if dropped is not None:
+            self._bytes -= dropped.nbytes + dropped.own_bytes
+
+    async def definition(self, experiment_id: str) -> Definition:
+        if not valid_experiment_id(experiment_id):
+            raise NotFound("no experiment with this id")
+        raw = await self._store.read_definition(experiment_id)
+        if raw is None:
+            self.forget(experiment_id)
+            raise NotFound("no experiment with this id")
+        return parse_definition(*raw)
+
+    def add_own(self, view: View, appended: Appended | None, applied: int) -> None:
+        """``view`` (this worker's current one) is ``applied`` outcomes behind more; it
+        keeps their records (:attr:`View.own`, counted in the view budget) while they
+        follow on from what it holds, and learns the decision numbers taken meanwhile
+        (a seeded decision predicts the next)."""
+        if view.own is not None:
+            follows = (appended is not None and len(appended.records) == applied
+                       and len(view.own) == view.behind
+                       and appended.incarnation == view.definition.incarnation
+                       and appended.version == view.version
+                       and appended.outcomes - applied == view.rewards + view.behind)
+            if follows and len(view.own) + applied <= _OWN_RECORDS_KEPT:
+                assert appended is not None
+                view.own.extend(appended.records)
+                view.last_number = max(view.last_number, appended.decision_seq)
+                self._count_own(view, sum(map(len, appended.records)))
+            else:
+                self.drop_own(view)
+        view.behind += applied
+
+    def drop_own(self, view: View) -> None:
+        """``view`` catches up by reading from now on."""
+        view.own = None
+        self._count_own(view, -view.own_bytes)
+
+    def _count_own(self, view: View, change: int) -> None:
+        view.own_bytes += change
+        self._bytes += change
+        self._within_budget(keep=view)
+
+
+def _candidates(
+    definition: Definition, request: ChooseRequest, bound: float
+) -> tuple[list[ArmRecord], np.ndarray]:
+    """The arms that may be chosen and their contexts, shape (K', d); validates."""
+    spec = definition.spec
+    by_id = definition.by_id
+    named = list(request.eligible or ()) + list(request.excluded)
+    if request.arm_contexts:
+        named += list(request.arm_contexts)
+    if any(arm_id not in by_id for arm_id in named):
+        raise UnknownArm("the request names an arm this experiment does not have")
+    if request.eligible is not None:
+        pool = [by_id[i] for i in dict.fromkeys(request.eligible)]
+        if any(not a.active for a in pool):
+            raise InvalidInput("eligible names a retired arm")
+    elif spec.setting == "contextual" and request.arm_contexts:
+        # A retired arm's context is ignored: clients may send it until they learn of
+        # the retirement (no coordinated deploy needed).
+        pool = [by_id[i] for i in request.arm_contexts if by_id[i].active]
+    else:
+        pool = definition.active_arms
+    excluded = set(request.excluded)
+    arms = pool
+    if excluded or pool is not definition.active_arms:
+        arms = sorted((a for a in pool if a.id not in excluded), key=lambda a: a.index)
+    if not arms:
+        raise InvalidInput("no arm is eligible after eligible/excluded are applied")
+    if definition.features is not None:
+        if request.context is not None or request.arm_contexts:
+            raise InvalidInput("a stochastic experiment uses its arms' fixed features; "
+                               "send no context")
+        if arms is definition.active_arms:
+            return arms, definition.active_features
+        return arms, definition.features[[a.index for a in arms]]
+    return arms, _contexts(spec, arms, request, bound)
+
+
+def _contexts(
+    spec: ExperimentSpec, arms: list[ArmRecord], request: ChooseRequest, bound: float
+) -> np.ndarray:
+    d = spec.dim
+    if spec.setting == "covariates":
+        if request.arm_contexts:
+            raise InvalidInput("a covariates experiment takes one 'context', not arm_contexts")
+        if request.context is None:
+            raise InvalidInput(f"this experiment needs 'context': {d} numbers")
+        if len(request.context) != d:
+            raise InvalidInput(f"context must have exactly {d} numbers")
+        check_vector(request.context, bound, "context")
+        return np.tile(np.asarray(request.context, dtype=np.float64), (len(arms), 1))
+    if request.context is not None:
+        raise InvalidInput("a contextual experiment takes 'arm_contexts', one per arm")
+    given = request.arm_contexts or {}
+    missing = [a.id for a in arms if a.id not in given]
+    if missing:
+        raise InvalidInput(f"arm_contexts is missing {len(missing)} eligible arm(s)")
+    rows = [given[a.id] for a in arms]
+    if any(len(r) != d for r in rows):
+        raise InvalidInput(f"every arm context must have exactly {d} numbers")
+    for r in rows:
+        check_vector(r, bound, "arm contexts")
+    return np.array(rows, dtype=np.float64)
