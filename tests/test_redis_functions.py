@@ -12,6 +12,7 @@ whole when Redis is out of memory.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -28,6 +29,7 @@ from pydantic import SecretStr
 from loadtest.faults import RedisProcess, redis_7_binary, redis_process
 from loadtest.server import free_port
 from service.settings import Settings
+from tests.cluster import LocalCluster, id_on, local_cluster
 from tests.conftest import ADMIN_TOKEN, TEST_REDIS_ENV, Api
 
 pytestmark = pytest.mark.anyio
@@ -84,12 +86,14 @@ def _reset(url: str) -> None:
         client.config_resetstat()
 
 
-async def _choose(api: Api, key: str, decision_id: str) -> httpx.Response:
-    return await api.choose(key, {"experiment_id": "fn", "decision_id": decision_id})
+async def _choose(api: Api, key: str, decision_id: str, experiment_id: str = "fn"
+                  ) -> httpx.Response:
+    return await api.choose(key, {"experiment_id": experiment_id, "decision_id": decision_id})
 
 
-async def _reward(api: Api, key: str, decision_id: str, reward: float) -> httpx.Response:
-    return await api.reward(key, {"experiment_id": "fn", "decision_id": decision_id,
+async def _reward(api: Api, key: str, decision_id: str, reward: float,
+                  experiment_id: str = "fn") -> httpx.Response:
+    return await api.reward(key, {"experiment_id": experiment_id, "decision_id": decision_id,
                                   "reward": reward})
 
 
@@ -213,3 +217,40 @@ def test_the_api_tests_pass_on_redis_7_calling_functions(redis_7: RedisProcess) 
     calls = _calls(redis_7.url)
     assert calls["fcall"] > 500, calls  # decisions and rewards ran as functions
 
+
+
+def _libraries(cluster: LocalCluster, port: int) -> list[str]:
+    listed: list[list[Any]] = cluster.node(port).function_list()  # type: ignore[assignment]
+    return [dict(zip(entry[::2], entry[1::2], strict=True))[b"library_name"].decode()
+            for entry in listed]
+
+
+@needs_redis_7
+async def test_on_a_redis_7_cluster_every_primary_serves_the_functions(tmp_path: Path) -> None:
+    """The library is loaded on each primary (and replicated to the replica); a primary
+    that lost it (FUNCTION FLUSH) gets it again from the call that finds it missing."""
+    with local_cluster(tmp_path / "cluster", REDIS_7) as cluster:
+        ids = [id_on(cluster, port, "fn") for port in cluster.masters]
+        async with _api(cluster.url) as api:
+            keys = {}
+            for experiment_id in ids:
+                keys[experiment_id] = await api.create({**SPEC, "id": experiment_id})
+                chosen = await _choose(api, keys[experiment_id], "d0", experiment_id)
+                assert chosen.status_code == 200, chosen.text
+                rewarded = await _reward(api, keys[experiment_id], "d0", 1.0, experiment_id)
+                assert rewarded.status_code == 200, rewarded.text
+            for port in cluster.masters:
+                assert len(_libraries(cluster, port)) == 1, port
+                assert _calls(cluster.url_of(port))["fcall"] >= 2, port
+            for _ in range(200):  # the replica copies the library from its primary
+                if _libraries(cluster, cluster.replica):
+                    break
+                await asyncio.sleep(0.05)
+            assert len(_libraries(cluster, cluster.replica)) == 1
+
+            cluster.node(cluster.masters[1]).function_flush()
+            again = await _choose(api, keys[ids[1]], "d1", ids[1])
+            assert again.status_code == 200, again.text
+            assert len(_libraries(cluster, cluster.masters[1])) == 1
+            for experiment_id in ids:
+                assert (await api.state(experiment_id))["rewards"] == 1
