@@ -93,7 +93,7 @@ def _read(rev: str | None, name: str) -> str:
 
 
 def _scripts(client: redis.Redis, rev: str | None) -> tuple[str, str, bool, bool, bool, bool]:
-    decide = _read(rev, "decide")
+    decide = _read(rev, "tail") + _read(rev, "decide")  # its shared chunk, if it has one
     record = "ARGV[11] the pending record" in decide
     new = "ARGV[10] h" in decide or record
     # The shared chunk: outcomes.lua (sums.lua before outcomes were recorded).

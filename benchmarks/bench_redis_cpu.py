@@ -98,13 +98,20 @@ def _reward_script(rev: str | None) -> str:
     return shared + reward
 
 
+def _decide_script(rev: str | None) -> str:
+    """decide.lua after its shared chunk (tail.lua, where the revision has it)."""
+    decide = _read(rev, "decide")
+    assert decide, f"no decide.lua at {rev}"
+    return (_read(rev, "tail") or "") + decide
+
+
 def _version(client: redis.Redis, name: str, rev: str | None) -> Version:
     def load(script: str | None) -> str | None:
         return None if script is None else str(client.script_load(script))
     reward_text = _reward_script(rev)
-    decide, reward = load(_read(rev, "decide")), load(reward_text)
+    decide_text = _decide_script(rev)
+    decide, reward = load(decide_text), load(reward_text)
     assert decide and reward
-    decide_text = _read(rev, "decide") or ""
     return Version(name, decide, reward, load(_read(rev, "fold_read")), load(_read(rev, "fold")),
                    "lrb:{exp}:outcomes" in reward_text, "ARGV[10] how many outcomes" in decide_text,
                    "ARGV[11] the pending record" in decide_text,
@@ -318,8 +325,7 @@ def _cut(script: str, line: str) -> str:
 
 def _breakdown(client: redis.Redis, dim: int, blocks: int, calls: int) -> None:
     """Print Redis µs per call of each cut of decide.lua and of reward.lua (one decision)."""
-    decide, reward = _read(None, "decide"), _reward_script(None)
-    assert decide
+    decide, reward = _decide_script(None), _reward_script(None)
     rows = [("decide.lua", "empty script", "return {'cut'}"),
             *(("decide.lua", label, _cut(decide, line)) for label, line in _DECIDE_CUTS),
             ("decide.lua", "the whole script", decide),

@@ -284,7 +284,7 @@ def library() -> _Library:
     """The scripts of every request (decide, reward, settle) as a function library."""
     def sha(name: str, uses: Sequence[str] = ()) -> str:
         return hashlib.sha1(_script(name, uses).encode()).hexdigest()
-    return _Library.of({"decide": (sha("decide"), ()),
+    return _Library.of({"decide": (sha("decide", ["tail"]), ["tail"]),
                         "reward": (sha("reward", ["outcomes"]), ["outcomes"]),
                         "settle": (sha("settle", ["outcomes"]), ["outcomes"])})
 
@@ -612,7 +612,8 @@ class Progress:
     rewards: int  # outcomes applied, rewards and default rewards (as Snapshot.rewards)
     decision_seq: int
     folded: int  # outcomes in the sums
-    unfolded: tuple[bytes, ...]  # the records after them, oldest first
+    unfolded: tuple[bytes, ...]  # the records after them, oldest first, but the first `skipped`
+    skipped: int = 0  # records after `folded` left out: the caller held them
 
 
 @dataclass(frozen=True)
@@ -672,11 +673,11 @@ class Store:
         self._settle = client.register_script(_script("settle", uses=["outcomes"]))
         self._fold_read = client.register_script(_script("fold_read"))
         self._fold = client.register_script(_script("fold"))
-        self._progress = client.register_script(_script("progress"))
+        self._progress = client.register_script(_script("progress", uses=["tail"]))
         self._create = client.register_script(_script("create"))
         self._add_arms = client.register_script(_script("add_arms"))
         self._retire_arms = client.register_script(_script("retire_arms"))
-        self._decide = client.register_script(_script("decide"))
+        self._decide = client.register_script(_script("decide", uses=["tail"]))
         self._upgrade_decision = client.register_script(_script("upgrade_decision"))
         self._delete = client.register_script(_script("delete"))
         self._read = client.register_script(_script("read"))
@@ -1140,17 +1141,19 @@ class Store:
         return _snapshot({_text(k): _text(v) for k, v in meta.items()}, raw_stats, outcomes)
 
     @_translated
-    async def read_progress(self, experiment_id: str) -> Progress | None:
-        """Counters and outcomes not yet in the sums, read together, without the sums;
-        None if the experiment does not exist."""
+    async def read_progress(self, experiment_id: str, held: int | None = None
+                            ) -> Progress | None:
+        """Counters and outcomes not yet in the sums, read together, without the sums
+        (those after the first ``held`` outcomes only, when given: what a caller who
+        holds them lacks); None if the experiment does not exist."""
         keyset = [keys.meta(experiment_id), keys.stats(experiment_id),
                   keys.outcomes(experiment_id)]
-        reply = await self._progress(keys=keyset)
+        reply = await self._progress(keys=keyset, args=[] if held is None else [held])
         if not reply:
             return None
-        incarnation, version, rewards, seq, folded, outcomes = reply
+        incarnation, version, rewards, seq, folded, outcomes, skipped = reply
         return Progress(_text(incarnation), int(version), int(rewards), int(seq), int(folded),
-                        tuple(split_records(outcomes)[0]))
+                        tuple(split_records(outcomes)[0]), int(skipped))
 
     @_translated_batched
     async def decide(
@@ -1228,9 +1231,9 @@ class Store:
             set_aside = int(text) if text else None
             unfolded = tuple(split_records(outcomes)[0])
             if _text(kind) == "partial":
-                folded, seq = rest
+                folded, seq, skipped = rest
                 progress = Progress(incarnation, int(version), int(rewards), int(seq), int(folded),
-                                    unfolded)
+                                    unfolded, int(skipped))
                 return DecideReply("stale", progress=progress, reserved=set_aside)
             stats = {_text(rest[i]): rest[i + 1] for i in range(0, len(rest), 2)}
             snapshot = Snapshot(int(version), int(rewards), stats, unfolded)

@@ -236,12 +236,13 @@ class Views:
         folds of them (:mod:`service.folding`). So when no fold took an outcome
         this view has not added, the view catches up by adding the outcomes it
         lacks to a copy of its sums: the same bits as reading the sums, without
-        reading them (the bulk of a read: a blob per arm). ``progress``: what
-        a stale reply brought (else it is read); if the view cannot catch up
-        with it, the statistics are read.
+        reading them (the bulk of a read: a blob per arm), and only those it
+        lacks are sent. ``progress``: what a stale reply brought (else it is
+        read); if the view cannot catch up with it, the statistics are read.
         """
         if progress is None:
-            progress = await self._store.read_progress(experiment_id)
+            progress = await self._store.read_progress(experiment_id,
+                                                       held=view.folded + view.applied)
         if progress is None:
             self.forget(experiment_id)
             raise missing_experiment(key_hash)
@@ -261,7 +262,8 @@ class Views:
                              progress.rewards)
         if latest is not None:
             return latest  # another request caught up meanwhile
-        start = view.folded + view.applied - progress.folded  # the first outcome it lacks
+        # The first outcome it lacks, among those progress brought.
+        start = view.folded + view.applied - progress.folded - progress.skipped
         if not (progress.incarnation == view.definition.incarnation
                 and progress.version == view.version and 0 <= start <= len(progress.unfolded)):
             return None

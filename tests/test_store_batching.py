@@ -618,3 +618,53 @@ def test_every_kind_of_connection_packs_commands_in_c(url: str) -> None:
     command: tuple[Any, ...] = ("EVALSHA", "0" * 40, 2, "k1", "k2", b"\x00\xff", 1.5, 7)
     assert connection.pack_command(*command) == [hiredis.pack_command(command)]
     assert type(connection).__module__ == "service.store"
+
+
+async def test_catching_up_brings_only_the_outcomes_a_worker_lacks(
+    service: ExperimentService, other_service: ExperimentService,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stale reply (decide.lua) and a progress read carry the outcomes after those the
+    worker's view holds, not every outcome not yet folded: catching up costs in
+    proportion to what it missed. The view it makes is the one a full read gives."""
+    key = await _experiment(service, "tail")
+    await other_service.choose("tail", ChooseRequest(), key)  # the other worker's view: 0 held
+    first = [await service.choose("tail", ChooseRequest(), key) for _ in range(5)]
+    await service.reward("tail", [(d.decision_id, 0.5) for d in first], key)
+    replies: list[Any] = []
+    decide = Store.decide
+
+    async def recorded(self: Store, *args: Any, **kwargs: Any) -> Any:
+        reply = await decide(self, *args, **kwargs)
+        if self is other_service._store:
+            replies.append(reply)
+        return reply
+
+    monkeypatch.setattr(Store, "decide", recorded)
+    mine = await other_service.choose("tail", ChooseRequest(), key)  # stale: lacks all 5
+    assert [r.status for r in replies] == ["stale", "recorded"]
+    progress = replies[0].progress
+    assert (progress.folded, progress.skipped, len(progress.unfolded)) == (0, 0, 5)
+
+    second = await service.choose("tail", ChooseRequest(), key)
+    await service.reward("tail", [(second.decision_id, 1.5), (mine.decision_id, 2.5)], key)
+    replies.clear()
+    await other_service.choose("tail", ChooseRequest(), key)  # stale: lacks 2 of 7
+    progress = replies[0].progress
+    assert (progress.folded, progress.skipped, len(progress.unfolded)) == (0, 5, 2)
+    assert progress.rewards == 7
+
+    third = await service.choose("tail", ChooseRequest(), key)
+    await service.reward("tail", [(third.decision_id, 3.5)], key)
+    lacking = await other_service._store.read_progress("tail", held=7)
+    assert lacking is not None and (lacking.skipped, len(lacking.unfolded)) == (7, 1)
+    whole = await other_service._store.read_progress("tail")
+    assert whole is not None and (whole.skipped, len(whole.unfolded)) == (0, 8)
+    assert whole.unfolded[7:] == lacking.unfolded
+
+    caught = await other_service.views.caught_up(
+        "tail", other_service.views.held["tail"], None)
+    read = await service.views.read_view("tail")
+    assert caught.rewards == read.rewards == 8
+    for name, value in read.state.items():
+        np.testing.assert_array_equal(caught.state[name], value, err_msg=name)

@@ -1,4 +1,5 @@
 -- Record a decision made from the statistics the worker holds, if they are current.
+-- store.py puts tail.lua in front of this script.
 --
 -- KEYS[1]  meta hash      lrb:{exp}:meta   (incarnation, key_hash, key_hash_old, version,
 --                          default_reward, log_max_entries, log_max_age_seconds)
@@ -49,14 +50,17 @@
 --   {'stale', version, outcomes counter, reserved number or '', outcomes, 'full', field,
 --    value, ...}
 --   {'stale', version, outcomes counter, reserved number or '', outcomes, 'partial', folded,
---    decision_seq}
+--    decision_seq, skipped}
 --                         nothing recorded (also when the experiment is another
 --                         incarnation than ARGV[2]): the current statistics
 --                         (the outcomes string, then HGETALL of the stats
 --                         hash), or, when the worker's statistics can catch up
 --                         with them (same definition, and no fold took an
 --                         outcome they do not hold: ARGV[10] >= folded), only
---                         the outcomes string and the counters; and for a seeded experiment a reserved number
+--                         the counters and the outcomes they lack (the outcomes
+--                         string after its first `skipped` records, which they
+--                         hold: ARGV[10] - folded, or all there are); and for a
+--                         seeded experiment a reserved number
 --                         if its definition (incarnation, version) is the one the
 --                         worker checked the request against; after a change the
 --                         worker checks the request again first, so that a
@@ -134,8 +138,12 @@ if stale then
   local reply = {'stale', meta[3], rewards, reserved, redis.call('GET', KEYS[6]) or ''}
   local folded = counters[3] or '0'
   if not redefined and ARGV[10] ~= '' and tonumber(ARGV[10]) >= tonumber(folded) then
-    -- decision_seq as HGETALL would give it: after the reservation, if any
+    -- Only the outcomes the worker lacks; decision_seq as HGETALL would give it:
+    -- after the reservation, if any.
+    local skipped
+    reply[5], skipped = records_after(reply[5], tonumber(ARGV[10]) - tonumber(folded))
     reply[6], reply[7], reply[8] = 'partial', folded, tostring(reserved ~= '' and reserved or seq)
+    reply[9] = skipped
     return reply
   end
   reply[6] = 'full'

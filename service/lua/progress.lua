@@ -4,10 +4,13 @@
 -- KEYS[1]  meta hash   lrb:{exp}:meta     (incarnation, version)
 -- KEYS[2]  stats hash  lrb:{exp}:stats    (counters rewards, defaulted, decision_seq, folded)
 -- KEYS[3]  outcomes    lrb:{exp}:outcomes (records not yet in the sums: outcomes.lua)
+-- ARGV[1]  (optional) how many outcomes the caller's statistics hold: the records
+--          it holds are left out (store.py puts tail.lua in front of this script)
 --
 -- Returns {} when the experiment does not exist, else {incarnation, version,
--- outcomes counter (rewards + defaulted), decision_seq, folded, outcomes}, read
--- together. It writes nothing.
+-- outcomes counter (rewards + defaulted), decision_seq, folded, outcomes,
+-- skipped}, read together: the outcomes string after its first `skipped`
+-- records. It writes nothing.
 
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'version')
 if not meta[1] then
@@ -15,5 +18,10 @@ if not meta[1] then
 end
 local counters = redis.call('HMGET', KEYS[2], 'rewards', 'decision_seq', 'folded', 'defaulted')
 local outcomes = tonumber(counters[1] or '0') + tonumber(counters[4] or '0')
-return {meta[1], meta[2], tostring(outcomes), counters[2] or '0', counters[3] or '0',
-        redis.call('GET', KEYS[3]) or ''}
+local folded = counters[3] or '0'
+local held = tonumber(ARGV[1] or '')
+local tail, skipped = redis.call('GET', KEYS[3]) or '', 0
+if held and held >= tonumber(folded) then
+  tail, skipped = records_after(tail, held - tonumber(folded))
+end
+return {meta[1], meta[2], tostring(outcomes), counters[2] or '0', folded, tail, skipped}
