@@ -81,6 +81,7 @@ class Variant:
     recorded: bool = False  # reward.lua takes the outcomes key (service.folding)
     held: bool = False  # decide.lua takes the outcomes the caller's view holds (ARGV[10])
     record: bool = False  # decide.lua takes the decision's record, one string (ARGV[11])
+    reward_held: bool = False  # reward.lua takes what the caller holds (ARGV[2])
 
 
 def _read(rev: str | None, name: str) -> str:
@@ -92,15 +93,19 @@ def _read(rev: str | None, name: str) -> str:
     return shown.stdout if shown.returncode == 0 else ""
 
 
-def _scripts(client: redis.Redis, rev: str | None) -> tuple[str, str, bool, bool, bool, bool]:
+def _scripts(client: redis.Redis, rev: str | None
+             ) -> tuple[str, str, bool, bool, bool, bool, bool]:
     decide = _read(rev, "tail") + _read(rev, "decide")  # its shared chunk, if it has one
     record = "ARGV[11] the pending record" in decide
     new = "ARGV[10] h" in decide or record
     # The shared chunk: outcomes.lua (sums.lua before outcomes were recorded).
-    reward = ((_read(rev, "outcomes") or _read(rev, "sums")) if new else "") + _read(rev, "reward")
+    reward = _read(rev, "reward")
+    held = "ARGV[2]  how many outcomes the caller holds" in reward  # and takes tail.lua
+    shared = (_read(rev, "outcomes") or _read(rev, "sums")) if new else ""
+    reward = shared + (_read(rev, "tail") if held else "") + reward
     shas = [client.script_load(text) for text in (decide, reward)]
     return (str(shas[0]), str(shas[1]), new, ":outcomes" in reward,
-            "ARGV[10] how many outcomes" in decide, record)
+            "ARGV[10] how many outcomes" in decide, record, held)
 
 
 def _create(client: redis.Redis, experiment: str, extra: dict[str, str],
@@ -131,7 +136,7 @@ def _reward_args(v: Variant, decision_id: str) -> list[Any]:
     # reward.lua takes the outcomes key since outcomes are recorded (service.folding).
     recorded = [keys.outcomes(e)] if v.recorded else []
     keyset = [keys.meta(e), keys.stats(e), *logged, *recorded, keys.decision(e, decision_id)]
-    return [len(keyset), *keyset, "", "0.5"]
+    return [len(keyset), *keyset, "", *([""] if v.reward_held else []), "0.5"]
 
 
 def _pipelined(client: redis.Redis, sha: str, calls: list[list[Any]]) -> list[Any]:

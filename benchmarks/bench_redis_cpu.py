@@ -59,6 +59,7 @@ from service.embedded import EmbeddedRedis
 from service.folding import FOLD_EVERY, FOLD_LIMIT, fields_of, folded_blobs, split_records
 
 DIMS = (5, 10, 20)
+_HELD_REWARD = "ARGV[2]  how many outcomes the caller holds"
 BATCH = 100
 _LOG = {"log_max_entries": "100000", "log_max_age_seconds": "604800"}
 KINDS = ("/choose", "/reward", f"batch of {BATCH}, per reward", "folds, per outcome",
@@ -77,6 +78,7 @@ class Version:
     record: bool = False  # decide.lua takes the decision's record, one string (ARGV[11])
     request: bool = False  # decide.lua takes a caller's request id's fields (ARGV[12..14])
     command: str = "EVALSHA"  # or FCALL: decide and reward name functions (Redis 7)
+    reward_held: bool = False  # reward.lua takes what the caller holds (ARGV[2])
     times: dict[tuple[int, str], list[float]] = field(default_factory=dict)
 
 
@@ -91,11 +93,13 @@ def _read(rev: str | None, name: str) -> str | None:
 
 
 def _reward_script(rev: str | None) -> str:
-    """reward.lua after its shared chunk (outcomes.lua; sums.lua before it)."""
+    """reward.lua after its shared chunks (outcomes.lua, sums.lua before it; tail.lua
+    since it sends a worker the records it lacks)."""
     shared = _read(rev, "outcomes") or _read(rev, "sums")
     reward = _read(rev, "reward")
     assert shared and reward, f"no reward.lua at {rev}"
-    return shared + reward
+    tail = _read(rev, "tail") if _HELD_REWARD in reward else ""
+    return shared + (tail or "") + reward
 
 
 def _decide_script(rev: str | None) -> str:
@@ -115,7 +119,7 @@ def _version(client: redis.Redis, name: str, rev: str | None) -> Version:
     return Version(name, decide, reward, load(_read(rev, "fold_read")), load(_read(rev, "fold")),
                    "lrb:{exp}:outcomes" in reward_text, "ARGV[10] how many outcomes" in decide_text,
                    "ARGV[11] the pending record" in decide_text,
-                   "ARGV[14] with KEYS[7]" in decide_text)
+                   "ARGV[14] with KEYS[7]" in decide_text, reward_held=_HELD_REWARD in reward_text)
 
 
 def _functions(client: redis.Redis, scripts: Version) -> Version:
@@ -192,7 +196,8 @@ def _reward_args(version: Version, experiment: str, decision_ids: list[str]) -> 
     recorded = [keys.outcomes(e)] if version.recorded else []
     keyset = [keys.meta(e), keys.stats(e), keys.log(e), *recorded,
               *(keys.decision(e, i) for i in decision_ids)]
-    return [len(keyset), *keyset, "h", *("0.5" for _ in decision_ids)]
+    held = [""] if version.reward_held else []  # what the caller holds: unknown
+    return [len(keyset), *keyset, "h", *held, *("0.5" for _ in decision_ids)]
 
 
 def _timed(client: redis.Redis, sha: str, calls: list[list[Any]], command: str = "EVALSHA"

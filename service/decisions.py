@@ -175,7 +175,9 @@ class Decisions:
             raise missing_experiment(api_key)
         key_hash = None if api_key is None else hash_key(api_key)
         texts = [(decision_id, reward_text(value)) for decision_id, value in items]
-        reply = await self._store.apply_rewards(experiment_id, key_hash, texts)
+        held = self.views.get(experiment_id)
+        reply = await self._store.apply_rewards(experiment_id, key_hash, texts,
+                                                None if held is None else held.reach)
         if reply.statuses == ["missing"]:
             self.views.forget(experiment_id)
             raise missing_experiment(api_key)

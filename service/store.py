@@ -285,7 +285,7 @@ def library() -> _Library:
     def sha(name: str, uses: Sequence[str] = ()) -> str:
         return hashlib.sha1(_script(name, uses).encode()).hexdigest()
     return _Library.of({"decide": (sha("decide", ["tail"]), ["tail"]),
-                        "reward": (sha("reward", ["outcomes"]), ["outcomes"]),
+                        "reward": (sha("reward", ["outcomes", "tail"]), ["outcomes", "tail"]),
                         "settle": (sha("settle", ["outcomes"]), ["outcomes"])})
 
 
@@ -618,14 +618,16 @@ class Progress:
 
 @dataclass(frozen=True)
 class Appended:
-    """The outcomes one call recorded, and where: a view at ``outcomes - len(records)``
-    outcomes of this incarnation and version is at ``outcomes`` with them added."""
+    """The outcomes one call recorded, and where: a view that holds ``first`` outcomes of
+    this incarnation and version is at ``outcomes`` with ``records`` added (the call's
+    own, or, when others came between what its caller held and them, all since)."""
 
     incarnation: str
     version: int
     outcomes: int  # the outcomes counter (rewards + defaulted) after them
     decision_seq: int  # the decision numbers taken by then
     records: tuple[bytes, ...]  # their payloads, in order (service.folding)
+    first: int  # the outcomes before the first of them
 
 
 @dataclass(frozen=True)
@@ -669,7 +671,7 @@ class Store:
         self._notices: DroppedNodeNotices | None = None
         self.deadline_seconds = deadline_seconds  # per call, retries included; None: none
         self.refused_at: float | None = None  # time.monotonic() of the last write refused
-        self._reward = client.register_script(_script("reward", uses=["outcomes"]))
+        self._reward = client.register_script(_script("reward", uses=["outcomes", "tail"]))
         self._settle = client.register_script(_script("settle", uses=["outcomes"]))
         self._fold_read = client.register_script(_script("fold_read"))
         self._fold = client.register_script(_script("fold"))
@@ -1246,29 +1248,33 @@ class Store:
 
     @_translated_batched
     async def apply_rewards(
-        self, experiment_id: str, key_hash: str | None, items: Sequence[tuple[str, str]]
+        self, experiment_id: str, key_hash: str | None, items: Sequence[tuple[str, str]],
+        held: int | None = None,
     ) -> RewardReply:
         """Run the exactly-once reward script on (decision id, reward text) pairs.
 
         ``key_hash`` must be the experiment's; None skips the check (trusted
-        in-process callers). Returns one status per item, the rewards counter
-        after them (0 when none was applied) and the outcomes recorded
-        (:class:`Appended`), or the statuses ``["missing"]`` / ``["forbidden"]``
-        for the whole call (then nothing was written).
+        in-process callers). ``held``: how many outcomes the caller holds the records
+        of; when others' came between those and these, the reply brings them too.
+        Returns one status per item, the rewards counter after them (0 when none
+        was applied) and the outcomes recorded (:class:`Appended`), or the
+        statuses ``["missing"]`` / ``["forbidden"]`` for the whole call (then
+        nothing was written).
         """
         keyset = [keys.meta(experiment_id), keys.stats(experiment_id), keys.log(experiment_id),
                   keys.outcomes(experiment_id)]
         keyset += [keys.decision(experiment_id, decision_id) for decision_id, _ in items]
-        args = ["" if key_hash is None else key_hash, *(reward for _, reward in items)]
+        args = ["" if key_hash is None else key_hash, "" if held is None else held,
+                *(reward for _, reward in items)]
         reply = await self._batcher.run(self._reward, keyset, args)
         if len(reply) == 1:  # 'missing' or 'forbidden': the script's only reply
             return RewardReply([_text(reply[0])])
         statuses, counter, appended = reply[:len(items)], reply[len(items)], reply[len(items) + 1:]
         own = None
         if appended:  # some were applied: their records, and where they came
-            incarnation, version, outcomes, decision_seq, records = appended
+            incarnation, version, outcomes, decision_seq, records, first = appended
             own = Appended(_text(incarnation), int(version), int(outcomes), int(decision_seq),
-                           tuple(split_records(records)[0]))
+                           tuple(split_records(records)[0]), int(first))
         return RewardReply([_text(r) for r in statuses], int(counter), own)
 
     @_translated_batched

@@ -103,6 +103,12 @@ class View:
         return 2 * sums + raw + 5 * self.state["xtx"].nbytes + 2 * self.state["xty"].nbytes
 
     @property
+    def reach(self) -> int:
+        """How many outcomes it holds the records of: those in its statistics, and its
+        own since, while it keeps them."""
+        return self.rewards + (len(self.own) if self.own is not None else 0)
+
+    @property
     def sums(self) -> State:
         """The statistics as stored, with the outcomes the view added: not aged."""
         return self.state if self.raw is None else self.raw
@@ -377,24 +383,29 @@ class Views:
         return parse_definition(*raw)
 
     def add_own(self, view: View, appended: Appended | None, applied: int) -> None:
-        """``view`` (this worker's current one) is ``applied`` outcomes behind more; it
-        keeps their records (:attr:`View.own`, counted in the view budget) while they
-        follow on from what it holds, and learns the decision numbers taken meanwhile
-        (a seeded decision predicts the next)."""
-        if view.own is not None:
-            follows = (appended is not None and len(appended.records) == applied
-                       and len(view.own) == view.behind
-                       and appended.incarnation == view.definition.incarnation
-                       and appended.version == view.version
-                       and appended.outcomes - applied == view.rewards + view.behind)
-            if follows and len(view.own) + applied <= _OWN_RECORDS_KEPT:
-                assert appended is not None
-                view.own.extend(appended.records)
-                view.last_number = max(view.last_number, appended.decision_seq)
-                self._count_own(view, sum(map(len, appended.records)))
-            else:
-                self.drop_own(view)
-        view.behind += applied
+        """``view`` (this worker's current one) is ``applied`` outcomes behind more. It
+        keeps the records its reward's reply brought (:attr:`View.own`, counted in the
+        view budget) when they start where those it holds end: its own rewards' in
+        turn, or, when others' outcomes came between, every record it lacks (reward.lua
+        sends them then, from :attr:`View.reach`); and it learns the decision numbers
+        taken meanwhile (a seeded decision predicts the next)."""
+        own = view.own if view.own is not None else []
+        follows = (appended is not None
+                   and appended.incarnation == view.definition.incarnation
+                   and appended.version == view.version
+                   and len(own) == (view.behind if view.own is not None else 0)
+                   and appended.first == view.reach
+                   and appended.first + len(appended.records) == appended.outcomes
+                   and len(own) + len(appended.records) <= _OWN_RECORDS_KEPT)
+        if not follows:
+            self.drop_own(view)
+            view.behind += applied
+            return
+        assert appended is not None
+        own.extend(appended.records)
+        view.own, view.behind = own, len(own)
+        view.last_number = max(view.last_number, appended.decision_seq)
+        self._count_own(view, sum(map(len, appended.records)))
 
     def drop_own(self, view: View) -> None:
         """``view`` catches up by reading from now on."""

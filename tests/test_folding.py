@@ -305,9 +305,10 @@ async def test_a_view_catches_up_with_new_outcomes_to_the_bits_of_a_full_read(
     decide = Store.decide
 
     async def watched(self: Store, *args: Any, **kwargs: Any) -> Any:
-        nonlocal partial_replies
+        nonlocal partial_replies, full_reads
         reply = await decide(self, *args, **kwargs)
         partial_replies += reply.progress is not None
+        full_reads += reply.snapshot is not None  # a stale reply with the whole statistics
         return reply
 
     monkeypatch.setattr(Store, "decide", watched)
@@ -331,14 +332,16 @@ async def test_a_view_catches_up_with_new_outcomes_to_the_bits_of_a_full_read(
             compared += 1
             rewarding = service if i % 2 == 0 else other_service
             await rewarding.reward("fold", [(mine.decision_id, float(rng.normal()))], key)
+            await other_service.drain()  # its fold, if its reward started one, done
             if i % 3 == 0:  # the other worker's decisions and rewards meanwhile
                 theirs = await other_service.choose("fold", ChooseRequest(context=context), key)
                 await other_service.reward("fold", [(theirs.decision_id, 1.0)], key)
+                await other_service.drain()  # its fold, if that reward started one, done
     finally:
         await store.close()
     assert compared == 3 * FOLD_EVERY
     # Most catching up added outcomes (some from stale replies); the other worker's
-    # folds forced some reads.
+    # folds forced some reads (a stale reply then carries the statistics).
     assert 0 < full_reads < FOLD_EVERY and partial_replies > 0
 
 

@@ -322,25 +322,53 @@ async def test_a_seeded_worker_learns_the_numbers_other_workers_took_from_its_re
     assert after.decision_number == 9  # 8 taken before it, in turn by the two workers
 
 
-async def test_an_outcome_through_another_worker_between_makes_the_next_decision_read(
+async def test_an_outcome_through_another_worker_between_comes_with_the_rewards_reply(
     service: ExperimentService, other_service: ExperimentService,
     monkeypatch: pytest.MonkeyPatch, redis_db: str,
 ) -> None:
-    """A worker adds its own outcomes only to a view that held every outcome before them:
-    after another worker's reward in between, its next decision reads what it lacks."""
+    """After another worker's reward in between, a worker's reward reply brings that
+    outcome's record too (reward.lua sends every record after those the worker holds):
+    its next decision reads nothing, sees both, and its view is the one a read gives."""
     key = await _experiment(service, "own")
     mine = await service.choose("own", ChooseRequest(), key)
     theirs = await other_service.choose("own", ChooseRequest(), key)
     assert (await other_service.reward("own", [(theirs.decision_id, 1.0)], key))[0].status \
         == "applied"
     assert (await service.reward("own", [(mine.decision_id, 0.0)], key))[0].status == "applied"
+    assert service.views.held["own"].own is not None and service.views.held["own"].behind == 2
     reads = _count_reads(monkeypatch)
 
     after = await service.choose("own", ChooseRequest(), key)
 
-    assert reads == ["read_progress"]
+    assert reads == []
     record = records.read(redis_db, "own", after.decision_id)
     assert record is not None and record["rewards_seen"] == b"2"
+    mine_now = service.views.held["own"]
+    read = await other_service.views.read_view("own")
+    for name, value in read.state.items():
+        np.testing.assert_array_equal(mine_now.state[name], value, err_msg=name)
+
+
+async def test_a_reward_reply_that_cannot_bring_what_a_worker_lacks_makes_it_read(
+    service: ExperimentService, other_service: ExperimentService,
+    monkeypatch: pytest.MonkeyPatch, redis_db: str,
+) -> None:
+    """When a fold took outcomes the worker never added, the reply brings its own record
+    only: the view drops its kept records and its next decision reads what it lacks."""
+    key = await _experiment(service, "own")
+    mine = await service.choose("own", ChooseRequest(), key)
+    batch = [await other_service.choose("own", ChooseRequest(), key) for _ in range(FOLD_EVERY)]
+    await other_service.reward("own", [(d.decision_id, 1.0) for d in batch], key)
+    await other_service.drain()  # the fold: the sums hold outcomes this worker lacks
+    assert (await service.reward("own", [(mine.decision_id, 0.0)], key))[0].status == "applied"
+    assert service.views.held["own"].own is None
+    reads = _count_reads(monkeypatch)
+
+    after = await service.choose("own", ChooseRequest(), key)
+
+    assert reads[0] == "read_progress" and "read_snapshot" in reads
+    record = records.read(redis_db, "own", after.decision_id)
+    assert record is not None and record["rewards_seen"] == str(FOLD_EVERY + 1).encode()
 
 
 @pytest.mark.parametrize("max_stale_rewards", [0, 1])

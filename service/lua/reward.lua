@@ -1,5 +1,5 @@
 -- Apply a batch of rewards, each exactly once.
--- store.py puts outcomes.lua in front of this script.
+-- store.py puts outcomes.lua and tail.lua in front of this script.
 --
 -- KEYS[1]  meta hash      lrb:{exp}:meta     (incarnation, key_hash, key_hash_old,
 --                          model_recipe, log retention,
@@ -10,17 +10,21 @@
 -- KEYS[5..]  decision records lrb:{exp}:decision:<id>, one per reward (outcomes.lua)
 -- ARGV[1]  SHA-256 (hex) of the caller's API key; '' for a trusted in-process
 --          caller (a key from HTTP always hashes to 64 hex digits)
--- ARGV[2..]  one reward per decision key, as the shortest decimal that
+-- ARGV[2]  how many outcomes the caller holds the records of (its view's, and those
+--          it kept since); '' for unknown
+-- ARGV[3..]  one reward per decision key, as the shortest decimal that
 --            round-trips the float64
 --
 -- Returns {'missing'} when the experiment does not exist, {'forbidden'} when
 -- the key is not its key, else one status per decision, then the 'rewards'
 -- counter (0 when nothing was applied), and when any was applied: the
 -- incarnation, the meta version, the outcomes counter (rewards + defaulted)
--- after them, the decision counter (decision_seq) and the records this call
--- appended to the outcomes string, so
--- that a worker whose statistics held every outcome before them can add them
--- without reading (ExperimentService.reward). A status is 'applied',
+-- after them, the decision counter (decision_seq), records and the position
+-- of the first of them (how many outcomes came before it), so that the worker
+-- adds them without reading (service.views, Views.add_own): the records this
+-- call appended, or, when others' outcomes came between the ARGV[2] the
+-- caller holds and these (another worker's rewards), every record after
+-- ARGV[2] (unless a fold took some of them). A status is 'applied',
 -- 'duplicate' (the same reward was already applied: a safe retry), 'conflict'
 -- (a different reward was applied), 'late' (the experiment has a default
 -- reward and the decision's window has ended: the default counts, or will
@@ -48,7 +52,7 @@ if refused then
 end
 local incarnation = meta[1]
 local OUTAGE_MS = 7 * 24 * 3600 * 1000  -- how much longer a rewarded record waits for settle.lua
-local FIRST = 5  -- KEYS[FIRST..] are the decisions; ARGV[k - FIRST + 2] is KEYS[k]'s reward
+local FIRST = 5  -- KEYS[FIRST..] are the decisions; ARGV[k - FIRST + 3] is KEYS[k]'s reward
 
 -- Every decision is read and checked before anything is written (Redis does
 -- not undo a script's writes when it fails), each once: a decision named
@@ -82,7 +86,7 @@ end
 local statuses = {}
 local applied, duplicates = 0, 0  -- counted once at the end
 for k = FIRST, #KEYS do
-  local reward = ARGV[k - FIRST + 2]
+  local reward = ARGV[k - FIRST + 3]
   local decision = read[KEYS[k]]
   -- A decision made before its experiment was deleted (and perhaps created
   -- again under the same id) belongs to no current experiment.
@@ -129,11 +133,19 @@ if duplicates > 0 then
 end
 statuses[#statuses + 1] = rewards
 if applied > 0 then
-  local counters = redis.call('HMGET', KEYS[2], 'defaulted', 'decision_seq')
+  local counters = redis.call('HMGET', KEYS[2], 'defaulted', 'decision_seq', 'folded')
+  local outcomes = rewards + tonumber(counters[1] or '0')
+  local first, sent = outcomes - applied, table.concat(records)
+  local held, folded = tonumber(ARGV[2]), tonumber(counters[3] or '0')
+  if held and held < first and held >= folded then  -- others' outcomes came between
+    sent = records_after(redis.call('GET', KEYS[4]), held - folded)
+    first = held
+  end
   statuses[#statuses + 1] = incarnation
   statuses[#statuses + 1] = meta[9] or '0'
-  statuses[#statuses + 1] = tostring(rewards + tonumber(counters[1] or '0'))
+  statuses[#statuses + 1] = tostring(outcomes)
   statuses[#statuses + 1] = counters[2] or '0'
-  statuses[#statuses + 1] = table.concat(records)
+  statuses[#statuses + 1] = sent
+  statuses[#statuses + 1] = first
 end
 return statuses
