@@ -79,9 +79,9 @@ def _unit_ms(value: str) -> float:
 
 
 def run_wrk(name: str, url: str, duration: int, connections: int, script: Path,
-            args: list[str]) -> WrkResult:
-    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency", "-s", str(script),
-           url, "--", *args]
+            args: list[str], threads: int = 1) -> WrkResult:
+    cmd = ["wrk", f"-t{threads}", f"-c{max(connections, threads)}", f"-d{duration}s",
+           "--latency", "-s", str(script), url, "--", *args]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     text = out.stdout + out.stderr
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))  # type: ignore[union-attr]

@@ -1,0 +1,188 @@
+"""Scale: decided-and-rewarded pairs over workers, experiments and Redis topologies.
+
+Usage::
+
+    python -m benchmarks.bench_scale [--workers 1 2 4] [--experiments 6] [--duration 8]
+                                     [--connections 32] [--cluster] [--spread default]
+
+For each number of uvicorn workers N and each store (one embedded Redis; with
+``--cluster`` also a local Redis Cluster of 3 masters, tests/cluster.py), wrk
+drives choose+reward pairs (every decision rewarded, max_stale_rewards 0,
+stochastic LinReBoot, K = 100, d = 20) on one hot experiment (one wrk thread)
+and on ``--experiments`` experiments (a wrk thread each; on a cluster spread
+evenly over the masters). Each row gives pairs/s, p50 and p99, the workers' CPU
+per pair (user + system, /proc), each master's CPU per pair (INFO
+commandstats) and busy share (its command time over the run), and what
+10,000 and 100,000 pairs/s would need by extrapolating the CPU per pair:
+worker cores, and Redis masters kept below 80 % busy. One experiment lives
+on one master (until issue 27 shards it): 1e6 / (its Redis µs per pair)
+pairs/s is its ceiling whatever the workers.
+
+On a machine with few cores wrk, the workers and Redis share them, so
+pairs/s stops growing with N early; the CPU per pair and each master's busy
+share are what decide scaling on a larger machine (BENCHMARKS.md §12).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import sys
+import tempfile
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import redis
+
+from benchmarks.bench_service import HERE, World, _experiment, _start, run_wrk, tree_cpu_seconds
+from loadtest.server import free_port
+from service.embedded import EmbeddedRedis
+
+TOKEN = "bench-token"
+BUSY_LIMIT = 0.8  # the busy share a master is planned to stay under
+TARGETS = (10_000, 100_000)  # pairs/s to extrapolate to
+
+
+@dataclass(frozen=True)
+class Row:
+    store: str
+    workers: int
+    experiments: int
+    pairs_per_second: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    worker_us_per_pair: float
+    redis_us_per_pair: tuple[float, ...]  # per master
+    busy: tuple[float, ...]  # per master: command time / wall time
+
+    def needs(self, rate: float) -> str:
+        """Worker cores and Redis masters for ``rate`` pairs/s, by this row's CPU per pair."""
+        cores = rate * self.worker_us_per_pair / 1e6
+        redis_cores = rate * sum(self.redis_us_per_pair) / 1e6
+        wanted = max(1, math.ceil(redis_cores / BUSY_LIMIT))
+        if self.experiments == 1 and wanted > 1:
+            return f"{cores:.0f} cores; {wanted} masters: shard it"
+        return f"{cores:.0f} cores; {wanted} master{'s' if wanted > 1 else ''}"
+
+
+@dataclass
+class Store:
+    url: str
+    servers: list[redis.Redis]
+    place: list[str]  # experiment ids, one per master in turn (a single Redis: any)
+
+
+def _single(stack: ExitStack, tmp: Path, count: int) -> Store:
+    embedded = EmbeddedRedis(tmp / "redis", port=free_port()).start()
+    stack.callback(embedded.stop)
+    server = redis.Redis.from_url(embedded.url)
+    stack.callback(server.close)
+    return Store(embedded.url, [server], [f"many{i}" for i in range(count)])
+
+
+def _cluster(stack: ExitStack, tmp: Path, count: int) -> Store:
+    from tests.cluster import id_on, local_cluster  # test infrastructure: a real cluster
+
+    cluster = stack.enter_context(local_cluster(tmp / "cluster"))
+    servers = [cluster.node(port) for port in cluster.masters]
+    for server in servers:
+        stack.callback(server.close)
+    ids: list[str] = []
+    for i in range(count):
+        ids.append(id_on(cluster, cluster.masters[i % len(cluster.masters)], "many", ids))
+    return Store(cluster.url, servers, ids)
+
+
+def _command_usec(server: redis.Redis) -> float:
+    stats: dict[str, dict[str, float]] = server.info("commandstats")  # type: ignore[assignment]
+    return sum(s["usec"] for name, s in stats.items() if name != "cmdstat_config")
+
+
+def _measure(store: Store, name: str, workers: int, pid: int, url: str,
+             pairs: list[tuple[str, str]], duration: int, connections: int) -> Row:
+    args = [item for pair in pairs for item in pair]
+    script = HERE / "wrk_pairs_many.lua"
+    threads = len(pairs)
+    run_wrk("warm-up", f"{url}/choose", 2, connections, script, args, threads=threads)
+    for server in store.servers:
+        server.config_resetstat()
+    before = tree_cpu_seconds(pid)
+    result = run_wrk(name, f"{url}/choose", duration, connections, script, args, threads=threads)
+    spent = tree_cpu_seconds(pid) - before
+    usec = [_command_usec(server) for server in store.servers]
+    count = max(result.requests / 2, 1.0)  # a /choose and a /reward each
+    return Row(name, workers, len(pairs), result.requests_per_second / 2, result.p50_ms,
+               result.p99_ms, result.errors, 1e6 * spent / count,
+               tuple(u / count for u in usec), tuple(u / (1e6 * duration) for u in usec))
+
+
+def measure(workers: list[int], experiments: int, duration: int, connections: int,
+            cluster: bool, spread: str) -> list[Row]:
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is needed: apt-get install wrk")
+    rows = []
+    stores = [("one Redis", _single)] + ([("3-master cluster", _cluster)] if cluster else [])
+    for label, make in stores:
+        with ExitStack() as stack:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            store = make(stack, tmp, experiments)
+            for n in workers:
+                with ExitStack() as serving:
+                    port = free_port()
+                    env = {"LINREBOOT_REDIS_URL": store.url, "LINREBOOT_ADMIN_TOKEN": TOKEN,
+                           "LINREBOOT_LOG_LEVEL": "warning"}
+                    url, pid = _start(serving, [sys.executable, "-m", "linreboot", "serve",
+                                                "--port", str(port), "--workers", str(n)],
+                                      env, port, "/readyz")
+                    hot = [_experiment(url, TOKEN, f"hot-{n}", spread=spread, world=World())]
+                    many = [_experiment(url, TOKEN, f"{i}-{n}", spread=spread, world=World())
+                            for i in store.place]
+                    for load in (hot, many):
+                        rows.append(_measure(store, label, n, pid, url, load, duration,
+                                             connections))
+                        print(_line(rows[-1]), flush=True)
+    return rows
+
+
+def _line(row: Row) -> str:
+    redis_us = " / ".join(f"{u:.1f}" for u in row.redis_us_per_pair)
+    busy = " / ".join(f"{b:.0%}" for b in row.busy)
+    return (f"| {row.store} | {row.workers} | {row.experiments} | {row.pairs_per_second:,.0f} | "
+            f"{row.p50_ms:.1f} | {row.p99_ms:.1f} | {row.worker_us_per_pair:.0f} | "
+            f"{redis_us} | {busy} | {row.needs(TARGETS[0])} | {row.needs(TARGETS[1])} | "
+            f"{row.errors} |")
+
+
+HEADER = ("| store | workers | experiments | pairs/s | p50 ms | p99 ms | worker CPU µs/pair "
+          "| Redis µs/pair, by master | busy, by master | for 10k pairs/s | for 100k pairs/s "
+          "| errors |\n|---|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--experiments", type=int, default=6,
+                        help="experiments of the 'many' load (a wrk thread each)")
+    parser.add_argument("--duration", type=int, default=8, help="seconds per run")
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--cluster", action="store_true",
+                        help="also on a local 3-master Redis Cluster")
+    parser.add_argument("--spread", choices=("paper", "default"), default="default")
+    args = parser.parse_args()
+    print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} at the start; "
+          f"stochastic LinReBoot ({args.spread} spread), K = 100, d = 20, every decision "
+          f"rewarded, max_stale_rewards 0; {args.duration} s a run, {args.connections} "
+          "connections\n")
+    print(HEADER, flush=True)
+    measure(args.workers, args.experiments, args.duration, args.connections, args.cluster,
+            args.spread)
+
+
+if __name__ == "__main__":
+    main()
