@@ -10,6 +10,7 @@ import logging
 import math
 import secrets
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -54,6 +55,7 @@ class Decisions:
         self.views = views
         self._rng = np.random.default_rng()  # unseeded experiments share one stream
         self._background: set[asyncio.Task[None]] = set()  # folds no request waits for
+        self._rewarding: Counter[str] = Counter()  # rewards in flight, by experiment
     async def choose(
         self, experiment_id: str, request: ChooseRequest, api_key: str | None = None
     ) -> Decision:
@@ -175,9 +177,18 @@ class Decisions:
             raise missing_experiment(api_key)
         key_hash = None if api_key is None else hash_key(api_key)
         texts = [(decision_id, reward_text(value)) for decision_id, value in items]
-        held = self.views.get(experiment_id)
-        reply = await self._store.apply_rewards(experiment_id, key_hash, texts,
-                                                None if held is None else held.reach)
+        # What this worker holds, so that the reply brings any outcome of others it
+        # lacks; only from the first of its rewards in flight: the reply to a later one
+        # would bring the earlier ones again, each, as outcomes it lacks.
+        view = self.views.get(experiment_id)
+        held = view.reach if view is not None and not self._rewarding[experiment_id] else None
+        self._rewarding[experiment_id] += 1
+        try:
+            reply = await self._store.apply_rewards(experiment_id, key_hash, texts, held)
+        finally:
+            self._rewarding[experiment_id] -= 1
+            if not self._rewarding[experiment_id]:
+                del self._rewarding[experiment_id]
         if reply.statuses == ["missing"]:
             self.views.forget(experiment_id)
             raise missing_experiment(api_key)

@@ -57,6 +57,7 @@ from redis.exceptions import (
     ClusterError,
     DataError,
     InvalidResponse,
+    NoPermissionError,
     NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
@@ -289,11 +290,15 @@ def library() -> _Library:
                         "settle": (sha("settle", ["outcomes"]), ["outcomes"])})
 
 
-def _function_missing(reply: object) -> bool:
+def _function_refused(reply: object) -> bool:
     """An FCALL refused unrun: the function is not loaded (a restart without persistence,
-    FUNCTION FLUSH) or the server has no functions (a Redis before 7 in its place)."""
-    return isinstance(reply, ResponseError) and (
-        "Function not found" in str(reply) or "unknown command" in str(reply))
+    FUNCTION FLUSH), the server has no functions (a Redis before 7 in its place), or
+    FCALL is not allowed (an ACL; a renamed command)."""
+    if not isinstance(reply, ResponseError):
+        return False
+    text = str(reply)
+    return ("Function not found" in text or "unknown command" in text
+            or (isinstance(reply, NoPermissionError) and "'fcall'" in text.lower()))
 
 
 def _text(value: bytes | str) -> str:
@@ -474,9 +479,13 @@ class _ScriptBatcher:
                  library: _Library | None = None) -> None:
         self._client = client
         # Its scripts are called as functions (FCALL) where the server has them
-        # (Redis 7): None until the first batch tries to load them.
+        # (Redis 7): None until the first batch tries to load them. Not on a
+        # cluster: redis-py finds FCALL's slot by asking a node for its keys
+        # (COMMAND GETKEYS) on every call, a round trip more than a function saves;
+        # EVALSHA's it reads from the arguments.
         self._library = library
-        self._functions: bool | None = None if library is not None else False
+        self._functions: bool | None = (
+            None if library is not None and not isinstance(client, RedisCluster) else False)
         # A batch that outlives its callers' deadlines is abandoned: its
         # connection is dropped rather than held through Redis's stall.
         self._deadline = deadline_seconds
@@ -536,10 +545,17 @@ class _ScriptBatcher:
         # persistence or to FUNCTION FLUSH; or the server is now a Redis
         # without them, and the scripts serve), or its scripts (EVALSHA of a
         # script cache lost the same ways).
-        missing = [i for i, r in enumerate(replies) if _function_missing(r)]
-        if missing and self._functions:
-            self._functions = await self._load_library()
+        missing = [i for i, r in enumerate(replies) if _function_refused(r)]
+        if missing:
+            if self._functions:
+                self._functions = await self._load_library()
             await self._resend(calls, replies, missing)
+            # Still refused with the library loaded: FCALL itself is (renamed, or
+            # denied by an ACL that allows FUNCTION LOAD): the scripts serve.
+            missing = [i for i, r in enumerate(replies) if _function_refused(r)]
+            if missing:
+                self._functions = False
+                await self._resend(calls, replies, missing)
         unknown = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
         if unknown:
             for script in {calls[i][0] for i in unknown}:
@@ -554,20 +570,14 @@ class _ScriptBatcher:
             replies[i] = reply
 
     async def _load_library(self) -> bool | None:
-        """Load the library on the server (on each primary of a cluster): whether its
-        functions serve; None when it cannot tell now (out of memory), to try again."""
-        assert self._library is not None
+        """Load the library on the server: whether its functions serve; None when it
+        cannot tell now (out of memory), to try again."""
+        assert self._library is not None and self._held is not None
         command = ("FUNCTION", "LOAD", "REPLACE", self._library.code)
         try:
-            if self._held is not None:
-                reply = (await self._held.pipeline([command]))[0]
-                if isinstance(reply, ResponseError):
-                    raise reply
-            else:
-                assert isinstance(self._client, RedisCluster)
-                await self._client.initialize()
-                for node in self._client.get_primaries():
-                    await self._client.execute_command(*command, target_nodes=node)
+            reply = (await self._held.pipeline([command]))[0]
+            if isinstance(reply, ResponseError):
+                raise reply
         except ResponseError as exc:
             if _out_of_memory(exc) or _transient(exc):
                 return None

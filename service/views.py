@@ -385,27 +385,29 @@ class Views:
     def add_own(self, view: View, appended: Appended | None, applied: int) -> None:
         """``view`` (this worker's current one) is ``applied`` outcomes behind more. It
         keeps the records its reward's reply brought (:attr:`View.own`, counted in the
-        view budget) when they start where those it holds end: its own rewards' in
-        turn, or, when others' outcomes came between, every record it lacks (reward.lua
-        sends them then, from :attr:`View.reach`); and it learns the decision numbers
-        taken meanwhile (a seeded decision predicts the next)."""
+        view budget) that follow on from those it holds (:attr:`View.reach`): its own
+        rewards' in turn, or, when others' outcomes came between, every record it lacks
+        (reward.lua sends them then); records it holds already are skipped. And it
+        learns the decision numbers taken meanwhile (a seeded decision predicts the next).
+        """
         own = view.own if view.own is not None else []
-        follows = (appended is not None
-                   and appended.incarnation == view.definition.incarnation
-                   and appended.version == view.version
-                   and len(own) == (view.behind if view.own is not None else 0)
-                   and appended.first == view.reach
-                   and appended.first + len(appended.records) == appended.outcomes
-                   and len(own) + len(appended.records) <= _OWN_RECORDS_KEPT)
-        if not follows:
+        reach = view.reach
+        usable = (appended is not None
+                  and appended.incarnation == view.definition.incarnation
+                  and appended.version == view.version
+                  and len(own) == (view.behind if view.own is not None else 0)
+                  and appended.first <= reach
+                  and appended.first + len(appended.records) == appended.outcomes)
+        lacked = appended.records[reach - appended.first:] if usable and appended else ()
+        if not usable or len(own) + len(lacked) > _OWN_RECORDS_KEPT:
             self.drop_own(view)
             view.behind += applied
             return
         assert appended is not None
-        own.extend(appended.records)
+        own.extend(lacked)
         view.own, view.behind = own, len(own)
         view.last_number = max(view.last_number, appended.decision_seq)
-        self._count_own(view, sum(map(len, appended.records)))
+        self._count_own(view, sum(map(len, lacked)))
 
     def drop_own(self, view: View) -> None:
         """``view`` catches up by reading from now on."""

@@ -696,3 +696,41 @@ async def test_catching_up_brings_only_the_outcomes_a_worker_lacks(
     assert caught.rewards == read.rewards == 8
     for name, value in read.state.items():
         np.testing.assert_array_equal(caught.state[name], value, err_msg=name)
+
+
+async def test_rewards_sent_together_keep_the_view_current_with_each_record_once(
+    service: ExperimentService, other_service: ExperimentService,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rewards a worker sends together (one pipeline) after another worker's reward: the
+    first reply brings the other's outcome with its own (only the first says what the
+    worker holds), the next bring their own, and the view keeps each record once; its
+    next decision reads nothing, and its view is the one a read gives."""
+    key = await _experiment(service, "together")
+    theirs = await other_service.choose("together", ChooseRequest(), key)
+    mine = [await service.choose("together", ChooseRequest(), key) for _ in range(5)]
+    await other_service.reward("together", [(theirs.decision_id, 1.0)], key)
+    sent: list[int | None] = []
+    apply_rewards = Store.apply_rewards
+
+    async def watched(self: Store, *args: Any) -> Any:
+        sent.append(args[3] if len(args) > 3 else None)
+        return await apply_rewards(self, *args)
+
+    monkeypatch.setattr(Store, "apply_rewards", watched)
+    outcomes = await asyncio.gather(*(service.reward("together", [(d.decision_id, 0.5 * i)], key)
+                                      for i, d in enumerate(mine)))
+    assert [o[0].status for o in outcomes] == ["applied"] * 5
+    assert sent == [0, None, None, None, None]  # the view held no outcome yet
+    view = service.views.held["together"]
+    assert view.own is not None and len(view.own) == view.behind == 6
+    reads = _count_reads(monkeypatch)
+
+    await service.choose("together", ChooseRequest(), key)
+
+    assert reads == []
+    caught = service.views.held["together"]
+    read = await other_service.views.read_view("together")
+    assert caught.rewards == read.rewards == 6
+    for name, value in read.state.items():
+        np.testing.assert_array_equal(caught.state[name], value, err_msg=name)
