@@ -187,36 +187,48 @@ _ROW_0 = np.zeros(1, dtype=np.int64)
 
 def _one_normal(ready: Ready, law: Law, arm: int, accuracy: Accuracy) -> float | None:
     """:func:`_independent`'s value for one experiment (B = 1) whose indices are independent
-    normals, none a point mass, in a third of its array operations on K values (the same
-    operations on the same numbers: the same bits); None where that does not serve
-    (another law, a point mass, an arm that is not a candidate or alone), and the general
-    path decides."""
+    normals, arm a not a point mass, in a third of its array operations on K values (the
+    same operations on the same numbers: the same bits); None where that does not serve
+    (another law, arm a a point mass, an arm that is not a candidate or alone), and the
+    general path decides. Other arms' point masses (an arm with no residual spread yet)
+    only raise the floor a random index must beat, as in :func:`_independent`."""
     eligible = ready.eligible[0]
     if law.spread is None or law.dof is not None or law.loadings is not None \
             or not eligible[arm] or eligible.size == 1:
         return None
     mean, spread = law.mean[0], law.spread[0]
-    if not spread.any() or np.any(spread <= np.maximum(_POINT * np.abs(mean), _TINY)):
-        return None  # a point mass (a deterministic index, or a spread of 0): the general rule
+    if not spread.any():
+        return None
+    point = spread <= np.maximum(_POINT * np.abs(mean), _TINY)
+    if point[arm]:
+        return None  # arm a a point mass (ties, the CDFs at its value): the general rule
+    if not ready.every_arm_eligible and np.count_nonzero(eligible) == 1:
+        return None  # alone: chosen for sure (the general path says 1 exactly)
     family = _Family(None, accuracy)
     reach = family.quantile(None) * spread
     low, high = mean - reach, mean + reach
-    if ready.every_arm_eligible:
+    top = -math.inf
+    if point.any():  # a random index must beat the highest point mass too
+        random = eligible & ~point
+        top = float(np.where(eligible & point, mean, -np.inf).max())
+        floor = max(float(np.where(random, low, -np.inf).max()), top)
+        alive = random & (high > floor)
+    elif ready.every_arm_eligible:
         floor = float(low.max())
         alive = high > floor
     else:
-        if np.count_nonzero(eligible) == 1:
-            return None  # alone: chosen for sure (the general path says 1 exactly)
         floor = float(np.where(eligible, low, -np.inf).max())
         alive = eligible & (high > floor)
     if not alive[arm]:
         return None
-    value = _smooth_one(mean, spread, alive, high, max(float(low[arm]), floor), arm)
-    if value is not None:
-        return value
-    # A factor too narrow for the smooth rule: the general rule, on the arrays made here.
+    if top <= low[arm]:  # no point mass inside arm a's window
+        value = _smooth_one(mean, spread, alive, high, max(float(low[arm]), floor), arm)
+        if value is not None:
+            return value
+    # A factor too narrow for the smooth rule, or a point mass inside arm a's window:
+    # the general rule, on the arrays made here.
     window = _Window(family, mean[None], spread[None], low[None], high[None],
-                     alive[None], np.array([floor]), np.full(1, -np.inf), _ROW_0,
+                     alive[None], np.array([floor]), np.array([top]), _ROW_0,
                      np.array([arm]))
     return float(window.integrals()[0])
 

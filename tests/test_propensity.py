@@ -441,18 +441,21 @@ def test_one_decisions_path_gives_the_general_paths_bits() -> None:
     indices (the service's every LinReBoot decision) takes a shorter path, the same
     operations on the same numbers: its values are the general path's, bit for bit, with
     every arm eligible or some not, arms alike or a factor far narrower than the arm (the
-    smooth rule does not serve), and point masses (the general path decides)."""
+    smooth rule does not serve), and other arms' point masses (below arm a's window, or
+    inside it: then the merged rule); arm a a point mass is the general path's."""
     from unittest import mock
 
     module = propensity_module
     rng = np.random.default_rng(26)
-    taken = 0
+    taken = taken_beside_points = 0
     for case in range(300):
         n_arms = int(rng.integers(2, 40))
         mean = rng.normal(size=n_arms) * rng.choice([0.01, 0.3, 3.0])
         spread = np.exp(rng.normal(size=n_arms) * rng.choice([0.1, 1.0, 4.0]))
         if case % 5 == 0:
             spread[rng.integers(n_arms)] = 0.0  # a point mass
+        if case % 5 == 1:  # several, one perhaps the highest index of all
+            spread[rng.choice(n_arms, size=max(1, n_arms // 4), replace=False)] = 0.0
         eligible = rng.random(n_arms) < 0.8 if case % 3 == 0 else np.ones(n_arms, bool)
         eligible[0] = True
         ready = dataclasses.replace(ready_for(mean.tolist(), spread.tolist(), eligible.tolist()),
@@ -460,9 +463,12 @@ def test_one_decisions_path_gives_the_general_paths_bits() -> None:
         for arm in np.flatnonzero(eligible)[:3]:
             chosen = np.array([arm])
             law = index_of(ready.config).law(ready.config, ready.prepared)
-            taken += module._one_normal(ready, law, int(arm), SERVICE) is not None
+            took = module._one_normal(ready, law, int(arm), SERVICE) is not None
+            taken += took
+            taken_beside_points += took and not spread.all()
             fast = propensities(ready, chosen, accuracy=SERVICE)
             with mock.patch.object(module, "_one_normal", lambda *a: None):
                 general = propensities(ready, chosen, accuracy=SERVICE)
             assert fast.tobytes() == general.tobytes(), (case, arm, fast, general)
     assert taken > 300  # the short path served most cases, not only the fallbacks
+    assert taken_beside_points > 60, taken_beside_points  # and those beside point masses
