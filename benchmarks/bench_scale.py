@@ -39,7 +39,15 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import redis
 
-from benchmarks.bench_service import HERE, World, _experiment, _start, run_wrk, tree_cpu_seconds
+from benchmarks.bench_service import (
+    HERE,
+    World,
+    _experiment,
+    _start,
+    command_usec,
+    run_wrk,
+    tree_cpu_seconds,
+)
 from loadtest.server import free_port
 from service.embedded import EmbeddedRedis
 
@@ -99,15 +107,10 @@ def _cluster(stack: ExitStack, tmp: Path, count: int) -> Store:
     return Store(cluster.url, servers, ids)
 
 
-def _command_usec(server: redis.Redis) -> float:
-    stats: dict[str, dict[str, float]] = server.info("commandstats")  # type: ignore[assignment]
-    return sum(s["usec"] for name, s in stats.items() if name != "cmdstat_config")
-
-
 def _measure(store: Store, name: str, workers: int, pid: int, url: str,
              pairs: list[tuple[str, str]], duration: int, connections: int) -> Row:
-    args = [item for pair in pairs for item in pair]
-    script = HERE / "wrk_pairs_many.lua"
+    args = [item for experiment, key in pairs for item in (experiment, key, "")]
+    script = HERE / "wrk_pairs.lua"
     threads = len(pairs)
     run_wrk("warm-up", f"{url}/choose", 2, connections, script, args, threads=threads)
     for server in store.servers:
@@ -115,7 +118,7 @@ def _measure(store: Store, name: str, workers: int, pid: int, url: str,
     before = tree_cpu_seconds(pid)
     result = run_wrk(name, f"{url}/choose", duration, connections, script, args, threads=threads)
     spent = tree_cpu_seconds(pid) - before
-    usec = [_command_usec(server) for server in store.servers]
+    usec = [command_usec(server) for server in store.servers]
     count = max(result.requests / 2, 1.0)  # a /choose and a /reward each
     return Row(name, workers, len(pairs), result.requests_per_second / 2, result.p50_ms,
                result.p99_ms, result.errors, 1e6 * spent / count,

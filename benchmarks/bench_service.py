@@ -101,11 +101,14 @@ def with_redis_cost(servers: list[redis.Redis], run: Callable[[], WrkResult]) ->
     for server in servers:
         server.config_resetstat()
     result = run()
-    busy_us = 0.0
-    for server in servers:
-        stats: dict[str, dict[str, float]] = server.info("commandstats")  # type: ignore[assignment]
-        busy_us += sum(s["usec"] for s in stats.values())
+    busy_us = sum(command_usec(server) for server in servers)
     return dataclasses.replace(result, redis_us_per_request=busy_us / max(result.requests, 1))
+
+
+def command_usec(server: redis.Redis) -> float:
+    """The server's command time (µs) since its stats were last reset (INFO commandstats)."""
+    stats: dict[str, dict[str, float]] = server.info("commandstats")  # type: ignore[assignment]
+    return sum(s["usec"] for s in stats.values())
 
 
 def tree_cpu_seconds(pid: int) -> float:

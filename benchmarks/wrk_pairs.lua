@@ -2,13 +2,28 @@
 -- oldest decision not yet rewarded, else /choose; response() collects the
 -- decision ids /choose returns. About one reward per decision, the case in
 -- which every worker's view of the statistics goes stale most often.
+--
+-- Arguments: experiment id, API key and the /choose body ('' or absent: just
+-- the experiment id; give one when the experiment needs a context), again for
+-- each further wrk thread: thread i drives the ith experiment (run wrk with -t
+-- as many as there are triples).
+local threads = 0
+
+function setup(thread)
+  thread:set("index", threads)
+  threads = threads + 1
+end
+
 local pending = {}
 local first, last = 1, 0
 
 function init(args)
-  experiment, key = args[1], args[2]
-  -- args[3]: the /choose body, when the experiment needs a context
-  choose_body = args[3] or string.format('{"experiment_id": "%s"}', experiment)
+  local at = 3 * (index or 0)
+  experiment, key = args[at + 1], args[at + 2]
+  choose_body = args[at + 3]
+  if choose_body == nil or choose_body == '' then
+    choose_body = string.format('{"experiment_id": "%s"}', experiment)
+  end
   wrk.headers["Content-Type"] = "application/json"
   wrk.headers["X-API-Key"] = key
 end

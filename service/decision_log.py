@@ -12,18 +12,13 @@ import numpy as np
 from service.definition import Definition, parse_index_ranges, ranges_count
 from service.domain import LogEntry, LogEntryType
 from service.errors import InvalidInput
-from service.settings import Settings
-from service.store import Store, log_entry_json_bytes
-from service.views import Views
+from service.store import log_entry_json_bytes
+from service.views import Room
 
 
-class DecisionLog:
+class DecisionLog(Room):
     """An experiment's decision log, page by page."""
 
-    def __init__(self, store: Store, settings: Settings, views: Views) -> None:
-        self._store = store
-        self._settings = settings
-        self.views = views
     async def read(
         self, experiment_id: str, after: str | None = None, limit: int = 100
     ) -> tuple[builtins.list[LogEntry], str | None]:

@@ -37,7 +37,7 @@ from service.errors import Conflict, Forbidden, InvalidInput, NotFound, StoreUna
 from service.folding import FOLD_EVERY, FOLD_LIMIT, folded_blobs
 from service.settings import Settings
 from service.store import Store
-from service.views import UnknownArm, View, Views
+from service.views import Room, UnknownArm, View, Views
 
 logger = logging.getLogger("linreboot.service")
 
@@ -46,13 +46,11 @@ logger = logging.getLogger("linreboot.service")
 _DECIDE_ATTEMPTS = 3
 
 
-class Decisions:
+class Decisions(Room):
     """``/choose`` and ``/reward``: decisions from this worker's views, rewards exactly once."""
 
     def __init__(self, store: Store, settings: Settings, views: Views) -> None:
-        self._store = store
-        self._settings = settings
-        self.views = views
+        super().__init__(store, settings, views)
         self._rng = np.random.default_rng()  # unseeded experiments share one stream
         self._background: set[asyncio.Task[None]] = set()  # folds no request waits for
         self._rewarding: Counter[str] = Counter()  # rewards in flight, by experiment

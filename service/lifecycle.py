@@ -48,22 +48,16 @@ from service.domain import (
     with_service_defaults,
 )
 from service.errors import Conflict, InvalidInput, NotFound, StoreUnavailable
-from service.settings import Settings
-from service.store import Store
-from service.views import Views
+from service.views import Room
 
 # A settings change races a decision's redefinition at most twice in a row; a third
 # time means the experiment keeps changing.
 _ATTEMPTS = 3
 
 
-class Lifecycle:
+class Lifecycle(Room):
     """Create, read, change and delete experiments."""
 
-    def __init__(self, store: Store, settings: Settings, views: Views) -> None:
-        self._store = store
-        self._settings = settings
-        self.views = views
     async def create(self, spec: ExperimentSpec) -> tuple[ExperimentView, str]:
         spec = with_service_defaults(spec)
         config = self._validate_spec(spec)

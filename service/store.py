@@ -281,13 +281,16 @@ class _Library:
         return cls("".join(parts), functions)
 
 
+# The scripts of every request, and the shared chunks each is put after.
+_BATCHED: dict[str, tuple[str, ...]] = {
+    "decide": ("tail",), "reward": ("outcomes", "tail"), "settle": ("outcomes",)}
+
+
 def library() -> _Library:
-    """The scripts of every request (decide, reward, settle) as a function library."""
-    def sha(name: str, uses: Sequence[str] = ()) -> str:
-        return hashlib.sha1(_script(name, uses).encode()).hexdigest()
-    return _Library.of({"decide": (sha("decide", ["tail"]), ["tail"]),
-                        "reward": (sha("reward", ["outcomes", "tail"]), ["outcomes", "tail"]),
-                        "settle": (sha("settle", ["outcomes"]), ["outcomes"])})
+    """The scripts of every request (:data:`_BATCHED`) as a function library."""
+    return _Library.of({
+        name: (hashlib.sha1(_script(name, uses).encode()).hexdigest(), uses)
+        for name, uses in _BATCHED.items()})
 
 
 def _function_refused(reply: object) -> bool:
@@ -681,15 +684,15 @@ class Store:
         self._notices: DroppedNodeNotices | None = None
         self.deadline_seconds = deadline_seconds  # per call, retries included; None: none
         self.refused_at: float | None = None  # time.monotonic() of the last write refused
-        self._reward = client.register_script(_script("reward", uses=["outcomes", "tail"]))
-        self._settle = client.register_script(_script("settle", uses=["outcomes"]))
+        self._reward = client.register_script(_script("reward", _BATCHED["reward"]))
+        self._settle = client.register_script(_script("settle", _BATCHED["settle"]))
         self._fold_read = client.register_script(_script("fold_read"))
         self._fold = client.register_script(_script("fold"))
         self._progress = client.register_script(_script("progress", uses=["tail"]))
         self._create = client.register_script(_script("create"))
         self._add_arms = client.register_script(_script("add_arms"))
         self._retire_arms = client.register_script(_script("retire_arms"))
-        self._decide = client.register_script(_script("decide", uses=["tail"]))
+        self._decide = client.register_script(_script("decide", _BATCHED["decide"]))
         self._upgrade_decision = client.register_script(_script("upgrade_decision"))
         self._delete = client.register_script(_script("delete"))
         self._read = client.register_script(_script("read"))

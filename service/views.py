@@ -482,3 +482,13 @@ def _contexts(
     for r in rows:
         check_vector(r, bound, "arm contexts")
     return np.array(rows, dtype=np.float64)
+
+
+class Room:
+    """A room of the service beside the views (decisions, lifecycle, the decision log): the
+    store, the settings, and this worker's views, which they share."""
+
+    def __init__(self, store: Store, settings: Settings, views: Views) -> None:
+        self._store = store
+        self._settings = settings
+        self.views = views
