@@ -1,5 +1,5 @@
--- Shared by decide.lua and progress.lua: store.py puts this chunk in front of
--- each (a function library defines it once).
+-- Shared by decide.lua, progress.lua and reward.lua: store.py puts this chunk
+-- in front of each (a function library defines it once).
 --
 -- The records of an outcomes string (outcomes.lua's format: '<length>:<payload>'
 -- each) after its first `skip`, and how many it skipped (all it has, if fewer):
