@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from policies import HYPERPARAMETERS, RANGES
+from service import shards
 from service.domain import (
     ARM_ID_PATTERN,
     EXPERIMENT_ID_PATTERN,
@@ -42,6 +43,7 @@ MAX_SEED = 2**63 - 1
 MAX_STALE_REWARDS = 1_000_000
 MAX_LOG_ENTRIES = 1_000_000_000
 MAX_LOG_AGE_SECONDS = 366 * 24 * 3600
+MAX_SHARDS = shards.MAX_SHARDS
 def _at_most(bound: int) -> str:
     """A pattern (no look-ahead: pydantic's engine has none) of the whole numbers from 0
     to ``bound``, leading zeros allowed up to ``bound``'s number of digits."""
@@ -309,6 +311,13 @@ class CreateExperimentIn(_Request):
         "LinTS-IG, LinPHE, LinGIRO): decisions then carry null, and their log cannot be "
         "evaluated off-policy",
     )
+    shards: int = Field(
+        default=1, ge=1, le=MAX_SHARDS,
+        description="keep the experiment's statistics as this many partial sums, each on "
+        "a hash slot of its own, so that one hot experiment's Redis work spreads over a "
+        "Redis Cluster's masters (README, \"On a Redis Cluster\"); 1 (the default) keeps "
+        "it on one slot. Not with forgetting (discount) or the authors' variants",
+    )
 
     @model_validator(mode="after")
     def _distinct_arms(self) -> Self:
@@ -344,6 +353,7 @@ class CreateExperimentIn(_Request):
             log_max_age_seconds=self.log_max_age_seconds or settings.default_log_max_age_seconds,
             log_all_contexts=self.log_all_contexts,
             propensities=self.propensities,
+            shards=self.shards,
         )
 
 
@@ -645,6 +655,7 @@ class ExperimentOut(BaseModel):
         default=False, description="every eligible arm's context is logged with a decision")
     propensities: bool = Field(
         default=True, description="decisions carry and log their propensity")
+    shards: int = Field(default=1, description="hash slots its statistics are spread over")
     previous_key_valid: bool = Field(
         default=False, description="the key before the last rotation is still accepted "
         "(until DELETE /experiments/{id}/keys/previous)")
@@ -676,6 +687,7 @@ class ExperimentOut(BaseModel):
             log_max_age_seconds=spec.log_max_age_seconds,
             log_all_contexts=spec.log_all_contexts,
             propensities=spec.propensities,
+            shards=spec.shards,
             previous_key_valid=view.previous_key_valid,
         )
 

@@ -598,6 +598,73 @@ def _add_shifted(state: State, slots: Any, names: tuple[str, str, str, str], rew
     sum_d2[slots] += deviation * deviation
 
 
+# -- shards: partial sums merged ------------------------------------------------
+# A sharded experiment (service.shards) keeps its observations' sums as S
+# partial states, one per shard, each built by the additions above from the
+# observations that shard recorded. The statistics are their merge: the plain
+# sums add; a slot's shifted sums (count, first reward c, sum of r - c, of
+# (r - c)^2) move onto one shift first. Only sums that add merge so: not the
+# clocks of forgetting, nor the authors' running maxima and flags.
+
+_SHIFTED_ADDITIONS: frozenset[Addition] = frozenset({"one", "first_r", "dr", "dr2"})
+_PLAIN_ADDITIONS: frozenset[Addition] = frozenset({"outer", "r_x", "x"})
+
+
+def mergeable(config: PolicyConfig) -> bool:
+    """True when partial states of this policy merge into the whole (:func:`merge_sums`)."""
+    return not config.discounted and all(
+        spec.adds in _SHIFTED_ADDITIONS or spec.adds in _PLAIN_ADDITIONS
+        for spec in layout(config).values())
+
+
+def merge_sums(config: PolicyConfig, parts: list[State]) -> State:
+    """The state of the observations of every part: ``parts`` are states (same arms,
+    same batch) each of which saw some of them.
+
+    The counts are exact; every other sum is the whole's up to the order of the
+    additions (its rounding differs from adding all observations in one order by
+    at most a few ulps of the sum of the terms' magnitudes). A slot's shifted sums
+    move onto the shift of the first part that has observations in it: with
+    ``delta`` the difference of the shifts, ``sum (r - c) = sum (r - c') + n delta``
+    and ``sum (r - c)^2 = sum (r - c')^2 + 2 delta sum (r - c') + n delta^2``. One
+    part is returned as a copy, bit for bit.
+    """
+    if not mergeable(config):
+        raise ValueError(f"{config.name} with these settings keeps sums that do not merge")
+    merged = {name: value.copy() for name, value in parts[0].items()}
+    groups = _shifted_groups(config)
+    for part in parts[1:]:
+        for name, spec in layout(config).items():
+            if spec.adds in _PLAIN_ADDITIONS:
+                merged[name] += part[name]
+        for names in groups:
+            _merge_shifted(tuple(merged[n] for n in names), tuple(part[n] for n in names))
+    return merged
+
+
+def _shifted_groups(config: PolicyConfig) -> list[tuple[str, str, str, str]]:
+    """The (count, shift, sum of deviations, of squares) fields, one group per axis."""
+    order = ("one", "first_r", "dr", "dr2")
+    groups: dict[str, dict[str, str]] = {}
+    for name, spec in layout(config).items():
+        if spec.adds in _SHIFTED_ADDITIONS:
+            groups.setdefault(spec.axis, {})[spec.adds] = name
+    return [tuple(group[kind] for kind in order) for group in groups.values()]  # type: ignore[misc]
+
+
+def _merge_shifted(into: tuple[Array, ...], part: tuple[Array, ...]) -> None:
+    """Add ``part``'s shifted sums to ``into``'s, in place, onto ``into``'s shifts (or
+    ``part``'s where ``into`` has no observation yet)."""
+    count, shift, sum_d, sum_d2 = into
+    p_count, p_shift, p_d, p_d2 = part
+    base = np.where(count == 0.0, p_shift, shift)
+    delta = np.where(p_count == 0.0, 0.0, p_shift - base)
+    sum_d2 += p_d2 + 2.0 * delta * p_d + p_count * delta * delta
+    sum_d += p_d + p_count * delta
+    count += p_count
+    shift[...] = base
+
+
 # -- forgetting (see the module docstring) ------------------------------------
 
 

@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 import builtins
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from service import shards
 from service.definition import Definition, parse_index_ranges, ranges_count
 from service.domain import LogEntry, LogEntryType
 from service.errors import InvalidInput
 from service.store import log_entry_json_bytes
 from service.views import Room
+
+RawEntry = tuple[str, dict[str, bytes]]  # an entry id and its fields, as stored
 
 
 class DecisionLog(Room):
@@ -31,12 +34,56 @@ class DecisionLog(Room):
         definition = await self.views.definition(experiment_id)
         if after is not None and _last_entry_id(after):
             return [], None
-        raw, more = await self._store.read_log(experiment_id, after, limit,
-                                               self._settings.log_page_max_bytes,
-                                               _log_entry_size(definition))
+        raw, more = await self._read(definition, after, limit)
         entries = await asyncio.to_thread(
             lambda: [_log_entry(definition, entry_id, fields) for entry_id, fields in raw])
         return entries, (raw[-1][0] if more and raw else None)
+
+    async def _read(self, definition: Definition, after: str | None, limit: int
+                    ) -> tuple[builtins.list[RawEntry], bool]:
+        """A page of raw entries, and whether more may follow: of every member's log,
+        merged, for a sharded experiment (service.shards)."""
+        spec, max_bytes = definition.spec, self._settings.log_page_max_bytes
+        size = _log_entry_size(definition)
+        pages = await asyncio.gather(*(
+            self._store.read_log(member_id, after, limit, max_bytes, size)
+            for member_id in shards.members(spec.id, spec.shards)))
+        if len(pages) == 1:
+            return pages[0]
+        return _merged(pages, limit, max_bytes, size)
+
+
+def _merged(
+    pages: Sequence[tuple[builtins.list[RawEntry], bool]], limit: int, max_bytes: int,
+    size: Callable[[Mapping[str, bytes]], int],
+) -> tuple[builtins.list[RawEntry], bool]:
+    """One page of the members' logs in entry-id order (a member's settings changes
+    are the home's, logged again: left out), within ``limit`` and ``max_bytes``, and
+    whether more may follow. Entries of two members may share an id (the same
+    millisecond and sequence): a page never ends between them, since the next page
+    starts after that id. Nor does it go past the last entry of a member's page that
+    was cut short: that member's next entries may come before the others'."""
+    cut = min((_id_key(raw[-1][0]) for raw, more in pages if more and raw), default=None)
+    tagged = [(entry_id, shard, fields) for shard, (raw, _) in enumerate(pages)
+              for entry_id, fields in raw
+              if (shard == 0 or fields.get("type") != b"settings")
+              and (cut is None or _id_key(entry_id) <= cut)]
+    tagged.sort(key=lambda e: (_id_key(e[0]), e[1]))
+    more = any(m for _, m in pages)
+    page: builtins.list[RawEntry] = []
+    spent = 0
+    for entry_id, _, fields in tagged:
+        full = len(page) >= limit or (page and spent + size(fields) > max_bytes)
+        if full and entry_id != page[-1][0]:
+            return page, True
+        page.append((entry_id, fields))
+        spent += size(fields)
+    return page, more
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq)
 
 
 def _log_entry_size(definition: Definition) -> Callable[[Mapping[str, bytes]], int]:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from policies import Choice, draw
+from service import shards
 from service.definition import (
     WRONG_KEY,
     ArmRecord,
@@ -44,6 +45,8 @@ logger = logging.getLogger("linreboot.service")
 
 # A stale view costs one more attempt; a third means the experiment is being redefined.
 _DECIDE_ATTEMPTS = 3
+# Shard counts kept for experiments rewarded without a view (all forgotten beyond).
+_SHARD_COUNTS_KEPT = 10_000
 
 
 class Decisions(Room):
@@ -53,7 +56,9 @@ class Decisions(Room):
         super().__init__(store, settings, views)
         self._rng = np.random.default_rng()  # unseeded experiments share one stream
         self._background: set[asyncio.Task[None]] = set()  # folds no request waits for
-        self._rewarding: Counter[str] = Counter()  # rewards in flight, by experiment
+        self._rewarding: Counter[str] = Counter()  # rewards in flight, by experiment (member)
+        # Shard counts of experiments this worker rewards without a view of them.
+        self._shard_counts: dict[str, int] = {}
     async def choose(
         self, experiment_id: str, request: ChooseRequest, api_key: str | None = None
     ) -> Decision:
@@ -74,46 +79,50 @@ class Decisions(Room):
             raise missing_experiment(api_key)
         key_hash = None if api_key is None else hash_key(api_key)
         view = await self.views.view_for(experiment_id, key_hash)
-        if view.behind > view.definition.spec.max_stale_rewards:
-            # decide.lua would refuse a decision from this view: catch up first, rather
-            # than prepare, draw and compute a propensity twice.
-            if view.own is not None and len(view.own) == view.behind:
-                view = self.views.added(experiment_id, view, view.own, view.rewards + view.behind,
-                                   view.folded, view.last_number)
-            else:
-                view = await self.views.caught_up(experiment_id, view, key_hash)
+        # The caller's id (idempotent), else as random as uuid4().hex, cheaper. It
+        # names the member the decision is recorded on (service.shards).
+        decision_id = request.decision_id or secrets.token_hex(16)
+        step = view.definition.spec.shards  # decision numbers go up by this on a member
+        member_id = shards.member(experiment_id, shards.shard_of(decision_id, step))
+        if member_id != experiment_id:
+            view = await self.views.view_for(member_id, key_hash)
+        # decide.lua would refuse a decision from a view further behind: catch up first,
+        # rather than prepare, draw and compute a propensity twice.
+        view = await self.views.current(member_id, view, key_hash,
+                                        view.definition.spec.max_stale_rewards)
+        basis = await self.views.merged(experiment_id, view, member_id, key_hash)
         bound = self._settings.feature_bound
         try:
-            candidates = view.ready(request, bound)
+            candidates = basis.ready(request, bound)
         except UnknownArm:  # perhaps added since this worker read the experiment
-            view = await self.views.read_view(experiment_id, key_hash)
-            candidates = view.ready(request, bound)
+            view = await self.views.read_view(member_id, key_hash)
+            basis = await self.views.merged(experiment_id, view, member_id, key_hash)
+            candidates = basis.ready(request, bound)
         seeded = view.definition.spec.seed is not None
         seen: tuple[int, int] | None = (view.version, view.rewards)
-        number, reserved = (view.last_number + 1 if seeded else None), False
+        number, reserved = (view.last_number + step if seeded else None), False
         for attempt in range(_DECIDE_ATTEMPTS):
             if attempt:
-                candidates = view.ready(request, bound)
+                basis = await self.views.merged(experiment_id, view, member_id, key_hash)
+                candidates = basis.ready(request, bound)
             definition = view.definition
             arms, contexts, ready = candidates
             rng = self._rng if number is None else _decision_rng(definition.spec.seed, number)
             choice = draw(ready, [rng])
             picked = int(choice.arms[0])
-            # The caller's id (idempotent), else as random as uuid4().hex, cheaper.
-            decision_id = request.decision_id or secrets.token_hex(16)
             x = np.ascontiguousarray(contexts[picked], dtype="<f8").tobytes()
-            propensity = (await view.propensity(ready, picked)
+            propensity = (await basis.propensity(ready, picked)
                           if definition.spec.propensities else None)
-            record = _decision_record(view, arms[picked], x, propensity)
+            record = _decision_record(basis, arms[picked], x, propensity)
             every = contexts if definition.spec.log_all_contexts else None
             reply = await self._store.decide(
-                experiment_id, decision_id, key_hash=key_hash,
+                member_id, decision_id, key_hash=key_hash,
                 incarnation=definition.incarnation, seen=seen, number=number,
                 reserved=reserved, ttl_seconds=definition.spec.reward_window_seconds,
                 max_lag=definition.spec.max_stale_rewards,
                 grace_seconds=self._settings.default_reward_grace_seconds,
                 record=record,
-                logged=_log_entry_fields(decision_id, arms, arms[picked], x, view, propensity,
+                logged=_log_entry_fields(decision_id, arms, arms[picked], x, basis, propensity,
                                          every),
                 held=view.folded + view.applied,
                 request=None if request.decision_id is None else (
@@ -138,14 +147,15 @@ class Decisions(Room):
                                  propensity)
             if reply.status == "missing":
                 self.views.forget(experiment_id)
+                self.views.forget(member_id)
                 raise missing_experiment(api_key)
             if reply.status == "forbidden":
                 raise Forbidden(WRONG_KEY)
             if reply.progress is not None:  # what this view lacks: catch up
-                view = await self.views.caught_up(experiment_id, view, key_hash, reply.progress)
+                view = await self.views.caught_up(member_id, view, key_hash, reply.progress)
             else:
                 assert reply.snapshot is not None
-                view = await self.views.refresh(experiment_id, view, reply.snapshot)
+                view = await self.views.refresh(member_id, view, reply.snapshot)
             # Decide again from the statistics just read, and record that
             # decision whatever has changed since: under steady rewards a
             # check would fail again and again.
@@ -154,7 +164,8 @@ class Decisions(Room):
                 # No number set aside: the definition changed (arms, or created
                 # again) since the request was checked. Check it again (the next
                 # attempt's ready()), so a refusal takes no number; then predict one.
-                seen, number, reserved = (view.version, view.rewards), view.last_number + 1, False
+                seen, reserved = (view.version, view.rewards), False
+                number = view.last_number + step
         raise StoreUnavailable("the experiment changed while deciding; retry")
 
     async def reward(
@@ -175,33 +186,89 @@ class Decisions(Room):
             raise missing_experiment(api_key)
         key_hash = None if api_key is None else hash_key(api_key)
         texts = [(decision_id, reward_text(value)) for decision_id, value in items]
+        count = await self._shard_count(experiment_id, api_key)
+        statuses = await self._reward_members(experiment_id, count, key_hash, texts, api_key)
+        if count > 1 and "not_found" in statuses:
+            # Routed by a shard count of an experiment deleted since, perhaps: route
+            # those again by the current one (a decision it does not know stays so).
+            self._shard_counts.pop(experiment_id, None)
+            recount = await self._shard_count(experiment_id, api_key, read=True)
+            if recount != count:
+                again = [i for i, status in enumerate(statuses) if status == "not_found"]
+                retried = await self._reward_members(experiment_id, recount, key_hash,
+                                                      [texts[i] for i in again], api_key)
+                for i, status in zip(again, retried, strict=True):
+                    statuses[i] = status
+        return [RewardOutcome(decision_id, _status(text), _REWARD_MESSAGES[_status(text)])
+                for (decision_id, _), text in zip(items, statuses, strict=True)]
+
+    async def _shard_count(self, experiment_id: str, api_key: str | None,
+                           read: bool = False) -> int:
+        """How many members the experiment's rewards are spread over (service.shards): as
+        this worker's view says, else as last read (``read``: read it now)."""
+        view = self.views.get(experiment_id)
+        if view is not None and not read:
+            return view.definition.spec.shards
+        if not read and experiment_id in self._shard_counts:
+            return self._shard_counts[experiment_id]
+        try:
+            count = (await self.views.definition(experiment_id)).spec.shards
+        except NotFound:
+            raise missing_experiment(api_key) from None
+        if len(self._shard_counts) >= _SHARD_COUNTS_KEPT:
+            self._shard_counts.clear()
+        self._shard_counts[experiment_id] = count
+        return count
+
+    async def _reward_members(
+        self, experiment_id: str, count: int, key_hash: str | None,
+        texts: Sequence[tuple[str, str]], api_key: str | None,
+    ) -> builtins.list[str]:
+        """Each reward applied by its decision's member, the members at once: a status
+        per reward, in order."""
+        by_member: dict[str, builtins.list[int]] = {}
+        for i, (decision_id, _) in enumerate(texts):
+            member_id = shards.member(experiment_id, shards.shard_of(decision_id, count))
+            by_member.setdefault(member_id, []).append(i)
+        calls = [self._reward_member(member_id, key_hash, [texts[i] for i in rows])
+                 for member_id, rows in by_member.items()]
+        # (one call awaited as it is: no task, so nothing else runs before it starts)
+        replies = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
+        statuses = [""] * len(texts)
+        for (member_id, rows), reply in zip(by_member.items(), replies, strict=True):
+            if reply == ["missing"]:
+                self._shard_counts.pop(experiment_id, None)
+                self.views.forget(experiment_id)
+                self.views.forget(member_id)
+                raise missing_experiment(api_key)
+            if reply == ["forbidden"]:
+                raise Forbidden(WRONG_KEY)
+            for i, status in zip(rows, reply, strict=True):
+                statuses[i] = status
+        return statuses
+
+    async def _reward_member(
+        self, member_id: str, key_hash: str | None, texts: Sequence[tuple[str, str]]
+    ) -> builtins.list[str]:
+        """reward.lua on one member (the experiment itself, unsharded): its statuses."""
         # What this worker holds, so that the reply brings any outcome of others it
         # lacks; only from the first of its rewards in flight: the reply to a later one
         # would bring the earlier ones again, each, as outcomes it lacks.
-        view = self.views.get(experiment_id)
-        held = view.reach if view is not None and not self._rewarding[experiment_id] else None
-        self._rewarding[experiment_id] += 1
+        view = self.views.get(member_id)
+        held = view.reach if view is not None and not self._rewarding[member_id] else None
+        self._rewarding[member_id] += 1
         try:
-            reply = await self._store.apply_rewards(experiment_id, key_hash, texts, held)
+            reply = await self._store.apply_rewards(member_id, key_hash, texts, held)
         finally:
-            self._rewarding[experiment_id] -= 1
-            if not self._rewarding[experiment_id]:
-                del self._rewarding[experiment_id]
-        if reply.statuses == ["missing"]:
-            self.views.forget(experiment_id)
-            raise missing_experiment(api_key)
-        if reply.statuses == ["forbidden"]:
-            raise Forbidden(WRONG_KEY)
-        outcomes = []
-        for (decision_id, _), text in zip(items, reply.statuses, strict=True):
-            status = _status(text)
-            outcomes.append(RewardOutcome(decision_id, status, _REWARD_MESSAGES[status]))
-        applied = sum(outcome.status == "applied" for outcome in outcomes)
-        view = self.views.get(experiment_id)
+            self._rewarding[member_id] -= 1
+            if not self._rewarding[member_id]:
+                del self._rewarding[member_id]
+        applied = reply.statuses.count("applied")
+        view = self.views.get(member_id)
         if view is not None and applied:
             self.views.add_own(view, reply.appended, applied)
-        self._fold_soon(experiment_id, reply.counter, applied)
-        return outcomes
+        self._fold_soon(member_id, reply.counter, applied)
+        return reply.statuses
 
     def _fold_soon(self, experiment_id: str, counter: int, recorded: int) -> None:
         """:meth:`fold_if_due` in the background: the request that crossed a multiple

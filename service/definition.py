@@ -190,6 +190,8 @@ def spec_to_json(spec: ExperimentSpec) -> dict[str, object]:
     data.pop("arms")
     if spec.propensities:  # the default, left out: a worker of the version before reads it
         data.pop("propensities")
+    if spec.shards == 1:  # likewise
+        data.pop("shards")
     return data
 
 

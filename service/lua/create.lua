@@ -29,5 +29,11 @@ for i = 2 + 2 * m, #ARGV, 2 do
   redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
 end
 redis.call('HSET', KEYS[3], 'decisions', 0, 'rewards', 0, 'duplicates', 0)
+-- A shard of a sharded experiment numbers its decisions from its own start
+-- (service.shards.numbering).
+local start = redis.call('HGET', KEYS[1], 'number_start')
+if start then
+  redis.call('HSET', KEYS[3], 'decision_seq', start)
+end
 redis.call('SET', KEYS[4], '')
 return 1

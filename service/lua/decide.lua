@@ -2,11 +2,13 @@
 -- store.py puts tail.lua in front of this script.
 --
 -- KEYS[1]  meta hash      lrb:{exp}:meta   (incarnation, key_hash, key_hash_old, version,
---                          default_reward, log_max_entries, log_max_age_seconds)
+--                          default_reward, log_max_entries, log_max_age_seconds,
+--                          number_step: a shard's decision numbers go up by the
+--                          experiment's shard count, service.shards; else 1)
 -- KEYS[2]  stats hash     lrb:{exp}:stats  (packed sums; counters rewards, defaulted,
 --                          decision_seq, decisions; the sums with KEYS[6]'s outcomes
 --                          added are the statistics)
--- KEYS[3]  decision record lrb:{exp}:decision:<id>  (a fresh id per attempt; a string,
+-- KEYS[3]  decision record lrb:{exp}:decision:<id>  (a fresh id per request; a string,
 --          whose format outcomes.lua describes)
 -- KEYS[4]  pending list   lrb:{exp}:pending  ("<deadline> <id>" per decision, in deadline order)
 -- KEYS[5]  decision log   lrb:{exp}:log      (a stream; written when meta has log_max_entries)
@@ -21,7 +23,8 @@
 -- ARGV[5]  the decision number the random draw used; '' when the draw used none
 --          (an unseeded experiment: the script assigns the next number)
 -- ARGV[6]  '1' when ARGV[5] was reserved by an earlier 'stale' reply, '0' when
---          it is the worker's prediction (it must then be the next number)
+--          it is the worker's prediction (it must then be the next number: the
+--          last one plus number_step)
 -- ARGV[7]  the reward window in seconds
 -- ARGV[8]  how many outcomes (rewards or default rewards) the statistics may lag
 --          behind (the experiment's max_stale_rewards; 0: none)
@@ -74,7 +77,7 @@
 --                         kept (older than ARGV[14]): nothing recorded
 
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'key_hash', 'version', 'default_reward',
-                        'log_max_entries', 'log_max_age_seconds', 'key_hash_old')
+                        'log_max_entries', 'log_max_age_seconds', 'key_hash_old', 'number_step')
 if not meta[1] then
   return {'missing'}
 end
@@ -123,17 +126,18 @@ local counters = redis.call('HMGET', KEYS[2], 'rewards', 'decision_seq', 'folded
 -- Outcomes applied, rewards and default rewards alike: either changes the statistics.
 local rewards = tostring(tonumber(counters[1] or '0') + tonumber(counters[5] or '0'))
 local seq = tonumber(counters[2] or '0')
+local step = tonumber(meta[8] or '1')
 local number = ARGV[5]
 -- Another incarnation (deleted and created again meanwhile) is always stale.
 local redefined = meta[1] ~= ARGV[2] or (ARGV[3] ~= '' and ARGV[3] ~= meta[3])
 local stale = redefined
   or (ARGV[4] ~= '' and (tonumber(rewards) < tonumber(ARGV[4])
                          or tonumber(rewards) - tonumber(ARGV[4]) > tonumber(ARGV[8])))
-  or (number ~= '' and ARGV[6] == '0' and tonumber(number) ~= seq + 1)
+  or (number ~= '' and ARGV[6] == '0' and tonumber(number) ~= seq + step)
 if stale then
   local reserved = ''
   if number ~= '' and not redefined then
-    reserved = redis.call('HINCRBY', KEYS[2], 'decision_seq', 1)
+    reserved = redis.call('HINCRBY', KEYS[2], 'decision_seq', step)
   end
   local reply = {'stale', meta[3], rewards, reserved, redis.call('GET', KEYS[6]) or ''}
   local folded = counters[3] or '0'
@@ -159,7 +163,7 @@ end
 local decisions = tonumber(counters[4] or '0') + 1
 local taken = number == '' or ARGV[6] == '0'
 if number == '' then
-  number = seq + 1
+  number = seq + step
 end
 if taken then
   redis.call('HSET', KEYS[2], 'decision_seq', number, 'decisions', decisions)

@@ -1,0 +1,78 @@
+"""One experiment's statistics over several hash slots: its shards.
+
+An experiment created with ``shards`` S > 1 is kept as S *members*: the
+experiment's own keys (member 0, its home) and S - 1 more keyspaces
+(``<id>~1`` ... ``<id>~S-1``; ``~`` is not allowed in an experiment id), each
+under its own hash tag and so, on a Redis Cluster, on a slot of its own. Every
+member is a whole experiment as the scripts see it: a copy of the definition
+(meta and arms), its own counters, outcomes string, pending decisions and
+decision log, and the partial sums of the outcomes it recorded. So every
+script runs on a member unchanged, and a decision or reward touches one slot.
+
+* A decision belongs to the member :func:`shard_of` its id: it is recorded
+  there, and its reward goes there (exactly once, by that member's script).
+  Decision numbers stay unique: member s numbers its decisions s + S, s + 2S, ...
+  (``number_step``, ``number_start`` in its meta).
+* A decision is made from the merge of every member's sums
+  (:func:`policies.state.merge_sums`): its own member's as current as an
+  unsharded experiment's (up to ``max_stale_rewards``), the others' as this
+  worker last caught up with them, at most :data:`SYNC_SECONDS` before.
+* The experiment's definition changes (settings, arms, keys) are made on every
+  member, the home last; a decision made while they differ waits for them.
+
+Only sums that add can be split so: not an experiment that forgets, nor the
+authors' variants (:func:`policies.state.mergeable`).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from policies import PolicyConfig
+from policies.state import mergeable
+from service.domain import ExperimentSpec
+from service.errors import InvalidInput
+
+SEPARATOR = "~"  # not in EXPERIMENT_ID_PATTERN: a member id is never an experiment's
+MAX_SHARDS = 16
+# How old the other members' statistics may be when a decision is made (seconds): a
+# decision on member s reads member s's latest outcomes as an unsharded decision does,
+# and catches up the others when this worker's copy of them is older than this.
+SYNC_SECONDS = 0.05
+
+
+def member(experiment_id: str, shard: int) -> str:
+    """The id whose keys hold member ``shard`` of the experiment (the experiment's own for 0)."""
+    return experiment_id if shard == 0 else f"{experiment_id}{SEPARATOR}{shard}"
+
+
+def members(experiment_id: str, shards: int) -> list[str]:
+    """Every member's id, the home first."""
+    return [member(experiment_id, s) for s in range(shards)]
+
+
+def home(member_id: str) -> str:
+    """The experiment a member belongs to."""
+    return member_id.split(SEPARATOR, 1)[0]
+
+
+def shard_of(decision_id: str, shards: int) -> int:
+    """The member a decision is recorded on, and its reward applied to."""
+    return 0 if shards == 1 else zlib.crc32(decision_id.encode()) % shards
+
+
+def numbering(shard: int, shards: int) -> dict[str, str]:
+    """A member's meta fields for its decision numbers: s + S, s + 2S, ... (none unsharded)."""
+    if shards == 1:
+        return {}
+    return {"number_step": str(shards), "number_start": str(shard)}
+
+
+def check(spec: ExperimentSpec, config: PolicyConfig) -> None:
+    """Refuse a shard count the experiment cannot have."""
+    if not 1 <= spec.shards <= MAX_SHARDS:
+        raise InvalidInput(f"shards must be between 1 and {MAX_SHARDS}")
+    if spec.shards > 1 and not mergeable(config):
+        raise InvalidInput(
+            "shards above 1 need statistics that add up across shards: not with forgetting "
+            "(discount below 1) nor with variant 'authors'")
