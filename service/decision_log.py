@@ -78,7 +78,7 @@ def _merged(
             return page, True
         page.append((entry_id, fields))
         spent += size(fields)
-    return page, more
+    return page, more or len(page) >= limit  # as a member's: the limit reached, maybe more
 
 
 def _id_key(entry_id: str) -> tuple[int, int]:

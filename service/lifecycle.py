@@ -83,7 +83,8 @@ class Lifecycle(Room):
             **({} if spec.default_reward is None
                else {"default_reward": reward_text(spec.default_reward)}),
             **({} if spec.log_max_entries == 0
-               else {"log_max_entries": str(spec.log_max_entries),
+               else {"log_max_entries": str(shards.log_share(spec.log_max_entries,
+                                                             spec.shards)),
                      "log_max_age_seconds": str(spec.log_max_age_seconds)}),
         }
         arms = {
@@ -226,7 +227,7 @@ class Lifecycle(Room):
                 member_id, definition.version, json.dumps(spec_to_json(spec)),
                 json.dumps(dataclasses.asdict(config)),
                 None if spec.default_reward is None else reward_text(spec.default_reward),
-                spec.log_max_entries, spec.log_max_age_seconds,
+                shards.log_share(spec.log_max_entries, spec.shards), spec.log_max_age_seconds,
                 json.dumps(dict(changes), sort_keys=True))
             if version >= 0:
                 return version

@@ -17,6 +17,8 @@ script runs on a member unchanged, and a decision or reward touches one slot.
   (:func:`policies.state.merge_sums`): its own member's as current as an
   unsharded experiment's (up to ``max_stale_rewards``), the others' as this
   worker last caught up with them, at most :data:`SYNC_SECONDS` before.
+* Each member keeps its own decision log, of ``log_max_entries / S`` entries;
+  a page of the experiment's log merges theirs in time order (to the ms).
 * The experiment's definition changes (settings, arms, keys) are made on every
   member, the home last; a decision made while they differ waits for them.
 
@@ -66,6 +68,12 @@ def numbering(shard: int, shards: int) -> dict[str, str]:
     if shards == 1:
         return {}
     return {"number_step": str(shards), "number_start": str(shard)}
+
+
+def log_share(log_max_entries: int, shards: int) -> int:
+    """The entries each member's log keeps, so that the merged log keeps about
+    ``log_max_entries``."""
+    return -(-log_max_entries // shards)
 
 
 def check(spec: ExperimentSpec, config: PolicyConfig) -> None:

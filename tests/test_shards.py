@@ -1,0 +1,313 @@
+"""One experiment over several hash slots (service.shards), on a plain Redis and a cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import redis
+from pydantic import SecretStr
+from redis.crc import key_slot
+
+from app.main import create_app
+from policies import draw
+from service import keys, shards
+from service.decisions import _decision_rng
+from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
+from service.errors import InvalidInput
+from service.experiments import ExperimentService
+from service.settings import Settings
+from tests.cluster import LocalCluster, local_cluster
+from tests.conftest import (
+    ADMIN,
+    ADMIN_TOKEN,
+    TEST_REDIS_ENV,
+    TEST_SHARDS_ENV,
+    Api,
+    decision_key,
+    decision_numbers,
+    key_pattern,
+)
+
+pytestmark = pytest.mark.anyio
+ROOT = Path(__file__).resolve().parents[1]
+S = 3
+# Decision ids the caller chose, one on each member of an experiment of S shards.
+_ON_EVERY_MEMBER = [next(f"id{n}" for n in range(100) if shards.shard_of(f"id{n}", S) == s)
+                    for s in range(S)]
+FEATURES = [(1.0, 0.0, 0.2), (0.0, 1.0, -0.3), (0.6, 0.6, 0.1), (-0.5, 0.2, 0.9)]
+
+
+def _spec(experiment_id: str, count: int = S, **fields: object) -> ExperimentSpec:
+    base: dict[str, object] = {
+        "id": experiment_id, "setting": "stochastic", "dim": 3, "seed": 11, "shards": count,
+        "arms": tuple(ArmSpec(f"a{i}", f) for i, f in enumerate(FEATURES)), **fields}
+    return ExperimentSpec(**base)  # type: ignore[arg-type]
+
+
+def _reward(arm_id: str, t: int) -> float:
+    """A fixed reward per (arm, round): both runs of a comparison see the same."""
+    return float(np.sin(3.0 * int(arm_id[1:]) + 0.7 * t))
+
+
+def _keys(url: str, experiment_id: str) -> list[bytes]:
+    client = redis.Redis.from_url(url)
+    try:
+        return list(client.scan_iter(match=key_pattern(experiment_id)))
+    finally:
+        client.close()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestWarning")  # anyio marks a sync test
+def test_the_api_tests_pass_on_sharded_experiments() -> None:
+    """tests/test_app_api.py again, every experiment it creates with three shards (a
+    subprocess: the shard count is read at start, tests/conftest.py; on a Redis of its
+    own)."""
+    env = {k: v for k, v in os.environ.items() if k != TEST_REDIS_ENV}
+    env[TEST_SHARDS_ENV] = str(S)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                          "tests/test_app_api.py"], cwd=ROOT, env=env, capture_output=True,
+                         text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    passed = re.search(r"\b(\d+) passed\b", run.stdout)
+    assert passed and int(passed.group(1)) > 50, run.stdout[-1000:]
+
+
+async def test_decisions_and_their_keys_spread_over_the_members(
+    service: ExperimentService, redis_db: str
+) -> None:
+    _, key = await service.create(_spec("spread"))
+    made = [await service.choose("spread", ChooseRequest(), key) for _ in range(60)]
+    members = {shards.shard_of(d.decision_id, S) for d in made}
+    assert members == set(range(S))
+    # Each decision is recorded on its member, numbered there: s + S, s + 2S, ...
+    found = set(_keys(redis_db, "spread"))
+    assert {decision_key("spread", d.decision_id, S).encode() for d in made} <= found
+    assert [d.decision_number for d in made] == decision_numbers(
+        [d.decision_id for d in made], S)
+    assert len({d.decision_number for d in made}) == len(made)
+    slots = {key_slot(keys.meta(shards.member("spread", s)).encode()) for s in range(S)}
+    assert len(slots) == S  # three hash slots: on a cluster, up to three masters
+
+
+async def test_rewards_count_exactly_once_on_their_members(service: ExperimentService) -> None:
+    _, key = await service.create(_spec("once"))
+    made = [await service.choose("once", ChooseRequest(), key) for _ in range(30)]
+    items = [(d.decision_id, 0.5) for d in made]
+    first = await service.reward("once", items, key)
+    assert {o.status for o in first} == {"applied"}
+    again = await service.reward("once", [*items[:10], (made[10].decision_id, 0.7)], key)
+    assert [o.status for o in again] == ["duplicate"] * 10 + ["conflict"]
+    unknown = await service.reward("once", [("no-such-decision", 1.0)], key)
+    assert [o.status for o in unknown] == ["not_found"]
+    view = await service.get("once")
+    assert (view.decisions, view.rewards, view.duplicates) == (30, 30, 10)
+    assert sum(a.pulls for a in view.arms) == 30
+
+
+async def test_the_same_rewards_in_the_same_order_give_the_unsharded_decisions(
+    service: ExperimentService,
+) -> None:
+    """A sharded and an unsharded experiment see the same (arm, context, reward) in the
+    same order (the unsharded one is made to pull the sharded one's arm): their
+    statistics agree to rounding, and for every decision number they draw the same arm.
+    The numbers themselves differ (member s numbers s + S, s + 2S, ...)."""
+    _, key = await service.create(_spec("sh"))
+    _, plain_key = await service.create(_spec("un", 1))
+    for t in range(80):
+        decision = await service.choose("sh", ChooseRequest(), key)
+        same = await service.choose("un", ChooseRequest(eligible=(decision.arm_id,)), plain_key)
+        reward = _reward(decision.arm_id, t)
+        assert (await service.reward("sh", [(decision.decision_id, reward)], key))[0].status \
+            == "applied"
+        assert (await service.reward("un", [(same.decision_id, reward)], plain_key))[0].status \
+            == "applied"
+    sharded, plain = await service.get("sh"), await service.get("un")
+    assert [a.pulls for a in sharded.arms] == [a.pulls for a in plain.arms]
+    for a, b in zip(sharded.arms, plain.arms, strict=True):
+        # 80 rewards of |r| <= 1 summed in two orders: a few ulps of 80
+        assert a.mean_reward == pytest.approx(b.mean_reward, abs=1e-12)
+    np.testing.assert_allclose(sharded.theta_hat["shared"], plain.theta_hat["shared"],
+                               rtol=1e-9, atol=1e-12)
+    views = service.views  # each view with this worker's last reward added, as choose does
+    home = await views.current("sh", await views.view_for("sh", None), None, 0)
+    basis = await views.merged("sh", home, "sh", None)
+    alone = await views.current("un", await views.view_for("un", None), None, 0)
+    assert basis.state["n"][0, 0] == alone.state["n"][0, 0] == 80
+    _, _, merged_ready = basis.ready(ChooseRequest(), 1e6)
+    _, _, plain_ready = alone.ready(ChooseRequest(), 1e6)
+    for number in range(1, 301):
+        arms = [int(draw(ready, [_decision_rng(11, number)]).arms[0])
+                for ready in (merged_ready, plain_ready)]
+        assert arms[0] == arms[1], number
+
+
+async def test_another_workers_rewards_count_within_the_sync_interval(
+    service: ExperimentService, other_service: ExperimentService,
+) -> None:
+    """A decision sees every outcome of its own member (max_stale_rewards 0), and the
+    other members' as of at most SYNC_SECONDS before it."""
+    _, key = await service.create(_spec("sync"))
+    await other_service.choose("sync", ChooseRequest(), key)  # the other worker holds views
+    made = [await service.choose("sync", ChooseRequest(), key) for _ in range(20)]
+    await service.reward("sync", [(d.decision_id, 1.0) for d in made], key)
+    await asyncio.sleep(shards.SYNC_SECONDS * 1.5)
+    await other_service.choose("sync", ChooseRequest(), key)
+    held = [other_service.views.get(m) for m in shards.members("sync", S)]
+    assert all(v is not None for v in held)
+    assert sum(v.rewards for v in held if v is not None) == 20
+
+
+async def test_default_rewards_settle_on_every_member(service: ExperimentService) -> None:
+    _, key = await service.create(_spec("dflt", default_reward=0.0, reward_window_seconds=1))
+    made = [await service.choose("dflt", ChooseRequest(decision_id=f"d{i}"), key)
+            for i in range(24)]
+    assert {shards.shard_of(d.decision_id, S) for d in made} == set(range(S))
+    await service.reward("dflt", [(made[0].decision_id, 1.0)], key)
+    await asyncio.sleep(1.1)
+    assert await service.sweep() == 23
+    assert await service.sweep() == 0  # once
+    late = await service.reward("dflt", [(made[1].decision_id, 1.0)], key)
+    assert [o.status for o in late] == ["late"]
+    view = await service.get("dflt")
+    assert (view.rewards, view.defaulted, view.late) == (1, 23, 1)
+    assert sum(a.pulls for a in view.arms) == 24
+
+
+async def test_the_log_is_every_members_in_order_page_by_page(
+    service: ExperimentService,
+) -> None:
+    _, key = await service.create(_spec("log", log_max_entries=1000))
+    made = [await service.choose("log", ChooseRequest(), key) for _ in range(25)]
+    await service.reward("log", [(d.decision_id, 0.25) for d in made[:10]], key)
+    await service.update_settings("log", {"epsilon": 0.1})
+    entries, after = [], None
+    while True:
+        page, after = await service.read_log("log", after=after, limit=4)
+        assert len(page) <= 4 + S  # a page ends between distinct ids
+        entries += page
+        if after is None:
+            break
+    # In time order (Redis's clock, to the ms: two members' entries of one ms in either
+    # order); each member's in the order they happened.
+    ids = [e.entry_id for e in entries]
+    assert ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-"))))
+    logged = [e.decision_id for e in entries if e.type == "decision"]
+    assert sorted(logged) == sorted(d.decision_id for d in made)
+    for s in range(S):
+        assert [i for i in logged if shards.shard_of(i, S) == s] == \
+            [d.decision_id for d in made if shards.shard_of(d.decision_id, S) == s]
+    assert sorted(e.decision_id for e in entries if e.type == "reward") == \
+        sorted(d.decision_id for d in made[:10])
+    assert [e.type for e in entries].count("settings") == 1  # once, not once per member
+
+
+async def test_changes_reach_every_member(service: ExperimentService) -> None:
+    _, key = await service.create(_spec("chg"))
+    await service.add_arms("chg", [ArmSpec("new", (0.3, 0.3, 0.3))])
+    await service.update_settings("chg", {"reward_window_seconds": 120})
+    await service.retire_arms("chg", ["a0"])
+    for member_id in shards.members("chg", S):
+        definition = await service.views.definition(member_id)
+        assert [a.id for a in definition.active_arms] == ["a1", "a2", "a3", "new"]
+        assert definition.spec.reward_window_seconds == 120
+    picked = {(await service.choose("chg", ChooseRequest(eligible=("new",)), key)).arm_id
+              for _ in range(6)}
+    assert picked == {"new"}
+    new_key = await service.rotate_key("chg")
+    assert await service.revoke_previous_key("chg")
+    made = [await service.choose("chg", ChooseRequest(decision_id=i), new_key)
+            for i in _ON_EVERY_MEMBER]
+    assert {shards.shard_of(d.decision_id, S) for d in made} == set(range(S))
+
+
+async def test_delete_removes_every_member_and_a_creation_replaces_stray_ones(
+    service: ExperimentService, redis_db: str
+) -> None:
+    _, key = await service.create(_spec("gone", default_reward=0.0))
+    for _ in range(12):
+        await service.choose("gone", ChooseRequest(), key)
+    await service.delete("gone")
+    assert _keys(redis_db, "gone") == []
+    # A deletion that stopped after the home: the other members stay behind...
+    await service.create(_spec("gone"))
+    await service.decisions._store.delete("gone")
+    assert _keys(redis_db, "gone") != []
+    # ... and the experiment is gone; created again, it replaces them.
+    _, key = await service.create(_spec("gone"))
+    assert (await service.choose("gone", ChooseRequest(), key)).arm_id
+
+
+async def test_what_cannot_be_sharded_is_refused(service: ExperimentService) -> None:
+    with pytest.raises(InvalidInput, match="forgetting"):
+        await service.create(_spec("f", hyperparameters={"discount": 0.99}))
+    with pytest.raises(InvalidInput, match="between 1 and 16"):
+        await service.create(_spec("many", 17))
+
+
+async def test_the_api_takes_and_shows_shards(api: Api) -> None:
+    body = {"id": "web", "setting": "covariates", "dim": 2, "shards": S,
+            "arms": [{"id": "a"}, {"id": "b"}]}
+    key = await api.create(body)
+    assert (await api.experiment("web"))["shards"] == S
+    refused = await api.http.post("/experiments", json={**body, "id": "w2", "shards": 0},
+                                  headers=ADMIN)
+    assert refused.status_code == 422 and "shards" in refused.text
+    decided = [await api.decide(key, {"experiment_id": "web", "context": [0.1, 0.2]})
+               for _ in range(6)]
+    rewards = [{"decision_id": d, "reward": 1.0} for d in decided]
+    reply = await api.reward(key, {"experiment_id": "web", "rewards": rewards})
+    assert [r["status"] for r in reply.json()["results"]] == ["applied"] * 6
+
+
+# -- on a Redis Cluster -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with local_cluster(tmp_path_factory.mktemp("cluster")) as started:
+        yield started
+
+
+def _on_masters(cluster: LocalCluster, experiment_id: str, count: int) -> set[int]:
+    return {cluster.owner(keys.meta(m)) for m in shards.members(experiment_id, count)}
+
+
+async def test_a_sharded_experiment_spreads_over_a_clusters_masters(
+    cluster: LocalCluster,
+) -> None:
+    cluster.flush()
+    experiment_id = next(f"hot{n}" for n in range(1000)
+                         if len(_on_masters(cluster, f"hot{n}", S)) == S)
+    app = create_app(Settings(redis_url=cluster.url, admin_token=SecretStr(ADMIN_TOKEN)))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            api = Api(http)
+            key = await api.create({"id": experiment_id, "setting": "covariates", "dim": 2,
+                                    "shards": S, "default_reward": 0.0,
+                                    "log_max_entries": 100,
+                                    "arms": [{"id": "a"}, {"id": "b"}]})
+            body = {"experiment_id": experiment_id, "context": [0.3, -0.1]}
+            decided = [await api.decide(key, body) for _ in range(30)]
+            rewards = [{"decision_id": d, "reward": 0.5} for d in decided]
+            reply = await api.reward(key, {"experiment_id": experiment_id, "rewards": rewards})
+            assert [r["status"] for r in reply.json()["results"]] == ["applied"] * 30
+            view = await api.experiment(experiment_id)
+            assert (view["decisions"], view["rewards"]) == (30, 30)
+            log = await http.get(f"/experiments/{experiment_id}/log?limit=100", headers=ADMIN)
+            assert len(log.json()["entries"]) == 60
+            per_master = {port: int(cluster.node(port).dbsize())  # type: ignore[arg-type]
+                          for port in cluster.masters}
+            assert all(size > 0 for size in per_master.values()), per_master
+            deleted = await http.delete(f"/experiments/{experiment_id}", headers=ADMIN)
+            assert deleted.status_code == 204
+    assert cluster.keys() == 0
