@@ -1,5 +1,7 @@
 """A master of a Redis Cluster killed under load (issue 25): 503s while the cluster
-fails over, never a 500, no reward lost or counted twice, and service at once after.
+fails over, never a 500, no reward lost or counted twice, and service at once after;
+for an experiment on the killed master, one on another, and one sharded over all three
+(service.shards, issue 27).
 
 Its own cluster (3 masters, a replica of the first; tests/cluster.py), since the
 killed master does not come back, and a real ``linreboot serve`` with two workers
@@ -19,16 +21,19 @@ import httpx
 import pytest
 
 from loadtest.server import server_process
+from service import keys
+from service.shards import members
 from tests.cluster import LocalCluster, id_on, local_cluster
 from tests.conftest import ADMIN, ADMIN_TOKEN
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 SECONDS_BEFORE, SECONDS_AFTER_KILL = 2.0, 25.0
+SHARDS = 3
 
 
-async def _create(http: httpx.AsyncClient, experiment_id: str) -> str:
-    body = {"id": experiment_id, "setting": "covariates", "dim": 2,
+async def _create(http: httpx.AsyncClient, experiment_id: str, shards: int = 1) -> str:
+    body = {"id": experiment_id, "setting": "covariates", "dim": 2, "shards": shards,
             "arms": [{"id": "a"}, {"id": "b"}]}
     created = await http.post("/experiments", json=body, headers=ADMIN)
     assert created.status_code == 201, created.text
@@ -50,12 +55,14 @@ async def test_a_master_killed_under_load_is_503s_then_service(tmp_path: Path) -
 
 async def _failover(cluster: LocalCluster, log: IO[bytes]) -> None:
     failing, healthy = cluster.masters[0], cluster.masters[1]
-    ids = {"failing": id_on(cluster, failing, "f"), "healthy": id_on(cluster, healthy, "h")}
+    ids = {"failing": id_on(cluster, failing, "f"), "healthy": id_on(cluster, healthy, "h"),
+           "sharded": _on_every_master(cluster, "s")}
     env = {"LINREBOOT_REDIS_URL": cluster.url_of(healthy), "LINREBOOT_REDIS_CLUSTER": "true",
            "LINREBOOT_ADMIN_TOKEN": ADMIN_TOKEN, "LINREBOOT_LOG_LEVEL": "warning"}
     with server_process(env, workers=2, log=log) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30.0) as http:
-            keys = {name: await _create(http, experiment) for name, experiment in ids.items()}
+            api_keys = {name: await _create(http, experiment, SHARDS if name == "sharded" else 1)
+                    for name, experiment in ids.items()}
             statuses: dict[str, list[tuple[float, int]]] = {name: [] for name in ids}
             ledger: dict[str, dict[str, float]] = {name: {} for name in ids}
             counter = itertools.count()
@@ -64,7 +71,7 @@ async def _failover(cluster: LocalCluster, log: IO[bytes]) -> None:
             async def confirmed(name: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
                 while True:
                     response = await http.post(path, json=body,
-                                               headers={"X-API-Key": keys[name]})
+                                               headers={"X-API-Key": api_keys[name]})
                     statuses[name].append((time.monotonic(), response.status_code))
                     if response.status_code == 200:
                         reply: dict[str, Any] = response.json()
@@ -105,12 +112,22 @@ async def _failover(cluster: LocalCluster, log: IO[bytes]) -> None:
                       f"{len(statuses[name])} requests, {len(refused)} x 503"
                       + (f" from {min(refused):.1f} to {max(refused):.1f} s after the kill"
                          if refused else ""))
-            # The failing master's experiment met the failover and is served again:
-            # its last second of requests all succeeded.
-            met = [s for t, s in statuses["failing"] if t > killed_at]
-            assert 503 in met
-            last = [s for t, s in statuses["failing"] if t > stop_at - 1.0]
-            assert last and set(last) == {200}, last
+            # The experiments with keys on the failing master met the failover and are
+            # served again: their last second of requests all succeeded.
+            for name in ("failing", "sharded"):
+                met = [s for t, s in statuses[name] if t > killed_at]
+                assert 503 in met, name
+                last = [s for t, s in statuses[name] if t > stop_at - 1.0]
+                assert last and set(last) == {200}, (name, last)
+
+
+def _on_every_master(cluster: LocalCluster, prefix: str) -> str:
+    """An experiment id whose SHARDS members live on the cluster's three masters."""
+    for n in range(10_000):
+        owners = {cluster.owner(keys.meta(member)) for member in members(f"{prefix}{n}", SHARDS)}
+        if owners == set(cluster.masters):
+            return f"{prefix}{n}"
+    raise LookupError("no id whose members land on every master")
 
 
 async def test_dropped_cluster_node_notices_are_one_warning_a_minute(
