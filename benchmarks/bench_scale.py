@@ -8,15 +8,16 @@ Usage::
 For each number of uvicorn workers N and each store (one embedded Redis; with
 ``--cluster`` also a local Redis Cluster of 3 masters, tests/cluster.py), wrk
 drives choose+reward pairs (every decision rewarded, max_stale_rewards 0,
-stochastic LinReBoot, K = 100, d = 20) on one hot experiment (one wrk thread)
-and on ``--experiments`` experiments (a wrk thread each; on a cluster spread
-evenly over the masters). Each row gives pairs/s, p50 and p99, the workers' CPU
-per pair (user + system, /proc), each master's CPU per pair (INFO
+stochastic LinReBoot, K = 100, d = 20) on one hot experiment (one wrk thread),
+on one hot experiment of ``--shards`` shards (service.shards; on a cluster, its
+members on every master), and on ``--experiments`` experiments (a wrk thread
+each; on a cluster spread evenly over the masters). Each row gives pairs/s,
+p50 and p99, the workers' CPU per pair (user + system, /proc), each master's CPU per pair (INFO
 commandstats) and busy share (its command time over the run), and what
 10,000 and 100,000 pairs/s would need by extrapolating the CPU per pair:
-worker cores, and Redis masters kept below 80 % busy. One experiment lives
-on one master (until issue 27 shards it): 1e6 / (its Redis µs per pair)
-pairs/s is its ceiling whatever the workers.
+worker cores, and Redis masters kept below 80 % busy. An unsharded experiment
+lives on one master: 1e6 / (its Redis µs per pair) pairs/s is its ceiling
+whatever the workers; a sharded one spreads that work over its members.
 
 On a machine with few cores wrk, the workers and Redis share them, so
 pairs/s stops growing with N early; the CPU per pair and each master's busy
@@ -31,6 +32,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +51,9 @@ from benchmarks.bench_service import (
     tree_cpu_seconds,
 )
 from loadtest.server import free_port
+from service import keys
 from service.embedded import EmbeddedRedis
+from service.shards import members
 
 TOKEN = "bench-token"
 BUSY_LIMIT = 0.8  # the busy share a master is planned to stay under
@@ -61,6 +65,7 @@ class Row:
     store: str
     workers: int
     experiments: int
+    shards: int  # of each experiment
     pairs_per_second: float
     p50_ms: float
     p99_ms: float
@@ -74,7 +79,7 @@ class Row:
         cores = rate * self.worker_us_per_pair / 1e6
         redis_cores = rate * sum(self.redis_us_per_pair) / 1e6
         wanted = max(1, math.ceil(redis_cores / BUSY_LIMIT))
-        if self.experiments == 1 and wanted > 1:
+        if self.experiments == 1 and self.shards == 1 and wanted > 1:
             return f"{cores:.0f} cores; {wanted} masters: shard it"
         return f"{cores:.0f} cores; {wanted} master{'s' if wanted > 1 else ''}"
 
@@ -84,17 +89,20 @@ class Store:
     url: str
     servers: list[redis.Redis]
     place: list[str]  # experiment ids, one per master in turn (a single Redis: any)
+    sharded: Callable[[str], str]  # a sharded experiment's id (a cluster: members on every
+    # master), by a suffix
 
 
-def _single(stack: ExitStack, tmp: Path, count: int) -> Store:
+def _single(stack: ExitStack, tmp: Path, count: int, shards: int) -> Store:
     embedded = EmbeddedRedis(tmp / "redis", port=free_port()).start()
     stack.callback(embedded.stop)
     server = redis.Redis.from_url(embedded.url)
     stack.callback(server.close)
-    return Store(embedded.url, [server], [f"many{i}" for i in range(count)])
+    return Store(embedded.url, [server], [f"many{i}" for i in range(count)],
+                 lambda suffix: f"sharded-{suffix}")
 
 
-def _cluster(stack: ExitStack, tmp: Path, count: int) -> Store:
+def _cluster(stack: ExitStack, tmp: Path, count: int, shards: int) -> Store:
     from tests.cluster import id_on, local_cluster  # test infrastructure: a real cluster
 
     cluster = stack.enter_context(local_cluster(tmp / "cluster"))
@@ -104,11 +112,19 @@ def _cluster(stack: ExitStack, tmp: Path, count: int) -> Store:
     ids: list[str] = []
     for i in range(count):
         ids.append(id_on(cluster, cluster.masters[i % len(cluster.masters)], "many", ids))
-    return Store(cluster.url, servers, ids)
+    wanted = min(shards, len(cluster.masters))
+
+    def sharded(suffix: str) -> str:
+        return next(f"sharded{n}-{suffix}" for n in range(10_000) if len(
+            {cluster.owner(keys.meta(m)) for m in members(f"sharded{n}-{suffix}", shards)}
+        ) == wanted)
+
+    return Store(cluster.url, servers, ids, sharded)
 
 
 def _measure(store: Store, name: str, workers: int, pid: int, url: str,
-             pairs: list[tuple[str, str]], duration: int, connections: int) -> Row:
+             pairs: list[tuple[str, str]], duration: int, connections: int,
+             shards: int = 1) -> Row:
     args = [item for experiment, key in pairs for item in (experiment, key, "")]
     script = HERE / "wrk_pairs.lua"
     threads = len(pairs)
@@ -120,13 +136,13 @@ def _measure(store: Store, name: str, workers: int, pid: int, url: str,
     spent = tree_cpu_seconds(pid) - before
     usec = [command_usec(server) for server in store.servers]
     count = max(result.requests / 2, 1.0)  # a /choose and a /reward each
-    return Row(name, workers, len(pairs), result.requests_per_second / 2, result.p50_ms,
+    return Row(name, workers, len(pairs), shards, result.requests_per_second / 2, result.p50_ms,
                result.p99_ms, result.errors, 1e6 * spent / count,
                tuple(u / count for u in usec), tuple(u / (1e6 * duration) for u in usec))
 
 
 def measure(workers: list[int], experiments: int, duration: int, connections: int,
-            cluster: bool, spread: str) -> list[Row]:
+            cluster: bool, spread: str, shards: int = 3) -> list[Row]:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk")
     rows = []
@@ -134,7 +150,7 @@ def measure(workers: list[int], experiments: int, duration: int, connections: in
     for label, make in stores:
         with ExitStack() as stack:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-            store = make(stack, tmp, experiments)
+            store = make(stack, tmp, experiments, shards)
             for n in workers:
                 with ExitStack() as serving:
                     port = free_port()
@@ -144,11 +160,13 @@ def measure(workers: list[int], experiments: int, duration: int, connections: in
                                                 "--port", str(port), "--workers", str(n)],
                                       env, port, "/readyz")
                     hot = [_experiment(url, TOKEN, f"hot-{n}", spread=spread, world=World())]
+                    split = [_experiment(url, TOKEN, store.sharded(str(n)), spread=spread,
+                                         world=World(), shards=shards)]
                     many = [_experiment(url, TOKEN, f"{i}-{n}", spread=spread, world=World())
                             for i in store.place]
-                    for load in (hot, many):
+                    for load, count in ((hot, 1), (split, shards), (many, 1)):
                         rows.append(_measure(store, label, n, pid, url, load, duration,
-                                             connections))
+                                             connections, count))
                         print(_line(rows[-1]), flush=True)
     return rows
 
@@ -156,7 +174,8 @@ def measure(workers: list[int], experiments: int, duration: int, connections: in
 def _line(row: Row) -> str:
     redis_us = " / ".join(f"{u:.1f}" for u in row.redis_us_per_pair)
     busy = " / ".join(f"{b:.0%}" for b in row.busy)
-    return (f"| {row.store} | {row.workers} | {row.experiments} | {row.pairs_per_second:,.0f} | "
+    load = f"{row.experiments}" + (f" ({row.shards} shards)" if row.shards > 1 else "")
+    return (f"| {row.store} | {row.workers} | {load} | {row.pairs_per_second:,.0f} | "
             f"{row.p50_ms:.1f} | {row.p99_ms:.1f} | {row.worker_us_per_pair:.0f} | "
             f"{redis_us} | {busy} | {row.needs(TARGETS[0])} | {row.needs(TARGETS[1])} | "
             f"{row.errors} |")
@@ -177,6 +196,7 @@ def main() -> None:
     parser.add_argument("--cluster", action="store_true",
                         help="also on a local 3-master Redis Cluster")
     parser.add_argument("--spread", choices=("paper", "default"), default="default")
+    parser.add_argument("--shards", type=int, default=3, help="of the sharded hot experiment")
     args = parser.parse_args()
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} at the start; "
           f"stochastic LinReBoot ({args.spread} spread), K = 100, d = 20, every decision "
@@ -184,7 +204,7 @@ def main() -> None:
           "connections\n")
     print(HEADER, flush=True)
     measure(args.workers, args.experiments, args.duration, args.connections, args.cluster,
-            args.spread)
+            args.spread, args.shards)
 
 
 if __name__ == "__main__":

@@ -206,11 +206,11 @@ class World:
 
 def _experiment(url: str, token: str, experiment_id: str = "bench",
                 max_stale_rewards: int = 0, spread: str = "paper",
-                world: World = World()) -> tuple[str, str]:
+                world: World = World(), shards: int = 1) -> tuple[str, str]:
     body = {
         "id": experiment_id, "setting": world.setting, "dim": world.dim, "policy": "linreboot",
         "arms": world.arm_specs(),
-        "max_stale_rewards": max_stale_rewards,
+        "max_stale_rewards": max_stale_rewards, "shards": shards,
         # "paper": as BENCHMARKS.md measured it before issue 26; "default": the service's
         # default (pooled), what issue 26's targets are about.
         "hyperparameters": {} if spread == "default" else {"spread": spread},

@@ -194,6 +194,7 @@ class Views:
         self._bytes = 0  # their nbytes and own_bytes, against settings.view_cache_bytes
         # Per sharded experiment, the members' views last merged and their merge.
         self._merged: dict[str, tuple[tuple[View, ...], View]] = {}
+        self._syncing: dict[str, asyncio.Future[View]] = {}  # catch-ups of members under way
 
     @property
     def held(self) -> Mapping[str, View]:
@@ -305,9 +306,21 @@ class Views:
         view = await self.view_for(member_id, key_hash)
         view = await self.current(member_id, view, key_hash, 0 if view.own is not None else
                                   view.behind)
-        if time.monotonic() - view.read_at > shards.SYNC_SECONDS:
-            view = await self.caught_up(member_id, view, key_hash)
-        return view
+        if time.monotonic() - view.read_at <= shards.SYNC_SECONDS:
+            return view
+        # One read per member at a time: the requests that find the view old together
+        # wait for the same catch-up.
+        pending = self._syncing.get(member_id)
+        if pending is None:
+            pending = asyncio.ensure_future(self.caught_up(member_id, view, key_hash))
+            self._syncing[member_id] = pending
+            pending.add_done_callback(functools.partial(self._synced_done, member_id))
+        return await asyncio.shield(pending)
+
+    def _synced_done(self, member_id: str, done: asyncio.Future[View]) -> None:
+        self._syncing.pop(member_id, None)
+        if not done.cancelled():
+            done.exception()  # retrieved: each waiter got it (asyncio warns otherwise)
 
     def _merge(self, experiment_id: str, views: tuple[View, ...]) -> View:
         """The view of the merge of ``views`` (kept while they are this worker's)."""
