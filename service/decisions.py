@@ -186,54 +186,41 @@ class Decisions(Room):
             raise missing_experiment(api_key)
         key_hash = None if api_key is None else hash_key(api_key)
         texts = [(decision_id, reward_text(value)) for decision_id, value in items]
-        count = await self._shard_count(experiment_id, api_key)
-        statuses = await self._reward_members(experiment_id, count, key_hash, texts, api_key)
-        if count > 1 and "not_found" in statuses:
-            # Routed by a shard count of an experiment deleted since, perhaps: route
-            # those again by the current one (a decision it does not know stays so).
-            self._shard_counts.pop(experiment_id, None)
-            recount = await self._shard_count(experiment_id, api_key, read=True)
-            if recount != count:
-                again = [i for i, status in enumerate(statuses) if status == "not_found"]
-                retried = await self._reward_members(experiment_id, recount, key_hash,
-                                                      [texts[i] for i in again], api_key)
-                for i, status in zip(again, retried, strict=True):
-                    statuses[i] = status
-        return [RewardOutcome(decision_id, _status(text), _REWARD_MESSAGES[_status(text)])
-                for (decision_id, _), text in zip(items, statuses, strict=True)]
-
-    async def _shard_count(self, experiment_id: str, api_key: str | None,
-                           read: bool = False) -> int:
-        """How many members the experiment's rewards are spread over (service.shards): as
-        this worker's view says, else as last read (``read``: read it now)."""
+        # The shard count, as this worker last saw it (1 if it never did): the scripts
+        # refuse rewards routed by another count and say which (service.shards).
         view = self.views.get(experiment_id)
-        if view is not None and not read:
-            return view.definition.spec.shards
-        if not read and experiment_id in self._shard_counts:
-            return self._shard_counts[experiment_id]
-        try:
-            count = (await self.views.definition(experiment_id)).spec.shards
-        except NotFound:
-            raise missing_experiment(api_key) from None
-        if len(self._shard_counts) >= _SHARD_COUNTS_KEPT:
-            self._shard_counts.clear()
-        self._shard_counts[experiment_id] = count
-        return count
+        count = (view.definition.spec.shards if view is not None
+                 else self._shard_counts.get(experiment_id, 1))
+        for _ in range(_DECIDE_ATTEMPTS):
+            statuses = await self._reward_members(experiment_id, count, key_hash, texts, api_key)
+            if isinstance(statuses, int):  # routed by the wrong count: nothing written
+                count = statuses
+                if len(self._shard_counts) >= _SHARD_COUNTS_KEPT:
+                    self._shard_counts.clear()
+                self._shard_counts[experiment_id] = count
+                continue
+            return [RewardOutcome(decision_id, _status(text), _REWARD_MESSAGES[_status(text)])
+                    for (decision_id, _), text in zip(items, statuses, strict=True)]
+        raise StoreUnavailable("the experiment changed while rewarding; retry")
 
     async def _reward_members(
         self, experiment_id: str, count: int, key_hash: str | None,
         texts: Sequence[tuple[str, str]], api_key: str | None,
-    ) -> builtins.list[str]:
+    ) -> builtins.list[str] | int:
         """Each reward applied by its decision's member, the members at once: a status
-        per reward, in order."""
+        per reward, in order; or the experiment's shard count, when it is not ``count``
+        (then nothing was written)."""
         by_member: dict[str, builtins.list[int]] = {}
         for i, (decision_id, _) in enumerate(texts):
             member_id = shards.member(experiment_id, shards.shard_of(decision_id, count))
             by_member.setdefault(member_id, []).append(i)
-        calls = [self._reward_member(member_id, key_hash, [texts[i] for i in rows])
+        calls = [self._reward_member(member_id, key_hash, [texts[i] for i in rows], count)
                  for member_id, rows in by_member.items()]
         # (one call awaited as it is: no task, so nothing else runs before it starts)
         replies = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
+        recount = next((int(r[1]) for r in replies if r[0] == "shards"), None)
+        if recount is not None:
+            return recount
         statuses = [""] * len(texts)
         for (member_id, rows), reply in zip(by_member.items(), replies, strict=True):
             if reply == ["missing"]:
@@ -248,7 +235,8 @@ class Decisions(Room):
         return statuses
 
     async def _reward_member(
-        self, member_id: str, key_hash: str | None, texts: Sequence[tuple[str, str]]
+        self, member_id: str, key_hash: str | None, texts: Sequence[tuple[str, str]],
+        count: int,
     ) -> builtins.list[str]:
         """reward.lua on one member (the experiment itself, unsharded): its statuses."""
         # What this worker holds, so that the reply brings any outcome of others it
@@ -258,7 +246,7 @@ class Decisions(Room):
         held = view.reach if view is not None and not self._rewarding[member_id] else None
         self._rewarding[member_id] += 1
         try:
-            reply = await self._store.apply_rewards(member_id, key_hash, texts, held)
+            reply = await self._store.apply_rewards(member_id, key_hash, texts, held, count)
         finally:
             self._rewarding[member_id] -= 1
             if not self._rewarding[member_id]:

@@ -329,13 +329,15 @@ class Lifecycle(Room):
                 continue
             try:
                 config = stored_config(json.loads(raw[0]["config"]))
-                if await self._store.upgrade(
-                    experiment_id,
+                count = int(json.loads(raw[0]["spec"]).get("shards", 1))
+                changed = [await self._store.upgrade(
+                    member_id,
                     _stored_format(config),
                     functools.partial(_upgraded_stats, config),
                     functools.partial(field_names, config.shared),
                     functools.partial(_decisions_behind, config),
-                ):
+                ) for member_id in shards.members(experiment_id, count)]
+                if any(changed):
                     upgraded.append(experiment_id)
             except (ValueError, TypeError, KeyError, RuntimeError) as exc:
                 failures.append(f"{experiment_id}: {exc}")

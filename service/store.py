@@ -1266,7 +1266,7 @@ class Store:
     @_translated_batched
     async def apply_rewards(
         self, experiment_id: str, key_hash: str | None, items: Sequence[tuple[str, str]],
-        held: int | None = None,
+        held: int | None = None, shards: int = 1,
     ) -> RewardReply:
         """Run the exactly-once reward script on (decision id, reward text) pairs.
 
@@ -1276,16 +1276,20 @@ class Store:
         Returns one status per item, the rewards counter after them (0 when none
         was applied) and the outcomes recorded (:class:`Appended`), or the
         statuses ``["missing"]`` / ``["forbidden"]`` for the whole call (then
-        nothing was written).
+        nothing was written), or ``["shards", S]`` when the experiment has S shards, not
+        ``shards`` (by which the caller routed the rewards to ``experiment_id``: nothing
+        was written, service.shards).
         """
         keyset = [keys.meta(experiment_id), keys.stats(experiment_id), keys.log(experiment_id),
                   keys.outcomes(experiment_id)]
         keyset += [keys.decision(experiment_id, decision_id) for decision_id, _ in items]
-        args = ["" if key_hash is None else key_hash, "" if held is None else held,
+        args = ["" if key_hash is None else key_hash, "" if held is None else held, shards,
                 *(reward for _, reward in items)]
         reply = await self._batcher.run(self._reward, keyset, args)
         if len(reply) == 1:  # 'missing' or 'forbidden': the script's only reply
             return RewardReply([_text(reply[0])])
+        if _text(reply[0]) == "shards":
+            return RewardReply(["shards", _text(reply[1])])
         statuses, counter, appended = reply[:len(items)], reply[len(items)], reply[len(items) + 1:]
         own = None
         if appended:  # some were applied: their records, and where they came

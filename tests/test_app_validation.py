@@ -22,6 +22,7 @@ from app.schemas import (
     MAX_LOG_AGE_SECONDS,
     MAX_LOG_ENTRIES,
     MAX_SEED,
+    MAX_SHARDS,
     MAX_STALE_REWARDS,
 )
 from service.domain import ARM_ID_PATTERN, EXPERIMENT_ID_PATTERN
@@ -524,6 +525,7 @@ PUBLISHED: dict[str, dict[tuple[str, str], object]] = {
         "default_reward": _REWARD,
         "log_max_entries": {"minimum": 0, "maximum": MAX_LOG_ENTRIES},
         "log_max_age_seconds": {"minimum": 1, "maximum": MAX_LOG_AGE_SECONDS},
+        "shards": {"minimum": 1, "maximum": MAX_SHARDS},
     }),
     "/experiments/{experiment_id}/arms": _flat({"arms": _ARMS}),
     "/experiments/{experiment_id}/arms/retire": _flat({"arm_ids": {**_ARM_IDS, "minItems": 1}}),

@@ -311,3 +311,27 @@ async def test_a_sharded_experiment_spreads_over_a_clusters_masters(
             deleted = await http.delete(f"/experiments/{experiment_id}", headers=ADMIN)
             assert deleted.status_code == 204
     assert cluster.keys() == 0
+
+
+async def test_a_worker_learns_the_shard_count_from_the_scripts(
+    service: ExperimentService, other_service: ExperimentService,
+) -> None:
+    """A worker that never read the experiment routes rewards as unsharded; the script
+    refuses them, writing nothing, with the count; so does one whose view predates a
+    deletion and creation under the same id with another count."""
+    _, key = await service.create(_spec("learn"))
+    made = [await service.choose("learn", ChooseRequest(decision_id=i), key)
+            for i in _ON_EVERY_MEMBER]
+    items = [(d.decision_id, 1.0) for d in made]
+    assert other_service.views.get("learn") is None
+    assert [o.status for o in await other_service.reward("learn", items, key)] == \
+        ["applied"] * S
+    assert (await service.get("learn")).rewards == S
+    # Created again with one shard: the first worker's view still says three.
+    await other_service.delete("learn")
+    _, key = await other_service.create(_spec("learn", 1))
+    again = await other_service.choose("learn", ChooseRequest(decision_id="x"), key)
+    assert service.views.get("learn") is not None
+    assert [o.status for o in await service.reward("learn", [(again.decision_id, 1.0)], key)] \
+        == ["applied"]
+    assert (await service.get("learn")).rewards == 1

@@ -3,7 +3,7 @@
 --
 -- KEYS[1]  meta hash      lrb:{exp}:meta     (incarnation, key_hash, key_hash_old,
 --                          model_recipe, log retention,
---                          discount, context_bytes)
+--                          discount, context_bytes, number_step: the shard count)
 -- KEYS[2]  stats hash     lrb:{exp}:stats    (counters)
 -- KEYS[3]  decision log   lrb:{exp}:log      (a stream; written when meta has log_max_entries)
 -- KEYS[4]  outcomes       lrb:{exp}:outcomes (outcomes not yet in the sums: outcomes.lua)
@@ -12,11 +12,14 @@
 --          caller (a key from HTTP always hashes to 64 hex digits)
 -- ARGV[2]  how many outcomes the caller holds the records of (its view's, and those
 --          it kept since); '' for unknown
--- ARGV[3..]  one reward per decision key, as the shortest decimal that
+-- ARGV[3]  the shard count the caller routed the rewards by (service.shards: each
+--          decision's member follows from its id and the count)
+-- ARGV[4..]  one reward per decision key, as the shortest decimal that
 --            round-trips the float64
 --
 -- Returns {'missing'} when the experiment does not exist, {'forbidden'} when
--- the key is not its key, else one status per decision, then the 'rewards'
+-- the key is not its key, {'shards', count} when it has another shard count
+-- than ARGV[3] (nothing written: the caller routes again), else one status per decision, then the 'rewards'
 -- counter (0 when nothing was applied), and when any was applied: the
 -- incarnation, the meta version, the outcomes counter (rewards + defaulted)
 -- after them, the decision counter (decision_seq), records and the position
@@ -39,12 +42,15 @@
 begin()
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'key_hash', 'model_recipe',
                         'log_max_entries', 'log_max_age_seconds', 'discount', 'context_bytes',
-                        'key_hash_old', 'version')
+                        'key_hash_old', 'version', 'number_step')
 if not meta[1] then
   return {'missing'}
 end
 if ARGV[1] ~= '' and meta[2] ~= ARGV[1] and meta[8] ~= ARGV[1] then  -- keys.lua
   return {'forbidden'}
+end
+if (meta[10] or '1') ~= ARGV[3] then
+  return {'shards', meta[10] or '1'}
 end
 local refused = unusable(meta[3])
 if refused then
@@ -52,7 +58,7 @@ if refused then
 end
 local incarnation = meta[1]
 local OUTAGE_MS = 7 * 24 * 3600 * 1000  -- how much longer a rewarded record waits for settle.lua
-local FIRST = 5  -- KEYS[FIRST..] are the decisions; ARGV[k - FIRST + 3] is KEYS[k]'s reward
+local FIRST = 5  -- KEYS[FIRST..] are the decisions; ARGV[k - FIRST + 4] is KEYS[k]'s reward
 
 -- Every decision is read and checked before anything is written (Redis does
 -- not undo a script's writes when it fails), each once: a decision named
@@ -86,7 +92,7 @@ end
 local statuses = {}
 local applied, duplicates = 0, 0  -- counted once at the end
 for k = FIRST, #KEYS do
-  local reward = ARGV[k - FIRST + 3]
+  local reward = ARGV[k - FIRST + 4]
   local decision = read[KEYS[k]]
   -- A decision made before its experiment was deleted (and perhaps created
   -- again under the same id) belongs to no current experiment.
