@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -17,6 +18,10 @@ from service.store import log_entry_json_bytes
 from service.views import Room
 
 RawEntry = tuple[str, dict[str, bytes]]  # an entry id and its fields, as stored
+# A sharded experiment's log shows entries this much older than this worker's clock
+# (Redis's clock stamps them): the members write their logs apart, and one may
+# still write an entry of a millisecond another's page has shown.
+SETTLE_SECONDS = 1.0
 
 
 class DecisionLog(Room):
@@ -62,12 +67,15 @@ def _merged(
     whether more may follow. Entries of two members may share an id (the same
     millisecond and sequence): a page never ends between them, since the next page
     starts after that id. Nor does it go past the last entry of a member's page that
-    was cut short: that member's next entries may come before the others'."""
-    cut = min((_id_key(raw[-1][0]) for raw, more in pages if more and raw), default=None)
+    was cut short (that member's next entries may come before the others'), nor
+    show the last :data:`SETTLE_SECONDS` (a member may still write an entry with an
+    id before one shown: the next page would start after it)."""
+    settled = (int((time.time() - SETTLE_SECONDS) * 1000), 2**64 - 1)
+    cut = min([settled, *(_id_key(raw[-1][0]) for raw, more in pages if more and raw)])
     tagged = [(entry_id, shard, fields) for shard, (raw, _) in enumerate(pages)
               for entry_id, fields in raw
               if (shard == 0 or fields.get("type") != b"settings")
-              and (cut is None or _id_key(entry_id) <= cut)]
+              and _id_key(entry_id) <= cut]
     tagged.sort(key=lambda e: (_id_key(e[0]), e[1]))
     more = any(m for _, m in pages)
     page: builtins.list[RawEntry] = []

@@ -90,6 +90,9 @@ class Decisions(Room):
         # rather than prepare, draw and compute a propensity twice.
         view = await self.views.current(member_id, view, key_hash,
                                         view.definition.spec.max_stale_rewards)
+        if view.definition.spec.shards != step:  # the member's view is of a newer incarnation
+            self.views.forget(experiment_id)
+            raise StoreUnavailable("the experiment was created again meanwhile; retry")
         basis = await self.views.merged(experiment_id, view, member_id, key_hash)
         bound = self._settings.feature_bound
         try:
@@ -159,6 +162,11 @@ class Decisions(Room):
             # Decide again from the statistics just read, and record that
             # decision whatever has changed since: under steady rewards a
             # check would fail again and again.
+            if view.definition.spec.shards != step:
+                # Created again since with another shard count (decide.lua records
+                # only for the member's incarnation): route afresh.
+                self.views.forget(experiment_id)
+                raise StoreUnavailable("the experiment was created again meanwhile; retry")
             seen, number, reserved = None, reply.reserved, True
             if number is None and view.definition.spec.seed is not None:
                 # No number set aside: the definition changed (arms, or created
@@ -198,6 +206,7 @@ class Decisions(Room):
                 if len(self._shard_counts) >= _SHARD_COUNTS_KEPT:
                     self._shard_counts.clear()
                 self._shard_counts[experiment_id] = count
+                self.views.forget(experiment_id)  # its view says another count: read anew
                 continue
             return [RewardOutcome(decision_id, _status(text), _REWARD_MESSAGES[_status(text)])
                     for (decision_id, _), text in zip(items, statuses, strict=True)]
@@ -221,6 +230,12 @@ class Decisions(Room):
         recount = next((int(r[1]) for r in replies if r[0] == "shards"), None)
         if recount is not None:
             return recount
+        gone = [member_id for member_id, r in zip(by_member, replies, strict=True)
+                if r == ["missing"]]
+        if count > 1 and any(member_id != experiment_id for member_id in gone):
+            # A member the count names is gone: the experiment was perhaps created again
+            # with fewer shards. Its home says (a 'shards' reply), or is gone too.
+            return 1
         statuses = [""] * len(texts)
         for (member_id, rows), reply in zip(by_member.items(), replies, strict=True):
             if reply == ["missing"]:

@@ -92,6 +92,12 @@ def outcomes(experiment_id: str) -> str:
     return f"{PREFIX}:{{{experiment_id}}}:outcomes"
 
 
+def creating(experiment_id: str) -> str:
+    """String: a claim on the id while a sharded experiment's members are created
+    (service.lifecycle); expires on its own if the creation stops."""
+    return f"{PREFIX}:{{{experiment_id}}}:creating"
+
+
 def deleted_pending(experiment_id: str, token: str) -> str:
     """List: a list of decisions of a deleted experiment, while its decisions are deleted."""
     return f"{PREFIX}:{{{experiment_id}}}:deleted-pending:{token}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import dataclasses
 import functools
 import json
@@ -91,28 +92,49 @@ class Lifecycle(Room):
             a.id: json.dumps({"index": i, "active": True, "features": a.features})
             for i, a in enumerate(spec.arms)
         }
-        # The home last: once it exists, every member does (service.shards).
-        for shard in reversed(range(spec.shards)):
-            await self._create_member(spec, shard, meta, arms)
+        if spec.shards == 1:
+            await self._create_member(spec, 0, meta, arms)
+        else:
+            await self._create_sharded(spec, meta, arms)
         # From what was written, not read back: a read that failed now (Redis
         # just out of memory, say) would leave the experiment without its key.
         return _view(parse_definition(meta, arms), [Snapshot(0, 0, {}, ())]), api_key
 
+    async def _create_sharded(self, spec: ExperimentSpec, meta: Mapping[str, str],
+                              arms: Mapping[str, str]) -> None:
+        """The members, the home last: once it exists, every member does. One creation
+        of an id at a time (a claim on the home's slot), so that a member found there
+        is one nobody can use (of an experiment whose deletion stopped halfway, or a
+        creation that did): it is replaced."""
+        exists = Conflict("an experiment with this id already exists")
+        if not await self._store.claim_creation(spec.id):
+            raise Conflict("an experiment with this id is being created; retry in a minute")
+        try:
+            if await self._store.key_hash(spec.id) is not None:
+                raise exists
+            for shard in reversed(range(1, spec.shards)):
+                if not await self._create_member(spec, shard, meta, arms):
+                    await self._store.delete(shards.member(spec.id, shard))
+                    if not await self._create_member(spec, shard, meta, arms):
+                        raise StoreUnavailable("a shard could not be created; retry")
+            if not await self._create_member(spec, 0, meta, arms):  # created unsharded meanwhile
+                for member_id in shards.members(spec.id, spec.shards)[1:]:
+                    await self._store.delete(member_id)
+                raise exists
+        finally:
+            with contextlib.suppress(StoreUnavailable):  # else it expires in a minute
+                await self._store.release_creation(spec.id)
+
     async def _create_member(self, spec: ExperimentSpec, shard: int, meta: Mapping[str, str],
-                             arms: Mapping[str, str]) -> None:
-        member_id = shards.member(spec.id, shard)
-        create = functools.partial(
-            self._store.create, member_id, {**meta, **shards.numbering(shard, spec.shards)},
-            arms, default_reward=spec.default_reward is not None, listed=shard == 0)
-        if await create():
-            return
-        if shard > 0 and await self._store.key_hash(spec.id) is None:
-            # A member of an experiment whose deletion stopped halfway (the home
-            # goes first): nobody can use it.
-            await self._store.delete(member_id)
-            if await create():
-                return
-        raise Conflict("an experiment with this id already exists")
+                             arms: Mapping[str, str]) -> bool:
+        """Create a member (the experiment itself, unsharded); False if its id is taken."""
+        if not await self._store.create(
+                shards.member(spec.id, shard), {**meta, **shards.numbering(shard, spec.shards)},
+                arms, default_reward=spec.default_reward is not None, listed=shard == 0):
+            if spec.shards == 1:
+                raise Conflict("an experiment with this id already exists")
+            return False
+        return True
 
     async def get(self, experiment_id: str) -> ExperimentView:
         if not valid_experiment_id(experiment_id):
@@ -150,31 +172,38 @@ class Lifecycle(Room):
         """Delete the experiment: the home first, so that it is gone at once, then its
         other members (a deletion that stops halfway leaves members nobody can use;
         a creation under the same id replaces them)."""
-        definition = await self.views.definition(experiment_id)
-        member_ids = shards.members(experiment_id, definition.spec.shards)
+        if not valid_experiment_id(experiment_id):
+            raise NotFound("no experiment with this id")
+        raw = await self._store.read_definition(experiment_id)
+        try:
+            count = shards.count_of(raw[0]) if raw is not None else shards.MAX_SHARDS
+        except (ValueError, KeyError, TypeError):  # a damaged spec: its own members only
+            count = 1
+        # Without a home, the members a deletion that stopped halfway left, if any.
+        member_ids = (shards.members(experiment_id, count) if raw is not None
+                      else [experiment_id, *await self._store.existing(
+                          shards.members(experiment_id, count)[1:])])
         for member_id in member_ids:
             self.views.forget(member_id)
-        if not await self._store.delete(experiment_id):
-            raise NotFound("no experiment with this id")
+        removed = await self._store.delete(experiment_id)
         for member_id in member_ids[1:]:
             await self._store.delete(member_id)
+        if not removed:
+            raise NotFound("no experiment with this id")
 
     async def _on_members(
         self, definition: Definition, change: Callable[[str], Awaitable[int]]
     ) -> int:
-        """Make a change of the definition on every member, the home last; the home's
-        result. A member that refuses it as done already (-1: an arm added, or
-        retired, by an attempt that stopped halfway) goes on."""
+        """Make a change of the definition (its result: positive when made) on the
+        experiment, and for a sharded one copy it to the other members
+        (:func:`service.shards.sync_members`)."""
+        result = await change(definition.spec.id)
         member_ids = shards.members(definition.spec.id, definition.spec.shards)
-        for member_id in reversed(member_ids[1:]):
-            result = await change(member_id)
-            if result == 0:
-                raise NotFound("no experiment with this id")
-            if result < -1:
-                raise StoreUnavailable("the experiment's shards are being changed; retry")
+        if result > 0 and len(member_ids) > 1:
+            await shards.sync_members(self._store, definition.spec.id)
         for member_id in member_ids:
             self.views.forget(member_id)
-        return await change(definition.spec.id)
+        return result
 
     async def add_arms(self, experiment_id: str, arms: Sequence[ArmSpec]) -> ExperimentView:
         definition = await self.views.definition(experiment_id)
@@ -218,8 +247,8 @@ class Lifecycle(Room):
         return await self.get(experiment_id)
 
     async def _update_member(self, member_id: str, changes: Mapping[str, object]) -> int:
-        """The settings of one member (the experiment itself, unsharded) changed: its
-        new version, 0 if it is gone."""
+        """The settings of the experiment (its home, sharded) changed: its new version,
+        0 if it is gone."""
         for _ in range(_ATTEMPTS):
             definition = await self.views.definition(member_id)
             spec, config = self._changed(definition, changes)

@@ -19,8 +19,12 @@ script runs on a member unchanged, and a decision or reward touches one slot.
   worker last caught up with them, at most :data:`SYNC_SECONDS` before.
 * Each member keeps its own decision log, of ``log_max_entries / S`` entries;
   a page of the experiment's log merges theirs in time order (to the ms).
-* The experiment's definition changes (settings, arms, keys) are made on every
-  member, the home last; a decision made while they differ waits for them.
+* The home holds the experiment's definition: a change (settings, arms, keys)
+  is made there, by the scripts of an unsharded experiment, and then copied to
+  every other member (:func:`sync_members`, ``sync_member.lua``: the same fields,
+  version included). A decision that finds the members' definitions differ (a
+  copy under way, or one that stopped halfway) makes the copy itself, so a
+  change interrupted halfway is completed by the next decision or change.
 
 Only sums that add can be split so: not an experiment that forgets, nor the
 authors' variants (:func:`policies.state.mergeable`).
@@ -28,12 +32,14 @@ authors' variants (:func:`policies.state.mergeable`).
 
 from __future__ import annotations
 
+import json
 import zlib
 
 from policies import PolicyConfig
 from policies.state import mergeable
 from service.domain import ExperimentSpec
 from service.errors import InvalidInput
+from service.store import Store
 
 SEPARATOR = "~"  # not in EXPERIMENT_ID_PATTERN: a member id is never an experiment's
 MAX_SHARDS = 16
@@ -74,6 +80,35 @@ def log_share(log_max_entries: int, shards: int) -> int:
     """The entries each member's log keeps, so that the merged log keeps about
     ``log_max_entries``."""
     return -(-log_max_entries // shards)
+
+
+# A member's own meta fields, never copied from the home.
+_OWN_FIELDS = frozenset({"incarnation", "created_at", "number_start"})
+# Definition fields a change may remove from the home's meta (a member drops them too).
+_OPTIONAL_FIELDS = ("key_hash_old", "log_max_entries", "log_max_age_seconds", "default_reward")
+
+
+def count_of(meta: dict[str, str]) -> int:
+    """The shard count a stored meta hash says (1 when its spec names none)."""
+    return int(json.loads(meta["spec"]).get("shards", 1))
+
+
+async def sync_members(store: Store, experiment_id: str) -> bool:
+    """Copy the home's definition to every other member; False if the experiment is gone.
+
+    Idempotent: any worker may run it, any number of times, in any order with
+    another's (each copy is the home's definition as read then; the last read is
+    the latest).
+    """
+    raw = await store.read_definition(experiment_id)
+    if raw is None:
+        return False
+    meta, arms = raw
+    fields = {k: v for k, v in meta.items() if k not in _OWN_FIELDS}
+    absent = [f for f in _OPTIONAL_FIELDS if f not in meta]
+    for member_id in members(experiment_id, count_of(meta))[1:]:
+        await store.sync_member(member_id, meta["incarnation"], fields, absent, arms)
+    return True
 
 
 def check(spec: ExperimentSpec, config: PolicyConfig) -> None:

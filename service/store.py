@@ -699,6 +699,7 @@ class Store:
         self._read = client.register_script(_script("read"))
         self._keys = client.register_script(_script("keys"))
         self._settings = client.register_script(_script("settings"))
+        self._sync_member = client.register_script(_script("sync_member"))
         self._batcher = _ScriptBatcher(client, deadline_seconds, library())
 
     @property
@@ -921,6 +922,21 @@ class Store:
                 raise
         return bool(created)
 
+    @_translated
+    async def existing(self, experiment_ids: Sequence[str]) -> list[str]:
+        """Those of ``experiment_ids`` (members, service.shards) that exist."""
+        found = [await self._client.exists(keys.meta(i)) for i in experiment_ids]
+        return [i for i, there in zip(experiment_ids, found, strict=True) if there]
+
+    @_translated
+    async def claim_creation(self, experiment_id: str) -> bool:
+        """Claim the id for a creation (for a minute at most); False if another holds it."""
+        return bool(await self._client.set(keys.creating(experiment_id), "1", nx=True, ex=60))
+
+    @_translated
+    async def release_creation(self, experiment_id: str) -> None:
+        await self._client.delete(keys.creating(experiment_id))
+
     async def _index(self, experiment_id: str, default_reward: bool, listed: bool = True
                      ) -> None:
         if listed:
@@ -1125,6 +1141,18 @@ class Store:
                 str(log_max_age_seconds), change]
         return int(await self._settings(keys=[keys.meta(experiment_id), keys.log(experiment_id)],
                                         args=args))
+
+    @_translated
+    async def sync_member(
+        self, member_id: str, incarnation: str, meta: Mapping[str, str],
+        absent: Sequence[str], arms: Mapping[str, str],
+    ) -> int:
+        """Give a shard's member its home's definition (``sync_member.lua``): 1 done, 0 no
+        such member, -1 a member of another incarnation."""
+        args = [incarnation, str(len(meta)), *(item for pair in meta.items() for item in pair),
+                str(len(absent)), *absent, *(item for pair in arms.items() for item in pair)]
+        return int(await self._sync_member(keys=[keys.meta(member_id), keys.arms(member_id)],
+                                           args=args))
 
     @_translated
     async def retire_arms(self, experiment_id: str, arm_ids: Sequence[str]) -> int:

@@ -289,15 +289,21 @@ class Views:
         if count == 1:
             return deciding
         member_ids = shards.members(experiment_id, count)
+        if member_id not in member_ids:  # routed by another incarnation's count
+            raise StoreUnavailable("the experiment was created again meanwhile; retry")
         views = list(await asyncio.gather(*(
             self._synced(other, key_hash) for other in member_ids if other != member_id)))
         views.insert(member_ids.index(member_id), deciding)
-        if len({(v.definition.incarnation, v.definition.version) for v in views}) > 1:
-            # A change of the definition is under way (service.lifecycle makes it on
-            # every member in turn): read each member's as it is now.
+        if _differ(views):
+            # A change of the definition is being copied from the home to the other
+            # members (service.shards), or its copy stopped halfway: read each
+            # member's as it is now, and if they still differ, copy it.
             views = [await self.read_view(other, key_hash) for other in member_ids]
-            if len({(v.definition.incarnation, v.definition.version) for v in views}) > 1:
-                raise StoreUnavailable("the experiment's shards are being changed; retry")
+            if _differ(views):
+                await shards.sync_members(self._store, experiment_id)
+                views = [await self.read_view(other, key_hash) for other in member_ids]
+            if _differ(views):
+                raise StoreUnavailable("the experiment's definition is being changed; retry")
         return self._merge(experiment_id, tuple(views))
 
     async def _synced(self, member_id: str, key_hash: str | None) -> View:
@@ -334,7 +340,10 @@ class Views:
                       read_at=min(v.read_at for v in views))
         if kept is not None:
             merged.inherit(kept[1])
+            self._bytes -= kept[1].nbytes
         self._merged[experiment_id] = (views, merged)
+        self._bytes += merged.nbytes  # in the budget, as its members' views are
+        self._within_budget(keep=views[0])
         return merged
 
     def _catch_up(self, experiment_id: str, view: View, progress: Progress) -> View | None:
@@ -449,7 +458,9 @@ class Views:
                 self.forget(experiment_id)
 
     def forget(self, experiment_id: str) -> None:
-        self._merged.pop(shards.home(experiment_id), None)
+        merged = self._merged.pop(shards.home(experiment_id), None)
+        if merged is not None:
+            self._bytes -= merged[1].nbytes
         self._drop(experiment_id)
 
     def _drop(self, experiment_id: str) -> None:
@@ -503,6 +514,12 @@ class Views:
         view.own_bytes += change
         self._bytes += change
         self._within_budget(keep=view)
+
+
+def _differ(views: Sequence[View]) -> bool:
+    """The members' views hold different definitions (incarnation, version, arms)."""
+    return len({(v.definition.incarnation, v.definition.version, len(v.definition.arms))
+                for v in views}) > 1
 
 
 def _candidates(

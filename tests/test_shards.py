@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -20,9 +21,10 @@ from redis.crc import key_slot
 from app.main import create_app
 from policies import draw
 from service import keys, shards
+from service.decision_log import SETTLE_SECONDS
 from service.decisions import _decision_rng
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
-from service.errors import InvalidInput
+from service.errors import InvalidInput, NotFound
 from service.experiments import ExperimentService
 from service.settings import Settings
 from tests.cluster import LocalCluster, local_cluster
@@ -189,6 +191,9 @@ async def test_the_log_is_every_members_in_order_page_by_page(
     made = [await service.choose("log", ChooseRequest(), key) for _ in range(25)]
     await service.reward("log", [(d.decision_id, 0.25) for d in made[:10]], key)
     await service.update_settings("log", {"epsilon": 0.1})
+    recent, _ = await service.read_log("log", limit=100)
+    assert recent == []  # the last SETTLE_SECONDS are not shown yet
+    await asyncio.sleep(SETTLE_SECONDS)
     entries, after = [], None
     while True:
         page, after = await service.read_log("log", after=after, limit=4)
@@ -238,12 +243,52 @@ async def test_delete_removes_every_member_and_a_creation_replaces_stray_ones(
     await service.delete("gone")
     assert _keys(redis_db, "gone") == []
     # A deletion that stopped after the home: the other members stay behind...
+    store = service.decisions._store
     await service.create(_spec("gone"))
-    await service.decisions._store.delete("gone")
+    await store.delete("gone")
     assert _keys(redis_db, "gone") != []
-    # ... and the experiment is gone; created again, it replaces them.
+    # ... and the experiment is gone; created again, it replaces them;
     _, key = await service.create(_spec("gone"))
     assert (await service.choose("gone", ChooseRequest(), key)).arm_id
+    # or deleted again, they go (a 404: the experiment was gone).
+    await store.delete("gone")
+    with pytest.raises(NotFound):
+        await service.delete("gone")
+    assert _keys(redis_db, "gone") == []
+
+
+async def test_one_of_two_concurrent_creations_wins_whole(
+    service: ExperimentService, other_service: ExperimentService,
+) -> None:
+    results = await asyncio.gather(service.create(_spec("race")),
+                                   other_service.create(_spec("race")),
+                                   return_exceptions=True)
+    assert sorted(type(r).__name__ for r in results) == ["Conflict", "tuple"]
+    incarnations = {(await service.views.definition(m)).incarnation
+                    for m in shards.members("race", S)}
+    assert len(incarnations) == 1
+    key = next(r for r in results if isinstance(r, tuple))[1]
+    assert (await service.choose("race", ChooseRequest(), key)).arm_id
+
+
+async def test_a_change_copied_halfway_is_completed_by_the_next_decision(
+    service: ExperimentService,
+) -> None:
+    """The home holds the definition; a change that reached it but not the other members
+    (a worker stopped between) is copied by the next decision that sees them differ."""
+    _, key = await service.create(_spec("half"))
+    for i in _ON_EVERY_MEMBER:
+        await service.choose("half", ChooseRequest(decision_id=i), key)
+    store = service.decisions._store
+    record = json.dumps({"active": True, "features": [0.3, 0.3, 0.3]})
+    assert await store.add_arms("half", {"new": record}, 100) > 0  # the home alone
+    made = [await service.choose("half", ChooseRequest(decision_id=f"n{i}", eligible=("new",)),
+                                 key) for i in range(6)]
+    assert {d.arm_id for d in made} == {"new"}
+    for member_id in shards.members("half", S):
+        definition = await service.views.definition(member_id)
+        assert [a.id for a in definition.arms][-1] == "new"
+        assert definition.version == (await service.views.definition("half")).version
 
 
 async def test_what_cannot_be_sharded_is_refused(service: ExperimentService) -> None:
@@ -303,6 +348,7 @@ async def test_a_sharded_experiment_spreads_over_a_clusters_masters(
             assert [r["status"] for r in reply.json()["results"]] == ["applied"] * 30
             view = await api.experiment(experiment_id)
             assert (view["decisions"], view["rewards"]) == (30, 30)
+            await asyncio.sleep(SETTLE_SECONDS)
             log = await http.get(f"/experiments/{experiment_id}/log?limit=100", headers=ADMIN)
             assert len(log.json()["entries"]) == 60
             per_master = {port: int(cluster.node(port).dbsize())  # type: ignore[arg-type]
@@ -330,8 +376,9 @@ async def test_a_worker_learns_the_shard_count_from_the_scripts(
     # Created again with one shard: the first worker's view still says three.
     await other_service.delete("learn")
     _, key = await other_service.create(_spec("learn", 1))
-    again = await other_service.choose("learn", ChooseRequest(decision_id="x"), key)
+    again = [await other_service.choose("learn", ChooseRequest(decision_id=i), key)
+             for i in _ON_EVERY_MEMBER]  # (by the old count, one on each of its members)
     assert service.views.get("learn") is not None
-    assert [o.status for o in await service.reward("learn", [(again.decision_id, 1.0)], key)] \
-        == ["applied"]
-    assert (await service.get("learn")).rewards == 1
+    rewarded = await service.reward("learn", [(d.decision_id, 1.0) for d in again], key)
+    assert [o.status for o in rewarded] == ["applied"] * S
+    assert (await service.get("learn")).rewards == S
