@@ -1,0 +1,136 @@
+"""Rankings of k arms (policies.ranking): k = 1 is draw, positions from the same index."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from policies import Ready, draw, paper_config, prepare
+from policies.propensity import propensities
+from policies.ranking import _estimated, _normal_positions, position_propensities, rank
+from policies.state import apply_sequence, init_state
+
+K, D = 8, 3
+
+
+def _ready(name: str, setting: str, seed: int = 0, epsilon: float = 0.0,
+           eligible: np.ndarray | None = None) -> Ready:
+    config = paper_config(name, setting, D, epsilon=epsilon)  # type: ignore[arg-type]
+    rng = np.random.default_rng(seed)
+    state = init_state(config, K)
+    n = 60
+    arms = rng.integers(0, K, size=n)
+    x = rng.normal(size=(n, D)) / 2
+    apply_sequence(config, state, arms, x, x @ np.array([0.5, -0.2, 0.3]) + rng.normal(size=n) / 4)
+    contexts = rng.normal(size=(1, K, D)) / 2
+    return prepare(config, state, contexts, eligible)
+
+
+@pytest.mark.parametrize(("name", "setting"), [("linreboot", "covariates"),
+                                               ("linreboot", "contextual"),
+                                               ("lints-g", "stochastic"), ("linucb", "covariates")])
+@pytest.mark.parametrize("epsilon", [0.0, 0.3])
+def test_k_1_is_draw_and_uses_the_generators_as_draw_does(
+    name: str, setting: str, epsilon: float
+) -> None:
+    ready = _ready(name, setting, epsilon=epsilon)
+    for seed in range(40):
+        ranked_rng, drawn_rng = np.random.default_rng(seed), np.random.default_rng(seed)
+        ranking = rank(ready, [ranked_rng], 1)
+        choice = draw(ready, [drawn_rng])
+        assert ranking.arms[0, 0] == choice.arms[0]
+        np.testing.assert_array_equal(ranking.scores, choice.scores)
+        assert ranked_rng.random() == drawn_rng.random()  # same state after
+
+
+def test_a_ranking_is_distinct_eligible_arms_by_score() -> None:
+    eligible = np.ones((1, K), bool)
+    eligible[0, [1, 4]] = False
+    ready = _ready("linreboot", "covariates", eligible=eligible)
+    for seed in range(30):
+        ranking = rank(ready, [np.random.default_rng(seed)], 5)
+        placed = ranking.arms[0].tolist()
+        assert len(set(placed)) == 5 and not {1, 4} & set(placed)
+        scores = ranking.scores[0, placed]
+        assert np.all(np.diff(scores) <= 0)  # best first (no epsilon here)
+        others = [a for a in range(K) if a not in placed and eligible[0, a]]
+        assert scores[-1] >= ranking.scores[0, others].max()
+
+
+def test_a_deterministic_index_ranks_by_its_order() -> None:
+    ready = _ready("linucb", "covariates", seed=3)
+    ranking = rank(ready, [np.random.default_rng(0)], K)
+    np.testing.assert_array_equal(ranking.arms[0], np.argsort(-ranking.scores[0], kind="stable"))
+
+
+def test_k_beyond_the_eligible_arms_is_refused() -> None:
+    eligible = np.zeros((1, K), bool)
+    eligible[0, :3] = True
+    ready = _ready("linreboot", "covariates", eligible=eligible)
+    with pytest.raises(ValueError, match="between 1 and the eligible arms"):
+        rank(ready, [np.random.default_rng(0)], 4)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.2])
+def test_position_propensities_agree_with_the_exact_first_position(epsilon: float) -> None:
+    """Position 1 is draw's choice: its estimate is within four standard errors of the
+    exact propensity (policies.propensity, error below 1e-4)."""
+    ready = _ready("linreboot", "covariates", seed=5, epsilon=epsilon)
+    draws = 4000
+    for seed in range(3):
+        ranking = rank(ready, [np.random.default_rng(seed)], 3)
+        estimate = position_propensities(ready, ranking, draws=draws)
+        exact = float(propensities(ready, ranking.arms[:, 0])[0])
+        se = np.sqrt(exact * (1 - exact) / draws)
+        assert abs(estimate[0, 0] - exact) <= 4 * se + 1e-4
+        assert np.all((estimate > 0) & (estimate <= 1))
+
+
+def test_with_two_arms_the_second_position_is_the_first_ones_complement() -> None:
+    eligible = np.zeros((1, K), bool)
+    eligible[0, [2, 6]] = True
+    ready = _ready("linreboot", "covariates", seed=8, eligible=eligible)
+    draws = 4000
+    ranking = rank(ready, [np.random.default_rng(1)], 2)
+    estimate = position_propensities(ready, ranking, draws=draws)
+    second_first = float(propensities(ready, ranking.arms[:, 1])[0])
+    exact = 1.0 - second_first  # arm 2 of the ranking is second when it is not first
+    se = np.sqrt(exact * (1 - exact) / draws)
+    assert abs(estimate[0, 1] - exact) <= 4 * se + 1e-4
+    # the same draws: the estimates of the two positions are the same event
+    assert estimate[0, 0] == pytest.approx(estimate[0, 1])
+
+
+def _all_positions(ready: Ready, k: int) -> np.ndarray:
+    """P(arm a at position j) for every eligible arm a and j < k, by the integral."""
+    arms = np.flatnonzero(ready.eligible[0])
+    table = np.zeros((arms.size, k))
+    for j in range(k):
+        for i, arm in enumerate(arms):
+            placed = np.zeros((1, j + 1), dtype=np.int64)
+            placed[0, j] = arm
+            table[i, j] = _normal_positions(ready, placed)[0, j]  # type: ignore[index]
+    return table
+
+
+@pytest.mark.parametrize("setting", ["covariates", "contextual"])
+def test_the_integral_is_a_distribution_over_arms_and_over_positions(setting: str) -> None:
+    """Every position holds one arm and every arm one position: the rows and the columns
+    of the table sum to 1 (to the trapezoidal rule's error, far below 1e-6 here); the
+    first position is policies.propensity's (error below 1e-4)."""
+    ready = _ready("linreboot", setting, seed=11)
+    table = _all_positions(ready, K)
+    np.testing.assert_allclose(table.sum(axis=0), 1.0, atol=1e-6)
+    np.testing.assert_allclose(table.sum(axis=1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(table[:, 0], propensities(ready)[0], atol=1e-4)
+
+
+def test_the_integral_agrees_with_the_estimate() -> None:
+    ready = _ready("linreboot", "covariates", seed=5)
+    draws = 4000
+    for seed in range(3):
+        ranking = rank(ready, [np.random.default_rng(seed)], 4)
+        exact = position_propensities(ready, ranking)
+        estimate = _estimated(ready, ranking, draws, 7)
+        se = np.sqrt(exact * (1 - exact) / draws)
+        assert np.all(np.abs(estimate - exact) <= 4 * se + 1e-4), (estimate, exact)
