@@ -291,9 +291,16 @@ class Views:
         member_ids = shards.members(experiment_id, count)
         if member_id not in member_ids:  # routed by another incarnation's count
             raise StoreUnavailable("the experiment was created again meanwhile; retry")
-        views = list(await asyncio.gather(*(
-            self._synced(other, key_hash) for other in member_ids if other != member_id)))
-        views.insert(member_ids.index(member_id), deciding)
+        now = time.monotonic()
+        held = [deciding if other == member_id else self._fresh(other, key_hash, now)
+                for other in member_ids]
+        stale = [i for i, view in enumerate(held) if view is None]
+        if stale:  # most decisions have none: no task, no await
+            synced = await asyncio.gather(*(self._synced(member_ids[i], key_hash)
+                                            for i in stale))
+            for i, view in zip(stale, synced, strict=True):
+                held[i] = view
+        views = [v for v in held if v is not None]
         if _differ(views):
             # A change of the definition is being copied from the home to the other
             # members (service.shards), or its copy stopped halfway: read each
@@ -305,6 +312,16 @@ class Views:
             if _differ(views):
                 raise StoreUnavailable("the experiment's definition is being changed; retry")
         return self._merge(experiment_id, tuple(views))
+
+    def _fresh(self, member_id: str, key_hash: str | None, now: float) -> View | None:
+        """This worker's view of a member, if it serves a decision as it is: held, of the
+        key, with no own rewards to add, read within SYNC_SECONDS."""
+        view = self._held.get(member_id)
+        if (view is None or view.behind or now - view.read_at > shards.SYNC_SECONDS
+                or not (key_hash is None or view.definition.accepts(key_hash))):
+            return None
+        self._held.move_to_end(member_id)
+        return view
 
     async def _synced(self, member_id: str, key_hash: str | None) -> View:
         """This worker's view of a member a decision does not record on: with the
