@@ -60,7 +60,9 @@ def _at_most(bound: int) -> str:
 
 # A Redis stream entry id: two unsigned 64-bit integers, "<ms>-<seq>".
 _U64 = _at_most(2**64 - 1)
-LOG_ENTRY_ID_PATTERN = rf"^{_U64}-{_U64}$"
+_ENTRY_ID = rf"{_U64}-{_U64}"
+# An entry id, or a sharded experiment's cursor: one per shard, joined by "~".
+LOG_CURSOR_PATTERN = rf"^{_ENTRY_ID}(?:~{_ENTRY_ID}){{0,{shards.MAX_SHARDS - 1}}}$"
 
 ExperimentId = Annotated[
     str,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import json
-import time
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -18,10 +17,8 @@ from service.store import log_entry_json_bytes
 from service.views import Room
 
 RawEntry = tuple[str, dict[str, bytes]]  # an entry id and its fields, as stored
-# A sharded experiment's log shows entries this much older than this worker's clock
-# (Redis's clock stamps them): the members write their logs apart, and one may
-# still write an entry of a millisecond another's page has shown.
-SETTLE_SECONDS = 1.0
+# A sharded experiment's cursor: each member's position, joined (service.shards).
+CURSOR_SEPARATOR = "~"
 
 
 class DecisionLog(Room):
@@ -30,63 +27,84 @@ class DecisionLog(Room):
     async def read(
         self, experiment_id: str, after: str | None = None, limit: int = 100
     ) -> tuple[builtins.list[LogEntry], str | None]:
-        """Up to ``limit`` decision-log entries after the entry id ``after``, oldest first,
-        and at most about ``LINREBOOT_LOG_PAGE_MAX_BYTES`` of them (at least one); and
-        the entry id to go on from (None on the last page). The entries are decoded in
-        a thread: a page of large contexts does not hold up the event loop."""
-        if after is not None and not _valid_entry_id(after):
-            raise InvalidInput("after must be an entry_id from the log")
+        """Up to ``limit`` decision-log entries after ``after``, oldest first, and at most
+        about ``LINREBOOT_LOG_PAGE_MAX_BYTES`` of them (at least one); and where to go on
+        from (None on the last page): the last entry's id, or for a sharded experiment
+        each shard's position (:func:`_merged`). The entries are decoded in a thread: a
+        page of large contexts does not hold up the event loop."""
+        if after is not None and not all(map(_valid_entry_id, after.split(CURSOR_SEPARATOR))):
+            raise InvalidInput("after must be an entry_id (or a next_after) from the log")
         definition = await self.views.definition(experiment_id)
-        if after is not None and _last_entry_id(after):
-            return [], None
-        raw, more = await self._read(definition, after, limit)
+        positions = _positions(after, definition.spec.shards)
+        raw, more, next_after = await self._read(definition, positions, limit)
         entries = await asyncio.to_thread(
             lambda: [_log_entry(definition, entry_id, fields) for entry_id, fields in raw])
-        return entries, (raw[-1][0] if more and raw else None)
+        return entries, (next_after if more and raw else None)
 
-    async def _read(self, definition: Definition, after: str | None, limit: int
-                    ) -> tuple[builtins.list[RawEntry], bool]:
-        """A page of raw entries, and whether more may follow: of every member's log,
-        merged, for a sharded experiment (service.shards)."""
+    async def _read(self, definition: Definition, positions: Sequence[str | None], limit: int
+                    ) -> tuple[builtins.list[RawEntry], bool, str | None]:
+        """A page of raw entries, whether more may follow, and the cursor after it: of
+        every member's log, merged, for a sharded experiment (service.shards)."""
         spec, max_bytes = definition.spec, self._settings.log_page_max_bytes
         size = _log_entry_size(definition)
         pages = await asyncio.gather(*(
-            self._store.read_log(member_id, after, limit, max_bytes, size)
-            for member_id in shards.members(spec.id, spec.shards)))
+            self._store.read_log(member_id, at, limit, max_bytes, size)
+            if at is None or not _last_entry_id(at) else _nothing()
+            for member_id, at in zip(shards.members(spec.id, spec.shards), positions,
+                                     strict=True)))
         if len(pages) == 1:
-            return pages[0]
-        return _merged(pages, limit, max_bytes, size)
+            raw, more = pages[0]
+            return raw, more, raw[-1][0] if raw else None
+        return _merged(pages, positions, limit, max_bytes, size)
+
+
+async def _nothing() -> tuple[builtins.list[RawEntry], bool]:
+    return [], False
+
+
+def _positions(after: str | None, shards_count: int) -> builtins.list[str | None]:
+    """Where each member's log is read from: ``after`` is an entry id (every member reads
+    after it) or, sharded, a cursor of one position per member."""
+    if after is None:
+        return [None] * shards_count
+    parts = after.split(CURSOR_SEPARATOR)
+    if len(parts) == 1:
+        parts = parts * shards_count
+    if len(parts) != shards_count or not all(_valid_entry_id(p) for p in parts):
+        raise InvalidInput("after must be an entry_id (or a next_after) from the log")
+    return list(parts)
 
 
 def _merged(
-    pages: Sequence[tuple[builtins.list[RawEntry], bool]], limit: int, max_bytes: int,
-    size: Callable[[Mapping[str, bytes]], int],
-) -> tuple[builtins.list[RawEntry], bool]:
+    pages: Sequence[tuple[builtins.list[RawEntry], bool]], positions: Sequence[str | None],
+    limit: int, max_bytes: int, size: Callable[[Mapping[str, bytes]], int],
+) -> tuple[builtins.list[RawEntry], bool, str]:
     """One page of the members' logs in entry-id order (a member's settings changes
-    are the home's, logged again: left out), within ``limit`` and ``max_bytes``, and
-    whether more may follow. Entries of two members may share an id (the same
-    millisecond and sequence): a page never ends between them, since the next page
-    starts after that id. Nor does it go past the last entry of a member's page that
-    was cut short (that member's next entries may come before the others'), nor
-    show the last :data:`SETTLE_SECONDS` (a member may still write an entry with an
-    id before one shown: the next page would start after it)."""
-    settled = (int((time.time() - SETTLE_SECONDS) * 1000), 2**64 - 1)
-    cut = min([settled, *(_id_key(raw[-1][0]) for raw, more in pages if more and raw)])
+    are the home's, logged again: left out), within ``limit`` and ``max_bytes``;
+    whether more may follow; and the cursor: each member's last entry shown (or
+    where it was read from), so that the next page misses nothing a member writes
+    meanwhile, even with an id before one shown. The page does not go past the
+    last entry of a member's page that was cut short (that member's next entries
+    may come before the others')."""
+    cut = min((_id_key(raw[-1][0]) for raw, more in pages if more and raw), default=None)
     tagged = [(entry_id, shard, fields) for shard, (raw, _) in enumerate(pages)
               for entry_id, fields in raw
-              if (shard == 0 or fields.get("type") != b"settings")
-              and _id_key(entry_id) <= cut]
+              if cut is None or _id_key(entry_id) <= cut]
     tagged.sort(key=lambda e: (_id_key(e[0]), e[1]))
-    more = any(m for _, m in pages)
+    more = any(m for _, m in pages) or len(tagged) > limit
+    at = [p or "0-0" for p in positions]
     page: builtins.list[RawEntry] = []
     spent = 0
-    for entry_id, _, fields in tagged:
-        full = len(page) >= limit or (page and spent + size(fields) > max_bytes)
-        if full and entry_id != page[-1][0]:
-            return page, True
-        page.append((entry_id, fields))
-        spent += size(fields)
-    return page, more or len(page) >= limit  # as a member's: the limit reached, maybe more
+    for entry_id, shard, fields in tagged:
+        if len(page) >= limit or (page and spent + size(fields) > max_bytes):
+            more = True
+            break
+        at[shard] = entry_id
+        if shard == 0 or fields.get("type") != b"settings":
+            page.append((entry_id, fields))
+            spent += size(fields)
+    more = more or len(page) >= limit  # as a member's: the limit reached, maybe more
+    return page, more, CURSOR_SEPARATOR.join(at)
 
 
 def _id_key(entry_id: str) -> tuple[int, int]:

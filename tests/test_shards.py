@@ -21,7 +21,6 @@ from redis.crc import key_slot
 from app.main import create_app
 from policies import draw
 from service import keys, shards
-from service.decision_log import SETTLE_SECONDS
 from service.decisions import _decision_rng
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.errors import InvalidInput, NotFound
@@ -191,13 +190,10 @@ async def test_the_log_is_every_members_in_order_page_by_page(
     made = [await service.choose("log", ChooseRequest(), key) for _ in range(25)]
     await service.reward("log", [(d.decision_id, 0.25) for d in made[:10]], key)
     await service.update_settings("log", {"epsilon": 0.1})
-    recent, _ = await service.read_log("log", limit=100)
-    assert recent == []  # the last SETTLE_SECONDS are not shown yet
-    await asyncio.sleep(SETTLE_SECONDS)
     entries, after = [], None
     while True:
         page, after = await service.read_log("log", after=after, limit=4)
-        assert len(page) <= 4 + S  # a page ends between distinct ids
+        assert len(page) <= 4
         entries += page
         if after is None:
             break
@@ -348,9 +344,18 @@ async def test_a_sharded_experiment_spreads_over_a_clusters_masters(
             assert [r["status"] for r in reply.json()["results"]] == ["applied"] * 30
             view = await api.experiment(experiment_id)
             assert (view["decisions"], view["rewards"]) == (30, 30)
-            await asyncio.sleep(SETTLE_SECONDS)
-            log = await http.get(f"/experiments/{experiment_id}/log?limit=100", headers=ADMIN)
-            assert len(log.json()["entries"]) == 60
+            seen: list[tuple[str, str]] = []
+            after: str | None = None
+            while True:  # pages of 7, by next_after (each shard's position)
+                params: dict[str, str | int] = {"limit": 7, **({"after": after} if after else {})}
+                log = await http.get(f"/experiments/{experiment_id}/log", params=params,
+                                     headers=ADMIN)
+                assert log.status_code == 200, log.text
+                seen += [(e["type"], e["decision_id"]) for e in log.json()["entries"]]
+                after = log.json()["next_after"]
+                if after is None:
+                    break
+            assert len(seen) == len(set(seen)) == 60  # 30 decisions and their rewards, once
             per_master = {port: int(cluster.node(port).dbsize())  # type: ignore[arg-type]
                           for port in cluster.masters}
             assert all(size > 0 for size in per_master.values()), per_master
@@ -382,3 +387,28 @@ async def test_a_worker_learns_the_shard_count_from_the_scripts(
     rewarded = await service.reward("learn", [(d.decision_id, 1.0) for d in again], key)
     assert [o.status for o in rewarded] == ["applied"] * S
     assert (await service.get("learn")).rewards == S
+
+
+async def test_an_entry_a_member_writes_after_a_page_is_on_the_next(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """The cursor holds each member's position: an entry a member writes after a page was
+    read, with an id before entries the page showed (another member's clock, or the same
+    millisecond), is on the next page, not lost."""
+    await service.create(_spec("tail", log_max_entries=100))
+    client = redis.Redis.from_url(redis_db)
+    try:
+        def logged(shard: int, entry_id: str) -> None:
+            client.xadd(keys.log(shards.member("tail", shard)),
+                        {"type": "reward", "id": f"d{entry_id}", "reward": "1.0"}, id=entry_id)
+
+        logged(0, "1000-0")
+        logged(0, "3000-0")
+        logged(1, "2000-0")
+        page, after = await service.read_log("tail", limit=2)
+        assert [e.entry_id for e in page] == ["1000-0", "2000-0"] and after is not None
+        logged(2, "1500-0")  # before 2000-0, which the page showed
+        rest, last = await service.read_log("tail", after=after, limit=10)
+        assert [e.entry_id for e in rest] == ["1500-0", "3000-0"] and last is None
+    finally:
+        client.close()

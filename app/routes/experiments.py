@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Response
 from app.deps import AdminDep, ExperimentIdPath, ServiceDep, SettingsDep
 from app.responses import ADMIN_ERRORS
 from app.schemas import (
-    LOG_ENTRY_ID_PATTERN,
+    LOG_CURSOR_PATTERN,
     AddArmsIn,
     CreateExperimentIn,
     ExperimentCreatedOut,
@@ -117,9 +117,10 @@ async def read_log(
                                 "(at least one entry)")] = 100,
     after: Annotated[
         str | None,
-        Query(pattern=LOG_ENTRY_ID_PATTERN,
-              description="an entry_id: the page starts after it (the previous page's "
-              "next_after)"),
+        Query(pattern=LOG_CURSOR_PATTERN,
+              description="the previous page's next_after: the page starts after it (an "
+              "entry_id also serves; on a sharded experiment next_after holds every "
+              "shard's position)"),
     ] = None,
 ) -> Response:
     entries, next_after = await service.read_log(experiment_id, after, limit)
