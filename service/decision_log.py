@@ -39,7 +39,9 @@ class DecisionLog(Room):
         raw, more, next_after = await self._read(definition, positions, limit)
         entries = await asyncio.to_thread(
             lambda: [_log_entry(definition, entry_id, fields) for entry_id, fields in raw])
-        return entries, (next_after if more and raw else None)
+        # (a sharded page may be empty yet not the last: other members' settings
+        # entries, which only the home's log shows, were all it read)
+        return entries, (next_after if more and (raw or definition.spec.shards > 1) else None)
 
     async def _read(self, definition: Definition, positions: Sequence[str | None], limit: int
                     ) -> tuple[builtins.list[RawEntry], bool, str | None]:

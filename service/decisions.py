@@ -25,6 +25,7 @@ from service.definition import (
     hash_key,
     index_ranges,
     missing_experiment,
+    one_of,
     reward_text,
 )
 from service.domain import (
@@ -47,6 +48,8 @@ logger = logging.getLogger("linreboot.service")
 _DECIDE_ATTEMPTS = 3
 # Shard counts kept for experiments rewarded without a view (all forgotten beyond).
 _SHARD_COUNTS_KEPT = 10_000
+# Why a member applied no reward of a batch (besides 'shards:<count>'): routed again.
+_UNROUTED = frozenset({"missing", "forbidden"})
 
 
 class Decisions(Room):
@@ -84,29 +87,43 @@ class Decisions(Room):
         decision_id = request.decision_id or secrets.token_hex(16)
         step = view.definition.spec.shards  # decision numbers go up by this on a member
         member_id = shards.member(experiment_id, shards.shard_of(decision_id, step))
+        try:
+            return await self._choose(experiment_id, member_id, view, step, decision_id,
+                                      request, key_hash, api_key)
+        except NotFound:  # a member gone (a sharded experiment deleted meanwhile)
+            raise missing_experiment(api_key) from None
+
+    async def _choose(
+        self, experiment_id: str, member_id: str, view: View, step: int, decision_id: str,
+        request: ChooseRequest, key_hash: str | None, api_key: str | None,
+    ) -> Decision:
+        """:meth:`choose` once the member is known: ``view`` is the experiment's, which
+        accepted ``key_hash``. The other members' views are read without the key (the
+        home holds it; ``decide.lua`` checks it on the member)."""
+        member_key = key_hash if member_id == experiment_id else None
         if member_id != experiment_id:
-            view = await self.views.view_for(member_id, key_hash)
+            view = await self.views.view_for(member_id, None)
         # decide.lua would refuse a decision from a view further behind: catch up first,
         # rather than prepare, draw and compute a propensity twice.
-        view = await self.views.current(member_id, view, key_hash,
+        view = await self.views.current(member_id, view, member_key,
                                         view.definition.spec.max_stale_rewards)
-        if view.definition.spec.shards != step:  # the member's view is of a newer incarnation
-            self.views.forget(experiment_id)
-            raise StoreUnavailable("the experiment was created again meanwhile; retry")
-        basis = await self.views.merged(experiment_id, view, member_id, key_hash)
+        self._check_routing(experiment_id, member_id, view, step)
+        basis = await self.views.merged(experiment_id, view, member_id)
         bound = self._settings.feature_bound
         try:
             candidates = basis.ready(request, bound)
         except UnknownArm:  # perhaps added since this worker read the experiment
-            view = await self.views.read_view(member_id, key_hash)
-            basis = await self.views.merged(experiment_id, view, member_id, key_hash)
+            view = await self.views.read_view(member_id, member_key)
+            self._check_routing(experiment_id, member_id, view, step)
+            basis = await self.views.merged(experiment_id, view, member_id)
             candidates = basis.ready(request, bound)
+        synced = False
         seeded = view.definition.spec.seed is not None
         seen: tuple[int, int] | None = (view.version, view.rewards)
         number, reserved = (view.last_number + step if seeded else None), False
         for attempt in range(_DECIDE_ATTEMPTS):
             if attempt:
-                basis = await self.views.merged(experiment_id, view, member_id, key_hash)
+                basis = await self.views.merged(experiment_id, view, member_id)
                 candidates = basis.ready(request, bound)
             definition = view.definition
             arms, contexts, ready = candidates
@@ -153,20 +170,22 @@ class Decisions(Room):
                 self.views.forget(member_id)
                 raise missing_experiment(api_key)
             if reply.status == "forbidden":
-                raise Forbidden(WRONG_KEY)
+                if member_id == experiment_id or synced:
+                    raise Forbidden(WRONG_KEY)
+                # The experiment (its home) accepted the key: a key change this member
+                # has not copied yet (service.shards). Copy it, and decide again.
+                await shards.sync_members(self._store, experiment_id)
+                synced = True
+                continue
             if reply.progress is not None:  # what this view lacks: catch up
-                view = await self.views.caught_up(member_id, view, key_hash, reply.progress)
+                view = await self.views.caught_up(member_id, view, member_key, reply.progress)
             else:
                 assert reply.snapshot is not None
                 view = await self.views.refresh(member_id, view, reply.snapshot)
+            self._check_routing(experiment_id, member_id, view, step)
             # Decide again from the statistics just read, and record that
             # decision whatever has changed since: under steady rewards a
             # check would fail again and again.
-            if view.definition.spec.shards != step:
-                # Created again since with another shard count (decide.lua records
-                # only for the member's incarnation): route afresh.
-                self.views.forget(experiment_id)
-                raise StoreUnavailable("the experiment was created again meanwhile; retry")
             seen, number, reserved = None, reply.reserved, True
             if number is None and view.definition.spec.seed is not None:
                 # No number set aside: the definition changed (arms, or created
@@ -175,6 +194,15 @@ class Decisions(Room):
                 seen, reserved = (view.version, view.rewards), False
                 number = view.last_number + step
         raise StoreUnavailable("the experiment changed while deciding; retry")
+
+    def _check_routing(self, experiment_id: str, member_id: str, view: View, step: int) -> None:
+        """The member's view is of an incarnation with the shard count the decision was
+        routed by; else (created again meanwhile with another count: decide.lua records
+        only for the member's incarnation) 503, the views forgotten, to route afresh."""
+        if view.definition.spec.shards != step:
+            self.views.forget(experiment_id)
+            self.views.forget(member_id)
+            raise StoreUnavailable("the experiment was created again meanwhile; retry")
 
     async def reward(
         self, experiment_id: str, items: Sequence[tuple[str, float]], api_key: str | None = None
@@ -199,26 +227,61 @@ class Decisions(Room):
         view = self.views.get(experiment_id)
         count = (view.definition.spec.shards if view is not None
                  else self._shard_counts.get(experiment_id, 1))
+        statuses: builtins.list[str | None] = [None] * len(texts)
+        synced = False
         for _ in range(_DECIDE_ATTEMPTS):
-            statuses = await self._reward_members(experiment_id, count, key_hash, texts, api_key)
-            if isinstance(statuses, int):  # routed by the wrong count: nothing written
-                count = statuses
-                if len(self._shard_counts) >= _SHARD_COUNTS_KEPT:
-                    self._shard_counts.clear()
-                self._shard_counts[experiment_id] = count
-                self.views.forget(experiment_id)  # its view says another count: read anew
-                continue
-            return [RewardOutcome(decision_id, _status(text), _REWARD_MESSAGES[_status(text)])
-                    for (decision_id, _), text in zip(items, statuses, strict=True)]
-        raise StoreUnavailable("the experiment changed while rewarding; retry")
+            todo = [i for i, status in enumerate(statuses) if status is None]
+            replies = await self._reward_members(experiment_id, count, key_hash,
+                                                 [texts[i] for i in todo])
+            for i, reply in zip(todo, replies, strict=True):
+                if reply not in _UNROUTED and not reply.startswith("shards:"):
+                    statuses[i] = reply
+            left = {r for r in replies if r in _UNROUTED or r.startswith("shards:")}
+            if not left:
+                break
+            recount = next((int(r[7:]) for r in left if r.startswith("shards:")), None)
+            if recount is not None:  # routed by another count: nothing written for those
+                count = self._learn(experiment_id, recount)
+            elif "missing" in left and count > 1:
+                # A member the count names is gone: the experiment was perhaps created
+                # again with fewer shards. Its home says (a 'shards' reply), or is gone.
+                count = self._learn(experiment_id, 1)
+            elif ("forbidden" in left and count > 1 and not synced and key_hash is not None
+                  and one_of(key_hash, await self._store.key_hashes(experiment_id) or ())):
+                # The home accepts the key: a key change the other members have not
+                # copied yet (service.shards). Copy it.
+                await shards.sync_members(self._store, experiment_id)
+                synced = True
+            elif "missing" in left:
+                self._shard_counts.pop(experiment_id, None)
+                self.views.forget(experiment_id)
+                raise missing_experiment(api_key)
+            else:
+                raise Forbidden(WRONG_KEY)
+        if all(status is None for status in statuses):
+            raise StoreUnavailable("the experiment changed while rewarding; retry")
+        # Applied where routed; a reward whose member stayed out of reach (a member gone
+        # from under its home) has no decision to apply to.
+        done = [status or "not_found" for status in statuses]
+        return [RewardOutcome(decision_id, _status(text), _REWARD_MESSAGES[_status(text)])
+                for (decision_id, _), text in zip(items, done, strict=True)]
+
+    def _learn(self, experiment_id: str, count: int) -> int:
+        """The experiment's shard count, as a script said it: kept for the next rewards."""
+        if len(self._shard_counts) >= _SHARD_COUNTS_KEPT:
+            self._shard_counts.clear()
+        self._shard_counts[experiment_id] = count
+        self.views.forget(experiment_id)  # its view said another count: read anew
+        return count
 
     async def _reward_members(
         self, experiment_id: str, count: int, key_hash: str | None,
-        texts: Sequence[tuple[str, str]], api_key: str | None,
-    ) -> builtins.list[str] | int:
-        """Each reward applied by its decision's member, the members at once: a status
-        per reward, in order; or the experiment's shard count, when it is not ``count``
-        (then nothing was written)."""
+        texts: Sequence[tuple[str, str]],
+    ) -> builtins.list[str]:
+        """Each reward applied by its decision's member (routed by ``count``), the members
+        at once: per reward, its status, or why its member did not apply it ('missing',
+        'forbidden', or 'shards:<count>' when the experiment has another count; nothing
+        written for it then)."""
         by_member: dict[str, builtins.list[int]] = {}
         for i, (decision_id, _) in enumerate(texts):
             member_id = shards.member(experiment_id, shards.shard_of(decision_id, count))
@@ -227,27 +290,19 @@ class Decisions(Room):
                  for member_id, rows in by_member.items()]
         # (one call awaited as it is: no task, so nothing else runs before it starts)
         replies = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
-        recount = next((int(r[1]) for r in replies if r[0] == "shards"), None)
-        if recount is not None:
-            return recount
-        gone = [member_id for member_id, r in zip(by_member, replies, strict=True)
-                if r == ["missing"]]
-        if count > 1 and any(member_id != experiment_id for member_id in gone):
-            # A member the count names is gone: the experiment was perhaps created again
-            # with fewer shards. Its home says (a 'shards' reply), or is gone too.
-            return 1
-        statuses = [""] * len(texts)
+        out = [""] * len(texts)
         for (member_id, rows), reply in zip(by_member.items(), replies, strict=True):
-            if reply == ["missing"]:
-                self._shard_counts.pop(experiment_id, None)
-                self.views.forget(experiment_id)
-                self.views.forget(member_id)
-                raise missing_experiment(api_key)
-            if reply == ["forbidden"]:
-                raise Forbidden(WRONG_KEY)
-            for i, status in zip(rows, reply, strict=True):
-                statuses[i] = status
-        return statuses
+            if reply[0] == "shards":
+                whole = [f"shards:{reply[1]}"] * len(rows)
+            elif reply in (["missing"], ["forbidden"]):
+                if reply == ["missing"]:
+                    self.views.forget(member_id)
+                whole = reply * len(rows)
+            else:
+                whole = reply
+            for i, status in zip(rows, whole, strict=True):
+                out[i] = status
+        return out
 
     async def _reward_member(
         self, member_id: str, key_hash: str | None, texts: Sequence[tuple[str, str]],

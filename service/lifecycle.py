@@ -11,7 +11,7 @@ import functools
 import json
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -92,49 +92,42 @@ class Lifecycle(Room):
             a.id: json.dumps({"index": i, "active": True, "features": a.features})
             for i, a in enumerate(spec.arms)
         }
-        if spec.shards == 1:
-            await self._create_member(spec, 0, meta, arms)
-        else:
-            await self._create_sharded(spec, meta, arms)
+        async with self._claimed(spec.id):
+            await self._create_members(spec, meta, arms)
         # From what was written, not read back: a read that failed now (Redis
         # just out of memory, say) would leave the experiment without its key.
         return _view(parse_definition(meta, arms), [Snapshot(0, 0, {}, ())]), api_key
 
-    async def _create_sharded(self, spec: ExperimentSpec, meta: Mapping[str, str],
-                              arms: Mapping[str, str]) -> None:
-        """The members, the home last: once it exists, every member does. One creation
-        of an id at a time (a claim on the home's slot), so that a member found there
-        is one nobody can use (of an experiment whose deletion stopped halfway, or a
-        creation that did): it is replaced."""
-        exists = Conflict("an experiment with this id already exists")
-        if not await self._store.claim_creation(spec.id):
-            raise Conflict("an experiment with this id is being created; retry in a minute")
+    @contextlib.asynccontextmanager
+    async def _claimed(self, experiment_id: str) -> AsyncIterator[None]:
+        """One creation or deletion of an id at a time (a claim on the home's slot), so
+        that the members of a sharded experiment are made or removed whole."""
+        token = await self._store.claim(experiment_id)
+        if token is None:
+            raise Conflict("an experiment with this id is being created or deleted; retry")
         try:
-            if await self._store.key_hash(spec.id) is not None:
-                raise exists
-            for shard in reversed(range(1, spec.shards)):
-                if not await self._create_member(spec, shard, meta, arms):
-                    await self._store.delete(shards.member(spec.id, shard))
-                    if not await self._create_member(spec, shard, meta, arms):
-                        raise StoreUnavailable("a shard could not be created; retry")
-            if not await self._create_member(spec, 0, meta, arms):  # created unsharded meanwhile
-                for member_id in shards.members(spec.id, spec.shards)[1:]:
-                    await self._store.delete(member_id)
-                raise exists
+            yield
         finally:
             with contextlib.suppress(StoreUnavailable):  # else it expires in a minute
-                await self._store.release_creation(spec.id)
+                await self._store.release(experiment_id, token)
 
-    async def _create_member(self, spec: ExperimentSpec, shard: int, meta: Mapping[str, str],
-                             arms: Mapping[str, str]) -> bool:
-        """Create a member (the experiment itself, unsharded); False if its id is taken."""
-        if not await self._store.create(
-                shards.member(spec.id, shard), {**meta, **shards.numbering(shard, spec.shards)},
-                arms, default_reward=spec.default_reward is not None, listed=shard == 0):
-            if spec.shards == 1:
-                raise Conflict("an experiment with this id already exists")
-            return False
-        return True
+    async def _create_members(self, spec: ExperimentSpec, meta: Mapping[str, str],
+                              arms: Mapping[str, str]) -> None:
+        """The members, the home last: once it exists, every member does. A member found
+        while there is no home is one nobody can use (of an experiment whose deletion
+        stopped halfway, or a creation that did): it goes first, whatever this one's
+        shard count."""
+        exists = Conflict("an experiment with this id already exists")
+        if await self._store.key_hash(spec.id) is not None:
+            raise exists
+        for member_id in await self._store.existing(
+                shards.members(spec.id, shards.MAX_SHARDS)[1:]):
+            await self._store.delete(member_id)
+        for shard in reversed(range(spec.shards)):
+            if not await self._store.create(
+                    shards.member(spec.id, shard), {**meta, **shards.numbering(shard, spec.shards)},
+                    arms, default_reward=spec.default_reward is not None, listed=shard == 0):
+                raise exists  # (every creation and deletion holds the claim: not a member)
 
     async def get(self, experiment_id: str) -> ExperimentView:
         if not valid_experiment_id(experiment_id):
@@ -174,20 +167,21 @@ class Lifecycle(Room):
         a creation under the same id replaces them)."""
         if not valid_experiment_id(experiment_id):
             raise NotFound("no experiment with this id")
-        raw = await self._store.read_definition(experiment_id)
-        try:
-            count = shards.count_of(raw[0]) if raw is not None else shards.MAX_SHARDS
-        except (ValueError, KeyError, TypeError):  # a damaged spec: its own members only
-            count = 1
-        # Without a home, the members a deletion that stopped halfway left, if any.
-        member_ids = (shards.members(experiment_id, count) if raw is not None
-                      else [experiment_id, *await self._store.existing(
-                          shards.members(experiment_id, count)[1:])])
-        for member_id in member_ids:
-            self.views.forget(member_id)
-        removed = await self._store.delete(experiment_id)
-        for member_id in member_ids[1:]:
-            await self._store.delete(member_id)
+        async with self._claimed(experiment_id):
+            raw = await self._store.read_definition(experiment_id)
+            try:
+                count = shards.count_of(raw[0]) if raw is not None else shards.MAX_SHARDS
+            except ValueError:  # a damaged spec: its own keys only
+                count = 1
+            # Without a home, the members a deletion that stopped halfway left, if any.
+            member_ids = (shards.members(experiment_id, count) if raw is not None
+                          else [experiment_id, *await self._store.existing(
+                              shards.members(experiment_id, count)[1:])])
+            for member_id in member_ids:
+                self.views.forget(member_id)
+            removed = await self._store.delete(experiment_id)
+            for member_id in member_ids[1:]:
+                await self._store.delete(member_id)
         if not removed:
             raise NotFound("no experiment with this id")
 

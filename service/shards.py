@@ -89,16 +89,21 @@ _OPTIONAL_FIELDS = ("key_hash_old", "log_max_entries", "log_max_age_seconds", "d
 
 
 def count_of(meta: dict[str, str]) -> int:
-    """The shard count a stored meta hash says (1 when its spec names none)."""
-    return int(json.loads(meta["spec"]).get("shards", 1))
+    """The shard count a stored meta hash says (1 when its spec names none).
+
+    Raises ValueError for a damaged spec."""
+    try:
+        return int(json.loads(meta["spec"]).get("shards", 1))
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"a damaged spec: {exc}") from None
 
 
 async def sync_members(store: Store, experiment_id: str) -> bool:
     """Copy the home's definition to every other member; False if the experiment is gone.
 
     Idempotent: any worker may run it, any number of times, in any order with
-    another's (each copy is the home's definition as read then; the last read is
-    the latest).
+    another's: each copy is the home's definition as read then, with its version,
+    and a member keeps a newer one (``sync_member.lua``).
     """
     raw = await store.read_definition(experiment_id)
     if raw is None:

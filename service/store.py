@@ -700,6 +700,7 @@ class Store:
         self._keys = client.register_script(_script("keys"))
         self._settings = client.register_script(_script("settings"))
         self._sync_member = client.register_script(_script("sync_member"))
+        self._release = client.register_script(_script("release"))
         self._batcher = _ScriptBatcher(client, deadline_seconds, library())
 
     @property
@@ -929,13 +930,17 @@ class Store:
         return [i for i, there in zip(experiment_ids, found, strict=True) if there]
 
     @_translated
-    async def claim_creation(self, experiment_id: str) -> bool:
-        """Claim the id for a creation (for a minute at most); False if another holds it."""
-        return bool(await self._client.set(keys.creating(experiment_id), "1", nx=True, ex=60))
+    async def claim(self, experiment_id: str) -> str | None:
+        """Claim the id while an experiment is created or deleted (a minute at most): the
+        claim's token, None if another holds it."""
+        token = secrets.token_hex(8)
+        claimed = await self._client.set(keys.creating(experiment_id), token, nx=True, ex=60)
+        return token if claimed else None
 
     @_translated
-    async def release_creation(self, experiment_id: str) -> None:
-        await self._client.delete(keys.creating(experiment_id))
+    async def release(self, experiment_id: str, token: str) -> None:
+        """Release the claim if it is still this token's (``release.lua``)."""
+        await self._release(keys=[keys.creating(experiment_id)], args=[token])
 
     async def _index(self, experiment_id: str, default_reward: bool, listed: bool = True
                      ) -> None:

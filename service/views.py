@@ -279,8 +279,7 @@ class Views:
                               view.folded, view.last_number)
         return await self.caught_up(experiment_id, view, key_hash)
 
-    async def merged(self, experiment_id: str, deciding: View, member_id: str,
-                     key_hash: str | None) -> View:
+    async def merged(self, experiment_id: str, deciding: View, member_id: str) -> View:
         """What a decision recorded on ``member_id`` (whose view is ``deciding``) is made
         from: ``deciding`` itself unsharded; else a view of the merge of every member's
         sums (:mod:`service.shards`), the others caught up when older than
@@ -292,12 +291,13 @@ class Views:
         if member_id not in member_ids:  # routed by another incarnation's count
             raise StoreUnavailable("the experiment was created again meanwhile; retry")
         now = time.monotonic()
-        held = [deciding if other == member_id else self._fresh(other, key_hash, now)
+        # The other members' views without the key: the caller checked it on the
+        # experiment's own (its home holds it), and the decision's script checks it.
+        held = [deciding if other == member_id else self._fresh(other, now)
                 for other in member_ids]
         stale = [i for i, view in enumerate(held) if view is None]
         if stale:  # most decisions have none: no task, no await
-            synced = await asyncio.gather(*(self._synced(member_ids[i], key_hash)
-                                            for i in stale))
+            synced = await asyncio.gather(*(self._synced(member_ids[i]) for i in stale))
             for i, view in zip(stale, synced, strict=True):
                 held[i] = view
         views = [v for v in held if v is not None]
@@ -305,29 +305,28 @@ class Views:
             # A change of the definition is being copied from the home to the other
             # members (service.shards), or its copy stopped halfway: read each
             # member's as it is now, and if they still differ, copy it.
-            views = [await self.read_view(other, key_hash) for other in member_ids]
+            views = [await self.read_view(other) for other in member_ids]
             if _differ(views):
                 await shards.sync_members(self._store, experiment_id)
-                views = [await self.read_view(other, key_hash) for other in member_ids]
+                views = [await self.read_view(other) for other in member_ids]
             if _differ(views):
                 raise StoreUnavailable("the experiment's definition is being changed; retry")
         return self._merge(experiment_id, tuple(views))
 
-    def _fresh(self, member_id: str, key_hash: str | None, now: float) -> View | None:
-        """This worker's view of a member, if it serves a decision as it is: held, of the
-        key, with no own rewards to add, read within SYNC_SECONDS."""
+    def _fresh(self, member_id: str, now: float) -> View | None:
+        """This worker's view of a member, if it serves a decision as it is: held, with
+        no own rewards to add, read within SYNC_SECONDS."""
         view = self._held.get(member_id)
-        if (view is None or view.behind or now - view.read_at > shards.SYNC_SECONDS
-                or not (key_hash is None or view.definition.accepts(key_hash))):
+        if view is None or view.behind or now - view.read_at > shards.SYNC_SECONDS:
             return None
         self._held.move_to_end(member_id)
         return view
 
-    async def _synced(self, member_id: str, key_hash: str | None) -> View:
+    async def _synced(self, member_id: str) -> View:
         """This worker's view of a member a decision does not record on: with the
         worker's own rewards added, and read again when older than SYNC_SECONDS."""
-        view = await self.view_for(member_id, key_hash)
-        view = await self.current(member_id, view, key_hash, 0 if view.own is not None else
+        view = await self.view_for(member_id, None)
+        view = await self.current(member_id, view, None, 0 if view.own is not None else
                                   view.behind)
         if time.monotonic() - view.read_at <= shards.SYNC_SECONDS:
             return view
@@ -335,7 +334,7 @@ class Views:
         # wait for the same catch-up.
         pending = self._syncing.get(member_id)
         if pending is None:
-            pending = asyncio.ensure_future(self.caught_up(member_id, view, key_hash))
+            pending = asyncio.ensure_future(self.caught_up(member_id, view, None))
             self._syncing[member_id] = pending
             pending.add_done_callback(functools.partial(self._synced_done, member_id))
         return await asyncio.shield(pending)

@@ -23,7 +23,7 @@ from policies import draw
 from service import keys, shards
 from service.decisions import _decision_rng
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
-from service.errors import InvalidInput, NotFound
+from service.errors import Conflict, Forbidden, InvalidInput, NotFound
 from service.experiments import ExperimentService
 from service.settings import Settings
 from tests.cluster import LocalCluster, local_cluster
@@ -41,9 +41,13 @@ from tests.conftest import (
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[1]
 S = 3
-# Decision ids the caller chose, one on each member of an experiment of S shards.
-_ON_EVERY_MEMBER = [next(f"id{n}" for n in range(100) if shards.shard_of(f"id{n}", S) == s)
-                    for s in range(S)]
+def _one_on_each_member(prefix: str) -> list[str]:
+    """Decision ids a caller may choose, one on each member of an experiment of S shards."""
+    return [next(f"{prefix}{n}" for n in range(100) if shards.shard_of(f"{prefix}{n}", S) == s)
+            for s in range(S)]
+
+
+_ON_EVERY_MEMBER = _one_on_each_member("id")
 FEATURES = [(1.0, 0.0, 0.2), (0.0, 1.0, -0.3), (0.6, 0.6, 0.1), (-0.5, 0.2, 0.9)]
 
 
@@ -140,7 +144,7 @@ async def test_the_same_rewards_in_the_same_order_give_the_unsharded_decisions(
                                rtol=1e-9, atol=1e-12)
     views = service.views  # each view with this worker's last reward added, as choose does
     home = await views.current("sh", await views.view_for("sh", None), None, 0)
-    basis = await views.merged("sh", home, "sh", None)
+    basis = await views.merged("sh", home, "sh")
     alone = await views.current("un", await views.view_for("un", None), None, 0)
     assert basis.state["n"][0, 0] == alone.state["n"][0, 0] == 80
     _, _, merged_ready = basis.ready(ChooseRequest(), 1e6)
@@ -412,3 +416,48 @@ async def test_an_entry_a_member_writes_after_a_page_is_on_the_next(
         assert [e.entry_id for e in rest] == ["1500-0", "3000-0"] and last is None
     finally:
         client.close()
+
+
+async def test_a_revoke_that_reached_only_the_home_is_copied_by_the_next_decisions(
+    service: ExperimentService,
+) -> None:
+    _, old_key = await service.create(_spec("rev"))
+    new_key = await service.rotate_key("rev")
+    for i in _one_on_each_member("o"):  # every member's view held, accepting both keys
+        await service.choose("rev", ChooseRequest(decision_id=i), old_key)
+    assert await service.decisions._store.revoke_previous_key("rev") == 1  # the home alone
+    for i in _one_on_each_member("n"):  # one on the home: it sees the change, copies it
+        await service.choose("rev", ChooseRequest(decision_id=i), new_key)
+    for i in _one_on_each_member("x"):
+        with pytest.raises(Forbidden):
+            await service.choose("rev", ChooseRequest(decision_id=i), old_key)
+
+
+async def test_creation_and_deletion_of_an_id_wait_for_each_other(
+    service: ExperimentService,
+) -> None:
+    store = service.decisions._store
+    token = await store.claim("held")
+    assert token is not None
+    with pytest.raises(Conflict, match="being created or deleted"):
+        await service.create(_spec("held"))
+    with pytest.raises(Conflict, match="being created or deleted"):
+        await service.delete("held")
+    await store.release("held", "another-token")  # not the holder's: kept
+    assert await store.claim("held") is None
+    await store.release("held", token)
+    await service.create(_spec("held"))
+    await service.delete("held")
+
+
+async def test_rewards_routed_are_applied_when_a_member_is_gone_from_under_its_home(
+    service: ExperimentService,
+) -> None:
+    """A member deleted from under a live home (by hand): the rewards of the other members'
+    decisions are applied and reported so; those of the lost member are not_found."""
+    _, key = await service.create(_spec("lost"))
+    made = [await service.choose("lost", ChooseRequest(decision_id=i), key)
+            for i in _ON_EVERY_MEMBER]
+    await service.decisions._store.delete(shards.member("lost", 2))
+    outcomes = await service.reward("lost", [(d.decision_id, 1.0) for d in made], key)
+    assert [o.status for o in outcomes] == ["applied", "applied", "not_found"]

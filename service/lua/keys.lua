@@ -7,7 +7,9 @@
 -- ARGV[2]  with 'rotate': the SHA-256 (hex) of the new key
 --
 -- Returns 0 when the experiment does not exist; else 1, or, for 'revoke', 2
--- when there was no previous key to revoke.
+-- when there was no previous key to revoke. A change of the keys is a change
+-- of the definition: the version goes up (a sharded experiment's other members
+-- copy it by version, service.shards), and each worker's view reads it again.
 
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
@@ -15,6 +17,11 @@ end
 if ARGV[1] == 'rotate' then
   local current = redis.call('HGET', KEYS[1], 'key_hash')
   redis.call('HSET', KEYS[1], 'key_hash_old', current, 'key_hash', ARGV[2])
+  redis.call('HINCRBY', KEYS[1], 'version', 1)
   return 1
 end
-return redis.call('HDEL', KEYS[1], 'key_hash_old') == 1 and 1 or 2
+if redis.call('HDEL', KEYS[1], 'key_hash_old') == 1 then
+  redis.call('HINCRBY', KEYS[1], 'version', 1)
+  return 1
+end
+return 2

@@ -10,16 +10,24 @@
 -- ARGV[4 + 2m + n ..]  arm id, arm JSON, ...: the home's arms (arms are never removed)
 --
 -- Returns 1 when the member holds the home's definition now, 0 when it does not
--- exist, -1 when it belongs to another incarnation. Writing the same twice
--- changes nothing: any worker may repair a member left behind.
+-- exist, -1 when it belongs to another incarnation, 2 when it holds a newer
+-- definition already (versions only grow within an incarnation: a copy read
+-- before a later change never undoes it). Writing the same twice changes
+-- nothing: any worker may repair a member left behind.
 
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
-if redis.call('HGET', KEYS[1], 'incarnation') ~= ARGV[1] then
+local held = redis.call('HMGET', KEYS[1], 'incarnation', 'version')
+if held[1] ~= ARGV[1] then
   return -1
 end
 local m = tonumber(ARGV[2])
+for i = 0, m - 1 do
+  if ARGV[3 + 2 * i] == 'version' and tonumber(held[2]) > tonumber(ARGV[4 + 2 * i]) then
+    return 2
+  end
+end
 for i = 0, m - 1 do
   redis.call('HSET', KEYS[1], ARGV[3 + 2 * i], ARGV[4 + 2 * i])
 end
