@@ -127,32 +127,45 @@ def _normal_positions(ready: Ready, placed: NDArray[np.int64]) -> Array | None:
         mean, spread = law.mean[row, arms], law.spread[row, arms]
         if not np.all(spread > 0.0):
             return None
-        for position, arm in enumerate(placed[row].tolist()):
-            value = _at_position(mean, spread, int(np.searchsorted(arms, arm)), position)
-            if value is None:
-                return None
-            out[row, position] = value
+        values = _at_positions(mean, spread, np.searchsorted(arms, placed[row]))
+        if values is None:
+            return None
+        out[row] = values
     return out
 
 
-def _at_position(mean: Array, spread: Array, arm: int, position: int) -> float | None:
-    """``P(arm at position)`` (from 0) among independent normal indices."""
-    others = np.arange(mean.size) != arm
-    step = _STEP * min(1.0, float(spread[others].min(initial=np.inf)) / float(spread[arm]))
-    if 2 * _Z / step > _MAX_NODES:
-        return None
-    g = np.arange(-_Z, _Z + step / 2, step)
-    t = mean[arm] + spread[arm] * g
-    higher = special.ndtr((t[:, None] - mean[others]) / spread[others])  # P(b below t)
-    # exactly m of the others above t, m <= position: the Poisson-binomial recursion
-    count = np.zeros((t.size, position + 1))
+def _at_positions(mean: Array, spread: Array, placed: NDArray[np.int64]) -> Array | None:
+    """``P(placed[j] at position j)`` among independent normal indices, for every j at
+    once: one grid per placed arm (its own normal's nodes), one recursion over the
+    arms for all the grids' nodes."""
+    grids, owners, weights = [], [], []
+    for arm in placed.tolist():
+        others = np.arange(mean.size) != arm
+        step = _STEP * min(1.0, float(spread[others].min(initial=np.inf)) / float(spread[arm]))
+        if 2 * _Z / step > _MAX_NODES:
+            return None
+        g = np.arange(-_Z, _Z + step / 2, step)
+        grids.append(mean[arm] + spread[arm] * g)
+        owners.append(np.full(g.size, arm))
+        weights.append(np.exp(-0.5 * g * g) * (step / np.sqrt(2.0 * np.pi)))
+    t, owner = np.concatenate(grids), np.concatenate(owners)
+    # count[n, m]: the probability that exactly m arms other than node n's own score
+    # above its t (m <= k - 1): the Poisson-binomial recursion over the arms, an arm
+    # counting as below its own nodes.
+    count = np.zeros((t.size, placed.size))
     count[:, 0] = 1.0
-    for below in higher.T:
+    for b in range(mean.size):
+        below = np.where(owner == b, 1.0, special.ndtr((t - mean[b]) / spread[b]))
         above = 1.0 - below
         count[:, 1:] = count[:, 1:] * below[:, None] + count[:, :-1] * above[:, None]
         count[:, 0] *= below
-    weights = np.exp(-0.5 * g * g) * (step / np.sqrt(2.0 * np.pi))
-    return float(min(max(weights @ count[:, position], 0.0), 1.0))
+    out = np.empty(placed.size)
+    start = 0
+    for position, w in enumerate(weights):
+        nodes = slice(start, start + w.size)
+        out[position] = min(max(float(w @ count[nodes, position]), 0.0), 1.0)
+        start += w.size
+    return out
 
 
 def _estimated(ready: Ready, ranking: Ranking, draws: int, seed: int) -> Array:
