@@ -93,8 +93,8 @@ def outcomes(experiment_id: str) -> str:
 
 
 def creating(experiment_id: str) -> str:
-    """String: a claim on the id while the experiment is created or deleted (its
-    shards' members, service.lifecycle): a token; expires on its own if the
+    """String: a claim on the id while a sharded experiment is created or deleted
+    (its shards' members, service.lifecycle): a token; expires on its own if the
     creation or deletion stops."""
     return f"{PREFIX}:{{{experiment_id}}}:creating"
 

@@ -92,8 +92,14 @@ class Lifecycle(Room):
             a.id: json.dumps({"index": i, "active": True, "features": a.features})
             for i, a in enumerate(spec.arms)
         }
-        async with self._claimed(spec.id):
-            await self._create_members(spec, meta, arms)
+        strays = await self._store.existing(shards.members(spec.id, shards.MAX_SHARDS)[1:])
+        if spec.shards == 1 and not strays:  # one key space, made by one script
+            if not await self._store.create(spec.id, meta, arms,
+                                            default_reward=spec.default_reward is not None):
+                raise Conflict("an experiment with this id already exists")
+        else:
+            async with self._claimed(spec.id):
+                await self._create_members(spec, meta, arms)
         # From what was written, not read back: a read that failed now (Redis
         # just out of memory, say) would leave the experiment without its key.
         return _view(parse_definition(meta, arms), [Snapshot(0, 0, {}, ())]), api_key
@@ -104,7 +110,8 @@ class Lifecycle(Room):
         that the members of a sharded experiment are made or removed whole."""
         token = await self._store.claim(experiment_id)
         if token is None:
-            raise Conflict("an experiment with this id is being created or deleted; retry")
+            raise StoreUnavailable("an experiment with this id is being created or deleted; "
+                                   "retry")
         try:
             yield
         finally:
@@ -127,7 +134,11 @@ class Lifecycle(Room):
             if not await self._store.create(
                     shards.member(spec.id, shard), {**meta, **shards.numbering(shard, spec.shards)},
                     arms, default_reward=spec.default_reward is not None, listed=shard == 0):
-                raise exists  # (every creation and deletion holds the claim: not a member)
+                # The home, made meanwhile by an unsharded creation (which takes no claim):
+                # the members made here are nobody's.
+                for member_id in shards.members(spec.id, spec.shards)[1:]:
+                    await self._store.delete(member_id)
+                raise exists
 
     async def get(self, experiment_id: str) -> ExperimentView:
         if not valid_experiment_id(experiment_id):
@@ -167,12 +178,15 @@ class Lifecycle(Room):
         a creation under the same id replaces them)."""
         if not valid_experiment_id(experiment_id):
             raise NotFound("no experiment with this id")
+        raw = await self._store.read_definition(experiment_id)
+        if raw is not None and _count_or_one(raw[0]) == 1:  # one key space, one script
+            self.views.forget(experiment_id)
+            if not await self._store.delete(experiment_id):
+                raise NotFound("no experiment with this id")
+            return
         async with self._claimed(experiment_id):
             raw = await self._store.read_definition(experiment_id)
-            try:
-                count = shards.count_of(raw[0]) if raw is not None else shards.MAX_SHARDS
-            except ValueError:  # a damaged spec: its own keys only
-                count = 1
+            count = _count_or_one(raw[0]) if raw is not None else shards.MAX_SHARDS
             # Without a home, the members a deletion that stopped halfway left, if any.
             member_ids = (shards.members(experiment_id, count) if raw is not None
                           else [experiment_id, *await self._store.existing(
@@ -427,6 +441,14 @@ class Lifecycle(Room):
 # mean (the model, its prior and its sums), only how decisions are made and kept.
 LIVE_SETTINGS = ("epsilon", "reward_window_seconds", "default_reward", "max_stale_rewards",
                  "log_max_entries", "log_max_age_seconds")
+
+
+def _count_or_one(meta: dict[str, str]) -> int:
+    """The shard count the meta says; 1 for a damaged spec (its own keys only)."""
+    try:
+        return shards.count_of(meta)
+    except ValueError:
+        return 1
 
 
 def _stored_format(config: PolicyConfig) -> dict[str, str]:

@@ -931,10 +931,11 @@ class Store:
 
     @_translated
     async def claim(self, experiment_id: str) -> str | None:
-        """Claim the id while an experiment is created or deleted (a minute at most): the
+        """Claim the id while a sharded experiment is created or deleted (15 s at most: a
+        claim left by an attempt that failed does not hold its retries up long): the
         claim's token, None if another holds it."""
         token = secrets.token_hex(8)
-        claimed = await self._client.set(keys.creating(experiment_id), token, nx=True, ex=60)
+        claimed = await self._client.set(keys.creating(experiment_id), token, nx=True, ex=15)
         return token if claimed else None
 
     @_translated
