@@ -151,7 +151,7 @@ class Decisions(Room):
             )
             if reply.status == "repeat":  # answered before under the caller's id
                 assert reply.answer is not None
-                return _repeated(definition, decision_id, reply.number, reply.answer)
+                return _repeated(decision_id, reply.number, reply.answer, reply.window_left)
             if reply.status == "conflict":
                 raise Conflict("this decision_id was used by another request (a different "
                                "context, eligible or excluded): choose a new id")
@@ -453,13 +453,15 @@ def _answer(arm_id: str, choice: Choice, propensity: float | None) -> str:
     return "\n".join((arm_id, _text_of(propensity), "" if math.isinf(score) else repr(score)))
 
 
-def _repeated(definition: Definition, decision_id: str, number: int, answer: str) -> Decision:
-    """The decision an earlier request under ``decision_id`` got (:func:`_answer`)."""
+def _repeated(decision_id: str, number: int, answer: str, window_left: int | None
+              ) -> Decision:
+    """The decision an earlier request under ``decision_id`` got (:func:`_answer`), with
+    the time its reward may still come in (0 once it has come)."""
     arm_id, propensity, index = answer.split("\n")
     return Decision(decision_id=decision_id, arm_id=arm_id,
                     index=float(index) if index else None, exploring=not index,
                     decision_number=number,
-                    expires_in_seconds=definition.spec.reward_window_seconds,
+                    expires_in_seconds=window_left or 0,
                     propensity=float(propensity) if propensity else None)
 
 

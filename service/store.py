@@ -670,6 +670,7 @@ class DecideReply:
     status: Literal["recorded", "stale", "missing", "forbidden", "repeat", "conflict", "spent"]
     number: int = 0
     answer: str | None = None  # with "repeat": the earlier answer (decide.lua's ARGV[13])
+    window_left: int | None = None  # with "repeat": seconds its reward may still come in
     # With "stale", what to decide from instead: the statistics, or what the
     # caller's statistics lack (``held`` was given and they can catch up).
     snapshot: Snapshot | None = None
@@ -1275,7 +1276,8 @@ class Store:
         if status == "recorded":
             return DecideReply("recorded", number=int(reply[1]))
         if status == "repeat":
-            return DecideReply("repeat", number=int(reply[1]), answer=_text(reply[2]))
+            return DecideReply("repeat", number=int(reply[1]), answer=_text(reply[2]),
+                               window_left=int(reply[3]))
         if status in ("conflict", "spent"):
             return DecideReply(status)  # type: ignore[arg-type]
         if status == "stale":

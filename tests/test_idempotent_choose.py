@@ -5,10 +5,11 @@ request is a 409. So a client may retry a ``/choose`` whose reply was lost."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
-from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
+from service.domain import ArmSpec, ChooseRequest, Decision, ExperimentSpec
 from service.errors import Conflict
 from service.experiments import ExperimentService
 from service.settings import Settings
@@ -18,6 +19,27 @@ pytestmark = pytest.mark.anyio
 
 SPEC = ExperimentSpec(id="idem", setting="covariates", dim=2,
                       arms=(ArmSpec("a"), ArmSpec("b"), ArmSpec("c")), log_max_entries=1000)
+
+
+def _but_window(decision: Decision) -> Decision:
+    return dataclasses.replace(decision, expires_in_seconds=0)
+
+
+async def test_a_repeat_says_how_long_its_reward_may_still_come_in(
+    service: ExperimentService,
+) -> None:
+    """A retry's expires_in_seconds is what is left of the window (the record's time to
+    live; with a default reward, until the deadline), not the whole window again."""
+    for spec in (dataclasses.replace(SPEC, reward_window_seconds=60),
+                 dataclasses.replace(SPEC, id="idem-d", reward_window_seconds=60,
+                                     default_reward=0.0)):
+        await service.create(spec)
+        request = ChooseRequest(context=(0.3, -1.0), decision_id="late-retry")
+        first = await service.choose(spec.id, request)
+        assert first.expires_in_seconds == 60
+        await asyncio.sleep(2.1)
+        again = await service.choose(spec.id, request)
+        assert 56 <= again.expires_in_seconds <= 58, spec.id  # 60 - 2.1, as Redis rounds
 
 
 async def test_the_same_request_under_the_same_id_is_the_same_decision_recorded_once(
@@ -32,14 +54,17 @@ async def test_the_same_request_under_the_same_id_is_the_same_decision_recorded_
         other = await service.choose("idem", ChooseRequest(context=(1.0, 1.0)))
         await service.reward("idem", [(other.decision_id, 1.0)])
     again = [await w.choose("idem", request) for w in (service, other_service, service)]
-    assert all(d == first for d in again)
+    # the same decision, with the time its reward may still come in (no more than before)
+    assert all(_but_window(d) == _but_window(first) for d in again)
+    assert all(0 < d.expires_in_seconds <= first.expires_in_seconds for d in again)
     view = await service.get("idem")
     assert view.decisions == 4  # the three others and this one, once
     log, _ = await service.read_log("idem", limit=1000)
     assert [e.decision_id for e in log if e.type == "decision"].count("order-17:slot-1") == 1
     (outcome,) = await service.reward("idem", [("order-17:slot-1", 0.5)])
     assert outcome.status == "applied"
-    assert await service.choose("idem", request) == first  # after its reward too
+    rewarded = await service.choose("idem", request)  # after its reward too
+    assert _but_window(rewarded) == _but_window(first) and rewarded.expires_in_seconds == 0
     with pytest.raises(Conflict, match="another request"):
         await service.choose("idem", ChooseRequest(context=(0.3, -0.9),
                                                    decision_id="order-17:slot-1"))
@@ -63,7 +88,9 @@ async def test_an_id_answered_before_a_delete_is_a_fresh_decision_of_the_new_exp
     assert [e.decision_id for e in log if e.type == "decision"] == ["reused"]
     (outcome,) = await service.reward("idem", [("reused", 1.0)])
     assert outcome.status == "applied"
-    assert await service.choose("idem", request) == fresh  # and its retries repeat it
+    repeated = await service.choose("idem", request)  # and its retries repeat it
+    assert _but_window(repeated) == _but_window(fresh)
+    assert repeated.expires_in_seconds == 0  # (rewarded: nothing more to wait for)
 
 
 async def test_an_id_whose_answer_is_no_longer_kept_is_refused_while_its_decision_lives(
@@ -77,7 +104,8 @@ async def test_an_id_whose_answer_is_no_longer_kept_is_refused_while_its_decisio
         await service.create(SPEC)  # a reward window of an hour
         request = ChooseRequest(context=(0.3, -1.0), decision_id="slow-retry")
         first = await service.choose("idem", request)
-        assert await service.choose("idem", request) == first  # within the second
+        again = await service.choose("idem", request)  # within the second
+        assert _but_window(again) == _but_window(first)
         await asyncio.sleep(1.3)
         with pytest.raises(Conflict, match=r"no longer kept .* choose a new id"):
             await service.choose("idem", request)
@@ -132,7 +160,7 @@ async def test_an_answer_kept_by_the_version_before_incarnations_is_still_repeat
         kept: bytes = client.get(key)  # type: ignore[assignment]
         assert kept.startswith(b"p")
         client.set(key, kept.split(b"\n", 1)[1], keepttl=True)  # the old format
-        assert await service.choose("idem", request) == first
+        assert _but_window(await service.choose("idem", request)) == _but_window(first)
     finally:
         client.close()
     assert (await service.get("idem")).decisions == 1

@@ -70,7 +70,7 @@
 --                         request it then refuses takes no number
 --   {'missing'}           no such experiment
 --   {'forbidden'}         the key is not the experiment's
---   {'repeat', number, answer}  KEYS[7]'s request was answered before, with the same
+--   {'repeat', number, answer, seconds}  KEYS[7]'s request was answered before, with the same
 --                         digest: that answer (ARGV[13]'s format); nothing recorded
 --   {'conflict'}          KEYS[7]'s id was used by a request with another digest
 --   {'spent'}             KEYS[7]'s id has a live decision but its answer is no longer
@@ -84,6 +84,27 @@ end
 if ARGV[1] ~= '' and meta[2] ~= ARGV[1] and meta[7] ~= ARGV[1] then  -- keys.lua
   return {'forbidden'}
 end
+-- How long (s) the reward of the decision at `key` may still come: until its deadline
+-- with a default reward, else its record's time to live (the window); 0 once it has
+-- its reward or default, or is gone (or an earlier version's hash: a repeat of it
+-- reports 0 rather than guess).
+local function window_left(key)
+  local raw = redis.pcall('GET', key)
+  if type(raw) ~= 'string' then
+    return 0
+  end
+  local code = string.sub(raw, 1, 1)
+  if code ~= 'p' and code ~= 'l' then
+    return 0
+  end
+  local deadline = string.match(raw, '^.[^\n]*\n[^\n]*\n([^\n]*)\n')
+  if deadline and deadline ~= '' then
+    local time = redis.call('TIME')
+    return math.max(0, math.ceil(tonumber(deadline) - tonumber(time[1]) - tonumber(time[2]) / 1e6))
+  end
+  return math.max(0, redis.call('TTL', key))
+end
+
 if KEYS[7] then
   local earlier = redis.call('GET', KEYS[7])
   if earlier then
@@ -97,7 +118,7 @@ if KEYS[7] then
       if digest ~= ARGV[12] then
         return {'conflict'}
       end
-      return {'repeat', tonumber(number), answer}
+      return {'repeat', tonumber(number), answer, window_left(KEYS[3])}
     end
   end
 end
