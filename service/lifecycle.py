@@ -199,7 +199,7 @@ class Lifecycle(Room):
         if not removed:
             raise NotFound("no experiment with this id")
 
-    async def _on_members(
+    async def _change_definition(
         self, definition: Definition, change: Callable[[str], Awaitable[int]]
     ) -> int:
         """Make a change of the definition (its result: positive when made) on the
@@ -220,7 +220,7 @@ class Lifecycle(Room):
         if len(definition.arms) + len(arms) > self._settings.max_arms:
             raise too_many
         records = {a.id: json.dumps({"active": True, "features": a.features}) for a in arms}
-        result = await self._on_members(definition, functools.partial(
+        result = await self._change_definition(definition, functools.partial(
             self._store.add_arms, arms=records, max_arms=self._settings.max_arms))
         if result == 0:
             raise NotFound("no experiment with this id")
@@ -249,19 +249,19 @@ class Lifecycle(Room):
                 + "; the others would change what its statistics mean (create another)")
         definition = await self.views.definition(experiment_id)
         self._changed(definition, changes)  # refused before any member changes
-        if not await self._on_members(definition, functools.partial(self._update_member,
+        if not await self._change_definition(definition, functools.partial(self._update_home,
                                                                     changes=changes)):
             raise NotFound("no experiment with this id")
         return await self.get(experiment_id)
 
-    async def _update_member(self, member_id: str, changes: Mapping[str, object]) -> int:
+    async def _update_home(self, experiment_id: str, changes: Mapping[str, object]) -> int:
         """The settings of the experiment (its home, sharded) changed: its new version,
         0 if it is gone."""
         for _ in range(_ATTEMPTS):
-            definition = await self.views.definition(member_id)
+            definition = await self.views.definition(experiment_id)
             spec, config = self._changed(definition, changes)
             version = await self._store.update_settings(
-                member_id, definition.version, json.dumps(spec_to_json(spec)),
+                experiment_id, definition.version, json.dumps(spec_to_json(spec)),
                 json.dumps(dataclasses.asdict(config)),
                 None if spec.default_reward is None else reward_text(spec.default_reward),
                 shards.log_share(spec.log_max_entries, spec.shards), spec.log_max_age_seconds,
@@ -319,7 +319,7 @@ class Lifecycle(Room):
         async def rotate(member_id: str) -> int:
             return int(await self._store.rotate_key(member_id, hash_key(api_key)))
 
-        if not await self._on_members(definition, rotate):
+        if not await self._change_definition(definition, rotate):
             raise NotFound("no experiment with this id")
         return api_key
 
@@ -327,7 +327,7 @@ class Lifecycle(Room):
         """Revoke the key a rotation kept valid; False if there was none. Takes effect at
         once: every decision and reward script reads the keys."""
         definition = await self.views.definition(experiment_id)
-        result = await self._on_members(definition, self._store.revoke_previous_key)
+        result = await self._change_definition(definition, self._store.revoke_previous_key)
         if result == 0:
             raise NotFound("no experiment with this id")
         return result == 1
@@ -339,7 +339,7 @@ class Lifecycle(Room):
         every = InvalidInput("cannot retire every active arm")
         if not {a.id for a in definition.active_arms} - set(arm_ids):
             raise every
-        result = await self._on_members(definition, functools.partial(
+        result = await self._change_definition(definition, functools.partial(
             self._store.retire_arms, arm_ids=arm_ids))
         if result == 0:
             raise NotFound("no experiment with this id")
