@@ -6,13 +6,15 @@ decision log records it."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
+from service import shards
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.errors import InvalidInput, NotFound
 from service.experiments import ExperimentService
-from tests.conftest import ADMIN, COVARIATES, Api
+from tests.conftest import ADMIN, COVARIATES, TEST_SHARDS, Api
 
 pytestmark = pytest.mark.anyio
 
@@ -140,7 +142,10 @@ async def test_a_decision_made_with_a_window_from_before_a_patch_keeps_the_deadl
 
     await service.create(ExperimentSpec(id="live", setting="covariates", dim=2, arms=ARMS,
                                         reward_window_seconds=60, default_reward=0.0))
-    await service.choose("live", CONTEXT)
+    # Both decisions on the home member's list (with LINREBOOT_TEST_SHARDS the id decides it).
+    home_id = next(f"first-{n}" for n in range(100)
+                   if shards.shard_of(f"first-{n}", TEST_SHARDS) == 0)
+    await service.choose("live", dataclasses.replace(CONTEXT, decision_id=home_id))
     client = redis.Redis.from_url(redis_db)
     store = Store.from_url(redis_db, 5.0)
     try:
