@@ -11,6 +11,7 @@ Whether vectors have the experiment's dimension is the service's check.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, Self
@@ -23,6 +24,7 @@ from service import shards
 from service.domain import (
     ARM_ID_PATTERN,
     EXPERIMENT_ID_PATTERN,
+    MAX_RANKED,
     ArmSpec,
     ArmState,
     ChooseRequest,
@@ -32,6 +34,7 @@ from service.domain import (
     LogEntry,
     LogEntryType,
     PolicyName,
+    RankedDecision,
     RewardOutcome,
     RewardStatus,
     Setting,
@@ -39,6 +42,10 @@ from service.domain import (
 from service.settings import Settings
 
 DECISION_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
+# What a reward names: a decision, or a ranking's slot ("<decision id>#<slot>",
+# service.keys.slot_id).
+REWARDED_ID_PATTERN = DECISION_ID_PATTERN[:-1] + r"(?:#[1-9][0-9]?)?$"
+MAX_SLOTS = MAX_RANKED
 MAX_SEED = 2**63 - 1
 MAX_STALE_REWARDS = 1_000_000
 MAX_LOG_ENTRIES = 1_000_000_000
@@ -78,6 +85,12 @@ DecisionId = Annotated[
     str,
     StringConstraints(pattern=DECISION_ID_PATTERN),
     Field(description="as returned by /choose", examples=["3f1c9a0e8b7d4c2a9e6f5b4a3c2d1e0f"]),
+]
+RewardedId = Annotated[
+    str,
+    StringConstraints(pattern=REWARDED_ID_PATTERN),
+    Field(description="a decision_id as /choose or /rank (each slot's) returned it",
+          examples=["3f1c9a0e8b7d4c2a9e6f5b4a3c2d1e0f", "77b0d2c4#2"]),
 ]
 # Constraints whose values are settings carry the setting's name under this key
 # ("-name" for its negative); app.openapi publishes the running values.
@@ -497,8 +510,27 @@ class ChooseIn(_Request):
         )
 
 
+class RankIn(ChooseIn):
+    """A ranking: ``k`` distinct arms in order, each slot rewarded on its own. The other
+    fields as for ``/choose``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"experiment_id": "homepage", "context": [0.2, -1.0, 0.5], "k": 3},
+            ]
+        }
+    )
+
+    k: int = Field(ge=1, le=MAX_SLOTS, description="how many arms to place (at most the "
+                   "eligible arms)")
+
+    def to_domain(self, settings: Settings) -> ChooseRequest:
+        return dataclasses.replace(super().to_domain(settings), slots=self.k)
+
+
 class RewardItemIn(_Request):
-    decision_id: DecisionId
+    decision_id: RewardedId
     reward: Feature
 
 
@@ -521,7 +553,7 @@ class RewardIn(_Request):
     )
 
     experiment_id: ExperimentId
-    decision_id: DecisionId | None = None
+    decision_id: RewardedId | None = None
     reward: Feature | None = None
     rewards: (
         Annotated[
@@ -760,6 +792,56 @@ class DecisionOut(BaseModel):
             decision_number=decision.decision_number,
             expires_in_seconds=decision.expires_in_seconds,
             propensity=decision.propensity,
+        )
+
+
+class SlotOut(BaseModel):
+    slot: int = Field(description="the position, 1 the first")
+    decision_id: str = Field(description="send it back with this slot's reward")
+    arm_id: str
+    index: float | None = Field(description="the arm's score; null while exploring")
+    exploring: bool = Field(description="true while the arm is in its first, forced pull")
+    propensity: float | None = Field(
+        ge=0.0, le=1.0, description="the probability that the policy placed this arm at this "
+        "position, given the statistics it used (logged; Open Bandit Pipeline's "
+        "pscore_item_position); null when the experiment was created with propensities false",
+    )
+
+
+class RankingOut(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "decision_id": "77b0d2c4",
+                    "decision_number": 31,
+                    "expires_in_seconds": 3600,
+                    "slots": [
+                        {"slot": 1, "decision_id": "77b0d2c4#1", "arm_id": "news",
+                         "index": 0.73, "exploring": False, "propensity": 0.61},
+                        {"slot": 2, "decision_id": "77b0d2c4#2", "arm_id": "sport",
+                         "index": 0.52, "exploring": False, "propensity": 0.44},
+                    ],
+                }
+            ]
+        }
+    )
+
+    decision_id: str = Field(description="the ranking's id; each slot has its own to reward")
+    decision_number: int
+    expires_in_seconds: int = Field(description="each slot's reward must arrive within this "
+                                    "time")
+    slots: list[SlotOut]
+
+    @classmethod
+    def from_domain(cls, ranking: RankedDecision) -> RankingOut:
+        return cls(
+            decision_id=ranking.decision_id,
+            decision_number=ranking.decision_number,
+            expires_in_seconds=ranking.expires_in_seconds,
+            slots=[SlotOut(slot=j, decision_id=d.decision_id, arm_id=d.arm_id, index=d.index,
+                           exploring=d.exploring, propensity=d.propensity)
+                   for j, d in enumerate(ranking.slots, 1)],
         )
 
 

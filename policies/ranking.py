@@ -106,8 +106,9 @@ def position_propensities(ready: Ready, ranking: Ranking, *, draws: int = 4096,
     """The probability that :func:`rank` of ``ready`` puts each of ``ranking``'s arms at
     its position, shape (B, k): the integral where it serves (module notes), else
     estimated from ``draws`` rankings drawn with a generator seeded by ``seed`` (and
-    the experiment's row), each estimate within ``sqrt(p (1 - p) / draws)`` of the
-    probability at one standard error."""
+    the experiment's row) and the ranking itself (so that an arm placed never gets 0,
+    which inverse-propensity weights could not use), each estimate within
+    ``sqrt(p (1 - p) / draws) + 1 / draws`` of the probability at one standard error."""
     exact = _normal_positions(ready, ranking.arms)
     return exact if exact is not None else _estimated(ready, ranking, draws, seed)
 
@@ -171,7 +172,7 @@ def _at_positions(mean: Array, spread: Array, placed: NDArray[np.int64]) -> Arra
 def _estimated(ready: Ready, ranking: Ranking, draws: int, seed: int) -> Array:
     batch, k = ranking.arms.shape
     rngs = [np.random.default_rng([seed, row]) for row in range(batch)]
-    hits = np.zeros((batch, k))
+    hits = np.ones((batch, k))  # the ranking made counts among the draws: never 0
     for _ in range(draws):
         hits += rank(ready, rngs, k).arms == ranking.arms
-    return hits / draws
+    return hits / (draws + 1)

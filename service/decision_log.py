@@ -164,6 +164,7 @@ def _log_entry(definition: Definition, entry_id: str, fields: dict[str, bytes]) 
         contexts=(tuple(map(tuple, np.frombuffer(fields["contexts"], dtype="<f8").reshape(
             -1, definition.spec.dim).tolist())) if "contexts" in fields else None),
         propensity=float(text["propensity"]) if text.get("propensity") else None,
+        position=int(text["position"]) if "position" in text else None,
         version=int(text["version"]) if text["version"] else None,
         rewards_seen=int(text["rewards_seen"]) if text["rewards_seen"] else None,
     )

@@ -11,16 +11,17 @@ import math
 import secrets
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from policies import Choice, draw
-from service import shards
+from policies import Ready, draw
+from policies.ranking import rank
+from service import keys, shards
 from service.definition import (
     WRONG_KEY,
     ArmRecord,
-    Definition,
     field_names,
     hash_key,
     index_ranges,
@@ -31,6 +32,7 @@ from service.definition import (
 from service.domain import (
     ChooseRequest,
     Decision,
+    RankedDecision,
     RewardOutcome,
     RewardStatus,
     valid_experiment_id,
@@ -65,7 +67,29 @@ class Decisions(Room):
     async def choose(
         self, experiment_id: str, request: ChooseRequest, api_key: str | None = None
     ) -> Decision:
-        """Choose an arm from this worker's view of the statistics, and record it.
+        """Choose an arm from this worker's view of the statistics, and record it
+        (:meth:`_decide`)."""
+        decision = await self._decide(experiment_id, request, api_key, _one_arm)
+        assert isinstance(decision, Decision)
+        return decision
+
+    async def rank(
+        self, experiment_id: str, request: ChooseRequest, api_key: str | None = None
+    ) -> RankedDecision:
+        """Order ``request.slots`` distinct arms (:func:`policies.ranking.rank`) from this
+        worker's view, and record each slot as a decision of its own, all at once
+        (:meth:`_decide`). The first slot is what :meth:`choose` would have chosen with
+        the same random draw (for a seeded experiment, the same decision number)."""
+        assert request.slots is not None
+        decision = await self._decide(experiment_id, request, api_key, _ranked)
+        assert isinstance(decision, RankedDecision)
+        return decision
+
+    async def _decide(
+        self, experiment_id: str, request: ChooseRequest, api_key: str | None, make: _Maker
+    ) -> Decision | RankedDecision:
+        """Decide from this worker's view of the statistics (``make``: one arm, or a
+        ranking), and record the decision.
 
         The decision is recorded only if that view is still current, or at most
         the experiment's ``max_stale_rewards`` behind (one round trip then);
@@ -89,15 +113,15 @@ class Decisions(Room):
         member_id = shards.member(experiment_id, shards.shard_of(decision_id, step))
         try:
             return await self._choose(experiment_id, member_id, view, step, decision_id,
-                                      request, key_hash, api_key)
+                                      request, key_hash, api_key, make)
         except NotFound:  # a member gone (a sharded experiment deleted meanwhile)
             raise missing_experiment(api_key) from None
 
     async def _choose(
         self, experiment_id: str, member_id: str, view: View, step: int, decision_id: str,
-        request: ChooseRequest, key_hash: str | None, api_key: str | None,
-    ) -> Decision:
-        """:meth:`choose` once the member is known: ``view`` is the experiment's, which
+        request: ChooseRequest, key_hash: str | None, api_key: str | None, make: _Maker,
+    ) -> Decision | RankedDecision:
+        """:meth:`_decide` once the member is known: ``view`` is the experiment's, which
         accepted ``key_hash``. The other members' views are read without the key (the
         home holds it; ``decide.lua`` checks it on the member)."""
         member_key = key_hash if member_id == experiment_id else None
@@ -128,30 +152,24 @@ class Decisions(Room):
             definition = view.definition
             arms, contexts, ready = candidates
             rng = self._rng if number is None else _decision_rng(definition.spec.seed, number)
-            choice = draw(ready, [rng])
-            picked = int(choice.arms[0])
-            x = np.ascontiguousarray(contexts[picked], dtype="<f8").tobytes()
-            propensity = (await basis.propensity(ready, picked)
-                          if definition.spec.propensities else None)
-            record = _decision_record(basis, arms[picked], x, propensity)
-            every = contexts if definition.spec.log_all_contexts else None
+            made = await make(basis, request, decision_id, arms, contexts, ready, rng)
+            first, *later = made.slots
             reply = await self._store.decide(
                 member_id, decision_id, key_hash=key_hash,
                 incarnation=definition.incarnation, seen=seen, number=number,
                 reserved=reserved, ttl_seconds=definition.spec.reward_window_seconds,
                 max_lag=definition.spec.max_stale_rewards,
                 grace_seconds=self._settings.default_reward_grace_seconds,
-                record=record,
-                logged=_log_entry_fields(decision_id, arms, arms[picked], x, basis, propensity,
-                                         every),
+                record=first[0], logged=first[1], ranked=request.slots is not None,
+                later_slots=later,
                 held=view.folded + view.applied,
                 request=None if request.decision_id is None else (
-                    request.digest(), _answer(arms[picked].id, choice, propensity),
-                    self._settings.idempotency_seconds),
+                    request.digest(), made.answer, self._settings.idempotency_seconds),
             )
             if reply.status == "repeat":  # answered before under the caller's id
                 assert reply.answer is not None
-                return _repeated(decision_id, reply.number, reply.answer, reply.window_left)
+                return _repeated(decision_id, request.slots, reply.number, reply.answer,
+                                 reply.window_left)
             if reply.status == "conflict":
                 raise Conflict("this decision_id was used by another request (a different "
                                "context, eligible or excluded): choose a new id")
@@ -163,8 +181,7 @@ class Decisions(Room):
                     "retry; choose a new id")
             if reply.status == "recorded":
                 view.last_number = max(view.last_number, reply.number)
-                return _decision(definition, decision_id, arms[picked], choice, reply.number,
-                                 propensity)
+                return made.finish(reply.number, definition.spec.reward_window_seconds)
             if reply.status == "missing":
                 self.views.forget(experiment_id)
                 self.views.forget(member_id)
@@ -430,12 +447,13 @@ def _text_of(propensity: float | None) -> str:
 
 def _log_entry_fields(
     decision_id: str, arms: Sequence[ArmRecord], arm: ArmRecord, x: bytes, view: View,
-    propensity: float | None, contexts: np.ndarray | None = None,
+    propensity: float | None, contexts: np.ndarray | None = None, position: int | None = None,
 ) -> dict[str, str | bytes]:
     """The decision's entry in the decision log (decide.lua adds its number): the chosen
     ``arm`` and its context, the arms it was chosen from (and, given, their
     ``contexts``), the statistics it was made from, and its propensity (no field when
-    the experiment computes none: the entry says so as an older version's does)."""
+    the experiment computes none: the entry says so as an older version's does); a
+    ranking's slot, its ``position``."""
     definition = view.definition
     eligible = (definition.active_ranges if arms is definition.active_arms
                 else index_ranges([a.index for a in arms]))
@@ -444,39 +462,118 @@ def _log_entry_fields(
     return {"type": "decision", "id": decision_id, "arm": arm.id, "x": x,
             "version": str(view.version), "rewards_seen": str(view.rewards),
             "eligible": eligible, **every,
-            **({} if propensity is None else {"propensity": repr(propensity)})}
+            **({} if propensity is None else {"propensity": repr(propensity)}),
+            **({} if position is None else {"position": str(position)})}
 
 
-def _answer(arm_id: str, choice: Choice, propensity: float | None) -> str:
-    """What a retry of an idempotent decision gets back (decide.lua's ARGV[13])."""
-    score = float(choice.scores[0, int(choice.arms[0])])
+@dataclass(frozen=True)
+class _Made:
+    """One attempt's decision, ready for decide.lua: per slot (one for ``/choose``) its
+    record and log entry; what a retry under the caller's id gets back (``answer``:
+    per slot, arm '\n' propensity '\n' index, '' while exploring); and the reply once
+    recorded under a number (``finish(number, window)``)."""
+
+    slots: list[tuple[bytes, dict[str, str | bytes]]]
+    answer: str
+    finish: Callable[[int, int], Decision | RankedDecision]
+
+
+# What decides: (the view, the request, the decision id, the arms, their contexts, the
+# prepared policy, the generator) -> the decision to record.
+_Maker = Callable[[View, ChooseRequest, str, Sequence[ArmRecord], np.ndarray, Ready,
+                   np.random.Generator], Awaitable[_Made]]
+
+
+async def _one_arm(view: View, request: ChooseRequest, decision_id: str,
+                   arms: Sequence[ArmRecord], contexts: np.ndarray, ready: Ready,
+                   rng: np.random.Generator) -> _Made:
+    """``/choose``: one arm (:func:`policies.draw`) and its propensity."""
+    choice = draw(ready, [rng])
+    picked = int(choice.arms[0])
+    score = float(choice.scores[0, picked])
+    propensity = (await view.propensity(ready, picked)
+                  if view.definition.spec.propensities else None)
+    slot = _slot(view, decision_id, arms, contexts, picked, propensity, None)
+    answer = _answer_line(arms[picked].id, propensity, score)
+
+    def finish(number: int, window: int) -> Decision:
+        return _slot_decision(decision_id, arms[picked].id, score, number, window, propensity)
+    return _Made([slot], answer, finish)
+
+
+async def _ranked(view: View, request: ChooseRequest, decision_id: str,
+                  arms: Sequence[ArmRecord], contexts: np.ndarray, ready: Ready,
+                  rng: np.random.Generator) -> _Made:
+    """``/rank``: ``request.slots`` arms in order (:func:`policies.ranking.rank`), each
+    slot's propensity the probability that its arm was placed there."""
+    assert request.slots is not None
+    try:
+        ranking = rank(ready, [rng], request.slots)
+    except ValueError:
+        raise InvalidInput(f"k ({request.slots}) is more than the {len(arms)} eligible arms "
+                           "of this request") from None
+    placed = [int(a) for a in ranking.arms[0]]
+    scores = [float(ranking.scores[0, a]) for a in placed]
+    propensities: list[float | None] = (
+        list(await view.slot_propensities(ready, ranking))
+        if view.definition.spec.propensities else [None] * len(placed))
+    ids = [keys.slot_id(decision_id, j) for j in range(1, len(placed) + 1)]
+    slots = [_slot(view, slot_id, arms, contexts, a, p, j)
+             for j, (slot_id, a, p) in enumerate(zip(ids, placed, propensities, strict=True), 1)]
+    answer = "\n".join(_answer_line(arms[a].id, p, score)
+                       for a, p, score in zip(placed, propensities, scores, strict=True))
+
+    def finish(number: int, window: int) -> RankedDecision:
+        return RankedDecision(decision_id, number, window, tuple(
+            _slot_decision(slot_id, arms[a].id, score, number, window, p)
+            for slot_id, a, p, score in zip(ids, placed, propensities, scores, strict=True)))
+    return _Made(slots, answer, finish)
+
+
+def _slot(view: View, decision_id: str, arms: Sequence[ArmRecord], contexts: np.ndarray,
+          picked: int, propensity: float | None, position: int | None
+          ) -> tuple[bytes, dict[str, str | bytes]]:
+    """A decision's (or a ranking's slot's) record and log entry."""
+    x = np.ascontiguousarray(contexts[picked], dtype="<f8").tobytes()
+    every = contexts if view.definition.spec.log_all_contexts else None
+    return (_decision_record(view, arms[picked], x, propensity),
+            _log_entry_fields(decision_id, arms, arms[picked], x, view, propensity, every,
+                              position))
+
+
+def _answer_line(arm_id: str, propensity: float | None, score: float) -> str:
+    """One slot of what a retry of an idempotent decision gets back (decide.lua's
+    ARGV[13])."""
     return "\n".join((arm_id, _text_of(propensity), "" if math.isinf(score) else repr(score)))
 
 
-def _repeated(decision_id: str, number: int, answer: str, window_left: int | None
-              ) -> Decision:
-    """The decision an earlier request under ``decision_id`` got (:func:`_answer`), with
-    the time its reward may still come in (0 once it has come)."""
-    arm_id, propensity, index = answer.split("\n")
-    return Decision(decision_id=decision_id, arm_id=arm_id,
-                    index=float(index) if index else None, exploring=not index,
-                    decision_number=number,
-                    expires_in_seconds=window_left or 0,
-                    propensity=float(propensity) if propensity else None)
+def _repeated(decision_id: str, slots: int | None, number: int, answer: str,
+              window_left: int | None) -> Decision | RankedDecision:
+    """The decision (``slots`` None) or ranking an earlier request under ``decision_id``
+    got (:class:`_Made`'s answer), with the time its reward may still come in (0 once it
+    has come; a ranking's, its first slot's)."""
+    lines = answer.split("\n")
+    window = window_left or 0
+    decided = [
+        _slot_decision(decision_id if slots is None else keys.slot_id(decision_id, j + 1),
+                       arm_id, float(index) if index else math.inf, number, window,
+                       float(propensity) if propensity else None)
+        for j, (arm_id, propensity, index) in enumerate(
+            zip(lines[0::3], lines[1::3], lines[2::3], strict=True))]
+    if slots is None:
+        return decided[0]
+    return RankedDecision(decision_id, number, window, tuple(decided))
 
 
-def _decision(
-    definition: Definition, decision_id: str, arm: ArmRecord, choice: Choice, number: int,
-    propensity: float | None,
-) -> Decision:
-    score = float(choice.scores[0, int(choice.arms[0])])
+def _slot_decision(decision_id: str, arm_id: str, score: float, number: int, window: int,
+                   propensity: float | None) -> Decision:
     exploring = math.isinf(score)
     return Decision(
         decision_id=decision_id,
-        arm_id=arm.id,
+        arm_id=arm_id,
         index=None if exploring else score,
         exploring=exploring,
         decision_number=number,
-        expires_in_seconds=definition.spec.reward_window_seconds,
+        expires_in_seconds=window,
         propensity=propensity,
     )

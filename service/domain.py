@@ -134,6 +134,9 @@ class ExperimentView:
     previous_key_valid: bool = False  # a rotated-out key is still accepted, until revoked
 
 
+MAX_RANKED = 64  # the most arms one ranking (/rank) places
+
+
 @dataclass(frozen=True)
 class ChooseRequest:
     """One decision request.
@@ -150,11 +153,15 @@ class ChooseRequest:
     eligible: tuple[str, ...] | None = None
     excluded: tuple[str, ...] = ()
     decision_id: str | None = None
+    slots: int | None = None  # a ranking of this many arms (``/rank``); None: one arm
 
     def digest(self) -> str:
-        """What the request asks for, as a hash: the same request gives the same one."""
-        text = json.dumps([self.context, self.arm_contexts, self.eligible, self.excluded],
-                          sort_keys=True)
+        """What the request asks for, as a hash: the same request gives the same one (a
+        ranking's differs from a decision's: the two are answered differently)."""
+        asked: list[object] = [self.context, self.arm_contexts, self.eligible, self.excluded]
+        if self.slots is not None:
+            asked.append({"slots": self.slots})
+        text = json.dumps(asked, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -169,6 +176,19 @@ class Decision:
     # the probability that the policy chose this arm (policies.propensity); None when the
     # experiment computes none (ExperimentSpec.propensities)
     propensity: float | None
+
+
+@dataclass(frozen=True)
+class RankedDecision:
+    """k distinct arms in order (``/rank``), one decision number. Each slot is a
+    :class:`Decision` of its own, whose ``decision_id`` (the ranking's id, ``#`` and
+    the slot, 1 the first position) its reward names; its ``propensity`` is the
+    probability that its arm was placed at its position."""
+
+    decision_id: str
+    decision_number: int
+    expires_in_seconds: int
+    slots: tuple[Decision, ...]
 
 
 @dataclass(frozen=True)
@@ -201,6 +221,7 @@ class LogEntry:
     eligible: tuple[str, ...] | None = None
     contexts: tuple[tuple[float, ...], ...] | None = None
     propensity: float | None = None
+    position: int | None = None  # a ranking's slot (1 the first); None for /choose's
     version: int | None = None
     rewards_seen: int | None = None
     reward: float | None = None

@@ -26,6 +26,7 @@ from service.domain import (
     ExperimentSpec,
     ExperimentView,
     LogEntry,
+    RankedDecision,
     RewardOutcome,
 )
 from service.embedded import EmbeddedRedis
@@ -192,6 +193,11 @@ class ExperimentService:
         self, experiment_id: str, request: ChooseRequest, api_key: str | None = None
     ) -> Decision:
         return await self.decisions.choose(experiment_id, request, api_key)
+
+    async def rank(
+        self, experiment_id: str, request: ChooseRequest, api_key: str | None = None
+    ) -> RankedDecision:
+        return await self.decisions.rank(experiment_id, request, api_key)
 
     async def reward(
         self, experiment_id: str, items: Sequence[tuple[str, float]], api_key: str | None = None

@@ -39,6 +39,22 @@ def request(experiment_id: str, decision_id: str) -> str:
     return f"{PREFIX}:{{{experiment_id}}}:request:{decision_id}"
 
 
+# Between a ranking's decision id and a slot's number: not a character of the ids callers
+# choose (app.schemas.DECISION_ID_PATTERN), so a slot's id is never a caller's.
+SLOT_SEPARATOR = "#"
+
+
+def slot_id(decision_id: str, slot: int) -> str:
+    """The decision id of a ranking's slot (1 the first position): its record's, its
+    reward's and its log entry's."""
+    return f"{decision_id}{SLOT_SEPARATOR}{slot}"
+
+
+def ranking_of(decision_id: str) -> str:
+    """The ranking a slot's decision id belongs to; any other decision id as it is."""
+    return decision_id.partition(SLOT_SEPARATOR)[0]
+
+
 def decision(experiment_id: str, decision_id: str) -> str:
     """String: one pending (or rewarded, or settled) decision's record (its format is in
     ``lua/outcomes.lua``; a hash when an earlier version wrote it); expires after the

@@ -37,6 +37,7 @@ import zlib
 
 from policies import PolicyConfig
 from policies.state import mergeable
+from service import keys
 from service.domain import ExperimentSpec
 from service.errors import InvalidInput
 from service.store import Store
@@ -66,7 +67,9 @@ def home(member_id: str) -> str:
 
 def shard_of(decision_id: str, shards: int) -> int:
     """The member a decision is recorded on, and its reward applied to."""
-    return 0 if shards == 1 else zlib.crc32(decision_id.encode()) % shards
+    if shards == 1:
+        return 0
+    return zlib.crc32(keys.ranking_of(decision_id).encode()) % shards  # a ranking's slots together
 
 
 def numbering(shard: int, shards: int) -> dict[str, str]:

@@ -1227,6 +1227,8 @@ class Store:
         logged: Mapping[str, str | bytes] | None = None,
         held: int | None = None,
         request: tuple[str, str, int] | None = None,
+        ranked: bool = False,
+        later_slots: Sequence[tuple[bytes, Mapping[str, str | bytes]]] = (),
     ) -> DecideReply:
         """Record a pending decision if the statistics it was made from are current.
 
@@ -1244,8 +1246,14 @@ class Store:
         number) and how long (seconds) to keep them, so that a retry gets the same
         answer ("repeat") and another request under the same id is refused
         ("conflict"), as is any request under it once its answer is no longer kept
-        while its decision lives ("spent"). See ``decide.lua``.
+        while its decision lives ("spent"). ``ranked``: the decision is a ranking,
+        ``record`` and ``logged`` its first slot's, ``later_slots`` (record, log entry)
+        its further slots'; slot j's record is the decision :func:`service.keys.slot_id`
+        names, all recorded by one script or none. See ``decide.lua``.
         """
+        slots = 1 + len(later_slots)
+        slot_ids = [keys.slot_id(decision_id, j) for j in range(1, slots + 1)] if ranked else []
+        entries = [dict(logged or {}), *(dict(entry) for _, entry in later_slots)]
         args: list[str | bytes | int] = [
             "" if key_hash is None else key_hash,
             incarnation,
@@ -1259,17 +1267,22 @@ class Store:
             "" if held is None else str(held),
             record,
             *(request or ("", "", "")),
+            slots,
+            *(slot_record for slot_record, _ in later_slots),
+            *(2 * len(entry) for entry in entries),
         ]
-        for pair in (logged or {}).items():
-            args.extend(pair)
+        for entry in entries:
+            for pair in entry.items():
+                args.extend(pair)
         keyset = [
             keys.meta(experiment_id),
             keys.stats(experiment_id),
-            keys.decision(experiment_id, decision_id),
+            keys.decision(experiment_id, slot_ids[0] if ranked else decision_id),
             keys.pending(experiment_id),
             keys.log(experiment_id),
             keys.outcomes(experiment_id),
-            *([keys.request(experiment_id, decision_id)] if request is not None else []),
+            keys.request(experiment_id, decision_id),
+            *(keys.decision(experiment_id, later) for later in slot_ids[1:]),
         ]
         reply = await self._batcher.run(self._decide, keyset, args)
         status = _text(reply[0])

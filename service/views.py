@@ -21,6 +21,7 @@ import numpy as np
 
 from policies import Ready, State, discounted, layout, prepare
 from policies.propensity import SERVICE, off_the_loop, propensities
+from policies.ranking import Ranking, position_propensities
 from policies.state import Sums, inherit_kept, merge_sums
 from service import keys, shards
 from service.definition import (
@@ -177,6 +178,26 @@ class View:
             kept[position] = (await asyncio.to_thread(compute) if off_the_loop(ready)
                               else compute())
         return kept[position]
+
+
+    async def slot_propensities(self, ready: Ready, ranking: Ranking) -> list[float]:
+        """The probability that ``rank(ready)`` puts each of ``ranking``'s arms at its
+        position: the first as :meth:`propensity` (a ranking of one is a decision),
+        the others by :func:`policies.ranking.position_propensities`, in a thread
+        (milliseconds: an integral per placed arm, or rankings drawn again)."""
+        first = await self.propensity(ready, int(ranking.arms[0, 0]))
+        if ranking.arms.shape[1] == 1:
+            return [first]
+
+        def compute() -> list[float]:
+            return [float(p) for p in position_propensities(
+                ready, ranking, draws=SLATE_DRAWS)[0, 1:]]
+        return [first, *await asyncio.to_thread(compute)]
+
+
+# Rankings drawn again for a slot's propensity where no integral serves (a shared
+# model's draws, epsilon, an arm to explore): a standard error of at most 1.6 points.
+SLATE_DRAWS = 1024
 
 
 class UnknownArm(InvalidInput):

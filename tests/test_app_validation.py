@@ -23,7 +23,9 @@ from app.schemas import (
     MAX_LOG_ENTRIES,
     MAX_SEED,
     MAX_SHARDS,
+    MAX_SLOTS,
     MAX_STALE_REWARDS,
+    REWARDED_ID_PATTERN,
 )
 from service.domain import ARM_ID_PATTERN, EXPERIMENT_ID_PATTERN
 from service.settings import Settings
@@ -538,12 +540,22 @@ PUBLISHED: dict[str, dict[tuple[str, str], object]] = {
         "excluded": _ARM_IDS,
         "decision_id": {"pattern": DECISION_ID_PATTERN},
     }),
+    "/rank": _flat({
+        "experiment_id": {"pattern": EXPERIMENT_ID_PATTERN},
+        "context": _VECTOR,
+        "arm_contexts": {"maxProperties": _MAX_ARMS, "{key}": {"pattern": ARM_ID_PATTERN},
+                         "{}": _VECTOR},
+        "eligible": _ARM_IDS,
+        "excluded": _ARM_IDS,
+        "decision_id": {"pattern": DECISION_ID_PATTERN},
+        "k": {"minimum": 1, "maximum": MAX_SLOTS},
+    }),
     "/reward": _flat({
         "experiment_id": {"pattern": EXPERIMENT_ID_PATTERN},
-        "decision_id": {"pattern": DECISION_ID_PATTERN},
+        "decision_id": {"pattern": REWARDED_ID_PATTERN},
         "reward": _REWARD,
         "rewards": {"minItems": 1, "maxItems": _MAX_BATCH,
-                    "[].decision_id": {"pattern": DECISION_ID_PATTERN}, "[].reward": _REWARD},
+                    "[].decision_id": {"pattern": REWARDED_ID_PATTERN}, "[].reward": _REWARD},
     }),
 }
 _BASES: dict[str, list[dict[str, object]]] = {
@@ -551,6 +563,7 @@ _BASES: dict[str, list[dict[str, object]]] = {
     "/experiments/{experiment_id}/arms": [{"arms": [{"id": "c"}]}],
     "/experiments/{experiment_id}/arms/retire": [{"arm_ids": ["a"]}],
     "/choose": [{"experiment_id": "cov", "context": [0.5, 0.5, 0.5]}],
+    "/rank": [{"experiment_id": "cov", "context": [0.5, 0.5, 0.5], "k": 1}],
     "/reward": [{"experiment_id": "cov", "decision_id": "d", "reward": 1.0},
                 {"experiment_id": "cov", "rewards": [{"decision_id": "d", "reward": 1.0}]}],
 }

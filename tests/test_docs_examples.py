@@ -3,8 +3,9 @@
 Every ```bash block that holds ``curl`` is split into its commands, which run
 in order with bash, as a reader pastes them, after doing what the docs tell
 the reader to do: ``TOKEN`` is the admin token, ``KEY`` the ``api_key`` that
-creating the experiment returned, and ``<from /choose>`` the ``decision_id``
-that the last ``/choose`` returned. Only the address differs (the server
+creating the experiment returned, ``<from /choose>`` the ``decision_id``
+that the last ``/choose`` returned, and ``<slot 2 from /rank>`` the second slot's
+of the last ``/rank``. Only the address differs (the server
 listens on a free port, not 8000).
 
 The README's Python example of ``linreboot.client`` runs the same way, with
@@ -73,12 +74,15 @@ def test_the_docs_curl_examples_work_as_written(redis_db: str, base_url: str, do
     commands = curl_commands((_REPO / doc).read_text())
     assert any("/choose" in c for c in commands) and any("/reward" in c for c in commands)
     env = {**os.environ, "TOKEN": ADMIN_TOKEN, "KEY": ""}
-    decision_id = None
+    decision_id = slot_id = None
     for command in commands:
         assert _ADDRESS in command, command
         if "<from /choose>" in command:
             assert decision_id is not None, f"{doc}: a reward before any /choose"
             command = command.replace("<from /choose>", decision_id)
+        if "<slot 2 from /rank>" in command:
+            assert slot_id is not None, f"{doc}: a slot's reward before any /rank"
+            command = command.replace("<slot 2 from /rank>", slot_id)
         command = command.replace(_ADDRESS, base_url.removeprefix("http://"))
         body = _run(command, env, doc)
         path = command.split(base_url.removeprefix("http://"), 1)[1].split()[0]
@@ -86,6 +90,8 @@ def test_the_docs_curl_examples_work_as_written(redis_db: str, base_url: str, do
             env["KEY"] = body["api_key"]
         elif path == "/choose":
             decision_id = body["decision_id"]
+        elif path == "/rank":
+            slot_id = body["slots"][1]["decision_id"]
         elif path == "/reward":
             assert body["status"] == "applied", (doc, body)
 

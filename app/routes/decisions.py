@@ -7,7 +7,15 @@ from fastapi import APIRouter, Response
 from app.deps import ExperimentCallerDep
 from app.direct_route import DirectRoute
 from app.responses import KEY_ERRORS, REWARD_RESPONSES
-from app.schemas import ChooseIn, DecisionOut, RewardBatchOut, RewardIn, RewardOut
+from app.schemas import (
+    ChooseIn,
+    DecisionOut,
+    RankIn,
+    RankingOut,
+    RewardBatchOut,
+    RewardIn,
+    RewardOut,
+)
 from service.domain import RewardOutcome, RewardStatus
 
 router = APIRouter(tags=["decisions"], responses=KEY_ERRORS, route_class=DirectRoute)
@@ -28,6 +36,16 @@ async def choose(body: ChooseIn, caller: ExperimentCallerDep) -> DecisionOut:
     caller.traces([decision.decision_id])
     caller.metrics.record_decision()
     return DecisionOut.from_domain(decision)
+
+
+@router.post("/rank", summary="Rank k arms, each slot rewarded on its own")
+async def rank(body: RankIn, caller: ExperimentCallerDep) -> RankingOut:
+    caller.names(body.experiment_id)
+    request = body.to_domain(caller.settings)
+    ranking = await caller.service.rank(body.experiment_id, request, caller.key)
+    caller.traces([ranking.decision_id])
+    caller.metrics.record_decision()
+    return RankingOut.from_domain(ranking)
 
 
 @router.post("/reward", summary="Report rewards, exactly once each", responses=REWARD_RESPONSES)

@@ -13,9 +13,12 @@
 -- KEYS[4]  pending list   lrb:{exp}:pending  ("<deadline> <id>" per decision, in deadline order)
 -- KEYS[5]  decision log   lrb:{exp}:log      (a stream; written when meta has log_max_entries)
 -- KEYS[6]  outcomes       lrb:{exp}:outcomes (outcomes not yet in the sums: outcomes.lua)
--- KEYS[7]  (optional) request lrb:{exp}:request:<id>: a decision id the caller chose;
---          a request already answered under it gets the same answer (idempotent);
---          'p' incarnation '\n' digest '\n' number '\n' answer
+-- KEYS[7]  request lrb:{exp}:request:<id>, read and written only with ARGV[12]: a decision
+--          id the caller chose; a request already answered under it gets the same answer
+--          (idempotent); 'p' incarnation '\n' digest '\n' number '\n' answer
+-- KEYS[8 ..] a ranking's further slots' records (lrb:{exp}:decision:<id>#<slot>, slots 2 ..
+--          k; KEYS[3] is slot 1's): each slot is a decision of its own to reward.lua and
+--          settle.lua, all recorded here or none, under one decision number
 -- ARGV[1]  SHA-256 (hex) of the caller's API key; '' for a trusted in-process caller
 -- ARGV[2]  the incarnation the worker's definition belongs to
 -- ARGV[3]  the meta version the worker's statistics were read at; '' accepts any
@@ -42,9 +45,12 @@
 --          ('' while exploring)
 -- ARGV[14] with KEYS[7]: how long (seconds) a retry gets the same answer (at most the
 --          decision's own time to live)
--- ARGV[15 ..]  field, value, ... of the decision's log entry, but its number
+-- ARGV[15] k, the slots recorded (1 for a decision of /choose)
+-- ARGV[16 .. 14 + k]  slots 2 .. k's records' ends (ARGV[11]'s format)
+-- ARGV[15 + k .. 14 + 2k]  how many fields (names and values) each slot's log entry has
+-- ARGV[15 + 2k ..]  field, value, ... of each slot's log entry in turn, but its number
 --          (which the script adds): type, id, arm, x, version, rewards_seen,
---          eligible, propensity
+--          eligible, propensity (position, in a ranking)
 --
 -- Returns
 --   {'recorded', number}  the decision is recorded (also when an earlier call whose
@@ -105,7 +111,9 @@ local function window_left(key)
   return math.max(0, redis.call('TTL', key))
 end
 
-if KEYS[7] then
+local slots = tonumber(ARGV[15])
+local request = ARGV[12] ~= ''
+if request then
   local earlier = redis.call('GET', KEYS[7])
   if earlier then
     local incarnation, digest, number, answer =
@@ -132,7 +140,7 @@ if existing then
     incarnation, recorded = string.match(existing, '^.([^\n]*)\n([^\n]*)')  -- any state
   end
   if incarnation == meta[1] then
-    if KEYS[7] then
+    if request then
       -- The caller's id, answered longer ago than its request is kept (ARGV[14]):
       -- the answer is gone, and a fresh one under the same id would contradict it.
       return {'spent'}
@@ -181,7 +189,7 @@ end
 
 -- Both counters in one write: the number taken (unless a stale reply set it
 -- aside), and the decision counted.
-local decisions = tonumber(counters[4] or '0') + 1
+local decisions = tonumber(counters[4] or '0') + slots  -- a ranking's slots each count
 local taken = number == '' or ARGV[6] == '0'
 if number == '' then
   number = seq + step
@@ -211,9 +219,12 @@ if defaulted then
   ttl = window + tonumber(ARGV[9]) + (later > 0 and math.ceil(later) or 0)
 end
 local deadline = string.format('%.3f', ends)
-redis.call('SET', KEYS[3], table.concat({'p' .. ARGV[2], number, defaulted and deadline or '',
-                                         ARGV[11]}, '\n'), 'EX', ttl)
-if KEYS[7] then
+local head = table.concat({'p' .. ARGV[2], number, defaulted and deadline or ''}, '\n') .. '\n'
+redis.call('SET', KEYS[3], head .. ARGV[11], 'EX', ttl)
+for slot = 2, slots do
+  redis.call('SET', KEYS[6 + slot], head .. ARGV[14 + slot], 'EX', ttl)
+end
+if request then
   redis.call('SET', KEYS[7], 'p' .. meta[1] .. '\n' .. ARGV[12] .. '\n' .. number .. '\n'
              .. ARGV[13], 'EX',
              math.min(ttl, tonumber(ARGV[14])))
@@ -227,8 +238,12 @@ end
 -- expired entries (up to 128) from its head, so it holds the live decisions
 -- and a few more (a window made shorter only delays the drop; the list's TTL
 -- is never shortened).
-local id = string.match(KEYS[3], ':decision:(.*)$')
-local length = redis.call('RPUSH', KEYS[4], deadline .. ' ' .. id)
+local entries = {}
+for slot = 1, slots do
+  local key = slot == 1 and KEYS[3] or KEYS[6 + slot]
+  entries[slot] = deadline .. ' ' .. string.match(key, ':decision:(.*)$')
+end
+local length = redis.call('RPUSH', KEYS[4], unpack(entries))
 if defaulted then
   -- Never expires: settle.lua must find every entry, even after an outage
   -- longer than the grace period (it then counts the decision as missed).
@@ -237,7 +252,7 @@ elseif redis.call('TTL', KEYS[4]) < ttl + 1 then
   -- Never shortened: after a shorter window the older decisions outlive the new.
   redis.call('EXPIRE', KEYS[4], ttl + 1)
 end
-local tidy = length % 64 == 0
+local tidy = length % 64 < slots  -- the list crossed a multiple of 64
 if tidy and not defaulted then
   local expired = 0
   for _, head in ipairs(redis.call('LRANGE', KEYS[4], 0, 127)) do
@@ -260,8 +275,13 @@ end
 local max_entries = tonumber(meta[5] or '0')
 if max_entries > 0 then
   local age = tonumber(meta[6])
-  redis.call('XADD', KEYS[5], 'MAXLEN', '~', max_entries, '*', 'number', number,
-             unpack(ARGV, 15))
+  local at = 15 + 2 * slots  -- the first slot's fields
+  for slot = 1, slots do
+    local count = tonumber(ARGV[14 + slots + slot])
+    redis.call('XADD', KEYS[5], 'MAXLEN', '~', max_entries, '*', 'number', number,
+               unpack(ARGV, at, at + count - 1))
+    at = at + count
+  end
   redis.call('EXPIRE', KEYS[5], age)
   if tidy then
     redis.call('XTRIM', KEYS[5], 'MINID', '~', string.format('%.0f', (now - age) * 1000))

@@ -1,0 +1,247 @@
+"""Rankings (issue 28): ``/rank`` orders k distinct arms from one draw of the policy's
+index, records each slot as a decision of its own (all or none, one decision number)
+and takes each slot's reward exactly once; a ranking of one is ``/choose``'s decision."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import Counter
+
+import numpy as np
+import pytest
+import redis
+
+from service import keys, shards
+from service.domain import ArmSpec, ChooseRequest, ExperimentSpec, RankedDecision
+from service.errors import Conflict, InvalidInput
+from service.experiments import ExperimentService
+from tests.conftest import TEST_SHARDS, Api
+
+pytestmark = pytest.mark.anyio
+
+ARMS = tuple(ArmSpec(f"arm-{i}") for i in range(5))
+COVARIATES = ExperimentSpec(id="shelf", setting="covariates", dim=2, arms=ARMS, seed=11,
+                            log_max_entries=10_000)
+
+
+def _context(rng: np.random.Generator) -> ChooseRequest:
+    return ChooseRequest(context=tuple(float(v) for v in rng.normal(size=2)))
+
+
+async def test_a_ranking_of_one_is_the_decision_of_choose(service: ExperimentService) -> None:
+    """Two experiments alike, one asked /choose, the other /rank with k = 1, rewarded
+    alike: the same arm, score, propensity and number at every step, for a randomised
+    and an optimistic policy, while exploring and after."""
+    for policy in ("linreboot", "lints-g", "linucb"):
+        chosen = dataclasses.replace(COVARIATES, id=f"c-{policy}", policy=policy)
+        ranked = dataclasses.replace(chosen, id=f"r-{policy}")
+        await service.create(chosen)
+        await service.create(ranked)
+        rng = np.random.default_rng(5)
+        for step in range(40):
+            # (the same id routes both to the same member when the tests run sharded)
+            request = dataclasses.replace(_context(rng), decision_id=f"step-{step}")
+            one = await service.choose(chosen.id, request)
+            ranking = await service.rank(ranked.id, dataclasses.replace(request, slots=1))
+            (slot,) = ranking.slots
+            assert (slot.arm_id, slot.index, slot.propensity, slot.decision_number) == (
+                one.arm_id, one.index, one.propensity, one.decision_number), (policy, step)
+            assert slot.decision_id == keys.slot_id(ranking.decision_id, 1)
+            reward = float(rng.normal())
+            await service.reward(chosen.id, [(one.decision_id, reward)])
+            (outcome,) = await service.reward(ranked.id, [(slot.decision_id, reward)])
+            assert outcome.status == "applied", outcome
+
+
+async def _trained(service: ExperimentService, spec: ExperimentSpec, rounds: int = 30) -> None:
+    """The experiment created, and every arm past its first pull."""
+    await service.create(spec)
+    rng = np.random.default_rng(3)
+    for _ in range(rounds):
+        decision = await service.choose(spec.id, _context(rng))
+        await service.reward(spec.id, [(decision.decision_id, float(rng.normal()))])
+
+
+async def test_k_distinct_eligible_arms_each_slot_a_decision_of_its_own(
+    service: ExperimentService, redis_db: str
+) -> None:
+    await _trained(service, COVARIATES)
+    before = (await service.get("shelf")).decisions
+    ranking = await service.rank("shelf", ChooseRequest(context=(0.5, -0.5), slots=3,
+                                                         excluded=("arm-1",)))
+    arms = [slot.arm_id for slot in ranking.slots]
+    assert len(set(arms)) == 3 and "arm-1" not in arms
+    assert [s.decision_id for s in ranking.slots] == [
+        keys.slot_id(ranking.decision_id, j) for j in (1, 2, 3)]
+    assert {s.decision_number for s in ranking.slots} == {ranking.decision_number}
+    assert all(s.propensity is not None and 0.0 < s.propensity <= 1.0 for s in ranking.slots)
+    # ordered by the one draw's index (no arm left to explore)
+    scores = [s.index for s in ranking.slots]
+    assert all(score is not None for score in scores)
+    assert scores == sorted(scores, reverse=True)  # type: ignore[type-var]
+    assert (await service.get("shelf")).decisions == before + 3  # each slot counts
+    member = shards.member("shelf", shards.shard_of(ranking.decision_id, TEST_SHARDS))
+    client = redis.Redis.from_url(redis_db)
+    try:
+        listed = [e.split()[1].decode() for e in client.lrange(keys.pending(member), 0, -1)]
+        assert listed[-3:] == [s.decision_id for s in ranking.slots]
+    finally:
+        client.close()
+    log, _ = await service.read_log("shelf", limit=10_000)
+    entries = [e for e in log if e.decision_id.startswith(ranking.decision_id)]
+    assert [(e.decision_id, e.arm_id, e.position, e.propensity, e.number) for e in entries] == [
+        (s.decision_id, s.arm_id, j, s.propensity, ranking.decision_number)
+        for j, s in enumerate(ranking.slots, 1)]
+    assert all(e.context == (0.5, -0.5) and "arm-1" not in (e.eligible or ()) for e in entries)
+
+
+async def test_each_slot_is_rewarded_exactly_once(service: ExperimentService) -> None:
+    await _trained(service, COVARIATES)
+    ranking = await service.rank("shelf", ChooseRequest(context=(0.1, 0.2), slots=3))
+    first, second, third = (s.decision_id for s in ranking.slots)
+    before = await service.get("shelf")
+    outcomes = await service.reward("shelf", [(second, 1.0), (first, 0.0), (second, 1.0)])
+    assert [o.status for o in outcomes] == ["applied", "applied", "duplicate"]
+    outcomes = await service.reward("shelf", [
+        (second, 0.5), (first, 0.0), (keys.slot_id(ranking.decision_id, 4), 1.0),
+        (ranking.decision_id, 1.0)])
+    assert [o.status for o in outcomes] == ["conflict", "duplicate", "not_found", "not_found"]
+    after = await service.get("shelf")
+    assert after.rewards == before.rewards + 2
+    pulls = {arm.id: arm.pulls for arm in after.arms}
+    earlier = {arm.id: arm.pulls for arm in before.arms}
+    for slot in ranking.slots[:2]:  # the arms at the rewarded slots, one pull each
+        assert pulls[slot.arm_id] == earlier[slot.arm_id] + 1
+    assert pulls[ranking.slots[2].arm_id] == earlier[ranking.slots[2].arm_id]
+    assert [o.status for o in await service.reward("shelf", [(third, 2.0)])] == ["applied"]
+
+
+async def test_unrewarded_slots_get_the_default_reward(service: ExperimentService) -> None:
+    spec = dataclasses.replace(COVARIATES, reward_window_seconds=1, default_reward=0.0)
+    await _trained(service, spec, rounds=8)
+    ranking = await service.rank("shelf", ChooseRequest(context=(0.1, 0.2), slots=3))
+    await service.reward("shelf", [(ranking.slots[1].decision_id, 1.0)])
+    await asyncio.sleep(1.3)
+    assert await service.sweep() == 2
+    log, _ = await service.read_log("shelf", limit=10_000)
+    outcomes = {e.decision_id: e.type for e in log
+                if e.type != "decision" and e.decision_id.startswith(ranking.decision_id)}
+    slots = [s.decision_id for s in ranking.slots]
+    assert outcomes == {slots[0]: "default", slots[1]: "reward", slots[2]: "default"}
+    late = await service.reward("shelf", [(slots[2], 1.0)])
+    assert late[0].status == "late"
+
+
+async def test_a_ranking_under_the_callers_id_is_idempotent(
+    service: ExperimentService, other_service: ExperimentService
+) -> None:
+    await _trained(service, COVARIATES)
+    request = ChooseRequest(context=(0.3, 0.4), slots=3, decision_id="page-9")
+    first = await service.rank("shelf", request)
+    decided = (await service.get("shelf")).decisions
+    other = await service.choose("shelf", ChooseRequest(context=(1.0, 1.0)))
+    await service.reward("shelf", [(other.decision_id, 1.0)])
+    again = [await w.rank("shelf", request) for w in (other_service, service)]
+    for ranking in again:
+        assert isinstance(ranking, RankedDecision)
+        assert [dataclasses.replace(s, expires_in_seconds=0) for s in ranking.slots] == [
+            dataclasses.replace(s, expires_in_seconds=0) for s in first.slots]
+        assert ranking.decision_number == first.decision_number
+    assert (await service.get("shelf")).decisions == decided + 1  # the one /choose
+    with pytest.raises(Conflict):  # another k, or /choose, under the same id
+        await service.rank("shelf", dataclasses.replace(request, slots=2))
+    with pytest.raises(Conflict):
+        await service.choose("shelf", dataclasses.replace(request, slots=None))
+
+
+async def test_more_slots_than_eligible_arms_is_refused_and_records_nothing(
+    service: ExperimentService,
+) -> None:
+    await _trained(service, COVARIATES, rounds=6)
+    before = (await service.get("shelf")).decisions
+    with pytest.raises(InvalidInput, match="more than the 2 eligible arms"):
+        await service.rank("shelf", ChooseRequest(context=(0.1, 0.2), slots=3,
+                                                  eligible=("arm-0", "arm-2")))
+    assert (await service.get("shelf")).decisions == before
+
+
+@pytest.mark.parametrize("policy", ["linreboot", "lints-g"])
+async def test_slot_propensities_are_the_frequencies_of_the_placements(
+    service: ExperimentService, policy: str
+) -> None:
+    """With the statistics fixed (no reward in between), ranking again and again: the
+    share of rankings that put an arm at a position is the propensity every slot that
+    put it there reported (an integral for LinReBoot, rankings drawn again for LinTS-G),
+    within 4 standard errors of the share and the estimate's own error."""
+    spec = dataclasses.replace(COVARIATES, policy=policy, seed=None)
+    await _trained(service, spec, rounds=40)
+    request = ChooseRequest(context=(0.4, 0.1), slots=3)
+    rankings = [await service.rank("shelf", request) for _ in range(600)]
+    seen: Counter[tuple[str, int]] = Counter()
+    reported: dict[tuple[str, int], set[float]] = {}
+    for ranking in rankings:
+        for j, slot in enumerate(ranking.slots, 1):
+            seen[slot.arm_id, j] += 1
+            assert slot.propensity is not None
+            reported.setdefault((slot.arm_id, j), set()).add(slot.propensity)
+    estimate_se = 0.0 if policy == "linreboot" else np.sqrt(0.25 / 1024) + 1 / 1024
+    for placement, propensities in reported.items():
+        assert len(propensities) == 1, placement  # the same statistics, the same value
+        p = propensities.pop()
+        share = seen[placement] / len(rankings)
+        assert abs(share - p) <= 4 * (np.sqrt(p * (1 - p) / len(rankings)) + estimate_se), (
+            placement, share, p)
+
+
+async def test_rank_over_http(api: Api) -> None:
+    key = await api.create({"id": "web", "setting": "covariates", "dim": 2,
+                            "arms": [{"id": f"a{i}"} for i in range(4)]})
+    headers = {"X-API-Key": key}
+    body = {"experiment_id": "web", "context": [0.2, 0.3], "k": 3}
+    reply = await api.http.post("/rank", json=body, headers=headers)
+    assert reply.status_code == 200, reply.text
+    ranking = reply.json()
+    assert [s["slot"] for s in ranking["slots"]] == [1, 2, 3]
+    assert len({s["arm_id"] for s in ranking["slots"]}) == 3
+    second = ranking["slots"][1]["decision_id"]
+    assert second == f"{ranking['decision_id']}#2"
+    rewarded = await api.reward(key, {"experiment_id": "web", "decision_id": second,
+                                      "reward": 1.0})
+    assert rewarded.status_code == 200 and rewarded.json()["status"] == "applied"
+    batch = await api.reward(key, {"experiment_id": "web", "rewards": [
+        {"decision_id": second, "reward": 1.0},
+        {"decision_id": ranking["slots"][0]["decision_id"], "reward": 0.0}]})
+    assert [r["status"] for r in batch.json()["results"]] == ["duplicate", "applied"]
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"k": 0}, "greater than or equal to 1"),
+    ({"k": 65}, "less than or equal to 64"),
+    ({"k": 5}, "more than the 4 eligible arms"),
+    ({"k": 2, "eligible": ["a0"]}, "more than the 1 eligible arms"),
+    ({"k": 2.0}, "valid integer"),
+    ({"k": None}, "valid integer"),
+    ({"k": 2, "decision_id": "x#1"}, "should match pattern"),
+    ({"k": 2, "context": [0.1]}, "context"),
+])
+async def test_bad_rankings_are_refused_and_change_nothing(
+    api: Api, change: dict[str, object], says: str
+) -> None:
+    key = await api.create({"id": "web", "setting": "covariates", "dim": 2,
+                            "arms": [{"id": f"a{i}"} for i in range(4)]})
+    before = await api.state("web")
+    body = {"experiment_id": "web", "context": [0.2, 0.3], **change}
+    reply = await api.http.post("/rank", json=body, headers={"X-API-Key": key})
+    assert reply.status_code == 422, reply.text
+    assert says in reply.text
+    assert await api.state("web") == before
+
+
+@pytest.mark.parametrize("decision_id", ["abc#0", "abc#100", "abc#", "#1", "abc#1#2", "a#b"])
+async def test_a_reward_names_a_decision_or_a_slot(api: Api, decision_id: str) -> None:
+    key = await api.create({"id": "web", "setting": "covariates", "dim": 2,
+                            "arms": [{"id": f"a{i}"} for i in range(4)]})
+    reply = await api.reward(key, {"experiment_id": "web", "decision_id": decision_id,
+                                   "reward": 1.0})
+    assert reply.status_code == 422, reply.text
