@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import redis
 
+from policies import PolicyName
 from service import keys, shards
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec, RankedDecision
 from service.errors import Conflict, InvalidInput
@@ -84,7 +85,8 @@ async def test_k_distinct_eligible_arms_each_slot_a_decision_of_its_own(
     member = shards.member("shelf", shards.shard_of(ranking.decision_id, TEST_SHARDS))
     client = redis.Redis.from_url(redis_db)
     try:
-        listed = [e.split()[1].decode() for e in client.lrange(keys.pending(member), 0, -1)]
+        pending: list[bytes] = client.lrange(keys.pending(member), 0, -1)  # type: ignore[assignment]
+        listed = [e.split()[1].decode() for e in pending]
         assert listed[-3:] == [s.decision_id for s in ranking.slots]
     finally:
         client.close()
@@ -168,7 +170,7 @@ async def test_more_slots_than_eligible_arms_is_refused_and_records_nothing(
 
 @pytest.mark.parametrize("policy", ["linreboot", "lints-g"])
 async def test_slot_propensities_are_the_frequencies_of_the_placements(
-    service: ExperimentService, policy: str
+    service: ExperimentService, policy: PolicyName
 ) -> None:
     """With the statistics fixed (no reward in between), ranking again and again: the
     share of rankings that put an arm at a position is the propensity every slot that
