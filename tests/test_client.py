@@ -536,6 +536,12 @@ async def test_every_method(served: str, kind: str) -> None:
                                                           ("not_found", False)]
         by_dict = await lrb.reward_batch("ctx", {d_ctx.decision_id: 0.25}, api_key=ctx.api_key)
         assert [r.status for r in by_dict] == ["applied"]
+        ranked = await lrb.rank("ctx", 2, arm_contexts={"p": [1.0, 0.0], "q": [0.0, 1.0],
+                                                       "r": [0.5, 0.5]}, api_key=ctx.api_key)
+        assert len(set(ranked.arm_ids)) == 2 and [s.slot for s in ranked.slots] == [1, 2]
+        slot_reward = await lrb.reward("ctx", ranked.slots[1].decision_id, 1.0,
+                                       api_key=ctx.api_key)
+        assert slot_reward.status == "applied"
 
         view = await lrb.get_experiment("cov")
         assert (view.decisions, view.rewards, view.duplicates) == (1, 1, 1)

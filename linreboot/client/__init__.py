@@ -60,8 +60,10 @@ from linreboot.client._models import (
     Decision,
     Experiment,
     ExperimentPage,
+    Ranking,
     RewardResult,
     ServiceStatus,
+    Slot,
 )
 from linreboot.client._retry import NO_RETRY, Retry
 from linreboot.client._sync import Client
@@ -83,10 +85,12 @@ __all__ = [
     "InvalidInput",
     "LinrebootError",
     "NotFound",
+    "Ranking",
     "Retry",
     "RewardConflict",
     "RewardResult",
     "ServiceStatus",
+    "Slot",
     "StoreFull",
     "TooLarge",
     "TransportError",

@@ -23,6 +23,7 @@ from linreboot.client._models import (
     Decision,
     Experiment,
     ExperimentPage,
+    Ranking,
     RewardResult,
     ServiceStatus,
 )
@@ -136,6 +137,15 @@ class AsyncClient:
                      api_key: str | None = None, decision_id: str | None = None) -> Decision:
         return await self._send(self._core.choose(
             experiment_id, context=context, arm_contexts=arm_contexts, eligible=eligible,
+            excluded=excluded, api_key=api_key, decision_id=decision_id))
+
+    async def rank(self, experiment_id: str, k: int, *, context: Vector | None = None,
+                   arm_contexts: Mapping[str, Vector] | None = None,
+                   eligible: Sequence[str] | None = None,
+                   excluded: Sequence[str] | None = None,
+                   api_key: str | None = None, decision_id: str | None = None) -> Ranking:
+        return await self._send(self._core.rank(
+            experiment_id, k, context=context, arm_contexts=arm_contexts, eligible=eligible,
             excluded=excluded, api_key=api_key, decision_id=decision_id))
 
     async def reward(self, experiment_id: str, decision_id: str, reward: float, *,

@@ -39,6 +39,7 @@ from linreboot.client._models import (
     Experiment,
     ExperimentPage,
     NewKey,
+    Ranking,
     Revoked,
     RewardResult,
     ServiceStatus,
@@ -229,6 +230,18 @@ class Core:
             body["excluded"] = list(excluded)
         return Call("POST", "/choose", Decision.model_validate_json, self._key(api_key),
                     Retryable.ALWAYS, body)
+
+    def rank(
+        self, experiment_id: str, k: int, *, context: Vector | None = None,
+        arm_contexts: Mapping[str, Vector] | None = None,
+        eligible: Sequence[str] | None = None, excluded: Sequence[str] | None = None,
+        api_key: str | None = None, decision_id: str | None = None,
+    ) -> Call[Ranking]:
+        chosen = self.choose(experiment_id, context=context, arm_contexts=arm_contexts,
+                             eligible=eligible, excluded=excluded, api_key=api_key,
+                             decision_id=decision_id)
+        return Call("POST", "/rank", Ranking.model_validate_json, chosen.headers,
+                    Retryable.ALWAYS, {**chosen.body, "k": k})
 
     def reward(self, experiment_id: str, decision_id: str, reward: float,
                api_key: str | None = None) -> Call[RewardResult]:

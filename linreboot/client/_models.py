@@ -106,6 +106,31 @@ class Decision(_Answer):
     propensity: float | None = None  # P(the policy chose this arm); None from older services
 
 
+class Slot(_Answer):
+    """One position of a ranking; send its ``decision_id`` back with its reward."""
+
+    slot: int  # the position, 1 the first
+    decision_id: str
+    arm_id: str
+    index: float | None = None  # the arm's score; None while exploring
+    exploring: bool = False  # the arm's first, forced pull
+    propensity: float | None = None  # P(the policy placed this arm at this position)
+
+
+class Ranking(_Answer):
+    """``POST /rank``: k distinct arms in order, best first, each slot rewarded on its own."""
+
+    decision_id: str
+    decision_number: int
+    expires_in_seconds: int  # each slot's reward must arrive within this time
+    slots: list[Slot]
+
+    @property
+    def arm_ids(self) -> list[str]:
+        """The arms, in order."""
+        return [slot.arm_id for slot in self.slots]
+
+
 class RewardResult(_Answer):
     """What the service did with one reward.
 

@@ -22,6 +22,7 @@ from linreboot.client._models import (
     Decision,
     Experiment,
     ExperimentPage,
+    Ranking,
     RewardResult,
     ServiceStatus,
 )
@@ -179,6 +180,21 @@ class Client:
                                             arm_contexts=arm_contexts, eligible=eligible,
                                             excluded=excluded, api_key=api_key,
                                             decision_id=decision_id))
+
+    def rank(self, experiment_id: str, k: int, *, context: Vector | None = None,
+             arm_contexts: Mapping[str, Vector] | None = None,
+             eligible: Sequence[str] | None = None, excluded: Sequence[str] | None = None,
+             api_key: str | None = None, decision_id: str | None = None) -> Ranking:
+        """Rank ``k`` distinct arms, best first; the context as for :meth:`choose`.
+
+        Reward each slot on its own, with its ``decision_id`` (``ranking.slots[j]``);
+        a slot without one gets the experiment's default reward. Retried as
+        :meth:`choose` is (the request names its id).
+        """
+        return self._send(self._core.rank(experiment_id, k, context=context,
+                                          arm_contexts=arm_contexts, eligible=eligible,
+                                          excluded=excluded, api_key=api_key,
+                                          decision_id=decision_id))
 
     def reward(self, experiment_id: str, decision_id: str, reward: float, *,
                api_key: str | None = None) -> RewardResult:
