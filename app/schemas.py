@@ -333,6 +333,14 @@ class CreateExperimentIn(_Request):
         "Redis Cluster's masters (README, \"On a Redis Cluster\"); 1 (the default) keeps "
         "it on one slot. Not with forgetting (discount) or the authors' variants",
     )
+    position_weights: (
+        Annotated[list[Annotated[float, Field(gt=0.0, le=1.0)]],
+                  Field(min_length=1, max_length=MAX_SLOTS)] | None
+    ) = Field(
+        default=None, description="/rank: how much a reward at each position counts, "
+        "w_1 >= w_2 >= ... in (0, 1] (a slot beyond the list takes the last); a slot j's "
+        "reward r is modelled as w_j x'theta and learnt as r / w_j. Default: every slot 1",
+    )
 
     @model_validator(mode="after")
     def _distinct_arms(self) -> Self:
@@ -369,6 +377,8 @@ class CreateExperimentIn(_Request):
             log_all_contexts=self.log_all_contexts,
             propensities=self.propensities,
             shards=self.shards,
+            position_weights=(None if self.position_weights is None
+                              else tuple(self.position_weights)),
         )
 
 
@@ -690,6 +700,8 @@ class ExperimentOut(BaseModel):
     propensities: bool = Field(
         default=True, description="decisions carry and log their propensity")
     shards: int = Field(default=1, description="hash slots its statistics are spread over")
+    position_weights: list[float] | None = Field(
+        default=None, description="/rank: how much a reward at each position counts")
     previous_key_valid: bool = Field(
         default=False, description="the key before the last rotation is still accepted "
         "(until DELETE /experiments/{id}/keys/previous)")
@@ -722,6 +734,8 @@ class ExperimentOut(BaseModel):
             log_all_contexts=spec.log_all_contexts,
             propensities=spec.propensities,
             shards=spec.shards,
+            position_weights=(None if spec.position_weights is None
+                              else list(spec.position_weights)),
             previous_key_valid=view.previous_key_valid,
         )
 

@@ -192,11 +192,15 @@ def spec_to_json(spec: ExperimentSpec) -> dict[str, object]:
         data.pop("propensities")
     if spec.shards == 1:  # likewise
         data.pop("shards")
+    if spec.position_weights is None:  # likewise
+        data.pop("position_weights")
     return data
 
 
 def parse_definition(meta: dict[str, str], arms_raw: dict[str, str]) -> Definition:
     spec_data = json.loads(meta["spec"])
+    if spec_data.get("position_weights") is not None:
+        spec_data["position_weights"] = tuple(spec_data["position_weights"])
     config = stored_config(json.loads(meta["config"]))
     arms = []
     for arm_id, text in arms_raw.items():

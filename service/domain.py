@@ -84,6 +84,9 @@ class ExperimentSpec:
     log_all_contexts: bool = False  # contextual: every eligible arm's context in the log
     propensities: bool = True  # each decision's propensity computed, returned and logged
     shards: int = 1  # hash slots its statistics are spread over (service.shards)
+    # A ranking's slot j reward modelled as w_j x'theta (a slot beyond the list: the last
+    # weight); None: every slot 1. The scripts learn from r_j / w_j (outcomes.lua).
+    position_weights: tuple[float, ...] | None = None
 
 
 # The spread a LinReBoot experiment gets when its client names none: the rule

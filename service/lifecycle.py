@@ -8,7 +8,9 @@ import builtins
 import contextlib
 import dataclasses
 import functools
+import itertools
 import json
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -41,6 +43,7 @@ from service.definition import (
     state_for,
 )
 from service.domain import (
+    MAX_RANKED,
     ArmSpec,
     ArmState,
     ExperimentSpec,
@@ -87,6 +90,9 @@ class Lifecycle(Room):
                else {"log_max_entries": str(shards.log_share(spec.log_max_entries,
                                                              spec.shards)),
                      "log_max_age_seconds": str(spec.log_max_age_seconds)}),
+            # How much a ranking's slot's reward counts (outcomes.lua).
+            **({} if spec.position_weights is None
+               else {"position_weights": ",".join(map(repr, spec.position_weights))}),
         }
         arms = {
             a.id: json.dumps({"index": i, "active": True, "features": a.features})
@@ -408,6 +414,7 @@ class Lifecycle(Room):
             raise InvalidInput("log_all_contexts needs the contextual setting and a decision "
                                "log (log_max_entries above 0): elsewhere the log has every "
                                "context already")
+        _validate_position_weights(spec.position_weights)
         self._validate_arms(spec.setting, spec.dim, spec.arms)
         try:
             check_hyperparameters(spec.policy, spec.hyperparameters)
@@ -543,3 +550,16 @@ def _arm_state(arm: ArmRecord, sums: dict[str, np.ndarray], theta: list[float]) 
     rss = squares - 2 * centre * total + pulls * centre**2
     return ArmState(arm.id, arm.active, count, shift + mean_deviation, max(rss, 0.0),
                     arm.features, weight)
+
+
+def _validate_position_weights(weights: tuple[float, ...] | None) -> None:
+    """Each slot's weight in (0, 1], the first slot's the largest (clicks on lower slots
+    mean less), at most one per slot of the longest ranking."""
+    if weights is None:
+        return
+    if not 1 <= len(weights) <= MAX_RANKED:
+        raise InvalidInput(f"position_weights must have 1 to {MAX_RANKED} weights")
+    if not all(math.isfinite(w) and 0.0 < w <= 1.0 for w in weights):
+        raise InvalidInput("position_weights must be numbers in (0, 1]")
+    if any(later > earlier for earlier, later in itertools.pairwise(weights)):
+        raise InvalidInput("position_weights must not increase: w_1 >= w_2 >= ...")

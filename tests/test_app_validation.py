@@ -528,6 +528,8 @@ PUBLISHED: dict[str, dict[tuple[str, str], object]] = {
         "log_max_entries": {"minimum": 0, "maximum": MAX_LOG_ENTRIES},
         "log_max_age_seconds": {"minimum": 1, "maximum": MAX_LOG_AGE_SECONDS},
         "shards": {"minimum": 1, "maximum": MAX_SHARDS},
+        "position_weights": {"minItems": 1, "maxItems": MAX_SLOTS,
+                             "[]": {"exclusiveMinimum": 0.0, "maximum": 1.0}},
     }),
     "/experiments/{experiment_id}/arms": _flat({"arms": _ARMS}),
     "/experiments/{experiment_id}/arms/retire": _flat({"arm_ids": {**_ARM_IDS, "minItems": 1}}),
@@ -630,6 +632,8 @@ def _at_and_beyond(keyword: str, value: Any, schema: dict[str, Any]) -> tuple[An
         return value, value + 1 if integer else math.nextafter(value, math.inf)
     if keyword == "minimum":
         return value, value - 1 if integer else math.nextafter(value, -math.inf)
+    if keyword == "exclusiveMinimum":
+        return value + 1 if integer else math.nextafter(value, math.inf), value
     if keyword in ("maxItems", "maxProperties"):
         return _items(schema, value), _items(schema, value + 1)
     if keyword == "minItems":

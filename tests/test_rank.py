@@ -17,7 +17,7 @@ from service import keys, shards
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec, RankedDecision
 from service.errors import Conflict, InvalidInput
 from service.experiments import ExperimentService
-from tests.conftest import TEST_SHARDS, Api
+from tests.conftest import ADMIN, TEST_SHARDS, Api
 
 pytestmark = pytest.mark.anyio
 
@@ -247,3 +247,42 @@ async def test_a_reward_names_a_decision_or_a_slot(api: Api, decision_id: str) -
     reply = await api.reward(key, {"experiment_id": "web", "decision_id": decision_id,
                                    "reward": 1.0})
     assert reply.status_code == 422, reply.text
+
+
+async def test_position_weights_scale_what_each_slot_teaches(service: ExperimentService) -> None:
+    """Slot j's reward r is modelled as w_j x'theta: the statistics learn r / w_j (a
+    slot beyond the weights takes the last), from a reward and from a default alike;
+    the log and the reply keep r."""
+    spec = dataclasses.replace(COVARIATES, arms=ARMS[:4], position_weights=(1.0, 0.5, 0.25),
+                               reward_window_seconds=1, default_reward=0.1)
+    await service.create(spec)
+    ranking = await service.rank("shelf", ChooseRequest(context=(1.0, 0.0), slots=4))
+    slots = [s.decision_id for s in ranking.slots]
+    await service.reward("shelf", [(slots[0], 0.3), (slots[1], 0.3), (slots[2], 0.3)])
+    await asyncio.sleep(1.3)
+    assert await service.sweep() == 1  # slot 4: the default 0.1, at the last weight
+    means = {arm.id: arm.mean_reward for arm in (await service.get("shelf")).arms}
+    learnt = [means[s.arm_id] for s in ranking.slots]
+    assert learnt == [0.3, 0.3 / 0.5, 0.3 / 0.25, 0.1 / 0.25]
+    log, _ = await service.read_log("shelf", limit=100)
+    assert sorted(e.reward for e in log if e.reward is not None) == [0.1, 0.3, 0.3, 0.3]
+    assert (await service.get("shelf")).spec.position_weights == (1.0, 0.5, 0.25)
+
+
+@pytest.mark.parametrize(("weights", "says"), [
+    ([0.5, 0.8], "must not increase"),
+    ([1.0, 0.0], "greater than 0"),
+    ([1.5], "less than or equal to 1"),
+    ([], "at least 1 item"),
+    ([1.0] * 65, "at most 64 items"),
+    ([1.0, "0.5"], "valid number"),
+])
+async def test_bad_position_weights_are_refused(
+    api: Api, weights: list[object], says: str
+) -> None:
+    reply = await api.http.post("/experiments", headers=ADMIN, json={
+        "id": "web", "setting": "covariates", "dim": 2, "arms": [{"id": "a"}],
+        "position_weights": weights})
+    assert reply.status_code == 422, reply.text
+    assert says in reply.text
+    assert await api.ids() == []

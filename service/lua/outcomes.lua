@@ -18,6 +18,7 @@
 local STATUS, INCARNATION, MODEL_FIELD, ARM_FIELD, DEADLINE, NUMBER, X, REWARD = 1, 2, 3, 4, 5, 6, 7, 8
 local LATE = 9     -- true once a late reward of the decision was counted
 local LEGACY = 10  -- true for a decision hash of an earlier version
+local SLOT = 11    -- a ranking's slot (1 the first position): its id ends '#<slot>'
 
 -- A decision's record is one string (decide.lua writes it; one GET reads it):
 --   pending:  'p' incarnation '\n' number '\n' deadline '\n' model field '\n'
@@ -92,7 +93,9 @@ local function read_decision(key)
   if type(raw) == 'table' then
     return read_hash(key)
   end
-  return raw and parse_record(raw) or {}
+  local decision = raw and parse_record(raw) or {}
+  decision[SLOT] = tonumber(string.match(key, '#(%d+)$'))
+  return decision
 end
 
 -- The record of a decision once it has its reward (`code` 'r', 'd' or 'D'):
@@ -165,13 +168,33 @@ end
 -- ({key, max_age} once an outcome is logged). begin() sets it afresh: as a
 -- Redis 7 function library (service.store) this chunk runs once, at load,
 -- and its locals outlive every call.
-local records, log_written
+local records, log_written, weights
 local function begin()
-  records, log_written = {}, nil
+  records, log_written, weights = {}, nil, nil
+end
+
+-- The experiment's position weights (meta's position_weights, 'w1,w2,...'; nil: none).
+-- A ranking's slot j is modelled to earn w_j x'theta: its outcome r is recorded as
+-- r / w_j, whose expectation is x'theta, so the sums learn theta as from a decision
+-- of /choose (a slot beyond the list: the last weight). README / docs/API.md, "Rank".
+local function use_weights(text)
+  if text then
+    weights = {}
+    for w in string.gmatch(text, '[^,]+') do
+      weights[#weights + 1] = tonumber(w)
+    end
+  end
 end
 
 -- Record the outcome (the reward's text) of a pending decision.
 local function append(decision, text)
+  local slot = decision[SLOT]
+  if slot and weights then
+    local w = weights[math.min(slot, #weights)]
+    if w ~= 1 then
+      text = string.format('%.17g', tonumber(text) / w)
+    end
+  end
   local payload = table.concat({decision[MODEL_FIELD], decision[ARM_FIELD], decision[NUMBER] or '',
                                 text, decision[X]}, '\n')
   records[#records + 1] = #payload .. ':' .. payload

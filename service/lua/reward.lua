@@ -42,7 +42,7 @@
 begin()
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'key_hash', 'model_recipe',
                         'log_max_entries', 'log_max_age_seconds', 'discount', 'context_bytes',
-                        'key_hash_old', 'version', 'number_step')
+                        'key_hash_old', 'version', 'number_step', 'position_weights')
 if not meta[1] then
   return {'missing'}
 end
@@ -57,6 +57,7 @@ if refused then
   return refused
 end
 local incarnation = meta[1]
+use_weights(meta[11])
 local OUTAGE_MS = 7 * 24 * 3600 * 1000  -- how much longer a rewarded record waits for settle.lua
 local FIRST = 5  -- KEYS[FIRST..] are the decisions; ARGV[k - FIRST + 4] is KEYS[k]'s reward
 

@@ -35,10 +35,12 @@
 
 begin()
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'default_reward', 'model_recipe',
-                        'log_max_entries', 'log_max_age_seconds', 'discount', 'context_bytes')
+                        'log_max_entries', 'log_max_age_seconds', 'discount', 'context_bytes',
+                        'position_weights')
 if not meta[1] or not meta[2] then
   return {'missing'}
 end
+use_weights(meta[8])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) + tonumber(time[2]) / 1e6
 local FIRST = 7  -- KEYS[FIRST + i - 1] is the decision of ARGV[i + 2]
