@@ -926,7 +926,11 @@ class LogEntryOut(BaseModel):
         default=None, description="their contexts, in that order (an experiment with "
         "log_all_contexts); else null")
     propensity: float | None = Field(
-        default=None, description="probability of choosing this arm; null if not recorded")
+        default=None, description="probability of choosing this arm (a ranking's slot: of "
+        "placing it at this position); null if not recorded")
+    position: int | None = Field(
+        default=None, description="a ranking's slot (1 the first; its decision_id ends "
+        "#<position>); null for a decision of /choose")
     version: int | None = Field(default=None, description="definition version it was made at")
     rewards_seen: int | None = Field(
         default=None, description="the outcomes of the statistics it was made from (rewards "
@@ -943,7 +947,7 @@ class LogEntryOut(BaseModel):
             context=None if entry.context is None else list(entry.context),
             eligible=None if entry.eligible is None else list(entry.eligible),
             contexts=None if entry.contexts is None else [list(c) for c in entry.contexts],
-            propensity=entry.propensity, version=entry.version,
+            propensity=entry.propensity, position=entry.position, version=entry.version,
             rewards_seen=entry.rewards_seen, reward=entry.reward, changes=entry.changes,
         )
 

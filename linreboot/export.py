@@ -82,7 +82,7 @@ def join(experiment: dict[str, Any], entries: Sequence[dict[str, Any]]) -> list[
                 "number": entry["number"], "arm_id": entry["arm_id"],
                 "arm_index": index[entry["arm_id"]], "context": entry["context"],
                 "eligible": entry["eligible"], "contexts": entry.get("contexts"),
-                "propensity": entry["propensity"],
+                "propensity": entry["propensity"], "position": entry.get("position"),
                 "version": entry["version"], "rewards_seen": entry["rewards_seen"],
                 "outcome": None, "late_rewards": [],
             }
@@ -116,7 +116,12 @@ def bandit_feedback(experiment: dict[str, Any], records: Sequence[dict[str, Any]
     ``context`` the chosen arm's context (in the covariates setting the
     round's context), ``action_context`` the arms' features in the
     stochastic setting (else one-hot rows, OBP's default), ``pscore`` the
-    logged propensity (NaN where none was logged), ``position`` all 0;
+    logged propensity (NaN where none was logged: a ranking's slot's is the
+    probability of its arm at its position, OBP's ``pscore_item_position``),
+    ``position`` a ranking's slot from 0 (0 for a decision of ``/choose``),
+    ``slate_id`` (OBP's slate datasets') the round's ranking, numbered from 0 in
+    the order of their first round (each decision of ``/choose`` a slate of its
+    own), and ``position_weights`` (not OBP's) the experiment's, if any;
     ``defaulted`` (not OBP's) marks the rounds whose reward is the default,
     ``decision_number`` (not OBP's) gives each round's decision number, which
     an experiment with a ``discount`` weighs its outcomes by; ``eligible``
@@ -144,13 +149,23 @@ def bandit_feedback(experiment: dict[str, Any], records: Sequence[dict[str, Any]
                             for r in rounds], dtype=np.float64),
         "context": np.array([r["context"] for r in rounds], dtype=np.float64).reshape(-1, dim),
         "action_context": action_context,
-        "position": np.zeros(len(rounds), dtype=np.int64),
+        "position": np.array([(r["position"] or 1) - 1 for r in rounds], dtype=np.int64),
+        "slate_id": _slate_ids(rounds),
+        **({} if experiment.get("position_weights") is None
+           else {"position_weights": np.array(experiment["position_weights"], np.float64)}),
         "defaulted": np.array([r["outcome"]["type"] == "default" for r in rounds], dtype=bool),
         "decision_number": np.array([r["number"] for r in rounds], dtype=np.int64),
         "eligible": _eligible(arms, rounds),
         "setting": np.array(experiment["setting"]),
         "config": np.array(json.dumps(experiment["config"], sort_keys=True)),
     }
+
+
+def _slate_ids(rounds: Sequence[dict[str, Any]]) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """Each round's ranking (a slot's decision id is its ranking's, '#' and the slot)."""
+    numbered: dict[str, int] = {}
+    return np.array([numbered.setdefault(r["decision_id"].partition("#")[0], len(numbered))
+                     for r in rounds], dtype=np.int64)
 
 
 def _arm_contexts(arms: Sequence[dict[str, Any]], rounds: Sequence[dict[str, Any]], dim: int

@@ -514,6 +514,8 @@ async def test_export_round_trip(
     assert feedback["context"].tolist() == [r["context"] for r in rounds]
     assert feedback["action_context"].tolist() == features.tolist()
     assert feedback["position"].tolist() == [0] * 10
+    assert sorted(feedback["slate_id"].tolist()) == list(range(10))  # each its own slate
+    assert "position_weights" not in feedback
     assert feedback["defaulted"].tolist() == [r["outcome"]["type"] == "default" for r in rounds]
     assert feedback["decision_number"].tolist() == [r["number"] for r in rounds]
     assert feedback["pscore"].tolist() == [r["propensity"] for r in rounds]

@@ -7,17 +7,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import pytest
 import redis
 
+from linreboot.export import bandit_feedback, fetch, in_application_order, join
 from policies import PolicyName
 from service import keys, shards
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec, RankedDecision
 from service.errors import Conflict, InvalidInput
 from service.experiments import ExperimentService
-from tests.conftest import ADMIN, TEST_SHARDS, Api
+from tests.conftest import ADMIN, ADMIN_TOKEN, TEST_SHARDS, Api
 
 pytestmark = pytest.mark.anyio
 
@@ -286,3 +288,35 @@ async def test_bad_position_weights_are_refused(
     assert reply.status_code == 422, reply.text
     assert says in reply.text
     assert await api.ids() == []
+
+
+async def test_the_log_and_its_export_carry_each_slot(api: Api) -> None:
+    """Every slot logged with its position, arm and propensity; the OBP export's rounds
+    carry position (from 0), slate_id and the slot's propensity as pscore."""
+    key = await api.create({"id": "web", "setting": "covariates", "dim": 2,
+                            "arms": [{"id": f"a{i}"} for i in range(4)],
+                            "log_max_entries": 1000, "position_weights": [1.0, 0.5]})
+    headers = {"X-API-Key": key}
+    slots: dict[str, dict[str, Any]] = {}
+    for i in range(4):
+        reply = await api.http.post("/rank", headers=headers, json={
+            "experiment_id": "web", "context": [0.3, float(i)], "k": 3})
+        ranking = reply.json()
+        for slot in ranking["slots"]:
+            slots[slot["decision_id"]] = {**slot, "ranking": ranking["decision_id"]}
+        rewards = [{"decision_id": s["decision_id"], "reward": 1.0 * i}
+                   for s in reversed(ranking["slots"])]
+        assert (await api.reward(key, {"experiment_id": "web", "rewards": rewards})).json()
+    experiment, entries = await fetch(api.http, "web", ADMIN_TOKEN)
+    logged = {e["decision_id"]: e for e in entries if e["type"] == "decision"}
+    assert {i: (e["position"], e["arm_id"], e["propensity"]) for i, e in logged.items()} == {
+        i: (s["slot"], s["arm_id"], s["propensity"]) for i, s in slots.items()}
+    feedback = bandit_feedback(experiment, join(experiment, entries))
+    rounds = in_application_order(join(experiment, entries))
+    assert feedback["position"].tolist() == [slots[r["decision_id"]]["slot"] - 1 for r in rounds]
+    assert feedback["pscore"].tolist() == [slots[r["decision_id"]]["propensity"] for r in rounds]
+    rankings = [slots[r["decision_id"]]["ranking"] for r in rounds]
+    ids = feedback["slate_id"].tolist()
+    assert all((ids[i] == ids[j]) == (rankings[i] == rankings[j])
+               for i in range(len(ids)) for j in range(len(ids)))
+    assert feedback["position_weights"].tolist() == [1.0, 0.5]
