@@ -94,6 +94,10 @@ def evaluate(feedback: dict[str, Any], policy: PolicyName | None,
     train = int(train_fraction * n)
     if n - train < 2:
         raise ValueError(f"the log has {n} rounds with an outcome: too few to evaluate on")
+    if np.asarray(feedback.get("position", [0]), dtype=np.int64).any():
+        raise ValueError("the log holds rankings (/rank): this version evaluates decisions "
+                         "of /choose only; a slate's estimate (independent IPS over its "
+                         "positions) is not built yet")
     pscore = np.asarray(feedback["pscore"], dtype=np.float64)
     missing = int(np.isnan(pscore[train:]).sum())
     if missing:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import redis
 
+from linreboot.evaluate import evaluate
 from linreboot.export import bandit_feedback, fetch, in_application_order, join
 from policies import PolicyName
 from service import keys, shards
@@ -320,3 +321,13 @@ async def test_the_log_and_its_export_carry_each_slot(api: Api) -> None:
     assert all((ids[i] == ids[j]) == (rankings[i] == rankings[j])
                for i in range(len(ids)) for j in range(len(ids)))
     assert feedback["position_weights"].tolist() == [1.0, 0.5]
+
+
+def test_evaluate_refuses_a_log_of_rankings_saying_why() -> None:
+    """Scoring each slot as a decision of /choose would estimate another policy than the
+    one named: refused until slates are evaluated as slates."""
+    feedback = {"n_rounds": 4, "position": np.array([0, 1, 0, 1]), "pscore": np.ones(4),
+                "setting": np.array("covariates"), "config": np.array("{}"),
+                "eligible": np.ones((4, 2), bool)}
+    with pytest.raises(ValueError, match="holds rankings"):
+        evaluate(feedback, None, {})
