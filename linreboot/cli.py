@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import os
 import sys
 from collections.abc import Sequence
@@ -63,6 +64,14 @@ def _add_simulate(sub: argparse._SubParsersAction[_Parser]) -> None:
     p.add_argument("--centres", choices=("per-repetition", "once"), default="per-repetition",
                    help="arm features / context centres drawn per repetition (default) or "
                    "once per cell, as the authors' contextual script does")
+    p.add_argument("--slots", nargs="+", type=int, default=[1], metavar="K",
+                   help="rankings of K arms per round, each slot's reward seen (a K-slot "
+                   "semi-bandit; regret against the best K-list); several values also plot "
+                   "regret against K (default 1: one arm per round)")
+    p.add_argument("--position-weights", nargs="+", type=float, default=None, metavar="W",
+                   help="with --slots: slot j's arm is examined with probability W_j "
+                   "(w_1 >= w_2 >= ... in (0, 1]; beyond the list, the last), its reward "
+                   "learnt as r / W_j (the service's position_weights)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     p.add_argument("--time-single-runs", action="store_true",
                    help="also time one unbatched run per cell (runtime table)")
@@ -81,6 +90,13 @@ def _simulate(args: argparse.Namespace) -> int:
         raise SystemExit(f"--discount values must be from {bounds.low:g} to {bounds.high:g}")
     if args.switch_every < 0:
         raise SystemExit("--switch-every must be 0 (never) or a positive number of rounds")
+    if any(k < 1 for k in args.slots):
+        raise SystemExit("--slots values must be 1 or more")
+    weights = args.position_weights
+    if weights is not None and not (
+            all(0.0 < w <= 1.0 for w in weights)
+            and all(b <= a for a, b in itertools.pairwise(weights))):
+        raise SystemExit("--position-weights must be in (0, 1], none above the one before")
     if args.reps < 2:
         print("note: with one repetition the standard error is reported as 0", file=sys.stderr)
     overrides: tuple[tuple[str, object], ...] = (
@@ -91,7 +107,8 @@ def _simulate(args: argparse.Namespace) -> int:
     cells = grid(args.settings, args.dims, args.policies, args.sigma_omega, args.reading, overrides,
                  discounts=args.discount, switch_every=args.switch_every,
                  baselines=args.baselines, centres=args.centres, spreads=args.spreads,
-                 first_pass=args.first_pass == "on")
+                 first_pass=args.first_pass == "on", slots=args.slots,
+                 position_weights=None if weights is None else tuple(weights))
     run = run_grid(cells, args.reps, args.horizon, args.seed, args.jobs,
                    time_single=args.time_single_runs)
     drift = f", theta switching every {args.switch_every} rounds" if args.switch_every else ""

@@ -15,7 +15,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from loadtest.plots import regret_grid
+from loadtest.plots import regret_by_slots, regret_grid
 from loadtest.results import Curve, final_regret_table, runtime_table, write_curves
 from loadtest.simulate import Cell, cell_seed, play, play_together, to_curve
 
@@ -43,9 +43,10 @@ def _groups(cells: Sequence[Cell], seed: int, jobs: int = 1) -> list[list[Cell]]
     Fewer than two groups per job: each group is split, so that every job has work.
     Largest first (d, then the group's size), so that no large group starts last.
     """
-    groups: dict[tuple[object, int], list[Cell]] = {}
+    groups: dict[tuple[object, ...], list[Cell]] = {}
     for cell in cells:
-        groups.setdefault((cell.env_spec(seed), cell_seed(seed, cell)), []).append(cell)
+        groups.setdefault((cell.env_spec(seed), cell_seed(seed, cell), cell.slots,
+                           cell.position_weights), []).append(cell)
     # About two units of work per job at least, or one large group would end last alone.
     parts = -(-2 * jobs // len(groups)) if groups and len(groups) < 2 * jobs else 1
     split = [group[i::parts] for group in groups.values() for i in range(min(parts, len(group)))]
@@ -112,6 +113,8 @@ def write_outputs(run: GridRun, out: Path, title: str) -> dict[str, Path]:
     }
     write_curves(paths["results"], run.curves)
     regret_grid(run.curves, paths["figure"], title)
+    if len({c.extra.get("slots", 1.0) for c in run.curves}) > 1:
+        paths["by_slots"] = regret_by_slots(run.curves, out / "regret_by_k.png", title)
     tables = [
         f"# {title}\n",
         f"Wall time of the whole grid: {run.wall_seconds:.1f} s.\n",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -71,3 +72,45 @@ def regret_grid(curves: Sequence[Curve], path: Path, title: str | None = None) -
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def regret_by_slots(curves: Sequence[Curve], path: Path, title: str | None = None) -> Path:
+    """Final cumulative regret against k (rankings of k arms: ``Curve.extra["slots"]``,
+    1 when absent), one panel per (setting, d), one line per policy with +-1 s.e. bars."""
+    panels = sorted({(_SETTING_ORDER.index(c.setting), c.dim) for c in curves})
+    lines: dict[str, list[Curve]] = {}
+    for c in curves:
+        lines.setdefault(_without_slots(c.label), []).append(c)
+    spare = iter(_SPARE * (1 + len(lines) // len(_SPARE)))
+    colours = {lab: _POLICY_COLOURS.get(lab) or next(spare) for lab in lines}
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
+    for ax, (order, dim) in zip(axes[0], panels, strict=True):
+        setting = _SETTING_ORDER[order]
+        for label, members in lines.items():
+            here = sorted((c for c in members if c.setting == setting and c.dim == dim),
+                          key=lambda c: c.extra.get("slots", 1.0))
+            if here:
+                ax.errorbar([c.extra.get("slots", 1.0) for c in here],
+                            [c.final_mean for c in here], [c.final_se for c in here],
+                            marker="o", capsize=3, color=colours[label], label=label)
+        ax.set_title(f"{_SETTING_TITLES[setting]}, d = {dim}", fontsize=10)
+        ax.set_xlabel("k (arms ranked per round)")
+        ax.set_ylabel("final regret against the best k-list")
+        ax.grid(alpha=0.3)
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 4), frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    rows = -(-len(names) // 4)
+    fig.tight_layout(rect=(0, (0.3 * rows + 0.1) / 3.8, 1, 0.93 if title else 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _without_slots(label: str) -> str:
+    """A cell's label without its k (``linucb (ucb_alpha=1.0, k=5)`` -> ``linucb
+    (ucb_alpha=1.0)``)."""
+    text = re.sub(r"(, )?k=\d+", "", label).replace("(, ", "(")
+    return text.replace(" ()", "")

@@ -30,9 +30,11 @@ from policies import (
     choose,
     init_state,
     paper_config,
+    prepare,
     update,
 )
 from policies.config import Spread, authors_hyperparameters, reading_hyperparameters
+from policies.ranking import rank
 from policies.ridge import BufferedStreams
 
 Progress = Callable[[int], None]
@@ -56,6 +58,11 @@ class Cell:
     variants always have it. ``n_arms`` and ``noise`` (an sd) make a world of
     another shape than the paper's (None: the paper's); ``delay`` makes each
     reward known that many decisions after its own (0: before the next).
+    ``slots`` k > 1 makes each round a ranking (:func:`policies.ranking.rank`): a
+    k-slot semi-bandit whose every slot's reward is seen, the regret against the best
+    k-list; ``position_weights`` (w_1 >= w_2 >= ..., None: all 1) make slot j's arm
+    examined with probability w_j (the position-based click model: its reward is
+    then the arm's, else 0), and the policy learns ``r / w_j`` as the service does.
     """
 
     setting: Setting
@@ -70,6 +77,8 @@ class Cell:
     n_arms: int | None = None
     noise: float | None = None
     delay: int = 0
+    slots: int = 1
+    position_weights: tuple[float, ...] | None = None
 
     def config(self) -> PolicyConfig:
         """The paper's hyperparameters in this cell's world, then the cell's own.
@@ -103,6 +112,9 @@ class Cell:
         extra += [f"K={self.n_arms}"] if self.n_arms is not None else []
         extra += [f"noise sd {self.noise:g}"] if self.noise is not None else []
         extra += [f"delay {self.delay}"] if self.delay else []
+        extra += [f"k={self.slots}"] if self.slots > 1 else []
+        extra += (["weights " + "/".join(f"{w:g}" for w in self.position_weights)]
+                  if self.position_weights is not None else [])
         return f"{self.policy} ({', '.join(extra)})" if extra else self.policy
 
 
@@ -113,9 +125,10 @@ class Played:
     Attributes
     ----------
     cumulative : ndarray, shape (reps, horizon)
-        Cumulative (pseudo-)regret: sum over rounds of best mean minus chosen mean.
+        Cumulative (pseudo-)regret: sum over rounds of best mean minus chosen mean (a
+        ranking's: the best k-list's expected reward minus the chosen list's).
     arms : ndarray of int, shape (reps, horizon)
-        The arm chosen in every round.
+        The arm chosen in every round (a ranking's first).
     seconds : wall time of the whole batch.
     """
 
@@ -185,20 +198,28 @@ def play_together(
     policy's own time plus the whole of the worlds' (what it costs alone).
     """
     spec, env_seed = cells[0].env_spec(seed), cell_seed(seed, cells[0])
-    if any(c.env_spec(seed) != spec or cell_seed(seed, c) != env_seed for c in cells):
+    slate = (cells[0].slots, cells[0].position_weights)
+    if any(c.env_spec(seed) != spec or cell_seed(seed, c) != env_seed
+           or (c.slots, c.position_weights) != slate for c in cells):
         raise ValueError("cells played together must share their worlds (setting, d, reading, "
-                         "centres, switches, arms, noise)")
+                         "centres, switches, arms, noise, slots, position weights)")
     env = Environment(spec, split_rngs(env_seed, reps)[0])
     players = [Player.of(cell, seed, reps, horizon, per_decision_rng) for cell in cells]
+    # Which slots' arms are examined (position weights): the world's, as its noise is.
+    examining = np.random.default_rng([env_seed, 28])
     worlds = 0.0
     for t in range(horizon):
         start = time.perf_counter()
         contexts = env.contexts()
         means = env.means(contexts)
-        noise = env.noise()
+        # A ranking's slots are k arms: each its own noise (k = 1: the single-arm worlds).
+        noise = env.noise() if slate[0] == 1 else np.stack([env.noise() for _ in range(slate[0])])
+        examined = (None if slate[1] is None
+                    else examining.random((slate[0], reps)) < np.array(slate[1])[
+                        np.minimum(np.arange(slate[0]), len(slate[1]) - 1), None])
         worlds += time.perf_counter() - start
         for player in players:
-            player.step(t, env, contexts, means, noise)
+            player.step(t, env, contexts, means, noise, examined)
         if progress is not None and (t + 1) % 250 == 0:
             progress(250 * len(cells))
     if progress is not None:
@@ -225,6 +246,8 @@ class Player:
     chosen: NDArray[np.int32]  # (reps, horizon)
     seconds: float = 0.0
     delay: int = 0
+    slots: int = 1
+    weights: Array | None = None  # each slot's position weight (a ranking's)
     pending: collections.deque[tuple[NDArray[np.int64], Array, Array, Array | None]] = field(
         default_factory=collections.deque)
 
@@ -239,11 +262,18 @@ class Player:
                    BufferedStreams(policy_rngs),
                    [decision_seed(seed, cell, rep) for rep in range(reps)], per_decision_rng,
                    np.arange(reps), np.empty((reps, horizon)),
-                   np.empty((reps, horizon), dtype=np.int32), delay=cell.delay)
+                   np.empty((reps, horizon), dtype=np.int32), delay=cell.delay,
+                   slots=cell.slots, weights=_slot_weights(cell))
 
     def step(self, t: int, env: Environment, contexts: Array, means: Array,
-             noise: Array) -> tuple[Array, NDArray[np.int64]]:
-        """Round ``t`` (decision number ``t + 1``): choose, score, learn; regret and arms."""
+             noise: Array, examined: NDArray[np.bool_] | None = None
+             ) -> tuple[Array, NDArray[np.int64]]:
+        """Round ``t`` (decision number ``t + 1``): choose, score, learn; regret and arms.
+
+        A ranking's round (``slots`` > 1): ``noise`` (k, B), one per slot, and
+        ``examined`` (k, B) whether each slot's arm was looked at (position weights)."""
+        if self.slots > 1:
+            return self._rank(t, env, contexts, means, noise, examined)
         start = time.perf_counter()
         rows = self.rows
         rngs = decision_rngs(self.seeds, t + 1) if self.per_decision_rng else self.streams
@@ -261,6 +291,41 @@ class Player:
         self.seconds += time.perf_counter() - start
         return lost, arms
 
+    def _rank(self, t: int, env: Environment, contexts: Array, means: Array, noise: Array,
+              examined: NDArray[np.bool_] | None) -> tuple[Array, NDArray[np.int64]]:
+        """A ranking's round: k arms, every slot's reward seen and learnt (slot 1 first,
+        each scaled by its weight as the service's outcomes.lua scales it); the regret
+        against the best k-list (the top k means, in order: the weights do not
+        increase)."""
+        if self.delay:
+            raise ValueError("a delay is not played with rankings")
+        start = time.perf_counter()
+        rows, k = self.rows, self.slots
+        rngs = decision_rngs(self.seeds, t + 1) if self.per_decision_rng else self.streams
+        ready = prepare(self.config, self.state, contexts)
+        placed = rank(ready, rngs, k).arms  # (B, k)
+        weights = np.ones(k) if self.weights is None else self.weights
+        best = -np.sort(-means, axis=1)[:, :k] @ weights
+        lost = best - means[rows[:, None], placed] @ weights
+        self.regret[:, t], self.chosen[:, t] = lost, placed[:, 0]
+        numbers = np.full(rows.size, t + 1.0) if self.config.discounted else None
+        for j in range(k):
+            rewards = env.rewards(contexts, placed[:, j], noise[j])
+            if examined is not None:
+                rewards = np.where(examined[j], rewards, 0.0)
+            update(self.config, self.state, placed[:, j], contexts[rows, placed[:, j]],
+                   rewards / weights[j], numbers)
+        self.seconds += time.perf_counter() - start
+        return lost, placed[:, 0]
+
+
+def _slot_weights(cell: Cell) -> Array | None:
+    """Each of the cell's slots' position weight (beyond the list, the last one)."""
+    if cell.position_weights is None:
+        return None
+    listed = np.array(cell.position_weights, dtype=np.float64)
+    return listed[np.minimum(np.arange(cell.slots), listed.size - 1)]
+
 
 def rounds(
     cell: Cell, reps: int, horizon: int, seed: int, per_decision_rng: bool = False
@@ -270,6 +335,8 @@ def rounds(
     A generator, so that a benchmark can time the rounds of two runs in turn
     (``benchmarks/bench_policies.py``).
     """
+    if cell.slots > 1:
+        raise ValueError("rounds() plays decisions of one arm; play() plays rankings")
     env = Environment(cell.env_spec(seed), split_rngs(cell_seed(seed, cell), reps)[0])
     player = Player.of(cell, seed, reps, horizon, per_decision_rng)
     for t in range(horizon):
@@ -300,6 +367,7 @@ def to_curve(source: str, cell: Cell, played: Played, points: int = 200) -> Curv
         source=source, setting=cell.setting, dim=cell.dim, policy=cell.policy,
         label=cell.label, reading=cell.reading, reps=reps, horizon=horizon,
         rounds=rounds, mean=mean, se=se, wall_seconds=played.seconds,
+        extra={"slots": float(cell.slots)} if cell.slots > 1 else {},
     )
 
 
@@ -316,6 +384,8 @@ def grid(
     centres: Centres = "per-repetition",
     spreads: Sequence[Spread] = ("paper",),
     first_pass: bool = False,
+    slots: Sequence[int] = (1,),
+    position_weights: tuple[float, ...] | None = None,
 ) -> list[Cell]:
     """Every cell of settings x dims x policies x discounts; LinReBoot once per sigma_omega
     and spread (``paper``, the plain label, or ``pooled``: see ``PolicyConfig.spread``).
@@ -324,7 +394,8 @@ def grid(
     a discount of 1 (no forgetting) is no override, so its label is the plain one.
     ``baselines="authors"`` runs the policies that have one in their authors'
     variant (``policies.AUTHORS_VARIANTS``, LinReBoot with the paper's spread
-    among them); ``centres`` and ``first_pass`` (for every cell) as in :class:`Cell`.
+    among them); ``centres`` and ``first_pass`` (for every cell) as in :class:`Cell`;
+    every cell once per ``slots`` value (k > 1: rankings, with ``position_weights``).
     """
     cells = []
     for setting in settings:
@@ -338,10 +409,12 @@ def grid(
                     own += (("variant", "authors"),)
                 kinds = [(("spread", s),) if s != "paper" else () for s in spreads] \
                     if policy == "linreboot" else [()]
-                for kind, sigma, discount in itertools.product(kinds, sweep, discounts):
+                for kind, sigma, discount, k in itertools.product(kinds, sweep, discounts,
+                                                                  slots):
                     forget = (("discount", discount),) if discount != 1.0 else ()
                     # The pooled spread is ours only: the authors' LinReBoot is the paper's.
                     mine = tuple(o for o in own if o != ("variant", "authors")) if kind else own
                     cells.append(Cell(setting, dim, policy, sigma, reading, kind + mine + forget,
-                                      switch_every, centres, first_pass))
+                                      switch_every, centres, first_pass, slots=k,
+                                      position_weights=position_weights if k > 1 else None))
     return cells
