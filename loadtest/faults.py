@@ -289,35 +289,45 @@ def _reward_outcome(response: httpx.Response | None) -> str:
     return f"http {response.status_code}"
 
 
+def _decision_request(experiment_id: str, decision_id: str, slots: int
+                      ) -> tuple[str, dict[str, Any]]:
+    """The route and body of a decision under the client's id: a /choose, or with
+    ``slots`` > 1 a /rank of that many arms."""
+    body: dict[str, Any] = {"experiment_id": experiment_id, "decision_id": decision_id}
+    return ("/choose", body) if slots == 1 else ("/rank", {**body, "k": slots})
+
+
 async def _traffic(http: httpx.AsyncClient, experiment_id: str, key: str, ledger: Ledger,
-                   stop: asyncio.Event, seed: int) -> None:
-    """Choose, then reward the decision once; a 503'd reward is left for the resend. Each
-    /choose names its decision id and is sent again under it until answered (the service
-    answers a retry with the decision it recorded, if it did)."""
+                   stop: asyncio.Event, seed: int, slots: int = 1) -> None:
+    """Choose (or rank ``slots`` arms), then reward each decision (each slot) once; a
+    503'd reward is left for the resend. Each request names its decision id and is sent
+    again under it until answered (the service answers a retry with the decision it
+    recorded, if it did)."""
     rng = np.random.default_rng(seed)
     headers = {"X-API-Key": key}
     for n in itertools.count():
         if stop.is_set():
             return
-        body = {"experiment_id": experiment_id, "decision_id": f"c{seed}-{n}"}
+        route, body = _decision_request(experiment_id, f"c{seed}-{n}", slots)
         ledger.chosen_ids.add(body["decision_id"])
         ledger.unanswered_ids.add(body["decision_id"])
-        chosen = await ledger.post(http, "/choose", body, headers)
+        chosen = await ledger.post(http, route, body, headers)
         while (chosen is None or chosen.status_code != 200) and not stop.is_set():
             await asyncio.sleep(BACKOFF_SECONDS)
-            chosen = await ledger.post(http, "/choose", body, headers)
+            chosen = await ledger.post(http, route, body, headers)
         if chosen is None or chosen.status_code != 200:
             return  # stopped: _resend_unknown sends it again
         ledger.unanswered_ids.discard(body["decision_id"])
-        decision = chosen.json()
-        decision_id, reward = decision["decision_id"], float(rng.normal(0.5, 1.0))
-        ledger.decisions[decision_id] = (decision["arm_id"], reward)
-        answer = await ledger.post(http, "/reward", {
-            "experiment_id": experiment_id, "decision_id": decision_id, "reward": reward,
-        }, headers)
-        ledger.outcomes[decision_id] = _reward_outcome(answer)
-        if ledger.outcomes[decision_id] == "unknown":
-            await asyncio.sleep(BACKOFF_SECONDS)
+        answered = chosen.json()
+        for decision in answered["slots"] if slots > 1 else [answered]:
+            decision_id, reward = decision["decision_id"], float(rng.normal(0.5, 1.0))
+            ledger.decisions[decision_id] = (decision["arm_id"], reward)
+            answer = await ledger.post(http, "/reward", {
+                "experiment_id": experiment_id, "decision_id": decision_id, "reward": reward,
+            }, headers)
+            ledger.outcomes[decision_id] = _reward_outcome(answer)
+            if ledger.outcomes[decision_id] == "unknown":
+                await asyncio.sleep(BACKOFF_SECONDS)
 
 
 async def _readiness(http: httpx.AsyncClient, ledger: Ledger, stop: asyncio.Event) -> None:
@@ -405,9 +415,10 @@ STOCHASTIC_ARMS = [{"id": "a", "features": [1.0, 0.0]}, {"id": "b", "features": 
 async def run_scenario(
     url: str, admin_token: str, server: RedisProcess, fault: Fault, experiment_id: str,
     *, clients: int = 8, before_seconds: float = 0.7, after_seconds: float = 1.0,
-    recovery_timeout_seconds: float = 30.0, seed: int = 0,
+    recovery_timeout_seconds: float = 30.0, seed: int = 0, slots: int = 1,
 ) -> Outcome:
-    """Traffic, the fault held for its time and undone, recovery, then the audit."""
+    """Traffic, the fault held for its time and undone, recovery, then the audit.
+    ``slots`` > 1: the traffic ranks that many arms (/rank) and rewards every slot."""
     admin = {"Authorization": f"Bearer {admin_token}"}
     async with httpx.AsyncClient(base_url=url, timeout=60.0) as http:
         created = await http.post("/experiments", headers=admin, json={
@@ -415,7 +426,8 @@ async def run_scenario(
         created.raise_for_status()
         key = created.json()["api_key"]
         ledger, stop = Ledger(), asyncio.Event()
-        tasks = [asyncio.create_task(_traffic(http, experiment_id, key, ledger, stop, seed + i))
+        tasks = [asyncio.create_task(_traffic(http, experiment_id, key, ledger, stop, seed + i,
+                                              slots))
                  for i in range(clients)]
         tasks.append(asyncio.create_task(_readiness(http, ledger, stop)))
         try:
@@ -435,7 +447,8 @@ async def run_scenario(
             await asyncio.gather(*tasks)
         await ledger.probe(http)
         outcome.metrics_after = await _gauge(http)
-        await _resend_unknown(http, experiment_id, key, outcome, recovery_timeout_seconds)
+        await _resend_unknown(http, experiment_id, key, outcome, recovery_timeout_seconds,
+                              slots)
         await _audit(http, experiment_id, key, admin, outcome)
     return outcome
 
@@ -447,11 +460,12 @@ async def _gauge(http: httpx.AsyncClient) -> str:
 
 
 async def _recovered(ledger: Ledger, cleared_at: float, timeout_seconds: float) -> float | None:
-    """When the first /choose sent after ``cleared_at`` was answered 200."""
+    """When the first /choose (/rank) sent after ``cleared_at`` was answered 200."""
     deadline = time.monotonic() + timeout_seconds
     while time.monotonic() < deadline:
         times = [r.received for r in ledger.replies
-                 if r.route == "/choose" and r.status == 200 and r.sent >= cleared_at]
+                 if r.route in ("/choose", "/rank") and r.status == 200
+                 and r.sent >= cleared_at]
         if times:
             return min(times)
         await asyncio.sleep(0.02)
@@ -459,15 +473,15 @@ async def _recovered(ledger: Ledger, cleared_at: float, timeout_seconds: float) 
 
 
 async def _resend_unknown(http: httpx.AsyncClient, experiment_id: str, key: str,
-                          outcome: Outcome, timeout_seconds: float) -> None:
-    """Resend each /choose left unanswered and each reward whose reply was a 503 or a
-    dropped connection, until answered."""
+                          outcome: Outcome, timeout_seconds: float, slots: int = 1) -> None:
+    """Resend each /choose (/rank) left unanswered and each reward whose reply was a 503
+    or a dropped connection, until answered."""
     ledger = outcome.ledger
     deadline = time.monotonic() + timeout_seconds
     for decision_id in sorted(ledger.unanswered_ids):
-        chosen = {"experiment_id": experiment_id, "decision_id": decision_id}
+        route, chosen = _decision_request(experiment_id, decision_id, slots)
         while time.monotonic() < deadline:
-            answer = await ledger.post(http, "/choose", chosen, {"X-API-Key": key})
+            answer = await ledger.post(http, route, chosen, {"X-API-Key": key})
             if answer is not None and answer.status_code == 200:
                 ledger.unanswered_ids.discard(decision_id)
                 break

@@ -86,7 +86,7 @@ def memory_limit(redis_server: RedisProcess) -> Iterator[RedisProcess]:
 # -- the fault suite --------------------------------------------------------------
 
 
-def _assert_survived(outcome: Outcome) -> None:
+def _assert_survived(outcome: Outcome, slots: int = 1) -> None:
     statuses = outcome.statuses
     assert all(s == 200 or 400 <= s < 500 or s == 503 for s in statuses), statuses
     assert outcome.refused_without_retry_after == 0
@@ -101,7 +101,8 @@ def _assert_survived(outcome: Outcome) -> None:
     # Every /choose named its decision id and was sent again until answered: each id is
     # one decision, none recorded twice by a retry, none lost (issue 29).
     assert outcome.ledger.unanswered_ids == set()
-    assert outcome.stored_decisions == len(outcome.ledger.chosen_ids) > 0
+    # (a ranking's slots each count as a decision)
+    assert outcome.stored_decisions == slots * len(outcome.ledger.chosen_ids) > 0
     assert outcome.sums_match
     assert outcome.audit_statuses == {"duplicate": outcome.acknowledged}
 
@@ -126,6 +127,20 @@ async def test_the_service_survives_the_fault_without_losing_or_doubling_a_rewar
         assert outcome.readiness_during()["503 store_full"] > 0
         assert outcome.metrics_during == "linreboot_store_full 1.0"
         assert outcome.metrics_after == "linreboot_store_full 0.0"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", faults(STALL_SECONDS)[:2], ids=["kill", "stall"])
+async def test_every_slot_of_a_ranking_is_rewarded_exactly_once_through_the_fault(
+    service_url: str, redis_server: RedisProcess, fault: Fault, request: pytest.FixtureRequest
+) -> None:
+    """/rank of 3 arms under the fault, every slot rewarded: no slot's acknowledged reward
+    lost or counted twice, every ranking recorded once with its 3 slots (issue 28)."""
+    experiment_id = f"ranked-{request.node.callspec.id}"
+    outcome = await run_scenario(service_url, ADMIN_TOKEN, redis_server, fault, experiment_id,
+                                 slots=3)
+    _assert_survived(outcome, slots=3)
+    assert {d.rpartition("#")[2] for d in outcome.ledger.decisions} == {"1", "2", "3"}
 
 
 # -- the memory limit ---------------------------------------------------------------
