@@ -15,7 +15,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from loadtest.plots import regret_by_slots, regret_grid
+from loadtest.plots import regret_by_slots, regret_grid, slots_of
 from loadtest.results import Curve, final_regret_table, runtime_table, write_curves
 from loadtest.simulate import Cell, cell_seed, play, play_together, to_curve
 
@@ -113,7 +113,7 @@ def write_outputs(run: GridRun, out: Path, title: str) -> dict[str, Path]:
     }
     write_curves(paths["results"], run.curves)
     regret_grid(run.curves, paths["figure"], title)
-    if len({c.extra.get("slots", 1.0) for c in run.curves}) > 1:
+    if len({slots_of(c.label) for c in run.curves}) > 1:
         paths["by_slots"] = regret_by_slots(run.curves, out / "regret_by_k.png", title)
     tables = [
         f"# {title}\n",

@@ -75,8 +75,8 @@ def regret_grid(curves: Sequence[Curve], path: Path, title: str | None = None) -
 
 
 def regret_by_slots(curves: Sequence[Curve], path: Path, title: str | None = None) -> Path:
-    """Final cumulative regret against k (rankings of k arms: ``Curve.extra["slots"]``,
-    1 when absent), one panel per (setting, d), one line per policy with +-1 s.e. bars."""
+    """Final cumulative regret against k (rankings of k arms: the label's ``k=``, 1 when
+    it has none), one panel per (setting, d), one line per policy with +-1 s.e. bars."""
     panels = sorted({(_SETTING_ORDER.index(c.setting), c.dim) for c in curves})
     lines: dict[str, list[Curve]] = {}
     for c in curves:
@@ -88,9 +88,9 @@ def regret_by_slots(curves: Sequence[Curve], path: Path, title: str | None = Non
         setting = _SETTING_ORDER[order]
         for label, members in lines.items():
             here = sorted((c for c in members if c.setting == setting and c.dim == dim),
-                          key=lambda c: c.extra.get("slots", 1.0))
+                          key=lambda c: slots_of(c.label))
             if here:
-                ax.errorbar([c.extra.get("slots", 1.0) for c in here],
+                ax.errorbar([slots_of(c.label) for c in here],
                             [c.final_mean for c in here], [c.final_se for c in here],
                             marker="o", capsize=3, color=colours[label], label=label)
         ax.set_title(f"{_SETTING_TITLES[setting]}, d = {dim}", fontsize=10)
@@ -98,10 +98,11 @@ def regret_by_slots(curves: Sequence[Curve], path: Path, title: str | None = Non
         ax.set_ylabel("final regret against the best k-list")
         ax.grid(alpha=0.3)
     handles, names = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 4), frameon=False)
+    columns = max(1, min(len(names), len(panels) * 2))
+    fig.legend(handles, names, loc="lower center", ncol=columns, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
-    rows = -(-len(names) // 4)
+    rows = -(-len(names) // columns)
     fig.tight_layout(rect=(0, (0.3 * rows + 0.1) / 3.8, 1, 0.93 if title else 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -109,8 +110,14 @@ def regret_by_slots(curves: Sequence[Curve], path: Path, title: str | None = Non
     return path
 
 
+def slots_of(label: str) -> int:
+    """The k of a cell's label (:attr:`loadtest.simulate.Cell.label`): 1 without one."""
+    found = re.search(r"\bk=(\d+)", label)
+    return int(found.group(1)) if found else 1
+
+
 def _without_slots(label: str) -> str:
-    """A cell's label without its k (``linucb (ucb_alpha=1.0, k=5)`` -> ``linucb
-    (ucb_alpha=1.0)``)."""
-    text = re.sub(r"(, )?k=\d+", "", label).replace("(, ", "(")
+    """A cell's label without its k and position weights, which the x axis and the title
+    say (``linucb (ucb_alpha=1.0, k=5, weights 1/0.5)`` -> ``linucb (ucb_alpha=1.0)``)."""
+    text = re.sub(r"(, )?(k=\d+|weights [0-9./]+)", "", label).replace("(, ", "(")
     return text.replace(" ()", "")

@@ -367,7 +367,6 @@ def to_curve(source: str, cell: Cell, played: Played, points: int = 200) -> Curv
         source=source, setting=cell.setting, dim=cell.dim, policy=cell.policy,
         label=cell.label, reading=cell.reading, reps=reps, horizon=horizon,
         rounds=rounds, mean=mean, se=se, wall_seconds=played.seconds,
-        extra={"slots": float(cell.slots)} if cell.slots > 1 else {},
     )
 
 
