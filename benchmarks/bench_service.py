@@ -196,8 +196,10 @@ class World:
         features /= np.linalg.norm(features, axis=1, keepdims=True)
         return [{"id": f"a{k}", "features": f.tolist()} for k, f in enumerate(features)]
 
-    def choose_body(self, experiment_id: str) -> str:
-        body: dict[str, object] = {"experiment_id": experiment_id}
+    def choose_body(self, experiment_id: str, k: int | None = None) -> str:
+        """A /choose body; with ``k``, a /rank body of k slots."""
+        body: dict[str, object] = {"experiment_id": experiment_id,
+                                   **({} if k is None else {"k": k})}
         if self.setting == "covariates":
             context = np.random.default_rng(1).normal(size=self.dim)
             body["context"] = (context / np.linalg.norm(context)).round(6).tolist()
@@ -223,8 +225,9 @@ def _experiment(url: str, token: str, experiment_id: str = "bench",
 
 def measure(duration: int, connections: int, workers: int, rounds: int,
             cluster: bool = False, spread: str = "paper",
-            world: World = World()) -> list[list[WrkResult]]:
-    """``rounds`` rounds of floor, /choose, /reward, the two mixed runs, floor."""
+            world: World = World(), rank: int | None = None) -> list[list[WrkResult]]:
+    """``rounds`` rounds of floor, /choose, (with ``rank`` k: /rank of k slots),
+    /reward, the two mixed runs, floor."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk")
     token = "bench-token"
@@ -260,6 +263,9 @@ def measure(duration: int, connections: int, workers: int, rounds: int,
                 # and a reward may be served at more than twice the rate of a decision.
                 ("/choose", f"{service}/choose", 3 * duration, HERE / "wrk_choose.lua",
                  [choose_body, key, str(ids)]),
+                # Its ids apart: /reward takes the /choose run's.
+                *([(f"/rank k={rank}", f"{service}/rank", duration, HERE / "wrk_choose.lua",
+                    [world.choose_body(experiment, rank), key, str(tmp)])] if rank else []),
                 ("/reward", f"{service}/reward", duration, HERE / "wrk_reward.lua",
                  [experiment, key, str(ids), "1"]),
                 # Not in the target: each decision rewarded, so views go stale.
@@ -336,6 +342,13 @@ def report(rounds: list[list[WrkResult]], workers: int) -> str:
             f"{statistics.median(r.redis_us_per_request for r in results):.1f} | "
             f"{sum(r.errors for r in results)} |"
         )
+    for name in (n for n in rows if n.startswith("/rank")):
+        against = [r / c for r, c in zip(ratios[name], ratios["/choose"], strict=True)]
+        cpu = [r / c for r, c in zip(cpu_ratios[name], cpu_ratios["/choose"], strict=True)]
+        lines += ["", f"{name} against /choose in the same round: req/s "
+                  f"**{statistics.median(against):.2f}** ({', '.join(f'{x:.2f}' for x in against)}"
+                  f"), worker CPU **{statistics.median(cpu):.2f}** "
+                  f"({', '.join(f'{x:.2f}' for x in cpu)})"]
     return "\n".join(lines)
 
 
@@ -353,6 +366,8 @@ def main() -> None:
     parser.add_argument("--setting", choices=("stochastic", "covariates"), default="stochastic")
     parser.add_argument("--arms", type=int, default=100, help="K")
     parser.add_argument("--dim", type=int, default=20, help="d")
+    parser.add_argument("--rank", type=int, default=None, metavar="K",
+                        help="also /rank of K slots, after /choose in each round")
     parser.add_argument("--cluster", action="store_true",
                         help="then the same on a local Redis Cluster, in the same run")
     args = parser.parse_args()
@@ -360,7 +375,7 @@ def main() -> None:
     measured = {}
     for cluster in stores:
         rounds = measure(args.duration, args.connections, args.workers, args.rounds, cluster,
-                         args.spread, World(args.setting, args.arms, args.dim))
+                         args.spread, World(args.setting, args.arms, args.dim), args.rank)
         measured["cluster" if cluster else "redis"] = rounds
         print(("On a Redis Cluster (3 masters)" if cluster else "On one Redis") + ":")
         print(report(rounds, args.workers), flush=True)

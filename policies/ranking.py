@@ -28,6 +28,7 @@ error of at most ``sqrt(p (1 - p) / draws)``, the same for the same statistics.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,9 +38,11 @@ from scipy import special
 
 from policies.authors import index_of
 from policies.policy import Ready, _highest, _uniform, draw
+from policies.propensity import SMOOTH
 from policies.ridge import Array
 
 _Z = 6.0  # each arm's grid spans its mean +- this many spreads (tails 1e-9)
+_SMOOTH_STEP = 0.75  # the smooth rule's node spacing, in the narrowest counted spread's units
 _STEP = 0.25  # node spacing, in the narrowest spread's units (at most arm a's own)
 _MAX_NODES = 20_000  # beyond (spreads many orders apart), the estimate instead
 
@@ -79,6 +82,16 @@ def rank(ready: Ready, rngs: Sequence[np.random.Generator], k: int) -> Ranking:
     rows = np.arange(batch)
     left = ready.eligible.copy()
     left[rows, first.arms] = False
+    if k > 1 and ready.config.epsilon == 0.0 and not ready.unexplored.any():
+        # No arm to explore, no epsilon: each next position is the highest score left,
+        # drawing nothing unless scores tie (then the loop below, which splits ties
+        # with the generators). One sort instead of k - 1 passes; the same arms.
+        masked = np.where(left, first.scores, -np.inf)
+        order = np.argsort(-masked, axis=1, kind="stable")[:, :k]
+        top = np.take_along_axis(masked, order, axis=1)
+        if np.all(top[:, :-1] > top[:, 1:]):  # k - 1 placed and the next: no tie
+            arms[:, 1:] = order[:, :k - 1]
+            return Ranking(arms=arms, scores=first.scores)
     for position in range(1, k):
         arms[:, position] = _next(ready, first.scores, left, rngs)
         left[rows, arms[:, position]] = False
@@ -137,36 +150,66 @@ def _normal_positions(ready: Ready, placed: NDArray[np.int64]) -> Array | None:
 
 def _at_positions(mean: Array, spread: Array, placed: NDArray[np.int64]) -> Array | None:
     """``P(placed[j] at position j)`` among independent normal indices, for every j at
-    once: one grid per placed arm (its own normal's nodes), one recursion over the
-    arms for all the grids' nodes."""
-    grids, owners, weights = [], [], []
-    for arm in placed.tolist():
-        others = np.arange(mean.size) != arm
-        step = _STEP * min(1.0, float(spread[others].min(initial=np.inf)) / float(spread[arm]))
-        if 2 * _Z / step > _MAX_NODES:
+    once (the module notes' integral), on each placed arm's own nodes.
+
+    For arm a at position j, an arm whose window (mean +- ``_Z`` spreads) lies above
+    arm a's is above it for sure: it only shifts how many of the others must score
+    higher (``j`` less those); below the (j + 1)-th highest window start among the
+    others, j + 1 arms score higher for sure (the integrand is 0: the integral starts
+    there, as :func:`policies.propensity.propensities` starts at its floor); an arm
+    whose window ends below that start is below for sure. Only the arms left, those
+    that may cross arm a's nodes, enter the Poisson-binomial recursion, so after some
+    learning (windows apart) a ranking of 10 of 100 arms counts a few arms, not 99.
+    Nodes are :func:`policies.propensity`'s smooth trapezoid rule, spaced 0.75 of the
+    narrowest counted spread (arm a's at most) in arm a's standard units from the
+    start to +``_Z`` (the tail beyond holds 1e-9), or the finer ``_STEP`` where a counted
+    arm is narrower than ``SMOOTH`` times arm a; None (the estimate instead) where that
+    would take more than ``_MAX_NODES``."""
+    size = mean.size
+    low, high = mean - _Z * spread, mean + _Z * spread
+    grids, owners, columns, counted, steps = [], [], [], [], []
+    for position, arm in enumerate(placed.tolist()):
+        others = np.arange(size) != arm
+        surely_above = others & (low > high[arm])
+        column = position - int(np.count_nonzero(surely_above))
+        starts = np.sort(low[others & ~surely_above])[::-1]
+        # Below the (column + 1)-th highest start, that many more score higher for sure.
+        start = max(float(low[arm]), float(starts[column])
+                    if 0 <= column < starts.size else -np.inf)
+        crossing = others & ~surely_above & (high > start)
+        ratio = float(spread[crossing].min(initial=np.inf)) / float(spread[arm])
+        step = _SMOOTH_STEP * min(ratio, 1.0) if ratio >= SMOOTH else _STEP * ratio
+        first = math.ceil((start - mean[arm]) / spread[arm] / step)
+        last = math.floor(_Z / step)
+        if column < 0 or last < first:  # an arm surely above it, or no room: probability 0
+            first, last = 1, 0
+        if last - first > _MAX_NODES:
             return None
-        g = np.arange(-_Z, _Z + step / 2, step)
-        grids.append(mean[arm] + spread[arm] * g)
-        owners.append(np.full(g.size, arm))
-        weights.append(np.exp(-0.5 * g * g) * (step / np.sqrt(2.0 * np.pi)))
-    t, owner = np.concatenate(grids), np.concatenate(owners)
-    # count[n, m]: the probability that exactly m arms other than node n's own score
-    # above its t (m <= k - 1): the Poisson-binomial recursion over the arms, an arm
-    # counting as below its own nodes.
-    count = np.zeros((t.size, placed.size))
-    count[:, 0] = 1.0
-    for b in range(mean.size):
-        below = np.where(owner == b, 1.0, special.ndtr((t - mean[b]) / spread[b]))
-        above = 1.0 - below
-        count[:, 1:] = count[:, 1:] * below[:, None] + count[:, :-1] * above[:, None]
-        count[:, 0] *= below
-    out = np.empty(placed.size)
-    start = 0
-    for position, w in enumerate(weights):
-        nodes = slice(start, start + w.size)
-        out[position] = min(max(float(w @ count[nodes, position]), 0.0), 1.0)
-        start += w.size
-    return out
+        g = np.arange(first, last + 1) * step
+        grids.append(g)
+        owners.append(np.full(g.size, position))
+        columns.append(max(column, 0))
+        counted.append(crossing)
+        steps.append(step)
+    g, owner = np.concatenate(grids), np.concatenate(owners)
+    arms = np.flatnonzero(np.any(counted, axis=0))  # counted for some placed arm
+    t = mean[placed][owner] + spread[placed][owner] * g
+    # below[n, b]: arm b's index below node n's t; 1 where arm b is not counted for
+    # node n's arm (surely above: in the column's shift; surely below; the arm itself).
+    below = special.ndtr((t - mean[arms, None]) / spread[arms, None])  # (arms, nodes)
+    below = np.where(np.asarray(counted)[:, arms].T[:, owner], below, 1.0)
+    above = 1.0 - below
+    count = np.zeros((max(columns) + 1, t.size))  # P(exactly m counted arms above), by m
+    count[0] = 1.0
+    shifted = np.empty_like(count[:-1])
+    for under, over in zip(below, above, strict=True):
+        np.multiply(count[:-1], over, out=shifted)
+        count *= under
+        count[1:] += shifted
+    out = np.zeros(placed.size)
+    density = np.exp(-0.5 * g * g) * count[np.asarray(columns)[owner], np.arange(t.size)]
+    np.add.at(out, owner, density)
+    return np.clip(out * np.asarray(steps) / np.sqrt(2.0 * np.pi), 0.0, 1.0)
 
 
 def _estimated(ready: Ready, ranking: Ranking, draws: int, seed: int) -> Array:

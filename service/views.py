@@ -49,12 +49,14 @@ _OWN_RECORDS_KEPT = 256
 @dataclass
 class _Prepared:
     """The last request's arms (rows), their statistics, and, while the contexts stay
-    the same, the prepared policy and the propensities computed from it (by position)."""
+    the same, the prepared policy and the propensities computed from it (by position;
+    a ranking's slots', by (position, slot))."""
 
     rows: tuple[int, ...]
     state: State
     ready: Ready | None = None
     propensities: dict[int, float] = field(default_factory=dict)
+    placements: dict[tuple[int, int], float] = field(default_factory=dict)
 
 
 @dataclass
@@ -186,13 +188,15 @@ class View:
         the others by :func:`policies.ranking.position_propensities`, in a thread
         (milliseconds: an integral per placed arm, or rankings drawn again)."""
         first = await self.propensity(ready, int(ranking.arms[0, 0]))
-        if ranking.arms.shape[1] == 1:
-            return [first]
-
-        def compute() -> list[float]:
-            return [float(p) for p in position_propensities(
-                ready, ranking, draws=SLATE_DRAWS)[0, 1:]]
-        return [first, *await asyncio.to_thread(compute)]
+        placed = [(int(arm), slot) for slot, arm in enumerate(ranking.arms[0])][1:]
+        last = self._last
+        kept = last.placements if last is not None and last.ready is ready else {}
+        if any(pair not in kept for pair in placed):  # kept, as propensity() keeps its own
+            def compute() -> list[float]:
+                return [float(p) for p in position_propensities(
+                    ready, ranking, draws=SLATE_DRAWS)[0, 1:]]
+            kept.update(zip(placed, await asyncio.to_thread(compute), strict=True))
+        return [first, *(kept[pair] for pair in placed)]
 
 
 # Rankings drawn again for a slot's propensity where no integral serves (a shared
