@@ -117,16 +117,36 @@ def _next(ready: Ready, scores: Array, left: NDArray[np.bool_],
 def position_propensities(ready: Ready, ranking: Ranking, *, draws: int = 4096,
                           seed: int = 20261128) -> Array:
     """The probability that :func:`rank` of ``ready`` puts each of ``ranking``'s arms at
-    its position, shape (B, k): the integral where it serves (module notes), else
-    estimated from ``draws`` rankings drawn with a generator seeded by ``seed`` (and
-    the experiment's row) and the ranking itself (so that an arm placed never gets 0,
-    which inverse-propensity weights could not use), each estimate within
-    ``sqrt(p (1 - p) / draws) + 1 / draws`` of the probability at one standard error."""
-    exact = _normal_positions(ready, ranking.arms)
-    return exact if exact is not None else _estimated(ready, ranking, draws, seed)
+    its position, shape (B, k): :func:`placement_propensities` of the ranking made (so
+    an estimate counts it among its draws)."""
+    positions = np.broadcast_to(np.arange(ranking.arms.shape[1]), ranking.arms.shape)
+    return placement_propensities(ready, ranking.arms, positions, draws=draws, seed=seed,
+                                  made=True)
 
 
-def _normal_positions(ready: Ready, placed: NDArray[np.int64]) -> Array | None:
+def placement_propensities(ready: Ready, arms: NDArray[np.int64], positions: NDArray[np.int64],
+                           *, draws: int = 4096, seed: int = 20261128,
+                           made: bool = False) -> Array:
+    """The probability that :func:`rank` of ``ready`` puts ``arms[b, i]`` at position
+    ``positions[b, i]`` (from 0), shape (B, n): what a slate's estimator asks of a
+    target that did not make the ranking. The integral where it serves (module notes);
+    for a deterministic index (every spread 0: LinUCB, greedy) 1 or 0 by the order of
+    the scores, unless scores tie; else estimated from ``draws`` rankings drawn with a
+    generator seeded by ``seed`` (and the experiment's row), each estimate within
+    ``sqrt(p (1 - p) / draws)`` of the probability at one standard error; with
+    ``made``, the placements are a ranking this law made, counted among the draws (so
+    that an arm placed never gets 0, which inverse-propensity weights could not use:
+    ``+ 1 / draws`` at most)."""
+    exact = _normal_positions(ready, arms, positions)
+    if exact is None:
+        exact = _ordered_positions(ready, arms, positions)
+    if exact is not None:
+        return exact
+    return _estimated(ready, arms, positions, draws, seed, made)
+
+
+def _normal_positions(ready: Ready, placed: NDArray[np.int64],
+                      positions: NDArray[np.int64]) -> Array | None:
     """The integral of the module notes for every experiment, or None where it does
     not serve (another law, epsilon, an arm to explore, a point mass, spreads too far
     apart)."""
@@ -141,16 +161,42 @@ def _normal_positions(ready: Ready, placed: NDArray[np.int64]) -> Array | None:
         mean, spread = law.mean[row, arms], law.spread[row, arms]
         if not np.all(spread > 0.0):
             return None
-        values = _at_positions(mean, spread, np.searchsorted(arms, placed[row]))
+        values = _at_positions(mean, spread, np.searchsorted(arms, placed[row]),
+                               positions[row])
         if values is None:
             return None
         out[row] = values
     return out
 
 
-def _at_positions(mean: Array, spread: Array, placed: NDArray[np.int64]) -> Array | None:
-    """``P(placed[j] at position j)`` among independent normal indices, for every j at
-    once (the module notes' integral), on each placed arm's own nodes.
+def _ordered_positions(ready: Ready, arms: NDArray[np.int64],
+                       positions: NDArray[np.int64]) -> Array | None:
+    """A deterministic index's placements (every eligible arm's spread 0, no epsilon,
+    nothing to explore): 1 where the arm's score is the position's in the order of the
+    scores, else 0; None where that does not serve (another law; scores that tie)."""
+    if ready.config.epsilon > 0.0 or ready.exploring_rows.size:
+        return None
+    law = index_of(ready.config).law(ready.config, ready.prepared)
+    if law.spread is None or law.loadings is not None:
+        return None
+    out = np.empty(arms.shape)
+    for row in range(arms.shape[0]):
+        eligible = np.flatnonzero(ready.eligible[row])
+        if np.any(law.spread[row, eligible] != 0.0):
+            return None
+        scores = law.mean[row, eligible]
+        if np.unique(scores).size < scores.size:
+            return None  # ties split at random
+        order = eligible[np.argsort(-scores, kind="stable")]
+        out[row] = order[positions[row]] == arms[row]
+    return out
+
+
+def _at_positions(mean: Array, spread: Array, placed: NDArray[np.int64],
+                  positions: NDArray[np.int64] | None = None) -> Array | None:
+    """``P(placed[i] at positions[i])`` (from 0; default i) among independent normal
+    indices, for every i at once (the module notes' integral), on each placed arm's own
+    nodes.
 
     For arm a at position j, an arm whose window (mean +- ``_Z`` spreads) lies above
     arm a's is above it for sure: it only shifts how many of the others must score
@@ -168,7 +214,8 @@ def _at_positions(mean: Array, spread: Array, placed: NDArray[np.int64]) -> Arra
     size = mean.size
     low, high = mean - _Z * spread, mean + _Z * spread
     grids, owners, columns, counted, steps = [], [], [], [], []
-    for position, arm in enumerate(placed.tolist()):
+    at = np.arange(placed.size) if positions is None else positions
+    for i, (position, arm) in enumerate(zip(at.tolist(), placed.tolist(), strict=True)):
         others = np.arange(size) != arm
         surely_above = others & (low > high[arm])
         column = position - int(np.count_nonzero(surely_above))
@@ -187,7 +234,7 @@ def _at_positions(mean: Array, spread: Array, placed: NDArray[np.int64]) -> Arra
             return None
         g = np.arange(first, last + 1) * step
         grids.append(g)
-        owners.append(np.full(g.size, position))
+        owners.append(np.full(g.size, i))
         columns.append(max(column, 0))
         counted.append(crossing)
         steps.append(step)
@@ -212,10 +259,13 @@ def _at_positions(mean: Array, spread: Array, placed: NDArray[np.int64]) -> Arra
     return np.clip(out * np.asarray(steps) / np.sqrt(2.0 * np.pi), 0.0, 1.0)
 
 
-def _estimated(ready: Ready, ranking: Ranking, draws: int, seed: int) -> Array:
-    batch, k = ranking.arms.shape
+def _estimated(ready: Ready, arms: NDArray[np.int64], positions: NDArray[np.int64],
+               draws: int, seed: int, made: bool) -> Array:
+    batch = arms.shape[0]
     rngs = [np.random.default_rng([seed, row]) for row in range(batch)]
-    hits = np.ones((batch, k))  # the ranking made counts among the draws: never 0
+    k = int(positions.max()) + 1
+    rows = np.arange(batch)[:, None]
+    hits = np.ones(arms.shape) if made else np.zeros(arms.shape)
     for _ in range(draws):
-        hits += rank(ready, rngs, k).arms == ranking.arms
-    return hits / (draws + 1)
+        hits += rank(ready, rngs, k).arms[rows, positions] == arms
+    return hits / (draws + 1 if made else draws)

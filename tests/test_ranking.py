@@ -13,6 +13,7 @@ from policies.ranking import (
     _estimated,
     _next,
     _normal_positions,
+    placement_propensities,
     position_propensities,
     rank,
 )
@@ -114,10 +115,9 @@ def _all_positions(ready: Ready, k: int) -> np.ndarray:
     arms = np.flatnonzero(ready.eligible[0])
     table = np.zeros((arms.size, k))
     for j in range(k):
-        for i, arm in enumerate(arms):
-            placed = np.zeros((1, j + 1), dtype=np.int64)
-            placed[0, j] = arm
-            table[i, j] = _normal_positions(ready, placed)[0, j]  # type: ignore[index]
+        placed = arms[None, :]
+        at = np.full(placed.shape, j)
+        table[:, j] = _normal_positions(ready, placed, at)[0]  # type: ignore[index]
     return table
 
 
@@ -139,9 +139,28 @@ def test_the_integral_agrees_with_the_estimate() -> None:
     for seed in range(3):
         ranking = rank(ready, [np.random.default_rng(seed)], 4)
         exact = position_propensities(ready, ranking)
-        estimate = _estimated(ready, ranking, draws, 7)
+        positions = np.arange(4)[None, :]
+        estimate = _estimated(ready, ranking.arms, positions, draws, 7, made=True)
         se = np.sqrt(exact * (1 - exact) / draws)
         assert np.all(np.abs(estimate - exact) <= 4 * se + 1 / draws), (estimate, exact)
+        # another's placements (the arms in reverse), not counted among the draws
+        other = _estimated(ready, ranking.arms[:, ::-1], positions, draws, 7, made=False)
+        reverse = placement_propensities(ready, ranking.arms[:, ::-1], positions)
+        se = np.sqrt(reverse * (1 - reverse) / draws)
+        assert np.all(np.abs(other - reverse) <= 4 * se + 1e-9), (other, reverse)
+
+
+@pytest.mark.parametrize("name", ["linucb", "greedy"])
+def test_a_deterministic_index_places_each_arm_where_its_score_ranks(name: str) -> None:
+    """1 at the arm's place in the order of the scores, 0 elsewhere; the estimate (every
+    ranking drawn alike) agrees."""
+    ready = _ready(name, "covariates", seed=4)
+    order = rank(ready, [np.random.default_rng(0)], K).arms
+    arms = np.repeat(order[:, :3], 3, axis=1)  # each of the first 3 at positions 0, 1, 2
+    positions = np.tile(np.arange(3), 3)[None, :]
+    got = placement_propensities(ready, arms, positions)
+    np.testing.assert_array_equal(got, (arms == order[:, positions[0]]).astype(float))
+    np.testing.assert_array_equal(got, _estimated(ready, arms, positions, 50, 1, made=False))
 
 
 def _by_quadrature(mean: np.ndarray, spread: np.ndarray, arm: int, position: int) -> float:
