@@ -17,14 +17,16 @@ from typing import Any, cast
 
 import numpy as np
 
-from policies import HYPERPARAMETERS, paper_config
+from policies import HYPERPARAMETERS, PolicyConfig, paper_config
 from policies.config import POLICIES, PolicyName, Setting, parse_hyperparameter
 from policies.evaluation import (
     Estimate,
     doubly_robust,
+    fitted_slate_target,
     fitted_target,
     ips,
     ridge_reward_model,
+    slate_ips,
     snips,
 )
 from policies.propensity import SERVICE
@@ -43,21 +45,24 @@ class Report:
     effective_sample_size: float
     logged: Estimate
     estimates: dict[str, Estimate]
+    unit: str = "rounds"  # what train_rounds and rounds count ("rankings": a log of /rank)
 
     def as_dict(self) -> dict[str, Any]:
         def pair(e: Estimate) -> dict[str, float]:
             return {"value": e.value, "stderr": e.stderr, "low": e.low, "high": e.high}
 
         return {"target": self.target, "train_rounds": self.train_rounds,
-                "rounds": self.rounds, "effective_sample_size": self.effective_sample_size,
+                "rounds": self.rounds, "unit": self.unit,
+                "effective_sample_size": self.effective_sample_size,
                 "logged": pair(self.logged),
                 **{name: pair(e) for name, e in self.estimates.items()}}
 
     def markdown(self) -> str:
         lines = [
-            f"target: {self.target}, fitted on the first {self.train_rounds} rounds, "
+            f"target: {self.target}, fitted on the first {self.train_rounds} {self.unit}, "
             f"evaluated on the other {self.rounds} "
-            f"(effective sample size {self.effective_sample_size:.0f})",
+            f"(effective sample size {self.effective_sample_size:.0f}"
+            f"{' slots' if self.unit == 'rankings' else ''})",
             "",
             "| estimator | value | 95% interval |",
             "|---|---:|---|",
@@ -94,10 +99,6 @@ def evaluate(feedback: dict[str, Any], policy: PolicyName | None,
     train = int(train_fraction * n)
     if n - train < 2:
         raise ValueError(f"the log has {n} rounds with an outcome: too few to evaluate on")
-    if np.asarray(feedback.get("position", [0]), dtype=np.int64).any():
-        raise ValueError("the log holds rankings (/rank): this version evaluates decisions "
-                         "of /choose only; a slate's estimate (independent IPS over its "
-                         "positions) is not built yet")
     pscore = np.asarray(feedback["pscore"], dtype=np.float64)
     missing = int(np.isnan(pscore[train:]).sum())
     if missing:
@@ -123,6 +124,9 @@ def evaluate(feedback: dict[str, Any], policy: PolicyName | None,
     contexts = _contexts(feedback, setting)  # (n, K, d)
     actions = np.asarray(feedback["action"], dtype=np.int64)
     rewards = np.asarray(feedback["reward"], dtype=np.float64)
+    if np.asarray(feedback.get("position", [0]), dtype=np.int64).any():
+        return _rankings(feedback, config, _describe(name, hyperparameters), contexts,
+                         actions, rewards, pscore, train_fraction)
     target = fitted_target(config, contexts[None], actions[None], rewards[None],
                            np.asarray(feedback["eligible"], dtype=bool)[None], train,
                            accuracy=SERVICE,
@@ -139,6 +143,48 @@ def evaluate(feedback: dict[str, Any], policy: PolicyName | None,
         estimates={"ips": ips(r, a, p, target), "snips": snips(r, a, p, target),
                    "dr": doubly_robust(r, a, p, target, model)},
     )
+
+
+def _rankings(feedback: dict[str, Any], config: PolicyConfig, target: str,
+              contexts: np.ndarray[Any, Any], actions: np.ndarray[Any, Any],
+              rewards: np.ndarray[Any, Any], pscore: np.ndarray[Any, Any],
+              train_fraction: float) -> Report:
+    """A log of rankings (``/rank``): the target fitted on the first rankings' slots
+    (each reward over its position's weight, as the service learns it) and held fixed;
+    its value, the expected sum of a ranking's slot rewards, by independent IPS over
+    the other rankings (:func:`policies.evaluation.slate_ips`), next to the logged
+    rankings' mean sum. A slot without an outcome is not in the export: it counts 0."""
+    if "slate_id" not in feedback:
+        raise ValueError("this log of rankings lacks slate_id: export it again with "
+                         "linreboot export --format obp")
+    positions = np.asarray(feedback["position"], dtype=np.int64)
+    ids = np.asarray(feedback["slate_id"], dtype=np.int64)
+    # Rankings in the order their first slot's outcome was applied: the first ones train.
+    _, first = np.unique(ids, return_index=True)
+    order = np.argsort(np.argsort(first))  # each distinct ranking's place in that order
+    slates = order[np.unique(ids, return_inverse=True)[1]]
+    count = int(first.size)
+    train_count = int(train_fraction * count)
+    if count - train_count < 2:
+        raise ValueError(f"the log has {count} rankings with an outcome: too few to "
+                         "evaluate on")
+    listed = feedback.get("position_weights")
+    weights = (np.ones(positions.size) if listed is None
+               else np.asarray(listed)[np.minimum(positions, len(listed) - 1)])
+    train = slates < train_count
+    probability = fitted_slate_target(config, contexts, actions, positions, rewards / weights,
+                                      np.asarray(feedback["eligible"], dtype=bool), slates,
+                                      train)
+    rest = ~train
+    r, p, evaluated = rewards[rest], pscore[rest], slates[rest] - train_count
+    w = probability / p
+    ess = float(w.sum() ** 2 / (w**2).sum()) if w.any() else 0.0
+    logged = np.asarray(np.bincount(evaluated, weights=r), dtype=np.float64)
+    return Report(
+        target=target, train_rounds=train_count, rounds=count - train_count,
+        effective_sample_size=ess,
+        logged=Estimate(float(logged.mean()), float(logged.std(ddof=1) / math.sqrt(logged.size))),
+        estimates={"iips": slate_ips(r, evaluated, p, probability)}, unit="rankings")
 
 
 def _setting(feedback: dict[str, Any]) -> Setting:

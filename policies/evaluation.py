@@ -38,6 +38,7 @@ from numpy.typing import NDArray
 from policies.config import PolicyConfig
 from policies.policy import prepare, update
 from policies.propensity import FINE, Accuracy, propensities
+from policies.ranking import placement_propensities
 from policies.ridge import ridge
 from policies.state import init_state
 
@@ -110,6 +111,70 @@ def doubly_robust(
     w = _weights(target, actions, propensities)
     terms = np.sum(target * model, axis=1) + w * (rewards - model[rows, actions])
     return _mean_of(terms)
+
+
+def slate_ips(rewards: Array, slates: IntArray, propensities: Array, target: Array
+              ) -> Estimate:
+    """Independent IPS of a ranking (Li et al. 2018; Open Bandit Pipeline's ``IIPS``):
+    the mean over rankings of ``sum_j w_ij r_ij``, ``w_ij`` the target's probability of
+    slot j's arm at slot j's position over the logging policy's. Unbiased for the
+    target's expected sum of slot rewards when a slot's reward depends on the context,
+    its arm and its position only (the position-based click model among others); the
+    interval from the per-ranking sums, which are independent.
+
+    Parameters
+    ----------
+    rewards, propensities, target : ndarray, shape (n,)
+        Each logged slot's reward, its logged placement probability and the target's.
+    slates : ndarray of int, shape (n,)
+        Each slot's ranking, numbered 0 .. m - 1.
+    """
+    if np.any(propensities <= 0) or np.any(propensities > 1):
+        raise ValueError("propensities must lie in (0, 1]")
+    sums = np.asarray(np.bincount(slates, weights=target / propensities * rewards), np.float64)
+    return _mean_of(sums)
+
+
+def fitted_slate_target(
+    config: PolicyConfig, contexts: Array, actions: IntArray, positions: IntArray,
+    learnt: Array, eligible: NDArray[np.bool_], slates: IntArray, train: NDArray[np.bool_],
+) -> Array:
+    """A ranking target's probability of each evaluated slot's placement: the policy
+    fitted on the ``train`` slots (in order, from ``learnt``: each slot's reward as the
+    service learns it, over its position's weight), then held fixed (no first pass, as
+    :func:`fitted_target`), asked of each evaluated ranking at once.
+
+    Parameters
+    ----------
+    contexts : ndarray, shape (n, K, d)
+        Every arm's context at each logged slot (a ranking's slots share theirs).
+    actions, positions, slates : ndarray of int, shape (n,)
+        Each slot's arm, position (from 0) and ranking.
+    learnt : ndarray, shape (n,)
+    eligible : ndarray of bool, shape (n, K)
+    train : ndarray of bool, shape (n,)
+        The slots the target learns from (whole rankings, before the others).
+
+    Returns
+    -------
+    ndarray, shape (number of slots not in ``train``,), in their order.
+    """
+    if config.forces_pass:
+        raise ValueError("a target held fixed after its training rounds takes no first pass "
+                         "(first_pass must be false)")
+    state = init_state(config, contexts.shape[1], 1)
+    for i in np.flatnonzero(train):
+        update(config, state, actions[i:i + 1], contexts[i:i + 1, actions[i]],
+               learnt[i:i + 1])
+    evaluated = np.flatnonzero(~train)
+    out = np.empty(evaluated.size)
+    for slate in np.unique(slates[evaluated]):
+        here = np.flatnonzero(slates[evaluated] == slate)
+        first = evaluated[here[0]]
+        ready = prepare(config, state, contexts[first][None], eligible[first][None])
+        out[here] = placement_propensities(ready, actions[evaluated[here]][None],
+                                           positions[evaluated[here]][None])[0]
+    return out
 
 
 def ridge_reward_model(

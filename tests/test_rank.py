@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from collections import Counter
 from typing import Any
 
@@ -323,11 +324,26 @@ async def test_the_log_and_its_export_carry_each_slot(api: Api) -> None:
     assert feedback["position_weights"].tolist() == [1.0, 0.5]
 
 
-def test_evaluate_refuses_a_log_of_rankings_saying_why() -> None:
-    """Scoring each slot as a decision of /choose would estimate another policy than the
-    one named: refused until slates are evaluated as slates."""
-    feedback = {"n_rounds": 4, "position": np.array([0, 1, 0, 1]), "pscore": np.ones(4),
-                "setting": np.array("covariates"), "config": np.array("{}"),
-                "eligible": np.ones((4, 2), bool)}
-    with pytest.raises(ValueError, match="holds rankings"):
+def test_evaluate_estimates_a_log_of_rankings_as_rankings() -> None:
+    """A log of /rank is evaluated ranking by ranking (independent IPS over its slots;
+    the statistics are tests/test_slate_evaluation.py's); without slate_id, refused."""
+    rng = np.random.default_rng(0)
+    slates, k, arms = 40, 2, 3
+    actions = np.concatenate([rng.permutation(arms)[:k] for _ in range(slates)])
+    rewards = rng.random(slates * k)
+    feedback: dict[str, Any] = {
+        "n_rounds": slates * k, "n_actions": arms, "action": actions,
+        "reward": rewards, "pscore": np.full(slates * k, 1 / arms),
+        "context": rng.normal(size=(slates * k, 2)), "position": np.tile(np.arange(k), slates),
+        "slate_id": np.repeat(np.arange(slates), k), "eligible": np.ones((slates * k, arms), bool),
+        "decision_number": np.repeat(np.arange(1, slates + 1), k),
+        "setting": "covariates",  # as load_bandit_feedback gives them
+        "config": json.dumps({"name": "linreboot", "dim": 2, "epsilon": 0.0})}
+    report = evaluate(feedback, "linucb-const", {})
+    assert (report.unit, report.train_rounds, report.rounds) == ("rankings", 20, 20)
+    assert set(report.estimates) == {"iips"} and "IIPS" in report.markdown()
+    sums = rewards[slates:].reshape(-1, k).sum(axis=1)  # the last 20 rankings
+    assert report.logged.value == pytest.approx(sums.mean())
+    del feedback["slate_id"]
+    with pytest.raises(ValueError, match="lacks slate_id"):
         evaluate(feedback, None, {})
