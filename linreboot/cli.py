@@ -64,14 +64,7 @@ def _add_simulate(sub: argparse._SubParsersAction[_Parser]) -> None:
     p.add_argument("--centres", choices=("per-repetition", "once"), default="per-repetition",
                    help="arm features / context centres drawn per repetition (default) or "
                    "once per cell, as the authors' contextual script does")
-    p.add_argument("--slots", nargs="+", type=int, default=[1], metavar="K",
-                   help="rankings of K arms per round, each slot's reward seen (a K-slot "
-                   "semi-bandit; regret against the best K-list); several values also plot "
-                   "regret against K (default 1: one arm per round)")
-    p.add_argument("--position-weights", nargs="+", type=float, default=None, metavar="W",
-                   help="with --slots: slot j's arm is examined with probability W_j "
-                   "(w_1 >= w_2 >= ... in (0, 1]; beyond the list, the last), its reward "
-                   "learnt as r / W_j (the service's position_weights)")
+    _add_slots(p)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     p.add_argument("--time-single-runs", action="store_true",
                    help="also time one unbatched run per cell (runtime table)")
@@ -90,13 +83,7 @@ def _simulate(args: argparse.Namespace) -> int:
         raise SystemExit(f"--discount values must be from {bounds.low:g} to {bounds.high:g}")
     if args.switch_every < 0:
         raise SystemExit("--switch-every must be 0 (never) or a positive number of rounds")
-    if any(k < 1 for k in args.slots):
-        raise SystemExit("--slots values must be 1 or more")
-    weights = args.position_weights
-    if weights is not None and not (
-            all(0.0 < w <= 1.0 for w in weights)
-            and all(b <= a for a, b in itertools.pairwise(weights))):
-        raise SystemExit("--position-weights must be in (0, 1], none above the one before")
+    weights = _position_weights(args)
     if args.reps < 2:
         print("note: with one repetition the standard error is reported as 0", file=sys.stderr)
     overrides: tuple[tuple[str, object], ...] = (
@@ -108,7 +95,7 @@ def _simulate(args: argparse.Namespace) -> int:
                  discounts=args.discount, switch_every=args.switch_every,
                  baselines=args.baselines, centres=args.centres, spreads=args.spreads,
                  first_pass=args.first_pass == "on", slots=args.slots,
-                 position_weights=None if weights is None else tuple(weights))
+                 position_weights=weights)
     run = run_grid(cells, args.reps, args.horizon, args.seed, args.jobs,
                    time_single=args.time_single_runs)
     drift = f", theta switching every {args.switch_every} rounds" if args.switch_every else ""
@@ -157,6 +144,29 @@ def _add_grid_args(p: argparse.ArgumentParser, *, settings: Sequence[str], dims:
                     "the service does")
 
 
+def _add_slots(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--slots", nargs="+", type=int, default=[1], metavar="K",
+                   help="rankings of K arms per round, each slot's reward seen (a K-slot "
+                   "semi-bandit; regret against the best K-list); several values also plot "
+                   "regret against K (default 1: one arm per round)")
+    p.add_argument("--position-weights", nargs="+", type=float, default=None, metavar="W",
+                   help="with --slots: slot j's arm is examined with probability W_j "
+                   "(w_1 >= w_2 >= ... in (0, 1]; beyond the list, the last), its reward "
+                   "learnt as r / W_j (the service's position_weights)")
+
+
+def _position_weights(args: argparse.Namespace) -> tuple[float, ...] | None:
+    """--slots and --position-weights checked; the weights as a Cell takes them."""
+    if any(k < 1 for k in args.slots):
+        raise SystemExit("--slots values must be 1 or more")
+    weights = args.position_weights
+    if weights is not None and not (
+            all(0.0 < w <= 1.0 for w in weights)
+            and all(b <= a for a, b in itertools.pairwise(weights))):
+        raise SystemExit("--position-weights must be in (0, 1], none above the one before")
+    return None if weights is None else tuple(weights)
+
+
 def _add_spreads(p: argparse.ArgumentParser, default: Sequence[str] = ("paper",)) -> None:
     p.add_argument("--spreads", nargs="+", choices=("paper", "pooled"), default=list(default),
                    help="LinReBoot once per spread rule: paper (Section 3.3) and/or pooled "
@@ -190,6 +200,7 @@ def _add_replay(sub: argparse._SubParsersAction[_Parser]) -> None:
     )
     _add_grid_args(p, settings=("stochastic",), dims=(5,), policies=("linreboot",),
                    reps=20, horizon=2_000)
+    _add_slots(p)
     _add_http_args(p)
     p.add_argument("--compare", action="store_true",
                    help="also run in-process with the service's seeding and compare")
@@ -205,6 +216,7 @@ def _add_demo(sub: argparse._SubParsersAction[_Parser]) -> None:
     _add_grid_args(p, settings=("stochastic",), dims=(5,),
                    policies=(*PAPER_POLICIES, "greedy", "linucb-const"), reps=4, horizon=400,
                    spreads=("paper", "pooled"))
+    _add_slots(p)
     _add_http_args(p)
     p.add_argument("--out", type=Path, default=Path("results/demo"))
 
@@ -216,7 +228,8 @@ def _cells(args: argparse.Namespace) -> list[Cell]:
         if value < 1:
             raise SystemExit("--reps and --horizon must be positive")
     return grid(args.settings, args.dims, args.policies, spreads=args.spreads,
-                first_pass=args.first_pass == "on")
+                first_pass=args.first_pass == "on", slots=args.slots,
+                position_weights=_position_weights(args))
 
 
 def _replay(args: argparse.Namespace) -> int:

@@ -19,9 +19,19 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from linreboot.client import AsyncClient, Decision
+from linreboot.client import AsyncClient, Decision, Ranking
 from loadtest.environments import Environment, split_rngs
-from loadtest.simulate import Cell, Played, cell_seed, decision_seed
+from loadtest.simulate import (
+    Cell,
+    Played,
+    cell_seed,
+    decision_seed,
+    examination,
+    examined,
+    ranking_noise,
+    regret_of,
+    slot_weights,
+)
 from policies import HYPERPARAMETERS
 
 Progress = Callable[[int], None]
@@ -78,6 +88,8 @@ def experiment_spec(cell: Cell, env: Environment, rep: int, seed: int) -> dict[s
         ],
         "hyperparameters": hyper,
         "seed": decision_seed(seed, cell, rep),
+        **({} if cell.position_weights is None
+           else {"position_weights": list(cell.position_weights)}),
     }
 
 
@@ -108,7 +120,10 @@ class HttpDriver:
     async def replay(
         self, cell: Cell, reps: int, horizon: int, seed: int, progress: Progress | None = None
     ) -> Played:
-        """Play ``reps`` repetitions of ``cell`` for ``horizon`` rounds over HTTP."""
+        """Play ``reps`` repetitions of ``cell`` for ``horizon`` rounds over HTTP (a
+        ranking's cell: ``/rank`` and every slot's reward, in one batch in slot order)."""
+        if cell.slots > 1:
+            return await self._replay_rankings(cell, reps, horizon, seed, progress)
         requests = reps * (2 * horizon + 2)
         if requests > self._limits.max_requests:
             raise ValueError(f"this replay needs {requests} requests, above the limit "
@@ -147,6 +162,62 @@ class HttpDriver:
         await self._check_counters(experiments, horizon)
         return Played(np.cumsum(regret, axis=1), chosen, seconds)
 
+    async def _replay_rankings(
+        self, cell: Cell, reps: int, horizon: int, seed: int, progress: Progress | None
+    ) -> Played:
+        """:meth:`replay` of rankings: the worlds' draws as the in-process simulator makes
+        them (each slot's noise, the examined slots), so a seeded experiment ranks as
+        :func:`loadtest.simulate.play` does with ``per_decision_rng``."""
+        env = Environment(cell.env_spec(seed), split_rngs(cell_seed(seed, cell), reps)[0])
+        looks = examination(seed, cell)
+        experiments = await asyncio.gather(*(
+            self._create(f"replay-{uuid.uuid4().hex[:8]}-{rep}",
+                         experiment_spec(cell, env, rep, seed)) for rep in range(reps)))
+        regret = np.empty((reps, horizon))
+        placed = np.empty((reps, horizon, cell.slots), dtype=np.int64)
+        start = time.perf_counter()
+        for t in range(horizon):
+            if time.perf_counter() - start > self._limits.max_seconds:
+                raise TimeoutError(f"replay exceeded {self._limits.max_seconds:.0f} s")
+            contexts = env.contexts()
+            rankings = await asyncio.gather(*(
+                self._rank(cell, e, contexts[i]) for i, e in enumerate(experiments)))
+            placed[:, t] = [[int(arm[1:]) for arm in r.arm_ids] for r in rankings]
+            means = env.means(contexts)
+            regret[:, t] = regret_of(means, placed[:, t], slot_weights(cell))
+            noise, looked = ranking_noise(env, cell.slots), examined(looks, cell, reps)
+            rewards = np.stack([env.rewards(contexts, placed[:, t, j], noise[j])
+                                for j in range(cell.slots)], axis=1)
+            if looked is not None:
+                rewards = np.where(looked.T, rewards, 0.0)
+            await asyncio.gather(*(
+                self._reward_slots(e, r, values)
+                for e, r, values in zip(experiments, rankings, rewards, strict=True)))
+            if progress is not None:
+                progress(1)
+        seconds = time.perf_counter() - start
+        await self._check_counters(experiments, horizon * cell.slots)
+        return Played(np.cumsum(regret, axis=1), placed[:, :, 0].astype(np.int32), seconds,
+                      placed)
+
+    async def _rank(self, cell: Cell, experiment: _Experiment, contexts: np.ndarray
+                    ) -> Ranking:
+        async with self._gate:
+            return await self._client.rank(experiment.id, cell.slots,
+                                           **choose_args(cell, contexts),
+                                           api_key=experiment.api_key)
+
+    async def _reward_slots(self, experiment: _Experiment, ranking: Ranking,
+                            rewards: np.ndarray) -> None:
+        """Every slot's reward, in slot order (one batch: applied in that order)."""
+        async with self._gate:
+            results = await self._client.reward_batch(
+                experiment.id, [(slot.decision_id, float(r))
+                                for slot, r in zip(ranking.slots, rewards, strict=True)],
+                api_key=experiment.api_key)
+        if not all(result.counted for result in results):
+            raise ReplayError(f"a slot's reward not counted: {results}")
+
     async def _choose(self, cell: Cell, experiment: _Experiment, contexts: np.ndarray
                       ) -> Decision:
         async with self._gate:
@@ -166,7 +237,8 @@ class HttpDriver:
             raise ReplayError(f"reward not counted: {result}")
 
     async def _check_counters(self, experiments: Sequence[_Experiment], horizon: int) -> None:
-        """The service counted exactly what was sent: one decision and reward per round."""
+        """The service counted exactly what was sent: one decision and reward per round
+        (a ranking's: per slot)."""
         for e in experiments:
             async with self._gate:
                 view = await self._client.get_experiment(e.id)

@@ -28,7 +28,7 @@ class Comparison:
     cell: Cell
     in_process: Curve
     http: Curve
-    same_decisions: float  # fraction of (repetition, round) with the same arm
+    same_decisions: float  # fraction of (repetition, round) with the same arm (every slot's)
 
     @property
     def difference(self) -> float:
@@ -95,7 +95,8 @@ def compare(
             cell=cell,
             in_process=to_curve("in-process", cell, local),
             http=to_curve("http", cell, http),
-            same_decisions=float((local.arms == http.arms).mean()),
+            same_decisions=float((local.arms == http.arms).mean() if local.placed is None
+                                 else (local.placed == http.placed).all(axis=2).mean()),
         ))
     return results
 

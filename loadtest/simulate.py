@@ -135,6 +135,7 @@ class Played:
     cumulative: Array
     arms: NDArray[np.int32]
     seconds: float
+    placed: NDArray[np.int64] | None = None  # rankings: every slot's arm, (reps, horizon, k)
 
 
 def cell_seed(seed: int, cell: Cell) -> int:
@@ -205,26 +206,24 @@ def play_together(
                          "centres, switches, arms, noise, slots, position weights)")
     env = Environment(spec, split_rngs(env_seed, reps)[0])
     players = [Player.of(cell, seed, reps, horizon, per_decision_rng) for cell in cells]
-    # Which slots' arms are examined (position weights): the world's, as its noise is.
-    examining = np.random.default_rng([env_seed, 28])
+    looks = examination(seed, cells[0])  # the world's, as its noise is
     worlds = 0.0
     for t in range(horizon):
         start = time.perf_counter()
         contexts = env.contexts()
         means = env.means(contexts)
-        # A ranking's slots are k arms: each its own noise (k = 1: the single-arm worlds).
-        noise = env.noise() if slate[0] == 1 else np.stack([env.noise() for _ in range(slate[0])])
-        examined = (None if slate[1] is None
-                    else examining.random((slate[0], reps)) < np.array(slate[1])[
-                        np.minimum(np.arange(slate[0]), len(slate[1]) - 1), None])
+        noise = ranking_noise(env, slate[0])
+        looked = examined(looks, cells[0], reps)
         worlds += time.perf_counter() - start
         for player in players:
-            player.step(t, env, contexts, means, noise, examined)
+            player.step(t, env, contexts, means, noise, looked)
         if progress is not None and (t + 1) % 250 == 0:
             progress(250 * len(cells))
     if progress is not None:
         progress(horizon % 250 * len(cells))
-    return [Played(np.cumsum(p.regret, axis=1), p.chosen, p.seconds + worlds) for p in players]
+    return [Played(np.cumsum(p.regret, axis=1), p.chosen, p.seconds + worlds,
+                   None if p.placed is None else np.stack(p.placed, axis=1))
+            for p in players]
 
 
 @dataclass
@@ -248,6 +247,7 @@ class Player:
     delay: int = 0
     slots: int = 1
     weights: Array | None = None  # each slot's position weight (a ranking's)
+    placed: list[NDArray[np.int64]] | None = None  # a ranking's arms, round by round
     pending: collections.deque[tuple[NDArray[np.int64], Array, Array, Array | None]] = field(
         default_factory=collections.deque)
 
@@ -263,7 +263,8 @@ class Player:
                    [decision_seed(seed, cell, rep) for rep in range(reps)], per_decision_rng,
                    np.arange(reps), np.empty((reps, horizon)),
                    np.empty((reps, horizon), dtype=np.int32), delay=cell.delay,
-                   slots=cell.slots, weights=_slot_weights(cell))
+                   slots=cell.slots, weights=slot_weights(cell),
+                   placed=[] if cell.slots > 1 else None)
 
     def step(self, t: int, env: Environment, contexts: Array, means: Array,
              noise: Array, examined: NDArray[np.bool_] | None = None
@@ -305,9 +306,10 @@ class Player:
         ready = prepare(self.config, self.state, contexts)
         placed = rank(ready, rngs, k).arms  # (B, k)
         weights = np.ones(k) if self.weights is None else self.weights
-        best = -np.sort(-means, axis=1)[:, :k] @ weights
-        lost = best - means[rows[:, None], placed] @ weights
+        lost = regret_of(means, placed, self.weights)
         self.regret[:, t], self.chosen[:, t] = lost, placed[:, 0]
+        assert self.placed is not None
+        self.placed.append(placed)
         numbers = np.full(rows.size, t + 1.0) if self.config.discounted else None
         for j in range(k):
             rewards = env.rewards(contexts, placed[:, j], noise[j])
@@ -319,7 +321,33 @@ class Player:
         return lost, placed[:, 0]
 
 
-def _slot_weights(cell: Cell) -> Array | None:
+def ranking_noise(env: Environment, slots: int) -> Array:
+    """A round's reward noise: one draw per repetition, and a ranking's every slot its
+    own, (k, B) (the HTTP replay draws it alike)."""
+    return env.noise() if slots == 1 else np.stack([env.noise() for _ in range(slots)])
+
+
+def examination(seed: int, cell: Cell) -> np.random.Generator:
+    """Which ranked slots are examined (position weights): the world's generator."""
+    return np.random.default_rng([cell_seed(seed, cell), 28])
+
+
+def examined(looks: np.random.Generator, cell: Cell, reps: int) -> NDArray[np.bool_] | None:
+    """This round's examined slots, (k, B), with probability each slot's weight."""
+    weights = slot_weights(cell)
+    return None if weights is None else looks.random((cell.slots, reps)) < weights[:, None]
+
+
+def regret_of(means: Array, placed: NDArray[np.int64], weights: Array | None) -> Array:
+    """Each repetition's loss this round against the best k-list (rankings of k arms,
+    best first; the position weights do not increase)."""
+    k = placed.shape[1]
+    w = np.ones(k) if weights is None else weights
+    rows = np.arange(means.shape[0])[:, None]
+    return np.asarray(-np.sort(-means, axis=1)[:, :k] @ w - means[rows, placed] @ w)
+
+
+def slot_weights(cell: Cell) -> Array | None:
     """Each of the cell's slots' position weight (beyond the list, the last one)."""
     if cell.position_weights is None:
         return None

@@ -67,6 +67,23 @@ def test_http_replay_makes_the_in_process_decisions(server: str, tmp_path: Path)
     assert (tmp_path / "regret.png").stat().st_size > 10_000
 
 
+RANKING_CELLS = [
+    Cell("stochastic", 3, "linreboot", overrides=(("spread", "pooled"),), slots=3),
+    Cell("covariates", 3, "linreboot", slots=3, position_weights=(1.0, 0.5)),
+    Cell("contextual", 3, "linucb", slots=2, position_weights=(1.0, 0.7)),
+]
+
+
+def test_http_replay_of_rankings_makes_the_in_process_rankings(server: str) -> None:
+    """/rank over HTTP, every slot's reward in one batch in slot order (over its position
+    weight, by the service): every slot of every round as in process, the same regret;
+    the service counted one decision and one reward per slot (the driver checks)."""
+    rows = compare(server, TOKEN, RANKING_CELLS, REPS, HORIZON, 2, Limits())
+    for row in rows:
+        assert row.same_decisions == 1.0, row.cell
+        assert row.difference == pytest.approx(0.0, abs=1e-9)
+
+
 def test_in_process_seeding_modes_differ_but_both_learn() -> None:
     """Per-decision seeding is a different random stream, not a different algorithm."""
     cell = Cell("stochastic", 3, "linreboot")
