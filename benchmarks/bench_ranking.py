@@ -7,8 +7,8 @@ Usage::
 For K = 100, d = 20 (the service benchmark's world), statistics after 3,000 rewards:
 ``policies.ranking.rank`` against ``policies.draw`` (the same first draw), and the
 slots' propensities (``position_propensities``, positions 2..k as the service asks
-them) against the first position's (``policies.propensity.propensities`` at the
-service's accuracy), at k = 3 and 10. Median µs per call over ``--repeats`` calls,
+them) against the first position's (``policies.propensity.propensities``), both at the
+service's accuracy (``SERVICE``), at k = 3 and 10. Median µs per call over ``--repeats`` calls,
 each pair timed in turn (the machine's drift cancels in the ratio).
 """
 
@@ -64,7 +64,8 @@ def _row(ready: Ready, k: int, repeats: int) -> list[float]:
     return _median_us([
         functools.partial(draw, ready, rngs), functools.partial(rank, ready, rngs, k),
         functools.partial(propensities, ready, first, accuracy=SERVICE),
-        functools.partial(position_propensities, ready, ranking, draws=1024)], repeats)
+        functools.partial(position_propensities, ready, ranking, draws=1024,
+                          accuracy=SERVICE)], repeats)
 
 
 def main() -> None:

@@ -38,12 +38,9 @@ from scipy import special
 
 from policies.authors import index_of
 from policies.policy import Ready, _highest, _uniform, draw
-from policies.propensity import SMOOTH
+from policies.propensity import FINE, SMOOTH, Accuracy
 from policies.ridge import Array
 
-_Z = 6.0  # each arm's grid spans its mean +- this many spreads (tails 1e-9)
-_SMOOTH_STEP = 0.75  # the smooth rule's node spacing, in the narrowest counted spread's units
-_STEP = 0.25  # node spacing, in the narrowest spread's units (at most arm a's own)
 _MAX_NODES = 20_000  # beyond (spreads many orders apart), the estimate instead
 
 
@@ -115,18 +112,18 @@ def _next(ready: Ready, scores: Array, left: NDArray[np.bool_],
 
 
 def position_propensities(ready: Ready, ranking: Ranking, *, draws: int = 4096,
-                          seed: int = 20261128) -> Array:
+                          seed: int = 20261128, accuracy: Accuracy = FINE) -> Array:
     """The probability that :func:`rank` of ``ready`` puts each of ``ranking``'s arms at
     its position, shape (B, k): :func:`placement_propensities` of the ranking made (so
     an estimate counts it among its draws)."""
     positions = np.broadcast_to(np.arange(ranking.arms.shape[1]), ranking.arms.shape)
     return placement_propensities(ready, ranking.arms, positions, draws=draws, seed=seed,
-                                  made=True)
+                                  made=True, accuracy=accuracy)
 
 
 def placement_propensities(ready: Ready, arms: NDArray[np.int64], positions: NDArray[np.int64],
                            *, draws: int = 4096, seed: int = 20261128,
-                           made: bool = False) -> Array:
+                           made: bool = False, accuracy: Accuracy = FINE) -> Array:
     """The probability that :func:`rank` of ``ready`` puts ``arms[b, i]`` at position
     ``positions[b, i]`` (from 0), shape (B, n): what a slate's estimator asks of a
     target that did not make the ranking. The integral where it serves (module notes);
@@ -136,8 +133,9 @@ def placement_propensities(ready: Ready, arms: NDArray[np.int64], positions: NDA
     ``sqrt(p (1 - p) / draws)`` of the probability at one standard error; with
     ``made``, the placements are a ranking this law made, counted among the draws (so
     that an arm placed never gets 0, which inverse-propensity weights could not use:
-    ``+ 1 / draws`` at most)."""
-    exact = _normal_positions(ready, arms, positions)
+    ``+ 1 / draws`` at most). ``accuracy``: the integral's (:data:`policies.propensity.FINE`,
+    below 1e-6 in the tests; ``SERVICE``, below 1e-3)."""
+    exact = _normal_positions(ready, arms, positions, accuracy)
     if exact is None:
         exact = _ordered_positions(ready, arms, positions)
     if exact is not None:
@@ -145,8 +143,8 @@ def placement_propensities(ready: Ready, arms: NDArray[np.int64], positions: NDA
     return _estimated(ready, arms, positions, draws, seed, made)
 
 
-def _normal_positions(ready: Ready, placed: NDArray[np.int64],
-                      positions: NDArray[np.int64]) -> Array | None:
+def _normal_positions(ready: Ready, placed: NDArray[np.int64], positions: NDArray[np.int64],
+                      accuracy: Accuracy = FINE) -> Array | None:
     """The integral of the module notes for every experiment, or None where it does
     not serve (another law, epsilon, an arm to explore, a point mass, spreads too far
     apart)."""
@@ -162,7 +160,7 @@ def _normal_positions(ready: Ready, placed: NDArray[np.int64],
         if not np.all(spread > 0.0):
             return None
         values = _at_positions(mean, spread, np.searchsorted(arms, placed[row]),
-                               positions[row])
+                               positions[row], accuracy)
         if values is None:
             return None
         out[row] = values
@@ -193,12 +191,13 @@ def _ordered_positions(ready: Ready, arms: NDArray[np.int64],
 
 
 def _at_positions(mean: Array, spread: Array, placed: NDArray[np.int64],
-                  positions: NDArray[np.int64] | None = None) -> Array | None:
+                  positions: NDArray[np.int64] | None = None,
+                  accuracy: Accuracy = FINE) -> Array | None:
     """``P(placed[i] at positions[i])`` (from 0; default i) among independent normal
     indices, for every i at once (the module notes' integral), on each placed arm's own
     nodes.
 
-    For arm a at position j, an arm whose window (mean +- ``_Z`` spreads) lies above
+    For arm a at position j, an arm whose window (mean +- ``accuracy.z`` spreads) lies above
     arm a's is above it for sure: it only shifts how many of the others must score
     higher (``j`` less those); below the (j + 1)-th highest window start among the
     others, j + 1 arms score higher for sure (the integrand is 0: the integral starts
@@ -206,13 +205,14 @@ def _at_positions(mean: Array, spread: Array, placed: NDArray[np.int64],
     whose window ends below that start is below for sure. Only the arms left, those
     that may cross arm a's nodes, enter the Poisson-binomial recursion, so after some
     learning (windows apart) a ranking of 10 of 100 arms counts a few arms, not 99.
-    Nodes are :func:`policies.propensity`'s smooth trapezoid rule, spaced 0.75 of the
-    narrowest counted spread (arm a's at most) in arm a's standard units from the
-    start to +``_Z`` (the tail beyond holds 1e-9), or the finer ``_STEP`` where a counted
-    arm is narrower than ``SMOOTH`` times arm a; None (the estimate instead) where that
+    Nodes are :func:`policies.propensity`'s smooth trapezoid rule, spaced
+    ``accuracy.ranked_step`` (0.75; 1.0 for the service) of the narrowest counted spread
+    (arm a's at most) in arm a's standard units, from the start to +``accuracy.z`` (the
+    tail beyond holds ``Phi(-z)``), or the finer ``accuracy.step`` where a counted arm
+    is narrower than ``SMOOTH`` times arm a; None (the estimate instead) where that
     would take more than ``_MAX_NODES``."""
-    size = mean.size
-    low, high = mean - _Z * spread, mean + _Z * spread
+    size, z = mean.size, accuracy.z
+    low, high = mean - z * spread, mean + z * spread
     grids, owners, columns, counted, steps = [], [], [], [], []
     at = np.arange(placed.size) if positions is None else positions
     for i, (position, arm) in enumerate(zip(at.tolist(), placed.tolist(), strict=True)):
@@ -225,9 +225,10 @@ def _at_positions(mean: Array, spread: Array, placed: NDArray[np.int64],
                     if 0 <= column < starts.size else -np.inf)
         crossing = others & ~surely_above & (high > start)
         ratio = float(spread[crossing].min(initial=np.inf)) / float(spread[arm])
-        step = _SMOOTH_STEP * min(ratio, 1.0) if ratio >= SMOOTH else _STEP * ratio
+        step = (accuracy.ranked_step * min(ratio, 1.0) if ratio >= SMOOTH
+                else accuracy.step * ratio)
         first = math.ceil((start - mean[arm]) / spread[arm] / step)
-        last = math.floor(_Z / step)
+        last = math.floor(z / step)
         if column < 0 or last < first:  # an arm surely above it, or no room: probability 0
             first, last = 1, 0
         if last - first > _MAX_NODES:

@@ -194,7 +194,7 @@ class View:
         if any(pair not in kept for pair in placed):  # kept, as propensity() keeps its own
             def compute() -> list[float]:
                 return [float(p) for p in position_propensities(
-                    ready, ranking, draws=SLATE_DRAWS)[0, 1:]]
+                    ready, ranking, draws=SLATE_DRAWS, accuracy=SERVICE)[0, 1:]]
             kept.update(zip(placed, await asyncio.to_thread(compute), strict=True))
         return [first, *(kept[pair] for pair in placed)]
 

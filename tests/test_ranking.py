@@ -7,7 +7,7 @@ import pytest
 from scipy import integrate, stats
 
 from policies import Ready, draw, paper_config, prepare
-from policies.propensity import propensities
+from policies.propensity import SERVICE, propensities
 from policies.ranking import (
     _at_positions,
     _estimated,
@@ -224,3 +224,21 @@ def test_the_one_sort_places_the_arms_the_position_by_position_loop_does(
             left[0, arm] = False
         assert fast.arms[0].tolist() == placed
         assert fast_rng.random() == loop_rng.random()
+
+
+def test_the_service_accuracy_is_within_a_thousandth_of_the_fine_one() -> None:
+    """The service asks the integral at SERVICE (windows of 5 spreads, nodes a spread
+    apart): within 1e-3 of FINE (below 1e-6, against adaptive quadrature) in 300 random
+    cases of 3-40 arms, spreads up to two orders apart, up to 10 placed."""
+    rng = np.random.default_rng(17)
+    worst = 0.0
+    for _ in range(300):
+        size = int(rng.integers(3, 41))
+        mean = rng.normal(size=size) * rng.uniform(0.05, 2.0)
+        spread = rng.uniform(0.02, 1.0, size=size) ** rng.uniform(0.5, 2.0)
+        placed = rng.permutation(size)[: int(rng.integers(1, min(size, 10) + 1))]
+        fine = _at_positions(mean, spread, placed)
+        served = _at_positions(mean, spread, placed, accuracy=SERVICE)
+        if fine is not None and served is not None:
+            worst = max(worst, float(np.abs(fine - served).max()))
+    assert worst <= 1e-3, worst
