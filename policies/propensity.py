@@ -74,9 +74,10 @@ class Accuracy:
     z: float
     step: float
     shared_se: float
-    # A ranking's slots (policies.ranking): the smooth rule's node spacing, in the
-    # narrowest counted spread's units (the merged rule's ``step`` where one is narrow).
-    ranked_step: float = 0.75
+    # A ranking's slots (policies.ranking): the smooth rule's node spacing is this over
+    # the square root of the arms counted, in the narrowest counted spread's units (the
+    # merged rule's ``step`` where one is narrow).
+    ranked_step: float = 1.2
 
     @property
     def tail(self) -> float:
@@ -85,10 +86,10 @@ class Accuracy:
 
 FINE = Accuracy(Z, STEP, SHARED_TARGET_SE)
 """The default: errors below ``1e-4`` (tests/test_propensity.py)."""
-SERVICE = Accuracy(5.0, 0.5, 1e-3, ranked_step=1.0)
+SERVICE = Accuracy(5.0, 0.5, 1e-3, ranked_step=2.0)
 """What ``/choose`` asks: errors below ``1e-3`` (tests/test_propensity.py), at a third to
 a half of the work of :data:`FINE` where the merged rule serves (BENCHMARKS.md §8); a
-ranking's slots below ``1e-3`` too (tests/test_ranking.py), at two thirds of the work."""
+ranking's slots below ``1e-3`` too (tests/test_ranking.py), at 0.6-0.8 of the work."""
 _SEED = 20240611  # scrambles of the shared-model estimate: the same for the same statistics
 
 

@@ -41,6 +41,7 @@ from policies.policy import Ready, _highest, _uniform, draw
 from policies.propensity import FINE, SMOOTH, Accuracy
 from policies.ridge import Array
 
+_WIDEST = 0.75  # the smooth rule's spacing with few arms counted (policies.propensity's)
 _MAX_NODES = 20_000  # beyond (spreads many orders apart), the estimate instead
 
 
@@ -134,7 +135,8 @@ def placement_propensities(ready: Ready, arms: NDArray[np.int64], positions: NDA
     ``made``, the placements are a ranking this law made, counted among the draws (so
     that an arm placed never gets 0, which inverse-propensity weights could not use:
     ``+ 1 / draws`` at most). ``accuracy``: the integral's (:data:`policies.propensity.FINE`,
-    below 1e-6 in the tests; ``SERVICE``, below 1e-3)."""
+    below 1e-4: 1e-6 against adaptive quadrature in the tests; ``SERVICE``, below
+    1e-3)."""
     exact = _normal_positions(ready, arms, positions, accuracy)
     if exact is None:
         exact = _ordered_positions(ready, arms, positions)
@@ -206,8 +208,10 @@ def _at_positions(mean: Array, spread: Array, placed: NDArray[np.int64],
     that may cross arm a's nodes, enter the Poisson-binomial recursion, so after some
     learning (windows apart) a ranking of 10 of 100 arms counts a few arms, not 99.
     Nodes are :func:`policies.propensity`'s smooth trapezoid rule, spaced
-    ``accuracy.ranked_step`` (0.75; 1.0 for the service) of the narrowest counted spread
-    (arm a's at most) in arm a's standard units, from the start to +``accuracy.z`` (the
+    ``accuracy.ranked_step / sqrt(n)`` (at most 0.75; n the arms counted) of the
+    narrowest counted spread (arm a's at most) in arm a's standard units: the integrand
+    narrows as arms crowd (K identical arms: tests/test_ranking.py), from the start to
+    +``accuracy.z`` (the
     tail beyond holds ``Phi(-z)``), or the finer ``accuracy.step`` where a counted arm
     is narrower than ``SMOOTH`` times arm a; None (the estimate instead) where that
     would take more than ``_MAX_NODES``."""
@@ -225,8 +229,13 @@ def _at_positions(mean: Array, spread: Array, placed: NDArray[np.int64],
                     if 0 <= column < starts.size else -np.inf)
         crossing = others & ~surely_above & (high > start)
         ratio = float(spread[crossing].min(initial=np.inf)) / float(spread[arm])
-        step = (accuracy.ranked_step * min(ratio, 1.0) if ratio >= SMOOTH
-                else accuracy.step * ratio)
+        # The integrand is a bump of arm a's density and the probability that exactly
+        # `column` of n counted arms score higher: about 1 / sqrt(n) as wide as arm a's
+        # spread (K identical arms: 0.15 spreads at n = 100 holds 6e-8 relative, 0.25 only
+        # 3e-4), so the nodes close in as sqrt(n) grows.
+        crossings = max(int(np.count_nonzero(crossing)), 1)
+        width = min(_WIDEST, accuracy.ranked_step / math.sqrt(crossings))
+        step = width * min(ratio, 1.0) if ratio >= SMOOTH else accuracy.step * ratio
         first = math.ceil((start - mean[arm]) / spread[arm] / step)
         last = math.floor(z / step)
         if column < 0 or last < first:  # an arm surely above it, or no room: probability 0
