@@ -100,11 +100,7 @@ def evaluate(feedback: dict[str, Any], policy: PolicyName | None,
     if n - train < 2:
         raise ValueError(f"the log has {n} rounds with an outcome: too few to evaluate on")
     pscore = np.asarray(feedback["pscore"], dtype=np.float64)
-    missing = int(np.isnan(pscore[train:]).sum())
-    if missing:
-        raise ValueError(f"{missing} rounds have no logged propensity (decided by a version "
-                         "that did not log them, or by an experiment created with "
-                         "propensities false)")
+    _require_propensities(pscore[train:])
     logged_config = json.loads(feedback["config"])
     name: PolicyName = policy or logged_config["name"]
     if name not in POLICIES:
@@ -172,6 +168,7 @@ def _rankings(feedback: dict[str, Any], config: PolicyConfig, target: str,
     weights = (np.ones(positions.size) if listed is None
                else np.asarray(listed)[np.minimum(positions, len(listed) - 1)])
     train = slates < train_count
+    _require_propensities(pscore[~train])  # (evaluate() checked rounds, not rankings)
     probability = fitted_slate_target(config, contexts, actions, positions, rewards / weights,
                                       np.asarray(feedback["eligible"], dtype=bool), slates,
                                       train)
@@ -185,6 +182,14 @@ def _rankings(feedback: dict[str, Any], config: PolicyConfig, target: str,
         effective_sample_size=ess,
         logged=Estimate(float(logged.mean()), float(logged.std(ddof=1) / math.sqrt(logged.size))),
         estimates={"iips": slate_ips(r, evaluated, p, probability)}, unit="rankings")
+
+
+def _require_propensities(pscore: np.ndarray[Any, Any]) -> None:
+    missing = int(np.isnan(pscore).sum())
+    if missing:
+        raise ValueError(f"{missing} rounds have no logged propensity (decided by a version "
+                         "that did not log them, or by an experiment created with "
+                         "propensities false)")
 
 
 def _setting(feedback: dict[str, Any]) -> Setting:

@@ -1283,6 +1283,9 @@ class Store:
             keys.outcomes(experiment_id),
             keys.request(experiment_id, decision_id),
             *(keys.decision(experiment_id, later) for later in slot_ids[1:]),
+            # The caller's id on the other route (decide.lua refuses it while that lives).
+            *([keys.decision(experiment_id, decision_id if ranked
+                             else keys.slot_id(decision_id, 1))] if request else []),
         ]
         reply = await self._batcher.run(self._decide, keyset, args)
         status = _text(reply[0])

@@ -21,6 +21,7 @@ from service import keys, shards
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec, RankedDecision
 from service.errors import Conflict, InvalidInput
 from service.experiments import ExperimentService
+from service.settings import Settings
 from tests.conftest import ADMIN, ADMIN_TOKEN, TEST_SHARDS, Api
 
 pytestmark = pytest.mark.anyio
@@ -347,3 +348,42 @@ def test_evaluate_estimates_a_log_of_rankings_as_rankings() -> None:
     del feedback["slate_id"]
     with pytest.raises(ValueError, match="lacks slate_id"):
         evaluate(feedback, None, {})
+
+
+async def test_an_id_taken_on_one_route_is_refused_on_the_other_while_it_lives(
+    app_settings: Settings,
+) -> None:
+    """A caller's id names one decision: once its answer is no longer kept (its request
+    key gone, LINREBOOT_IDEMPOTENCY_SECONDS), /rank under a /choose's live id (and the
+    reverse) is refused, not a second decision under the same id (review, session 16)."""
+    service = await ExperimentService.open(app_settings.model_copy(
+        update={"idempotency_seconds": 1}))
+    try:
+        await service.create(dataclasses.replace(COVARIATES, seed=None))
+        chosen = ChooseRequest(context=(0.1, 0.2), decision_id="one-id")
+        ranked = ChooseRequest(context=(0.1, 0.2), decision_id="other-id", slots=2)
+        await service.choose("shelf", chosen)
+        await service.rank("shelf", ranked)
+        with pytest.raises(Conflict):  # within the second: another request under the id
+            await service.rank("shelf", dataclasses.replace(chosen, slots=2))
+        await asyncio.sleep(1.3)
+        with pytest.raises(Conflict, match="no longer kept"):
+            await service.rank("shelf", dataclasses.replace(chosen, slots=2))
+        with pytest.raises(Conflict, match="no longer kept"):
+            await service.choose("shelf", dataclasses.replace(ranked, slots=None))
+        assert (await service.get("shelf")).decisions == 3
+    finally:
+        await service.close()
+
+
+def test_evaluate_refuses_rankings_without_logged_propensities() -> None:
+    """Slots without a logged propensity among the evaluated rankings: refused, saying
+    why, not a NaN estimate (review, session 16)."""
+    feedback = {"n_rounds": 8, "n_actions": 3, "action": np.array([0, 1] * 4),
+                "reward": np.ones(8), "pscore": np.array([0.5] * 4 + [np.nan] * 4),
+                "context": np.zeros((8, 2)), "position": np.tile([0, 1], 4),
+                "slate_id": np.repeat(np.arange(4), 2), "eligible": np.ones((8, 3), bool),
+                "decision_number": np.repeat(np.arange(1, 5), 2), "setting": "covariates",
+                "config": json.dumps({"name": "linreboot", "dim": 2})}
+    with pytest.raises(ValueError, match="no logged propensity"):
+        evaluate(feedback, "linucb-const", {})

@@ -19,6 +19,9 @@
 -- KEYS[8 ..] a ranking's further slots' records (lrb:{exp}:decision:<id>#<slot>, slots 2 ..
 --          k; KEYS[3] is slot 1's): each slot is a decision of its own to reward.lua and
 --          settle.lua, all recorded here or none, under one decision number
+-- KEYS[7 + k] with ARGV[12]: the record the caller's id names on the other route (a
+--          /choose's id: its ranking's slot 1, <id>#1; a /rank's: the decision <id>):
+--          while it lives, the id is taken there ('spent')
 -- ARGV[1]  SHA-256 (hex) of the caller's API key; '' for a trusted in-process caller
 -- ARGV[2]  the incarnation the worker's definition belongs to
 -- ARGV[3]  the meta version the worker's statistics were read at; '' accepts any
@@ -129,6 +132,18 @@ if request then
       return {'repeat', tonumber(number), answer, window_left(KEYS[3])}
     end
   end
+end
+-- The record's incarnation, if any (any state; an earlier version's hash: the
+-- experiment's, as it holds no other).
+local function incarnation_of(key)
+  local raw = redis.pcall('GET', key)
+  if type(raw) == 'table' then
+    return redis.call('HGET', key, 'incarnation') or meta[1]
+  end
+  return raw and string.match(raw, '^.([^\n]*)')
+end
+if request and incarnation_of(KEYS[7 + slots]) == meta[1] then
+  return {'spent'}  -- the caller's id names a live decision of the other route
 end
 local existing = redis.pcall('GET', KEYS[3])
 if existing then
