@@ -113,6 +113,7 @@ async def _service(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
             extra={"fields": {"upgraded": service.upgraded}},
         )
     app.state.service = service
+    service.defaults_observer = app.state.metrics.record_defaults
     service.start_sweeper()  # stopped by service.close()
     try:
         yield

@@ -48,7 +48,13 @@ class Metrics:
             registry=self.registry,
         )
         self.decisions = Counter(
-            "linreboot_decisions", "decisions returned by /choose", registry=self.registry
+            "linreboot_decisions", "decisions returned by /choose and rankings by /rank",
+            registry=self.registry
+        )
+        self.defaults = Counter(
+            "linreboot_default_rewards",
+            "default rewards applied by this process's sweeper (decisions whose window ended "
+            "without a reward)", registry=self.registry,
         )
         self.rewards = Counter(
             "linreboot_rewards", "reward items by outcome", ["outcome"], registry=self.registry
@@ -64,6 +70,21 @@ class Metrics:
             "1 while Redis is out of memory and refuses writes (as last seen), else 0",
             multiprocess_mode="mostrecent",
             registry=self.registry,
+        )
+        # Read from Redis when /metrics is scraped (the latest scrape's, across workers).
+        self.ready = Gauge(
+            "linreboot_ready",
+            "1 if Redis answered and accepted writes at the last scrape (as /readyz), else 0",
+            multiprocess_mode="mostrecent", registry=self.registry,
+        )
+        self.redis_used = Gauge(
+            "linreboot_redis_used_memory_bytes", "Redis used_memory at the last scrape, by node",
+            ["node"], multiprocess_mode="mostrecent", registry=self.registry,
+        )
+        self.redis_max = Gauge(
+            "linreboot_redis_maxmemory_bytes",
+            "Redis maxmemory at the last scrape, by node (0: no limit)",
+            ["node"], multiprocess_mode="mostrecent", registry=self.registry,
         )
         # Labelled children by label values: labels() takes a lock and builds a
         # key on every call, a visible cost at thousands of requests a second.
@@ -91,6 +112,18 @@ class Metrics:
 
     def record_decision(self) -> None:
         self.decisions.inc()
+
+    def record_defaults(self, applied: int) -> None:
+        self.defaults.inc(applied)
+
+    def record_store(self, ready: bool, full: bool,
+                     memory: Iterable[tuple[str, int, int]]) -> None:
+        """What a scrape read of Redis: readiness, and each node's (name, used, max)."""
+        self.ready.set(1 if ready else 0)
+        self.store_full.set(1 if full else 0)
+        for node, used, limit in memory:
+            self.redis_used.labels(node).set(used)
+            self.redis_max.labels(node).set(limit)
 
     def record_rewards(self, outcomes: Iterable[RewardOutcome]) -> None:
         for outcome in outcomes:

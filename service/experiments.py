@@ -14,7 +14,7 @@ through :class:`service.store.Store`, the one seam to Redis.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from service.decision_log import DecisionLog
@@ -79,9 +79,10 @@ class ExperimentService:
         self.persistence_warnings: list[str] = []
         self.upgraded: list[str] = []  # experiments brought up to date at start-up
         self.upgrade_failures: list[str] = []  # "id: reason" for those that could not be
+        # Told how many default rewards each sweep applied (the app's metrics).
+        self.defaults_observer: Callable[[int], None] | None = None
         self._sweeper = Sweeper(store, settings.sweep_interval_seconds,
-                                self.decisions.defaults_applied,
-                                settings.default_reward_grace_seconds)
+                                self._defaults_applied, settings.default_reward_grace_seconds)
 
     @classmethod
     async def open(cls, settings: Settings) -> ExperimentService:
@@ -155,6 +156,15 @@ class ExperimentService:
     async def ready(self) -> None:
         """Redis answers and accepts writes; StoreFull while it is out of memory."""
         await self._store.ready()
+
+    async def memory(self) -> builtins.list[tuple[str, int, int]]:
+        """Each Redis primary's (name, used, max) memory in bytes (max 0: no limit)."""
+        return await self._store.memory()
+
+    async def _defaults_applied(self, experiment_id: str, counter: int, defaulted: int) -> None:
+        await self.decisions.defaults_applied(experiment_id, counter, defaulted)
+        if self.defaults_observer is not None:
+            self.defaults_observer(defaulted)
 
     # -- the rooms' API, as the app's routes call it ---------------------------
 

@@ -852,6 +852,20 @@ class Store:
             raise StoreFull(_FULL_MESSAGE)
 
     @_translated
+    async def memory(self) -> list[tuple[str, int, int]]:
+        """Each primary's (name, used_memory, maxmemory) in bytes (the one server is
+        "redis"; maxmemory 0: no limit); a node that refuses INFO is left out."""
+        found = []
+        for node in await self._primaries():
+            try:
+                info = await self._on(node, "INFO", "memory")
+            except ResponseError:
+                continue
+            found.append(("redis" if node is None else node.name,
+                          int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))))
+        return found
+
+    @_translated
     async def persistence_warnings(self) -> list[str]:
         """What in the server's configuration could lose acknowledged state
         (on a cluster, in any primary's: each warning names the node)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -679,6 +680,26 @@ async def test_metrics_count_decisions_rewards_errors_and_latency(api: Api) -> N
     await api.experiment("cov")
     text = (await api.http.get("/metrics")).text
     assert 'route="/experiments/{experiment_id}"' in text  # the template, not the id
+
+
+async def test_metrics_say_readiness_redis_memory_and_default_rewards(
+    api: Api, app: FastAPI
+) -> None:
+    """What the alert rules of deploy/ read: readiness and each Redis node's memory as of
+    the scrape, and the default rewards the sweepers applied."""
+    key = await api.create({**COVARIATES, "default_reward": 0.0, "reward_window_seconds": 1})
+    await api.decide(key, COV_CONTEXT)
+    text = (await api.http.get("/metrics")).text
+    assert "linreboot_default_rewards_total 0.0" in text
+    await asyncio.sleep(1.3)
+    assert await app.state.service.sweep() == 1
+    text = (await api.http.get("/metrics")).text
+    assert "linreboot_default_rewards_total 1.0" in text
+    assert "linreboot_ready 1.0" in text and "linreboot_store_full 0.0" in text
+    used = re.search(r'^linreboot_redis_used_memory_bytes\{node="redis"\} (\S+)$', text, re.M)
+    limit = re.search(r'^linreboot_redis_maxmemory_bytes\{node="redis"\} (\S+)$', text, re.M)
+    assert used is not None and float(used.group(1)) > 100_000
+    assert limit is not None and float(limit.group(1)) >= 0
 
 
 def test_metrics_multiprocess_mode(tmp_path: Path) -> None:
