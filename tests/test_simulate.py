@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -9,9 +10,19 @@ import pytest
 
 from loadtest.environments import Environment, split_rngs
 from loadtest.experiment import GridRun, write_outputs
+from loadtest.plots import regret_grid
 from loadtest.results import read_curves, recorded_rounds, summarise
-from loadtest.simulate import Cell, Player, cell_seed, grid, play, play_together, run_cell
-from policies.config import POOLED_SIGMA_OMEGA
+from loadtest.simulate import (
+    Cell,
+    Player,
+    cell_seed,
+    grid,
+    play,
+    play_together,
+    run_cell,
+    to_curve,
+)
+from policies.config import POOLED_SIGMA_OMEGA, PolicyName
 from policies.ridge import BufferedStreams, standard_normals
 
 
@@ -281,3 +292,27 @@ def test_a_delayed_reward_is_learnt_that_many_decisions_later() -> None:
     assert not np.array_equal(immediate.arms, player.chosen)
     with pytest.raises(ValueError, match="delay"):
         play(Cell("covariates", 3, "greedy", delay=-1), 2, 3, seed=1)
+
+
+def test_end_labels_keep_their_gap_and_stay_at_or_above_their_values() -> None:
+    from loadtest.plots import spread_labels
+
+    values = [1.0, 1.1, 1.15, 5.0, 5.02, 9.0]
+    spots = spread_labels(values, gap=0.5)
+    assert all(b - a >= 0.5 - 1e-12 for a, b in itertools.pairwise(spots))
+    assert all(s >= v for s, v in zip(spots, values, strict=True))
+    assert spots[0] == 1.0 and spots[3] == 5.0 and spots[5] == 9.0  # free ones stay put
+
+
+def test_one_worlds_figure_has_the_curves_and_their_final_regret(tmp_path: Path) -> None:
+    """The demo's figure (one setting and d): the curves labelled at their ends and a bar
+    per policy (issue 30 item 4)."""
+    import matplotlib.image
+
+    policies: list[PolicyName] = ["linreboot", "linucb", "greedy"]
+    cells = [Cell("stochastic", 2, p) for p in policies]
+    curves = [to_curve("http", c, p) for c, p in zip(
+        cells, play_together(cells, 2, 30, seed=0), strict=True)]
+    path = regret_grid(curves, tmp_path / "demo.png", "a title")
+    height, width, _ = matplotlib.image.imread(path).shape
+    assert width > 1.5 * height  # two panels side by side, no legend below
