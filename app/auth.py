@@ -10,14 +10,18 @@ every operator out.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import os
+import time
 from pathlib import Path
 
 from service.settings import Settings, read_admin_tokens
 
-__all__ = ["AdminTokens"]
+__all__ = ["SESSION_SECONDS", "AdminTokens"]
+
+SESSION_SECONDS = 8 * 3600  # how long a /ui login lasts
 
 logger = logging.getLogger("linreboot.app")
 
@@ -38,6 +42,26 @@ class AdminTokens:
         given = token.encode()
         # Every token compared, so the time taken does not tell which one came close.
         return sum(hmac.compare_digest(given, t) for t in self._tokens) > 0
+
+    def session(self, token: str, now: float | None = None) -> str | None:
+        """A /ui session for the holder of ``token`` (None if it is not an admin token):
+        its expiry and an HMAC of it keyed by the token, so that any worker checks it
+        with no state kept, and removing the token from the file ends its sessions."""
+        if not self.valid(token):
+            return None
+        expires = int((time.time() if now is None else now) + SESSION_SECONDS)
+        return f"{expires}.{_signature(token.encode(), expires)}"
+
+    def valid_session(self, cookie: str, now: float | None = None) -> bool:
+        """``cookie`` is a session of a current admin token that has not expired."""
+        if self._path is not None:
+            self._reload()
+        expires_text, _, signature = cookie.partition(".")
+        if not expires_text.isdigit() or int(expires_text) < (now or time.time()):
+            return False
+        expires = int(expires_text)
+        return sum(hmac.compare_digest(signature, _signature(t, expires))
+                   for t in self._tokens) > 0
 
     def _reload(self) -> None:
         assert self._path is not None
@@ -62,3 +86,7 @@ class AdminTokens:
             logger.warning("LINREBOOT_ADMIN_TOKEN_FILE: %s; the admin tokens it held last "
                            "still serve", reason)
             self._stamp = (-1, -1, -1)
+
+
+def _signature(token: bytes, expires: int) -> str:
+    return hmac.new(token, f"linreboot-ui:{expires}".encode(), hashlib.sha256).hexdigest()

@@ -1,0 +1,92 @@
+"""``/ui`` (issue 30, part 1): the login and the pages, over HTTP with the app's real
+parts (the browser test comes with the pages' charts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from app.auth import AdminTokens
+from service.settings import Settings
+from tests.conftest import ADMIN_TOKEN, COVARIATES, Api
+
+pytestmark = pytest.mark.anyio
+
+
+async def _sign_in(api: Api) -> None:
+    reply = await api.http.post("/ui/login", json={"token": ADMIN_TOKEN})
+    assert reply.status_code == 200, reply.text
+
+
+async def test_the_pages_ask_for_the_admin_token_first(api: Api) -> None:
+    await api.create(COVARIATES)
+    page = await api.http.get("/ui")
+    assert page.status_code == 200 and 'id="login"' in page.text
+    assert "cov" not in page.text  # nothing of the experiments before signing in
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert page.headers["cache-control"] == "no-store"
+    one = await api.http.get("/ui/experiments/cov")
+    assert (one.status_code, one.headers["location"]) == (303, "/ui")
+
+
+async def test_a_wrong_token_is_refused_and_a_right_one_gives_a_strict_cookie(api: Api) -> None:
+    wrong = await api.http.post("/ui/login", json={"token": "not-the-token"})
+    assert wrong.status_code == 403 and "not valid" in wrong.json()["message"]
+    assert "set-cookie" not in wrong.headers
+    form = await api.http.post("/ui/login", data={"token": ADMIN_TOKEN})
+    assert form.status_code == 415  # JSON only: a cross-site form cannot sign in
+    right = await api.http.post("/ui/login", json={"token": ADMIN_TOKEN})
+    cookie = right.headers["set-cookie"].lower()
+    assert right.status_code == 200
+    for attribute in ("httponly", "samesite=strict", "path=/ui", "max-age="):
+        assert attribute in cookie, attribute
+    assert ADMIN_TOKEN.lower() not in cookie  # the token itself never leaves
+
+
+async def test_signed_in_the_experiments_and_one_experiment_are_shown(api: Api) -> None:
+    key = await api.create(COVARIATES)
+    await api.create({**COVARIATES, "id": "cov-2"})
+    decision = await api.decide(key, {"experiment_id": "cov", "context": [0.1, 0.2, 0.3]})
+    await api.reward(key, {"experiment_id": "cov", "decision_id": decision, "reward": 1.0})
+    await _sign_in(api)
+    listing = await api.http.get("/ui")
+    assert listing.status_code == 200
+    assert 'href="/ui/experiments/cov"' in listing.text
+    assert 'href="/ui/experiments/cov-2"' in listing.text
+    page = await api.http.get("/ui/experiments/cov")
+    assert page.status_code == 200
+    for shown in ("<h1>cov</h1>", "<td>a</td>", "<td>b</td>", "rewards per decision",
+                  "1.000", 'data-refresh="5"', "linreboot"):
+        assert shown in page.text, shown
+    missing = await api.http.get("/ui/experiments/nope")
+    assert missing.status_code == 404 and "No experiment nope" in missing.text
+    odd = await api.http.get("/ui/experiments/%3Cscript%3E")
+    assert odd.status_code == 404 and "<script>" not in odd.text  # escaped
+
+
+async def test_signing_out_ends_the_session(api: Api) -> None:
+    await api.create(COVARIATES)
+    await _sign_in(api)
+    assert 'href="/ui/experiments/cov"' in (await api.http.get("/ui")).text
+    assert (await api.http.post("/ui/logout", json={})).status_code == 200
+    assert 'id="login"' in (await api.http.get("/ui")).text
+
+
+def test_a_session_is_its_tokens_and_expires(tmp_path: Path) -> None:
+    """Signed with the admin token it was made with: another token's, an expired one or
+    a tampered one is refused; removing the token from the token file ends it."""
+    file = tmp_path / "tokens"
+    file.write_text("first-token-0123456789\nsecond-token-0123456789\n")
+    tokens = AdminTokens(Settings(admin_token=SecretStr("change-me"),  # (the default)
+                                  admin_token_file=file))
+    session = tokens.session("first-token-0123456789", now=1000.0)
+    assert session is not None and tokens.session("wrong", now=1000.0) is None
+    assert tokens.valid_session(session, now=1000.0)
+    assert not tokens.valid_session(session, now=1000.0 + 9 * 3600)  # expired (8 h)
+    expires, _, signature = session.partition(".")
+    assert not tokens.valid_session(f"{int(expires) + 3600}.{signature}", now=1000.0)
+    assert not tokens.valid_session("garbage", now=1000.0)
+    file.write_text("second-token-0123456789\n")
+    assert not tokens.valid_session(session, now=1000.0)
