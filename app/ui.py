@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from html import escape
 
+from policies import HYPERPARAMETERS
 from service.domain import ArmState, ExperimentView
 
 HEADERS = {
@@ -63,7 +64,7 @@ def experiments_page(views: Sequence[ExperimentView], next_after: str | None) ->
         "<h1>Experiments</h1>"
         + ("<table><thead><tr><th>id</th><th>policy</th><th>setting</th>"
            "<th class=\"num\">active arms</th><th class=\"num\">decisions</th>"
-           "<th class=\"num\">rewards</th><th class=\"num\">rewards per decision</th>"
+           "<th class=\"num\">rewards</th><th class=\"num\">share rewarded</th>"
            "<th class=\"num\">default rewards</th><th class=\"num\">late rewards</th></tr>"
            f"</thead><tbody>{rows}</tbody></table>" if views
            else "<p class=\"muted\">No experiments yet: create one with POST /experiments.</p>")
@@ -79,7 +80,7 @@ def experiment_page(view: ExperimentView) -> str:
         f"<b>{escape(value)}</b></div>"
         for name, value in (
             ("decisions", str(view.decisions)), ("rewards", str(view.rewards)),
-            ("rewards per decision", _rate(view.rewards, view.decisions)),
+            ("share rewarded", _rate(view.rewards, view.decisions)),
             ("default rewards", str(view.defaulted)), ("late rewards", str(view.late)),
             ("defaults missed", str(view.defaults_missed)),
             ("duplicates", str(view.duplicates))))
@@ -100,7 +101,9 @@ def experiment_page(view: ExperimentView) -> str:
             ("decision log", f"{spec.log_max_entries} entries, {spec.log_max_age_seconds} s"),
             ("propensities", spec.propensities), ("shards", spec.shards),
             ("position weights", spec.position_weights),
-            *sorted(view.config.items())))
+            # the policy's own hyperparameters, not every field of the config
+            *((name, view.config[name]) for name in HYPERPARAMETERS[spec.policy]
+              if name in view.config)))
     body = (
         f"<h1>{escape(spec.id)}</h1><div class=\"cards\">{cards}</div>"
         "<h2>Arms</h2><table><thead><tr><th>arm</th><th>active</th>"

@@ -57,7 +57,7 @@ async def test_signed_in_the_experiments_and_one_experiment_are_shown(api: Api) 
     assert 'href="/ui/experiments/cov-2"' in listing.text
     page = await api.http.get("/ui/experiments/cov")
     assert page.status_code == 200
-    for shown in ("<h1>cov</h1>", "<td>a</td>", "<td>b</td>", "rewards per decision",
+    for shown in ("<h1>cov</h1>", "<td>a</td>", "<td>b</td>", "share rewarded",
                   "1.000", 'data-refresh="5"', "linreboot"):
         assert shown in page.text, shown
     missing = await api.http.get("/ui/experiments/nope")
