@@ -697,10 +697,14 @@ async def test_metrics_say_readiness_redis_memory_and_default_rewards(
     text = (await api.http.get("/metrics")).text
     assert "linreboot_default_rewards_total 1.0" in text
     assert "linreboot_ready 1.0" in text and "linreboot_store_full 0.0" in text
-    used = re.search(r'^linreboot_redis_used_memory_bytes\{node="redis"\} (\S+)$', text, re.M)
-    limit = re.search(r'^linreboot_redis_maxmemory_bytes\{node="redis"\} (\S+)$', text, re.M)
-    assert used is not None and float(used.group(1)) > 100_000
-    assert limit is not None and float(limit.group(1)) >= 0
+    # One Redis: node "redis"; a cluster (tests/test_cluster.py): each primary's address.
+    used = dict(re.findall(r'^linreboot_redis_used_memory_bytes\{node="([^"]+)"\} (\S+)$',
+                           text, re.M))
+    limit = dict(re.findall(r'^linreboot_redis_maxmemory_bytes\{node="([^"]+)"\} (\S+)$',
+                            text, re.M))
+    assert used and set(used) == set(limit)
+    assert all(float(v) > 100_000 for v in used.values())
+    assert all(float(v) >= 0 for v in limit.values())
 
 
 def test_metrics_multiprocess_mode(tmp_path: Path) -> None:
