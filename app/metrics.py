@@ -9,7 +9,7 @@ workers start and ``/metrics`` then sums the files all workers write there
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, get_args
 
@@ -21,7 +21,9 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 from service.domain import RewardOutcome, RewardStatus
 
@@ -71,21 +73,9 @@ class Metrics:
             multiprocess_mode="mostrecent",
             registry=self.registry,
         )
-        # Read from Redis when /metrics is scraped (the latest scrape's, across workers).
-        self.ready = Gauge(
-            "linreboot_ready",
-            "1 if Redis answered and accepted writes at the last scrape (as /readyz), else 0",
-            multiprocess_mode="mostrecent", registry=self.registry,
-        )
-        self.redis_used = Gauge(
-            "linreboot_redis_used_memory_bytes", "Redis used_memory at the last scrape, by node",
-            ["node"], multiprocess_mode="mostrecent", registry=self.registry,
-        )
-        self.redis_max = Gauge(
-            "linreboot_redis_maxmemory_bytes",
-            "Redis maxmemory at the last scrape, by node (0: no limit)",
-            ["node"], multiprocess_mode="mostrecent", registry=self.registry,
-        )
+        # Read from Redis by the scrape itself, exported by the process that serves it.
+        self.reading = _StoreReading()
+        self.registry.register(self.reading)
         # Labelled children by label values: labels() takes a lock and builds a
         # key on every call, a visible cost at thousands of requests a second.
         self._latency_children: dict[tuple[str, str, int], Any] = {}
@@ -119,11 +109,8 @@ class Metrics:
     def record_store(self, ready: bool, full: bool,
                      memory: Iterable[tuple[str, int, int]]) -> None:
         """What a scrape read of Redis: readiness, and each node's (name, used, max)."""
-        self.ready.set(1 if ready else 0)
+        self.reading.ready, self.reading.memory = ready, list(memory)
         self.store_full.set(1 if full else 0)
-        for node, used, limit in memory:
-            self.redis_used.labels(node).set(used)
-            self.redis_max.labels(node).set(limit)
 
     def record_rewards(self, outcomes: Iterable[RewardOutcome]) -> None:
         for outcome in outcomes:
@@ -135,4 +122,31 @@ class Metrics:
             return generate_latest(self.registry)
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=self.multiproc_dir)
+        registry.register(self.reading)
         return generate_latest(registry)
+
+
+class _StoreReading(Collector):
+    """Readiness and each Redis node's memory as this scrape read them, and nothing
+    older: a node gone since (a failover) is not exported, and a Redis that did not
+    answer gives ready 0 and no memory (gauges would keep their last values)."""
+
+    def __init__(self) -> None:
+        self.ready = False
+        self.memory: list[tuple[str, int, int]] = []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "linreboot_ready", "1 if Redis answered and accepted writes when this scrape "
+            "asked (what /readyz checks), else 0", value=1 if self.ready else 0)
+        used = GaugeMetricFamily("linreboot_redis_used_memory_bytes",
+                                 "each Redis primary's used_memory at this scrape",
+                                 labels=["node"])
+        limit = GaugeMetricFamily("linreboot_redis_maxmemory_bytes",
+                                  "each Redis primary's maxmemory at this scrape (0: none)",
+                                  labels=["node"])
+        for node, used_bytes, max_bytes in self.memory:
+            used.add_metric([node], used_bytes)
+            limit.add_metric([node], max_bytes)
+        yield used
+        yield limit

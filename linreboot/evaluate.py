@@ -100,7 +100,9 @@ def evaluate(feedback: dict[str, Any], policy: PolicyName | None,
     if n - train < 2:
         raise ValueError(f"the log has {n} rounds with an outcome: too few to evaluate on")
     pscore = np.asarray(feedback["pscore"], dtype=np.float64)
-    _require_propensities(pscore[train:])
+    ranked = bool(np.asarray(feedback.get("position", [0]), dtype=np.int64).any())
+    if not ranked:  # (a log of rankings splits by ranking: _rankings checks its own)
+        _require_propensities(pscore[train:])
     logged_config = json.loads(feedback["config"])
     name: PolicyName = policy or logged_config["name"]
     if name not in POLICIES:
@@ -120,7 +122,7 @@ def evaluate(feedback: dict[str, Any], policy: PolicyName | None,
     contexts = _contexts(feedback, setting)  # (n, K, d)
     actions = np.asarray(feedback["action"], dtype=np.int64)
     rewards = np.asarray(feedback["reward"], dtype=np.float64)
-    if np.asarray(feedback.get("position", [0]), dtype=np.int64).any():
+    if ranked:
         return _rankings(feedback, config, _describe(name, hyperparameters), contexts,
                          actions, rewards, pscore, train_fraction)
     target = fitted_target(config, contexts[None], actions[None], rewards[None],

@@ -233,9 +233,11 @@ def _at_positions(mean: Array, spread: Array, placed: NDArray[np.int64],
         # `column` of n counted arms score higher: about 1 / sqrt(n) as wide as arm a's
         # spread (K identical arms: 0.15 spreads at n = 100 holds 6e-8 relative, 0.25 only
         # 3e-4), so the nodes close in as sqrt(n) grows.
-        crossings = max(int(np.count_nonzero(crossing)), 1)
-        width = min(_WIDEST, accuracy.ranked_step / math.sqrt(crossings))
-        step = width * min(ratio, 1.0) if ratio >= SMOOTH else accuracy.step * ratio
+        # (in the narrowest counted spread's units either way: a crowd of narrow arms
+        # narrows it as much; review, session 16)
+        crowd = accuracy.ranked_step / math.sqrt(max(int(np.count_nonzero(crossing)), 1))
+        step = (min(_WIDEST, crowd) * min(ratio, 1.0) if ratio >= SMOOTH
+                else min(accuracy.step, crowd) * ratio)
         first = math.ceil((start - mean[arm]) / spread[arm] / step)
         last = math.floor(z / step)
         if column < 0 or last < first:  # an arm surely above it, or no room: probability 0

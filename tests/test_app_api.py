@@ -707,6 +707,24 @@ async def test_metrics_say_readiness_redis_memory_and_default_rewards(
     assert all(float(v) >= 0 for v in limit.values())
 
 
+async def test_a_scrape_says_not_ready_rather_than_fail(
+    api: Api, app: FastAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store error the service does not translate (an ACL refusing PING, say) makes
+    the scrape say linreboot_ready 0 and export no memory of that moment; never a 500
+    (review, session 16)."""
+    assert "linreboot_ready 1.0" in (await api.http.get("/metrics")).text
+
+    async def refused() -> None:
+        raise redis.exceptions.NoPermissionError("this user has no permissions to run 'ping'")
+
+    monkeypatch.setattr(app.state.service, "ready", refused)
+    scrape = await api.http.get("/metrics")
+    assert scrape.status_code == 200
+    assert "linreboot_ready 0.0" in scrape.text
+    assert "linreboot_redis_used_memory_bytes{" not in scrape.text  # nothing stale
+
+
 def test_metrics_multiprocess_mode(tmp_path: Path) -> None:
     """With PROMETHEUS_MULTIPROC_DIR, /metrics sums what every worker process wrote."""
     script = (

@@ -387,3 +387,19 @@ def test_evaluate_refuses_rankings_without_logged_propensities() -> None:
                 "config": json.dumps({"name": "linreboot", "dim": 2})}
     with pytest.raises(ValueError, match="no logged propensity"):
         evaluate(feedback, "linucb-const", {})
+
+
+def test_a_training_rankings_missing_propensity_does_not_refuse_the_log() -> None:
+    """Rows are in the order outcomes came: a training ranking's slot may come after
+    the row split. Only the evaluated rankings need propensities (review, session 16)."""
+    pscore = np.full(8, 0.5)
+    pscore[[0, 5]] = np.nan  # ranking 0's slots (training): one of them past the row split
+    feedback = {"n_rounds": 8, "n_actions": 3, "action": np.array([0, 1] * 4),
+                "reward": np.ones(8), "pscore": pscore,
+                "context": np.zeros((8, 2)), "position": np.array([0, 0, 1, 0, 1, 1, 0, 1]),
+                "slate_id": np.array([0, 1, 1, 2, 2, 0, 3, 3]),
+                "eligible": np.ones((8, 3), bool),
+                "decision_number": np.array([1, 2, 2, 3, 3, 1, 4, 4]), "setting": "covariates",
+                "config": json.dumps({"name": "linreboot", "dim": 2})}
+    report = evaluate(feedback, "linucb-const", {})
+    assert (report.unit, report.train_rounds, report.rounds) == ("rankings", 2, 2)

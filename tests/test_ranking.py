@@ -261,3 +261,27 @@ def test_identical_arms_are_at_every_position_with_probability_one_over_k(size: 
     np.testing.assert_allclose(fine * size, 1.0, rtol=0, atol=1e-5)
     np.testing.assert_allclose(served * size, 1.0, rtol=0, atol=1e-2)
     np.testing.assert_allclose(served, 1.0 / size, rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize(("others", "position"), [(100, 2), (400, 5), (400, 9), (400, 60)])
+def test_a_wide_arm_among_a_crowd_of_narrow_ones(others: int, position: int) -> None:
+    """Arm a N(0, 1) among ``others`` identical N(0, 0.2^2) arms (a new arm among learnt
+    ones: the narrow rule's nodes, crowded): P(a at position) = the integral of a's
+    density times the binomial probability that ``position`` of them score higher,
+    by adaptive quadrature; FINE within 1e-6, SERVICE within 1e-4 (review, session
+    16: the narrow rule's nodes did not close in with the crowd, 44% off at K = 400)."""
+    mean, spread = np.zeros(others + 1), np.full(others + 1, 0.2)
+    spread[0] = 1.0
+
+    def integrand(t: float) -> float:
+        return float(stats.norm.pdf(t) * stats.binom.pmf(position, others,
+                                                          stats.norm.sf(t, 0.0, 0.2)))
+
+    exact, _ = integrate.quad(integrand, -9.0, 9.0, points=[0.0], limit=500,
+                              epsabs=1e-12, epsrel=1e-10)
+    placed, at = np.array([0]), np.array([position])
+    fine = _at_positions(mean, spread, placed, at)
+    served = _at_positions(mean, spread, placed, at, accuracy=SERVICE)
+    assert fine is not None and served is not None
+    assert fine[0] == pytest.approx(exact, abs=1e-6)
+    assert served[0] == pytest.approx(exact, abs=1e-4)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
+import logging
 
 from fastapi import APIRouter, Response
 
@@ -13,6 +13,7 @@ from app.schemas import StatusOut
 from service.errors import StoreFull, StoreUnavailable
 
 router = APIRouter(tags=["operations"])
+logger = logging.getLogger("linreboot.app")
 
 
 @router.get("/healthz", summary="The process is alive")
@@ -41,9 +42,15 @@ async def metrics(service: ServiceDep, metrics: MetricsDep) -> Response:
         full = answers = True
     except StoreUnavailable:
         pass  # (no second call to wait out)
+    except Exception:  # a scrape never fails for the store: it says not ready
+        logger.exception("/metrics: the readiness check failed")
     memory: list[tuple[str, int, int]] = []
     if answers:
-        with contextlib.suppress(StoreUnavailable):
+        try:
             memory = await service.memory()
+        except StoreUnavailable:
+            pass
+        except Exception:
+            logger.exception("/metrics: reading Redis's memory failed")
     metrics.record_store(ready, full, memory)
     return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
