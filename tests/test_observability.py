@@ -106,9 +106,13 @@ def test_the_dashboard_reads_the_provisioned_prometheus() -> None:
 
 def test_prometheus_scrapes_the_api_and_loads_the_rules(compose: dict[str, Any]) -> None:
     config = yaml.safe_load(PROMETHEUS.read_text())
-    (job,) = config["scrape_configs"]
-    assert job["metrics_path"] == "/metrics"
-    assert job["static_configs"][0]["targets"] == [f"api:{DEFAULT_PORT}"]
+    single, cluster = config["scrape_configs"]
+    assert single["metrics_path"] == cluster["metrics_path"] == "/metrics"
+    assert single["static_configs"][0]["targets"] == [f"api:{DEFAULT_PORT}"]
+    # the cluster profile's replicas, by the name compose resolves to each of them
+    assert "api-cluster" in compose["services"]
+    assert cluster["dns_sd_configs"] == [{"names": ["api-cluster"], "type": "A",
+                                         "port": DEFAULT_PORT}]
     mounts = _mounts(compose["services"]["prometheus"])
     assert mounts[str(ALERTS.relative_to(ROOT))] in config["rule_files"]
     assert f"--config.file={mounts[str(PROMETHEUS.relative_to(ROOT))]}" in \
