@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from html import escape
 
 from policies import HYPERPARAMETERS
-from service.domain import ArmState, ExperimentView
+from service.domain import ArmState, ExperimentView, LogEntry
 
 HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
@@ -73,7 +73,84 @@ def experiments_page(views: Sequence[ExperimentView], next_after: str | None) ->
     return _page("Experiments", body)
 
 
-def experiment_page(view: ExperimentView) -> str:
+def recent_activity(entries: Sequence[LogEntry], now: float, capped: bool) -> str:
+    """The decision log's last hour (``entries``, oldest first; ``capped``: the read
+    stopped at its bound, so the counts are lower bounds): decisions, rewards and
+    default rewards in the last minute and hour, the mean reward minute by minute, the
+    logged propensities' distribution and the effective sample size an evaluation of
+    the uniform policy would have on them."""
+    if not entries:
+        return ("<h2>Last hour</h2><p class=\"muted\">Nothing in the decision log in the "
+                "last hour (or the experiment keeps none: log_max_entries 0).</p>")
+    at_least = "≥ " if capped else ""
+    counts = "".join(
+        f"<tr><td>{escape(label)}</td>"
+        + "".join(f"<td class=\"num\">{at_least}"
+                  f"{sum(e.type == kind and e.time >= now - span for e in entries)}</td>"
+                  for span in (60, 3600))
+        + "</tr>"
+        for label, kind in (("decisions", "decision"), ("rewards", "reward"),
+                            ("default rewards", "default"), ("late rewards", "late")))
+    minutes: list[list[float]] = [[] for _ in range(60)]
+    for e in entries:
+        if e.type in ("reward", "default") and e.reward is not None and e.time >= now - 3600:
+            # (an entry a little after `now`, by Redis's clock, is this minute's)
+            minutes[min(59, max(0, int((now - e.time) // 60)))].append(e.reward)
+    means = [sum(m) / len(m) if m else None for m in reversed(minutes)]  # oldest first
+    propensities = [e.propensity for e in entries
+                    if e.type == "decision" and e.propensity is not None]
+    return (
+        "<h2>Last hour</h2><table><thead><tr><th></th><th class=\"num\">last minute</th>"
+        f"<th class=\"num\">last hour</th></tr></thead><tbody>{counts}</tbody></table>"
+        "<h2>Mean reward, minute by minute</h2>"
+        + _bars(means, "minutes ago, 60 to 0")
+        + "<h2>Logged propensities</h2>"
+        + _propensity_summary(propensities, entries)
+    )
+
+
+def _bars(values: Sequence[float | None], caption: str) -> str:
+    """A small SVG bar chart (no script, no style: the page's CSP allows neither inline)."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return "<p class=\"muted\">No outcome in the last hour.</p>"
+    low, high = min(0.0, *present), max(0.0, *present)
+    span = (high - low) or 1.0
+    width, height, bar = 600, 120, 600 / len(values)
+    zero = height * high / span
+    rects = "".join(
+        f"<rect x=\"{i * bar:.1f}\" y=\"{min(zero, zero - v * height / span):.1f}\" "
+        f"width=\"{bar * 0.8:.1f}\" height=\"{abs(v) * height / span:.1f}\" "
+        f"fill=\"#4c78a8\"><title>{v:.4g}</title></rect>"
+        for i, v in enumerate(values) if v is not None)
+    return (f"<svg viewBox=\"0 0 {width} {height + 2}\" width=\"{width}\" "
+            f"height=\"{height + 2}\" role=\"img\" aria-label=\"{escape(caption)}\">"
+            f"{rects}<line x1=\"0\" x2=\"{width}\" y1=\"{zero:.1f}\" y2=\"{zero:.1f}\" "
+            f"stroke=\"#68707f\"/></svg><p class=\"muted\">{escape(caption)}; "
+            f"from {high:.4g} (top) to {low:.4g} (bottom).</p>")
+
+
+def _propensity_summary(propensities: Sequence[float], entries: Sequence[LogEntry]) -> str:
+    """Their histogram in tenths, and the effective sample size ``(sum w)^2 / sum w^2``
+    of the uniform policy's weights ``w = (1 / K) / p`` (K the decision's eligible arms):
+    how many rounds an off-policy evaluation of uniform play would have."""
+    if not propensities:
+        return ("<p class=\"muted\">No propensity logged in the last hour (an experiment "
+                "created with propensities false logs none).</p>")
+    buckets = [0] * 10
+    for p in propensities:
+        buckets[min(9, int(p * 10))] += 1
+    weights = [1.0 / (len(e.eligible or ()) or 1) / e.propensity for e in entries
+               if e.type == "decision" and e.propensity]
+    ess = sum(weights) ** 2 / sum(w * w for w in weights) if weights else 0.0
+    share = [b / len(propensities) for b in buckets]
+    return (_bars(share, "share of decisions by propensity, in tenths from 0 to 1")
+            + f"<p>{len(propensities)} decisions; smallest propensity "
+            f"{min(propensities):.3g}; effective sample size of an evaluation of uniform "
+            f"play: {ess:.0f} (linreboot evaluate; docs/API.md).</p>")
+
+
+def experiment_page(view: ExperimentView, activity: str = "") -> str:
     spec = view.spec
     cards = "".join(
         f"<div class=\"card\"><span class=\"muted\">{escape(name)}</span>"
@@ -110,6 +187,7 @@ def experiment_page(view: ExperimentView) -> str:
         "<th class=\"num\">pulls</th><th>share of pulls</th>"
         "<th class=\"num\">mean reward</th><th class=\"num\">95% interval</th></tr></thead>"
         f"<tbody>{arms}</tbody></table>"
+        + activity
         + (f"<h2>Estimated theta</h2><table><tbody>{theta}</tbody></table>" if theta else "")
         + f"<h2>Settings</h2><table><tbody>{settings}</tbody></table>"
         + f"<p class=\"muted\">This page reloads every {REFRESH_SECONDS} s.</p>"

@@ -3,6 +3,7 @@ parts (the browser test comes with the pages' charts)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,34 @@ def test_a_session_is_its_tokens_and_expires(tmp_path: Path) -> None:
     assert not tokens.valid_session("garbage", now=1000.0)
     file.write_text("second-token-0123456789\n")
     assert not tokens.valid_session(session, now=1000.0)
+
+
+async def test_an_experiments_last_hour_from_its_decision_log(api: Api) -> None:
+    """Counts of the last minute and hour, the mean reward minute by minute (an SVG, no
+    script), the logged propensities and the uniform policy's effective sample size."""
+    key = await api.create(COVARIATES)
+    for i in range(6):
+        decision = await api.decide(key, {"experiment_id": "cov", "context": [0.1, 0.2, 0.3]})
+        await api.reward(key, {"experiment_id": "cov", "decision_id": decision,
+                               "reward": float(i % 2)})
+    await api.decide(key, {"experiment_id": "cov", "context": [0.1, 0.2, 0.3]})
+    await _sign_in(api)
+    page = (await api.http.get("/ui/experiments/cov")).text
+    assert "<h2>Last hour</h2>" in page
+    rows = dict(re.findall(r'<tr><td>(\w[\w ]*)</td><td class="num">(\d+)</td>', page))
+    assert (rows["decisions"], rows["rewards"], rows["default rewards"]) == ("7", "6", "0")
+    assert page.count("<rect") >= 2 and "<script>" not in page.split("</main>")[0]
+    assert "7 decisions; smallest propensity" in page
+    assert re.search(r"effective sample size of an evaluation of uniform play: \d+", page)
+
+
+def test_an_outcome_logged_just_after_now_is_this_minutes() -> None:
+    """Redis's clock may run ahead of the page's: such an outcome is the last minute's,
+    not an hour ago's (the page's first version put it 59 minutes back)."""
+    from app.ui import recent_activity
+    from service.domain import LogEntry
+
+    entries = [LogEntry("1-0", 1000.5, "reward", "d", reward=1.0)]
+    svg = recent_activity(entries, now=1000.0, capped=False)
+    bars = re.findall(r'<rect x="([\d.]+)"', svg)
+    assert [float(x) for x in bars] == [590.0]  # the 60th minute: the last, at the right

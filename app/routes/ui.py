@@ -8,6 +8,7 @@ checks without state (app.auth.AdminTokens.session). The pages are HTML
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Cookie, Request
@@ -18,10 +19,12 @@ from app import ui
 from app.auth import SESSION_SECONDS, AdminTokens
 from app.deps import ServiceDep
 from app.strict_json import StrictJSONRoute
-from service.domain import valid_experiment_id
+from service.domain import LogEntry, valid_experiment_id
 from service.errors import NotFound
+from service.experiments import ExperimentService
 
 router = APIRouter(prefix="/ui", include_in_schema=False, route_class=StrictJSONRoute)
+RECENT_ENTRIES = 5000  # an experiment's page reads at most this much of its last hour
 COOKIE = "linreboot_ui"
 Session = Annotated[str | None, Cookie(alias=COOKIE)]
 
@@ -60,7 +63,21 @@ async def experiment(request: Request, experiment_id: str, service: ServiceDep,
         view = await service.get(experiment_id)
     except NotFound:
         return _html(ui.not_found_page(experiment_id), 404)
-    return _html(ui.experiment_page(view))
+    now = time.time()
+    entries, capped = await _last_hour(service, experiment_id, now)
+    return _html(ui.experiment_page(view, ui.recent_activity(entries, now, capped)))
+
+
+async def _last_hour(service: ExperimentService, experiment_id: str, now: float
+                     ) -> tuple[list[LogEntry], bool]:
+    """The decision log's entries of the last hour, at most RECENT_ENTRIES (the log's
+    ids are times: the read starts at an hour ago); and whether it stopped there."""
+    entries: list[LogEntry] = []
+    after: str | None = f"{int((now - 3600) * 1000)}-0"
+    while after is not None and len(entries) < RECENT_ENTRIES:
+        page, after = await service.read_log(experiment_id, after, 1000)
+        entries += page
+    return entries[:RECENT_ENTRIES], after is not None or len(entries) > RECENT_ENTRIES
 
 
 @router.post("/login")
