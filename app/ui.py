@@ -5,6 +5,7 @@ allows nothing but the app's own files)."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from html import escape
@@ -150,7 +151,15 @@ def _propensity_summary(propensities: Sequence[float], entries: Sequence[LogEntr
             f"play: {ess:.0f} (linreboot evaluate; docs/API.md).</p>")
 
 
-def experiment_page(view: ExperimentView, activity: str = "") -> str:
+def recent_shares(entries: Sequence[LogEntry]) -> dict[str, float]:
+    """Each arm's share of the decisions in ``entries`` (a ranking's slots each count)."""
+    chosen = Counter(e.arm_id for e in entries if e.type == "decision" and e.arm_id is not None)
+    total = sum(chosen.values())
+    return {arm: count / total for arm, count in chosen.items()}
+
+
+def experiment_page(view: ExperimentView, activity: str = "",
+                    recent: dict[str, float] | None = None) -> str:
     spec = view.spec
     cards = "".join(
         f"<div class=\"card\"><span class=\"muted\">{escape(name)}</span>"
@@ -162,7 +171,7 @@ def experiment_page(view: ExperimentView, activity: str = "") -> str:
             ("defaults missed", str(view.defaults_missed)),
             ("duplicates", str(view.duplicates))))
     total = sum(a.pulls for a in view.arms)
-    arms = "".join(_arm_row(arm, total) for arm in view.arms)
+    arms = "".join(_arm_row(arm, total, (recent or {}).get(arm.id, 0.0)) for arm in view.arms)
     theta = "".join(
         f"<tr><td>{escape(name)}</td><td>{escape(', '.join(f'{x:.4g}' for x in values))}</td></tr>"
         for name, values in view.theta_hat.items())
@@ -185,6 +194,7 @@ def experiment_page(view: ExperimentView, activity: str = "") -> str:
         f"<h1>{escape(spec.id)}</h1><div class=\"cards\">{cards}</div>"
         "<h2>Arms</h2><table><thead><tr><th>arm</th><th>active</th>"
         "<th class=\"num\">pulls</th><th>share of pulls</th>"
+        "<th class=\"num\">share of the last hour's decisions</th>"
         "<th class=\"num\">mean reward</th><th class=\"num\">95% interval</th></tr></thead>"
         f"<tbody>{arms}</tbody></table>"
         + activity
@@ -201,13 +211,14 @@ def not_found_page(experiment_id: str) -> str:
     return _page("Not found", body)
 
 
-def _arm_row(arm: ArmState, total: int) -> str:
+def _arm_row(arm: ArmState, total: int, recent: float) -> str:
     share = arm.pulls / total if total else 0.0
     mean = "" if arm.mean_reward is None else f"{arm.mean_reward:.4g}"
     return (f"<tr><td>{escape(arm.id)}</td><td>{'yes' if arm.active else 'retired'}</td>"
             f"<td class=\"num\">{arm.pulls}</td>"
             f"<td><meter min=\"0\" max=\"1\" value=\"{share:.4f}\"></meter> "
-            f"{100 * share:.1f}%</td><td class=\"num\">{mean}</td>"
+            f"{100 * share:.1f}%</td><td class=\"num\">{100 * recent:.1f}%</td>"
+            f"<td class=\"num\">{mean}</td>"
             f"<td class=\"num\">{_interval(arm)}</td></tr>")
 
 

@@ -109,6 +109,10 @@ async def test_an_experiments_last_hour_from_its_decision_log(api: Api) -> None:
     assert (rows["decisions"], rows["rewards"], rows["default rewards"]) == ("7", "6", "0")
     assert page.count("<rect") >= 2 and "<script>" not in page.split("</main>")[0]
     assert "7 decisions; smallest propensity" in page
+    # each arm's share of the last hour's decisions, the shares of the 7 made
+    shares = [float(x) for x in re.findall(
+        r'%</td><td class="num">([\d.]+)%</td>', page)]
+    assert len(shares) == 2 and sum(shares) == pytest.approx(100.0, abs=0.11)
     assert re.search(r"effective sample size of an evaluation of uniform play: \d+", page)
 
 

@@ -65,7 +65,8 @@ async def experiment(request: Request, experiment_id: str, service: ServiceDep,
         return _html(ui.not_found_page(experiment_id), 404)
     now = time.time()
     entries, capped = await _last_hour(service, experiment_id, now)
-    return _html(ui.experiment_page(view, ui.recent_activity(entries, now, capped)))
+    return _html(ui.experiment_page(view, ui.recent_activity(entries, now, capped),
+                                    ui.recent_shares(entries)))
 
 
 async def _last_hour(service: ExperimentService, experiment_id: str, now: float
