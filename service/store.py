@@ -1267,7 +1267,8 @@ class Store:
         """
         slots = 1 + len(later_slots)
         slot_ids = [keys.slot_id(decision_id, j) for j in range(1, slots + 1)] if ranked else []
-        entries = [dict(logged or {}), *(dict(entry) for _, entry in later_slots)]
+        entries: list[Mapping[str, str | bytes]] = [
+            logged or {}, *(entry for _, entry in later_slots)]
         args: list[str | bytes | int] = [
             "" if key_hash is None else key_hash,
             incarnation,
