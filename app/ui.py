@@ -7,11 +7,14 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
 
 from policies import HYPERPARAMETERS
+from policies.config import POLICIES
 from service.domain import ArmState, ExperimentView, LogEntry
+from service.off_policy import LOW_ESS, Report
 
 HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
@@ -199,10 +202,86 @@ def experiment_page(view: ExperimentView, activity: str = "",
         f"<tbody>{arms}</tbody></table>"
         + activity
         + (f"<h2>Estimated theta</h2><table><tbody>{theta}</tbody></table>" if theta else "")
+        + "<h2>Evaluate another policy</h2>"
+        + _evaluation_form(spec.id, EvaluationForm(policy=spec.policy))
         + f"<h2>Settings</h2><table><tbody>{settings}</tbody></table>"
         + f"<p class=\"muted\">This page reloads every {REFRESH_SECONDS} s.</p>"
     )
     return _page(spec.id, body, refresh=REFRESH_SECONDS)
+
+
+@dataclass(frozen=True)
+class EvaluationForm:
+    """What the evaluation form asks, as typed (the route checks it)."""
+
+    policy: str
+    hyperparameters: str = ""  # name=value pairs, space-separated (linreboot evaluate --set)
+    minutes: int = 60  # the log's last so many minutes; 0: all of it
+    train_fraction: str = "0.5"
+
+
+WINDOWS = ((15, "last 15 minutes"), (60, "last hour"), (360, "last 6 hours"),
+           (1440, "last 24 hours"), (0, "the whole log"))
+
+
+def _evaluation_form(experiment_id: str, form: EvaluationForm) -> str:
+    """A GET form (it changes nothing): the target policy and its hyperparameters, the
+    stretch of log, the share of it the target is fitted on."""
+    policies = "".join(
+        f"<option value=\"{escape(name)}\"{' selected' if name == form.policy else ''}>"
+        f"{escape(name)}</option>" for name in POLICIES)
+    windows = "".join(
+        f"<option value=\"{minutes}\"{' selected' if minutes == form.minutes else ''}>"
+        f"{escape(label)}</option>" for minutes, label in WINDOWS)
+    return (
+        f"<form id=\"evaluate\" method=\"get\" "
+        f"action=\"/ui/experiments/{escape(experiment_id)}/evaluate\" class=\"evaluate\">"
+        f"<label>target policy <select name=\"policy\">{policies}</select></label>"
+        "<label>hyperparameters <input name=\"hyperparameters\" "
+        f"value=\"{escape(form.hyperparameters)}\" placeholder=\"ucb_alpha=0.5 epsilon=0.1\">"
+        "</label>"
+        f"<label>log <select name=\"minutes\">{windows}</select></label>"
+        "<label>share fitted on <input name=\"train_fraction\" inputmode=\"decimal\" "
+        f"size=\"4\" value=\"{escape(form.train_fraction)}\"></label>"
+        "<button type=\"submit\">Evaluate</button></form>"
+        "<p class=\"muted\">The target is fitted on the first share of the log's rounds and "
+        "held fixed; its mean reward on the rest is estimated by IPS, self-normalised IPS "
+        "and doubly robust, each with a 95% interval (as <code>linreboot evaluate</code> "
+        "does on an export). The experiment's own policy keeps its hyperparameters; another "
+        "takes the paper's defaults, and the hyperparameters field overrides either.</p>"
+    )
+
+
+def evaluation_page(view: ExperimentView, form: EvaluationForm, *, report: Report | None = None,
+                    entries: int = 0, capped: bool = False, error: str = "") -> str:
+    """The evaluation's estimates (or why there are none), under the form again."""
+    spec = view.spec
+    back = f"<p><a href=\"/ui/experiments/{escape(spec.id)}\">Back to {escape(spec.id)}</a></p>"
+    if report is None:
+        result = f"<div class=\"error\" id=\"evaluation-error\">{escape(error)}</div>"
+    else:
+        named = {"logged policy (on-policy)": report.logged,
+                 **{name.upper(): e for name, e in report.estimates.items()}}
+        rows = "".join(
+            f"<tr><td>{escape(name)}</td><td class=\"num\">{e.value:.4f}</td>"
+            f"<td class=\"num\">[{e.low:.4f}, {e.high:.4f}]</td></tr>"
+            for name, e in named.items())
+        longer = " (the first ones of a longer stretch: choose a shorter one)" if capped else ""
+        read = f"{entries} log entries{longer}"
+        warning = (f"<p class=\"error\">An effective sample size below {LOW_ESS:.0f} makes "
+                   "the intervals unreliable: the target rarely agrees with the log.</p>"
+                   if report.effective_sample_size < LOW_ESS else "")
+        result = (
+            f"<p>Target <b>{escape(report.target)}</b>, fitted on the first "
+            f"{report.train_rounds} {escape(report.unit)}, evaluated on the other "
+            f"{report.rounds}; effective sample size {report.effective_sample_size:.0f} "
+            f"(from {escape(read)}).</p>"
+            "<table id=\"estimates\"><thead><tr><th>estimator</th><th class=\"num\">value</th>"
+            f"<th class=\"num\">95% interval</th></tr></thead><tbody>{rows}</tbody></table>"
+            + warning)
+    body = (f"<h1>Evaluate another policy on {escape(spec.id)}</h1>" + result
+            + "<h2>Again</h2>" + _evaluation_form(spec.id, form) + back)
+    return _page(f"evaluate {spec.id}", body)
 
 
 def not_found_page(experiment_id: str) -> str:

@@ -433,8 +433,8 @@ def _add_evaluate(sub: argparse._SubParsersAction[_Parser]) -> None:
 def _evaluate(args: argparse.Namespace) -> int:
     import json
 
-    from linreboot.evaluate import evaluate, parse_overrides
     from linreboot.export import load_bandit_feedback
+    from service.off_policy import evaluate, parse_overrides
 
     try:
         feedback = load_bandit_feedback(args.log)

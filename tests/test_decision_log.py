@@ -26,7 +26,7 @@ import pytest
 import redis
 from pydantic import SecretStr
 
-from linreboot.export import export, in_application_order, load_bandit_feedback
+from linreboot.export import export, load_bandit_feedback
 from loadtest.server import server_process
 from policies import PolicyConfig, Setting, layout, prepare
 from policies.config import PolicyName
@@ -36,6 +36,7 @@ from service.definition import index_ranges, parse_index_ranges
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec, LogEntry
 from service.errors import InvalidInput
 from service.experiments import ExperimentService
+from service.off_policy import in_application_order
 from service.settings import Settings
 from tests.conftest import ADMIN, ADMIN_TOKEN, Api
 from tests.test_service_durability import (
@@ -212,7 +213,7 @@ async def test_an_experiment_created_without_propensities_computes_returns_and_l
     """``"propensities": false`` (for the paper's baselines, whose propensity takes
     milliseconds): no propensity is computed; decisions, their idempotent repeats and
     the log carry none; the export has NaN pscores and evaluation refuses it, saying why."""
-    from linreboot.evaluate import evaluate
+    from service.off_policy import evaluate
     from service.views import View
 
     async def never(*_args: object) -> float:

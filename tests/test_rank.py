@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import redis
 
-from linreboot.evaluate import evaluate
-from linreboot.export import bandit_feedback, fetch, in_application_order, join
+from linreboot.export import fetch
 from policies import PolicyName
 from service import keys, shards
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec, RankedDecision
 from service.errors import Conflict, InvalidInput
 from service.experiments import ExperimentService
+from service.off_policy import bandit_feedback, evaluate, in_application_order, join
 from service.settings import Settings
 from tests.conftest import ADMIN, ADMIN_TOKEN, TEST_SHARDS, Api
 

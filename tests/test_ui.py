@@ -126,3 +126,69 @@ def test_an_outcome_logged_just_after_now_is_this_minutes() -> None:
     svg = recent_activity(entries, now=1000.0, capped=False)
     bars = re.findall(r'<rect x="([\d.]+)"', svg)
     assert [float(x) for x in bars] == [590.0]  # the 60th minute: the last, at the right
+
+
+async def _logged_experiment(api: Api, decisions: int) -> None:
+    """The covariates experiment, explored (epsilon 0.2), with its decisions rewarded:
+    arm a pays more when the first feature is positive."""
+    key = await api.create({**COVARIATES, "hyperparameters": {"epsilon": 0.2}})
+    for i in range(decisions):
+        context = [0.5 if i % 2 else -0.5, 0.2, 0.1]
+        decision = (await api.choose(key, {"experiment_id": "cov", "context": context})).json()
+        reward = float((decision["arm_id"] == "a") == (context[0] > 0))
+        await api.reward(key, {"experiment_id": "cov", "decision_id": decision["decision_id"],
+                               "reward": reward})
+
+
+async def test_the_evaluation_form_scores_the_policy_it_names_as_the_cli_does(api: Api) -> None:
+    """The form's estimates are ``linreboot evaluate``'s on an export of the same log
+    (service.off_policy both): another policy named (greedy), and the experiment's own."""
+    from linreboot.export import fetch
+    from service.off_policy import bandit_feedback, evaluate, join
+
+    await _logged_experiment(api, 80)
+    await _sign_in(api)
+    page = await api.http.get("/ui/experiments/cov")
+    assert 'id="evaluate"' in page.text and 'action="/ui/experiments/cov/evaluate"' in page.text
+    experiment, entries = await fetch(api.http, "cov", ADMIN_TOKEN)
+    feedback = bandit_feedback(experiment, join(experiment, entries))
+    for policy, named, overrides in (("greedy", "greedy", {}),
+                                     ("linreboot", None, {"epsilon": "0.05"})):
+        answer = await api.http.get("/ui/experiments/cov/evaluate", params={
+            "policy": policy, "minutes": 60, "train_fraction": "0.4",
+            "hyperparameters": " ".join(f"{k}={v}" for k, v in overrides.items())})
+        assert answer.status_code == 200, answer.text
+        shown = dict(re.findall(r'<tr><td>([\w ()-]+)</td><td class="num">(-?[\d.]+)</td>',
+                                answer.text))
+        report = evaluate(feedback, named, overrides, 0.4)  # type: ignore[arg-type]
+        assert report.target in answer.text.replace("&#x27;", "'")
+        assert shown == {"logged policy (on-policy)": f"{report.logged.value:.4f}",
+                         **{k.upper(): f"{e.value:.4f}" for k, e in report.estimates.items()}}
+        assert f"fitted on the first {report.train_rounds} rounds" in answer.text
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"policy": "nope"}, "unknown policy &#x27;nope&#x27;"),
+    ({"policy": "greedy", "train_fraction": "half"}, "must be a number"),
+    ({"policy": "greedy", "train_fraction": "1.5"}, "at least 0 and below 1"),
+    ({"policy": "linucb-const", "hyperparameters": "ucb_alpha=abc"}, "ucb_alpha"),
+    ({"policy": "greedy", "hyperparameters": "alpha"}, "name=value"),
+])
+async def test_a_wrong_evaluation_is_refused_saying_what_is_wrong(
+        api: Api, params: dict[str, str], message: str) -> None:
+    await _logged_experiment(api, 6)
+    await _sign_in(api)
+    answer = await api.http.get("/ui/experiments/cov/evaluate", params=params)
+    assert answer.status_code == 400 and message in answer.text, answer.text
+    assert 'id="evaluate"' in answer.text  # the form again, to correct it
+
+
+async def test_the_evaluation_needs_a_session_and_an_experiment(api: Api) -> None:
+    await _logged_experiment(api, 2)
+    before = await api.http.get("/ui/experiments/cov/evaluate", params={"policy": "greedy"})
+    assert (before.status_code, before.headers["location"]) == (303, "/ui")
+    await _sign_in(api)
+    missing = await api.http.get("/ui/experiments/nope/evaluate", params={"policy": "greedy"})
+    assert missing.status_code == 404
+    empty = await api.http.get("/ui/experiments/cov/evaluate", params={"policy": "greedy"})
+    assert empty.status_code == 400 and "too few to evaluate on" in empty.text

@@ -1,7 +1,8 @@
 """``/ui`` in a real browser (issue 30 item 2): Debian's Chromium, driven by Playwright,
 against ``linreboot serve`` on an embedded Redis. It signs in, opens an experiment
-while decisions and rewards arrive, and sees its counts move as the page reloads
-itself; the screenshots stay in results/test-artifacts/ui/. ``./dev test`` installs
+while decisions and rewards arrive, sees its counts move as the page reloads
+itself, and evaluates another policy on the log with the page's form (which the
+reload waits for); the screenshots stay in results/test-artifacts/ui/. ``./dev test`` installs
 Chromium (as root, with apt-get); elsewhere the test skips, naming the package."""
 
 from __future__ import annotations
@@ -93,6 +94,20 @@ def test_sign_in_and_watch_an_experiment_learn(redis_db: str, url: str) -> None:
             assert _count(page, "decisions") > before
             assert page.locator("td", has_text="news").count() >= 1
             page.screenshot(path=str(ARTIFACTS / "experiment.png"), full_page=True)
+            # Another policy evaluated on the log so far; the page holds still while the
+            # form is being filled in (it reloads itself otherwise).
+            page.select_option("#evaluate select[name=policy]", "linucb-const")
+            page.fill("#evaluate input[name=hyperparameters]", "ucb_alpha=0.5")
+            page.wait_for_timeout(6_000)  # longer than the page's refresh
+            assert page.input_value("#evaluate input[name=hyperparameters]") == "ucb_alpha=0.5"
+            page.click("#evaluate button")
+            page.wait_for_selector("#estimates", timeout=30_000)
+            estimators = page.locator("#estimates tbody td:first-child").all_inner_texts()
+            assert estimators == ["logged policy (on-policy)", "IPS", "SNIPS", "DR"]
+            assert "linucb-const (ucb_alpha=0.5)" in page.inner_text("main")
+            page.screenshot(path=str(ARTIFACTS / "evaluation.png"), full_page=True)
+            page.click("a:has-text('Back to homepage')")
+            page.wait_for_selector("h1:has-text('homepage')")
             page.click("#logout button")
             page.wait_for_selector("#login")
         finally:

@@ -8,23 +8,29 @@ checks without state (app.auth.AdminTokens.session). The pages are HTML
 
 from __future__ import annotations
 
+import asyncio
+import math
 import time
-from typing import Annotated
+from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, Cookie, Request
+from fastapi import APIRouter, Cookie, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from app import ui
 from app.auth import SESSION_SECONDS, AdminTokens
 from app.deps import ServiceDep
+from app.schemas import ExperimentOut, LogEntryOut
 from app.strict_json import StrictJSONRoute
-from service.domain import LogEntry, valid_experiment_id
+from policies.config import POLICIES, PolicyName
+from service import off_policy
+from service.domain import ExperimentView, LogEntry, valid_experiment_id
 from service.errors import NotFound
 from service.experiments import ExperimentService
 
 router = APIRouter(prefix="/ui", include_in_schema=False, route_class=StrictJSONRoute)
 RECENT_ENTRIES = 5000  # an experiment's page reads at most this much of its last hour
+EVALUATED_ENTRIES = 100_000  # the evaluation form reads at most this much of the log
 COOKIE = "linreboot_ui"
 Session = Annotated[str | None, Cookie(alias=COOKIE)]
 
@@ -57,28 +63,81 @@ async def experiment(request: Request, experiment_id: str, service: ServiceDep,
                      session: Session = None) -> Response:
     if not _signed_in(request, session):
         return RedirectResponse("/ui", status_code=303)
-    try:
-        if not valid_experiment_id(experiment_id):
-            raise NotFound(experiment_id)
-        view = await service.get(experiment_id)
-    except NotFound:
+    view = await _experiment(service, experiment_id)
+    if view is None:
         return _html(ui.not_found_page(experiment_id), 404)
     now = time.time()
-    entries, capped = await _last_hour(service, experiment_id, now)
+    entries, capped = await _log_since(service, experiment_id, now - 3600, RECENT_ENTRIES)
     return _html(ui.experiment_page(view, ui.recent_activity(entries, now, capped),
                                     ui.recent_shares(entries)))
 
 
-async def _last_hour(service: ExperimentService, experiment_id: str, now: float
-                     ) -> tuple[list[LogEntry], bool]:
-    """The decision log's entries of the last hour, at most RECENT_ENTRIES (the log's
-    ids are times: the read starts at an hour ago); and whether it stopped there."""
+@router.get("/experiments/{experiment_id}/evaluate")
+async def evaluate(request: Request, experiment_id: str, service: ServiceDep,
+                   session: Session = None, policy: str = "", hyperparameters: str = "",
+                   minutes: Annotated[int, Query(ge=0)] = 60,
+                   train_fraction: str = "0.5") -> Response:
+    """Another policy's value on the experiment's recent log (service.off_policy, as
+    ``linreboot evaluate`` computes it on an export): a page with IPS, SNIPS and DR."""
+    if not _signed_in(request, session):
+        return RedirectResponse("/ui", status_code=303)
+    view = await _experiment(service, experiment_id)
+    if view is None:
+        return _html(ui.not_found_page(experiment_id), 404)
+    form = ui.EvaluationForm(policy=policy or view.spec.policy, hyperparameters=hyperparameters,
+                             minutes=minutes, train_fraction=train_fraction)
+    since = time.time() - 60 * minutes if minutes else 0.0
+    entries, capped = await _log_since(service, experiment_id, since, EVALUATED_ENTRIES)
+    try:
+        report = await asyncio.to_thread(_evaluated, view, entries, form)
+    except (ValueError, TypeError) as exc:
+        return _html(ui.evaluation_page(view, form, error=str(exc)), 400)
+    return _html(ui.evaluation_page(view, form, report=report, entries=len(entries),
+                                    capped=capped))
+
+
+def _evaluated(view: ExperimentView, entries: list[LogEntry], form: ui.EvaluationForm
+               ) -> off_policy.Report:
+    """The form's target evaluated on ``entries`` (the export's records and feedback,
+    built from the API's own JSON of the experiment and the log)."""
+    if form.policy not in POLICIES:
+        raise ValueError(f"unknown policy {form.policy!r}: one of {', '.join(POLICIES)}")
+    try:
+        fraction = float(form.train_fraction)
+    except ValueError:
+        raise ValueError(f"the training share must be a number (got {form.train_fraction!r})"
+                         ) from None
+    if not math.isfinite(fraction):
+        raise ValueError("the training share must be a finite number")
+    experiment: dict[str, Any] = ExperimentOut.from_domain(view).model_dump(mode="json")
+    logged = [LogEntryOut.from_domain(e).model_dump(mode="json") for e in entries]
+    feedback = off_policy.bandit_feedback(experiment, off_policy.join(experiment, logged))
+    overrides = off_policy.parse_overrides(form.hyperparameters.split())
+    # The experiment's own policy keeps its hyperparameters (overrides on top); another
+    # takes the paper's defaults, as linreboot evaluate --policy does.
+    named = None if form.policy == view.spec.policy else cast(PolicyName, form.policy)
+    return off_policy.evaluate(feedback, named, overrides, fraction)
+
+
+async def _experiment(service: ExperimentService, experiment_id: str) -> ExperimentView | None:
+    try:
+        if not valid_experiment_id(experiment_id):
+            raise NotFound(experiment_id)
+        return await service.get(experiment_id)
+    except NotFound:
+        return None
+
+
+async def _log_since(service: ExperimentService, experiment_id: str, since: float,
+                     cap: int) -> tuple[list[LogEntry], bool]:
+    """The decision log's entries from ``since`` (seconds since the epoch; the log's ids
+    are times), at most ``cap``; and whether the read stopped there."""
     entries: list[LogEntry] = []
-    after: str | None = f"{int((now - 3600) * 1000)}-0"
-    while after is not None and len(entries) < RECENT_ENTRIES:
+    after: str | None = f"{int(since * 1000)}-0"
+    while after is not None and len(entries) < cap:
         page, after = await service.read_log(experiment_id, after, 1000)
         entries += page
-    return entries[:RECENT_ENTRIES], after is not None or len(entries) > RECENT_ENTRIES
+    return entries[:cap], after is not None or len(entries) > cap
 
 
 @router.post("/login")

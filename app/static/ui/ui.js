@@ -35,7 +35,19 @@ if (logout) {
   });
 }
 
+// A page refreshes itself, but not under someone filling in its form (the evaluation
+// form): once a field has been touched, or while one has the focus, it waits.
+let touched = false;
+document.addEventListener("input", () => { touched = true; });
 const refresh = Number(document.body.dataset.refresh || 0);
+function reloadWhenIdle() {
+  const focused = document.activeElement;
+  if (touched || (focused && focused.closest("form"))) {
+    setTimeout(reloadWhenIdle, refresh * 1000);
+  } else {
+    window.location.reload();
+  }
+}
 if (refresh > 0) {
-  setTimeout(() => window.location.reload(), refresh * 1000);
+  setTimeout(reloadWhenIdle, refresh * 1000);
 }
