@@ -632,6 +632,13 @@ class ArmOut(BaseModel):
         )
 
 
+class MinuteOut(BaseModel):
+    minute: int = Field(description="the minute's start, Unix time in seconds (Redis's clock)")
+    decisions: int = Field(description="decisions made (a ranking's slots each count)")
+    rewards: int = Field(description="rewards applied")
+    defaulted: int = Field(description="default rewards applied")
+
+
 class ExperimentOut(BaseModel):
     model_config = ConfigDict(
         json_schema_extra={
@@ -660,6 +667,10 @@ class ExperimentOut(BaseModel):
                     "defaults_missed": 0,
                     "log_max_entries": 100000,
                     "log_max_age_seconds": 604800,
+                    "recent": [{"minute": 1767225540, "decisions": 12, "rewards": 9,
+                                "defaulted": 1},
+                               {"minute": 1767225600, "decisions": 4, "rewards": 3,
+                                "defaulted": 0}],
                 }
             ]
         }
@@ -705,6 +716,9 @@ class ExperimentOut(BaseModel):
     previous_key_valid: bool = Field(
         default=False, description="the key before the last rotation is still accepted "
         "(until DELETE /experiments/{id}/keys/previous)")
+    recent: list[MinuteOut] = Field(
+        default_factory=list, description="the last hour minute by minute (the current "
+        "minute so far last), only the minutes with activity")
 
     @classmethod
     def from_domain(cls, view: ExperimentView) -> ExperimentOut:
@@ -737,6 +751,8 @@ class ExperimentOut(BaseModel):
             position_weights=(None if spec.position_weights is None
                               else list(spec.position_weights)),
             previous_key_valid=view.previous_key_valid,
+            recent=[MinuteOut(minute=m.start, decisions=m.decisions, rewards=m.rewards,
+                              defaulted=m.defaulted) for m in view.recent],
         )
 
 

@@ -53,28 +53,49 @@ def login_page() -> str:
     return _page("Sign in", body, signed_in=False)
 
 
-def experiments_page(views: Sequence[ExperimentView], next_after: str | None) -> str:
-    rows = "".join(
-        f"<tr><td><a href=\"/ui/experiments/{escape(v.spec.id)}\">{escape(v.spec.id)}</a></td>"
-        f"<td>{escape(v.spec.policy)}</td><td>{escape(v.spec.setting)}</td>"
-        f"<td class=\"num\">{sum(a.active for a in v.arms)}</td>"
-        f"<td class=\"num\">{v.decisions}</td><td class=\"num\">{v.rewards}</td>"
-        f"<td class=\"num\">{_rate(v.rewards, v.decisions)}</td>"
-        f"<td class=\"num\">{v.defaulted}</td><td class=\"num\">{v.late}</td></tr>"
-        for v in views)
+def experiments_page(views: Sequence[ExperimentView], next_after: str | None,
+                     now: float) -> str:
+    """The experiments, a page of them, each with its decisions and rewards of this
+    minute (since its start) and of the last hour (this minute and the 59 before:
+    ExperimentView.recent) beside its totals."""
+    def row(v: ExperimentView) -> str:
+        cells = (sum(a.active for a in v.arms),
+                 _since(v, now, 60, "decisions"), _since(v, now, 3600, "decisions"), v.decisions,
+                 _since(v, now, 60, "rewards"), _since(v, now, 3600, "rewards"), v.rewards,
+                 _rate(v.rewards, v.decisions), _since(v, now, 3600, "defaulted"), v.defaulted,
+                 v.late)
+        return (f"<tr><td><a href=\"/ui/experiments/{escape(v.spec.id)}\">"
+                f"{escape(v.spec.id)}</a></td><td>{escape(v.spec.policy)}</td>"
+                f"<td>{escape(v.spec.setting)}</td>"
+                + "".join(f"<td class=\"num\">{cell}</td>" for cell in cells) + "</tr>")
+
     more = (f"<p><a href=\"/ui?after={escape(next_after)}\">Next page</a></p>"
             if next_after else "")
+    spans = ("<th class=\"num\">this minute</th><th class=\"num\">last hour</th>"
+             "<th class=\"num\">all</th>")
+    head = (
+        "<thead><tr><th rowspan=\"2\">id</th><th rowspan=\"2\">policy</th>"
+        "<th rowspan=\"2\">setting</th><th rowspan=\"2\" class=\"num\">active arms</th>"
+        "<th colspan=\"3\" class=\"group\">decisions</th>"
+        "<th colspan=\"3\" class=\"group\">rewards</th>"
+        "<th rowspan=\"2\" class=\"num\">share rewarded</th>"
+        "<th colspan=\"2\" class=\"group\">default rewards</th>"
+        "<th rowspan=\"2\" class=\"num\">late rewards</th></tr>"
+        f"<tr>{spans}{spans}<th class=\"num\">last hour</th><th class=\"num\">all</th></tr>"
+        "</thead>")
     body = (
         "<h1>Experiments</h1>"
-        + ("<table><thead><tr><th>id</th><th>policy</th><th>setting</th>"
-           "<th class=\"num\">active arms</th><th class=\"num\">decisions</th>"
-           "<th class=\"num\">rewards</th><th class=\"num\">share rewarded</th>"
-           "<th class=\"num\">default rewards</th><th class=\"num\">late rewards</th></tr>"
-           f"</thead><tbody>{rows}</tbody></table>" if views
+        + (f"<table id=\"experiments\">{head}<tbody>{''.join(map(row, views))}</tbody></table>"
+           if views
            else "<p class=\"muted\">No experiments yet: create one with POST /experiments.</p>")
         + more
     )
-    return _page("Experiments", body)
+    return _page("Experiments", body, refresh=REFRESH_SECONDS)
+
+
+def _since(view: ExperimentView, now: float, seconds: int, counter: str) -> int:
+    """A counter of the minutes that began in the last ``seconds`` (60: this minute)."""
+    return sum(getattr(m, counter) for m in view.recent if m.start > now - seconds)
 
 
 def recent_activity(entries: Sequence[LogEntry], now: float, capped: bool) -> str:

@@ -120,6 +120,19 @@ class ArmState:
 
 
 @dataclass(frozen=True)
+class Minute:
+    """What an experiment did in one minute (by Redis's clock; keys.RECENT_FIELD)."""
+
+    start: int  # seconds since the epoch, a multiple of 60
+    decisions: int  # a ranking's slots each count, as in ExperimentView.decisions
+    rewards: int
+    defaulted: int
+
+
+RECENT_MINUTES = 60  # how many minutes back an experiment's activity is kept
+
+
+@dataclass(frozen=True)
 class ExperimentView:
     """An experiment as stored, with what it has learnt."""
 
@@ -135,6 +148,7 @@ class ExperimentView:
     late: int = 0
     defaults_missed: int = 0
     previous_key_valid: bool = False  # a rotated-out key is still accepted, until revoked
+    recent: tuple[Minute, ...] = ()  # the last hour's minutes with activity, oldest first
 
 
 MAX_RANKED = 64  # the most arms one ranking (/rank) places

@@ -44,10 +44,12 @@ from service.definition import (
 )
 from service.domain import (
     MAX_RANKED,
+    RECENT_MINUTES,
     ArmSpec,
     ArmState,
     ExperimentSpec,
     ExperimentView,
+    Minute,
     valid_arm_id,
     valid_experiment_id,
     with_service_defaults,
@@ -529,7 +531,26 @@ def _view(definition: Definition, members: Sequence[Snapshot]) -> ExperimentView
         late=total(keys.LATE),
         defaults_missed=total(keys.DEFAULTS_MISSED),
         previous_key_valid=definition.previous_key_hash is not None,
+        recent=recent_minutes([m.stats for m in members], time.time()),
     )
+
+
+def recent_minutes(members: Sequence[Mapping[str, bytes]], now: float) -> tuple[Minute, ...]:
+    """The minutes of the last hour (up to ``now``'s) with activity, oldest first, summed
+    over the members' stats hashes (recent.lua's fields; a field an hour old or more,
+    not yet begun afresh, is left out)."""
+    newest = int(now // 60)
+    sums: dict[int, list[int]] = {}
+    for stats in members:
+        for i, kind in enumerate(keys.RECENT_KINDS):
+            for slot in range(RECENT_MINUTES):
+                value = stats.get(f"{keys.RECENT_FIELD}{kind}:{slot}")
+                if value is None:
+                    continue
+                minute, count = divmod(int(value), keys.RECENT_SCALE)
+                if newest - RECENT_MINUTES < minute <= newest + 1:  # (Redis's clock ahead)
+                    sums.setdefault(minute, [0, 0, 0])[i] += count
+    return tuple(Minute(60 * m, *counts) for m, counts in sorted(sums.items()))
 
 
 def _arm_state(arm: ArmRecord, sums: dict[str, np.ndarray], theta: list[float]) -> ArmState:

@@ -283,7 +283,8 @@ class _Library:
 
 # The scripts of every request, and the shared chunks each is put after.
 _BATCHED: dict[str, tuple[str, ...]] = {
-    "decide": ("tail",), "reward": ("outcomes", "tail"), "settle": ("outcomes",)}
+    "decide": ("tail", "recent"), "reward": ("outcomes", "tail", "recent"),
+    "settle": ("outcomes", "recent")}
 
 
 def library() -> _Library:

@@ -206,7 +206,7 @@ def test_the_api_tests_pass_on_redis_7_calling_functions(redis_7: RedisProcess) 
         client.flushall()
         client.config_resetstat()
     modules = ["tests/test_app_api.py", "tests/test_default_rewards.py",
-               "tests/test_idempotent_choose.py"]
+               "tests/test_idempotent_choose.py", "tests/test_recent_activity.py"]
     env = {**os.environ, TEST_REDIS_ENV: redis_7.url}
     run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
                           *modules], cwd=ROOT, env=env, capture_output=True, text=True)

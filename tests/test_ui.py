@@ -192,3 +192,23 @@ async def test_the_evaluation_needs_a_session_and_an_experiment(api: Api) -> Non
     assert missing.status_code == 404
     empty = await api.http.get("/ui/experiments/cov/evaluate", params={"policy": "greedy"})
     assert empty.status_code == 400 and "too few to evaluate on" in empty.text
+
+
+async def test_the_experiments_list_shows_this_minute_and_the_last_hour(api: Api) -> None:
+    """Each experiment's decisions and rewards of this minute and the last hour (its
+    per-minute counts) beside its totals."""
+    key = await api.create(COVARIATES)
+    for _ in range(3):
+        decision = await api.decide(key, {"experiment_id": "cov", "context": [0.1, 0.2, 0.3]})
+        await api.reward(key, {"experiment_id": "cov", "decision_id": decision, "reward": 1.0})
+    await api.decide(key, {"experiment_id": "cov", "context": [0.1, 0.2, 0.3]})
+    await _sign_in(api)
+    listing = (await api.http.get("/ui")).text
+    assert "this minute" in listing and "last hour" in listing
+    row = re.search(r'<tr><td><a href="/ui/experiments/cov">cov</a></td>(.*?)</tr>', listing)
+    assert row is not None
+    cells = re.findall(r'<td class="num">([^<]*)</td>', row.group(1))
+    arms, minute_d, hour_d, all_d, minute_r, hour_r, all_r, share, *_ = cells
+    assert (arms, hour_d, all_d, hour_r, all_r, share) == ("2", "4", "4", "3", "3", "0.750")
+    # this minute's: all of them, or (had the minute ended meanwhile) fewer
+    assert 0 <= int(minute_d) <= 4 and 0 <= int(minute_r) <= 3

@@ -55,7 +55,7 @@ async def experiments(request: Request, service: ServiceDep, session: Session = 
     if not _signed_in(request, session):
         return _html(ui.login_page())
     views, next_after = await service.list(limit=100, after=after)
-    return _html(ui.experiments_page(views, next_after))
+    return _html(ui.experiments_page(views, next_after, time.time()))
 
 
 @router.get("/experiments/{experiment_id}")

@@ -216,6 +216,7 @@ else
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) + tonumber(time[2]) / 1e6
+count_recent(KEYS[2], now, 'd', slots)
 local window = tonumber(ARGV[7])
 local defaulted = meta[4] ~= false  -- the experiment has a default reward
 local ends = now + window

@@ -78,16 +78,19 @@ for k = FIRST, #KEYS do
   end
 end
 
-local now = nil  -- Redis's clock, read once and only for a decision with a deadline
-local function ended(deadline)
-  if not deadline then
-    return false
-  end
+local now = nil  -- Redis's clock, read once, when first needed
+local function clock()
   if not now then
     local time = redis.call('TIME')
     now = tonumber(time[1]) + tonumber(time[2]) / 1e6
   end
-  return now >= tonumber(deadline)
+  return now
+end
+local function ended(deadline)
+  if not deadline then
+    return false
+  end
+  return clock() >= tonumber(deadline)
 end
 
 local statuses = {}
@@ -134,6 +137,7 @@ finish(KEYS[4])
 local rewards = 0
 if applied > 0 then
   rewards = redis.call('HINCRBY', KEYS[2], 'rewards', applied)
+  count_recent(KEYS[2], clock(), 'r', applied)
 end
 if duplicates > 0 then
   redis.call('HINCRBY', KEYS[2], 'duplicates', duplicates)

@@ -160,6 +160,7 @@ if #KEYS >= FIRST then
   end
   if defaulted > 0 then
     counter = redis.call('HINCRBY', KEYS[2], 'defaulted', defaulted)
+    count_recent(KEYS[2], now, 'f', defaulted)
   end
   if missed > 0 then
     redis.call('HINCRBY', KEYS[2], 'defaults_missed', missed)
