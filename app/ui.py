@@ -54,10 +54,11 @@ def login_page() -> str:
 
 
 def experiments_page(views: Sequence[ExperimentView], next_after: str | None,
-                     now: float) -> str:
+                     now: float, not_ready: str = "") -> str:
     """The experiments, a page of them, each with its decisions and rewards of this
     minute (since its start) and of the last hour (this minute and the 59 before:
-    ExperimentView.recent) beside its totals."""
+    ExperimentView.recent) beside its totals; above them, whether the service is
+    ready (``not_ready``: why not, as /readyz says)."""
     def row(v: ExperimentView) -> str:
         cells = (sum(a.active for a in v.arms),
                  _since(v, now, 60, "decisions"), _since(v, now, 3600, "decisions"), v.decisions,
@@ -83,8 +84,12 @@ def experiments_page(views: Sequence[ExperimentView], next_after: str | None,
         "<th rowspan=\"2\" class=\"num\">late rewards</th></tr>"
         f"<tr>{spans}{spans}<th class=\"num\">last hour</th><th class=\"num\">all</th></tr>"
         "</thead>")
+    readiness = (f"<p id=\"readiness\" class=\"error\">Not ready: {escape(not_ready)}</p>"
+                 if not_ready else
+                 "<p id=\"readiness\" class=\"ready\">Ready: Redis answers and accepts "
+                 "writes (/readyz).</p>")
     body = (
-        "<h1>Experiments</h1>"
+        "<h1>Experiments</h1>" + readiness
         + (f"<table id=\"experiments\">{head}<tbody>{''.join(map(row, views))}</tbody></table>"
            if views
            else "<p class=\"muted\">No experiments yet: create one with POST /experiments.</p>")

@@ -212,3 +212,24 @@ async def test_the_experiments_list_shows_this_minute_and_the_last_hour(api: Api
     assert (arms, hour_d, all_d, hour_r, all_r, share) == ("2", "4", "4", "3", "3", "0.750")
     # this minute's: all of them, or (had the minute ended meanwhile) fewer
     assert 0 <= int(minute_d) <= 4 and 0 <= int(minute_r) <= 3
+
+
+async def test_the_experiments_page_says_whether_the_service_is_ready(
+        api: Api, redis_db: str) -> None:
+    """Ready as /readyz says it; with Redis out of memory (maxmemory far below its use),
+    not, and why, while the page still shows the experiments (reads still work)."""
+    import redis
+
+    await api.create(COVARIATES)
+    await _sign_in(api)
+    assert re.search(r'id="readiness" class="ready">Ready', (await api.http.get("/ui")).text)
+    client = redis.Redis.from_url(redis_db)
+    try:
+        client.config_set("maxmemory", 1)  # every write refused
+        page = (await api.http.get("/ui")).text
+        assert (await api.http.get("/readyz")).status_code == 503
+    finally:
+        client.config_set("maxmemory", 0)
+        client.close()
+    assert re.search(r'id="readiness" class="error">Not ready: Redis is out of memory', page)
+    assert 'href="/ui/experiments/cov"' in page

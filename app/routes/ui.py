@@ -25,7 +25,7 @@ from app.strict_json import StrictJSONRoute
 from policies.config import POLICIES, PolicyName
 from service import off_policy
 from service.domain import ExperimentView, LogEntry, valid_experiment_id
-from service.errors import NotFound
+from service.errors import NotFound, StoreFull, StoreUnavailable
 from service.experiments import ExperimentService
 
 router = APIRouter(prefix="/ui", include_in_schema=False, route_class=StrictJSONRoute)
@@ -54,8 +54,20 @@ async def experiments(request: Request, service: ServiceDep, session: Session = 
                       after: str | None = None) -> Response:
     if not _signed_in(request, session):
         return _html(ui.login_page())
+    readiness = await _readiness(service)
     views, next_after = await service.list(limit=100, after=after)
-    return _html(ui.experiments_page(views, next_after, time.time()))
+    return _html(ui.experiments_page(views, next_after, time.time(), readiness))
+
+
+async def _readiness(service: ExperimentService) -> str:
+    """As /readyz answers: '' when ready, else why not."""
+    try:
+        await service.ready()
+    except StoreFull:
+        return "Redis is out of memory (maxmemory): decisions and rewards are refused with 503"
+    except StoreUnavailable:
+        return "Redis does not answer: requests are refused with 503"
+    return ""
 
 
 @router.get("/experiments/{experiment_id}")
