@@ -24,6 +24,7 @@ HEADERS = {
     "Cache-Control": "no-store",
 }
 REFRESH_SECONDS = 5  # an experiment's page reloads itself this often
+EVALUATED_ENTRIES = 20_000  # the evaluation form reads at most this much log (about 1 s)
 _Z_95 = 1.959963984540054
 
 
@@ -292,7 +293,9 @@ def evaluation_page(view: ExperimentView, form: EvaluationForm, *, report: Repor
             f"<tr><td>{escape(name)}</td><td class=\"num\">{e.value:.4f}</td>"
             f"<td class=\"num\">[{e.low:.4f}, {e.high:.4f}]</td></tr>"
             for name, e in named.items())
-        longer = " (the first ones of a longer stretch: choose a shorter one)" if capped else ""
+        longer = (f", the latest of a longer stretch: the form reads at most "
+                  f"{EVALUATED_ENTRIES:,}; linreboot evaluate reads a whole export"
+                  if capped else "")
         read = f"{entries} log entries{longer}"
         warning = (f"<p class=\"error\">An effective sample size below {LOW_ESS:.0f} makes "
                    "the intervals unreliable: the target rarely agrees with the log.</p>"

@@ -233,3 +233,21 @@ async def test_the_experiments_page_says_whether_the_service_is_ready(
         client.close()
     assert re.search(r'id="readiness" class="error">Not ready: Redis is out of memory', page)
     assert 'href="/ui/experiments/cov"' in page
+
+
+def test_the_evaluation_reads_the_latest_entries_when_the_stretch_holds_more() -> None:
+    """From the per-minute counts, the start from which the latest ``cap`` entries are
+    read: the whole stretch when the last hour holds fewer."""
+    from app.routes.ui import _latest_start
+    from service.domain import ExperimentSpec, ExperimentView, Minute
+
+    def view(*minutes: Minute) -> ExperimentView:
+        return ExperimentView(spec=ExperimentSpec(id="e", setting="covariates", dim=1, arms=()),
+                              config={}, created_at=0.0, arms=(), theta_hat={}, decisions=0,
+                              rewards=0, duplicates=0, recent=minutes)
+
+    busy = view(Minute(600, 40, 30, 5), Minute(660, 20, 10, 0), Minute(720, 5, 5, 0))
+    assert _latest_start(busy, 0.0, 40) == 660.0  # 10 + 30 entries from minute 660 on
+    assert _latest_start(busy, 0.0, 39) == 720.0
+    assert _latest_start(busy, 0.0, 200) == 0.0  # all of them: from the asked start
+    assert _latest_start(busy, 700.0, 40) == 700.0  # never before the asked start

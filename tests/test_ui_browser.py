@@ -82,7 +82,6 @@ def test_sign_in_and_watch_an_experiment_learn(redis_db: str, url: str) -> None:
             page.click("#login button")
             page.wait_for_selector("a:has-text('homepage')")
             assert TOKEN not in page.url
-            page.screenshot(path=str(ARTIFACTS / "experiments.png"))
             worker.start()
             page.click("a:has-text('homepage')")
             page.wait_for_selector("h1:has-text('homepage')")
@@ -108,6 +107,13 @@ def test_sign_in_and_watch_an_experiment_learn(redis_db: str, url: str) -> None:
             page.screenshot(path=str(ARTIFACTS / "evaluation.png"), full_page=True)
             page.click("a:has-text('Back to homepage')")
             page.wait_for_selector("h1:has-text('homepage')")
+            # The list: the last hour's decisions and rewards, counted as they came.
+            page.click("header a:has-text('linreboot')")
+            page.wait_for_selector("#experiments")
+            hour = page.locator("#experiments tbody tr").first.locator("td").nth(5)
+            assert int(hour.inner_text()) > 0
+            assert page.locator("#readiness").inner_text().startswith("Ready")
+            page.screenshot(path=str(ARTIFACTS / "experiments.png"))
             page.click("#logout button")
             page.wait_for_selector("#login")
         finally:

@@ -30,7 +30,6 @@ from service.experiments import ExperimentService
 
 router = APIRouter(prefix="/ui", include_in_schema=False, route_class=StrictJSONRoute)
 RECENT_ENTRIES = 5000  # an experiment's page reads at most this much of its last hour
-EVALUATED_ENTRIES = 100_000  # the evaluation form reads at most this much of the log
 COOKIE = "linreboot_ui"
 Session = Annotated[str | None, Cookie(alias=COOKIE)]
 
@@ -98,14 +97,15 @@ async def evaluate(request: Request, experiment_id: str, service: ServiceDep,
         return _html(ui.not_found_page(experiment_id), 404)
     form = ui.EvaluationForm(policy=policy or view.spec.policy, hyperparameters=hyperparameters,
                              minutes=minutes, train_fraction=train_fraction)
-    since = time.time() - 60 * minutes if minutes else 0.0
-    entries, capped = await _log_since(service, experiment_id, since, EVALUATED_ENTRIES)
+    asked = time.time() - 60 * minutes if minutes else 0.0
+    since = _latest_start(view, asked, ui.EVALUATED_ENTRIES)
+    entries, capped = await _log_since(service, experiment_id, since, ui.EVALUATED_ENTRIES)
     try:
         report = await asyncio.to_thread(_evaluated, view, entries, form)
     except (ValueError, TypeError) as exc:
         return _html(ui.evaluation_page(view, form, error=str(exc)), 400)
     return _html(ui.evaluation_page(view, form, report=report, entries=len(entries),
-                                    capped=capped))
+                                    capped=capped or since > asked))
 
 
 def _evaluated(view: ExperimentView, entries: list[LogEntry], form: ui.EvaluationForm
@@ -129,6 +129,20 @@ def _evaluated(view: ExperimentView, entries: list[LogEntry], form: ui.Evaluatio
     # takes the paper's defaults, as linreboot evaluate --policy does.
     named = None if form.policy == view.spec.policy else cast(PolicyName, form.policy)
     return off_policy.evaluate(feedback, named, overrides, fraction)
+
+
+def _latest_start(view: ExperimentView, since: float, cap: int) -> float:
+    """Where to start reading the log from ``since`` so that about the latest ``cap``
+    entries are read: the start of the earliest minute of the last hour from which its
+    counts (ExperimentView.recent: an entry per decision, reward and default) stay
+    within ``cap``; ``since`` when the last hour holds fewer."""
+    total, start = 0, since
+    for minute in reversed(view.recent):
+        total += minute.decisions + minute.rewards + minute.defaulted
+        if total > cap:
+            break
+        start = float(minute.start)
+    return max(since, start) if total > cap else since
 
 
 async def _experiment(service: ExperimentService, experiment_id: str) -> ExperimentView | None:
