@@ -24,7 +24,9 @@ HEADERS = {
     "Cache-Control": "no-store",
 }
 REFRESH_SECONDS = 5  # an experiment's page reloads itself this often
+LIST_REFRESH_SECONDS = 30  # the list too: 100 experiments' views a reload, per open tab
 EVALUATED_ENTRIES = 20_000  # the evaluation form reads at most this much log (about 1 s)
+EVALUATED_BYTES = 32 * 2**20  # ... and about this much of its JSON (contexts can be large)
 _Z_95 = 1.959963984540054
 
 
@@ -96,7 +98,7 @@ def experiments_page(views: Sequence[ExperimentView], next_after: str | None,
            else "<p class=\"muted\">No experiments yet: create one with POST /experiments.</p>")
         + more
     )
-    return _page("Experiments", body, refresh=REFRESH_SECONDS)
+    return _page("Experiments", body, refresh=LIST_REFRESH_SECONDS)
 
 
 def _since(view: ExperimentView, now: float, seconds: int, counter: str) -> int:
@@ -243,7 +245,7 @@ class EvaluationForm:
 
     policy: str
     hyperparameters: str = ""  # name=value pairs, space-separated (linreboot evaluate --set)
-    minutes: int = 60  # the log's last so many minutes; 0: all of it
+    minutes: str = "60"  # the log's last so many minutes (one of WINDOWS); "0": all of it
     train_fraction: str = "0.5"
 
 
@@ -258,7 +260,7 @@ def _evaluation_form(experiment_id: str, form: EvaluationForm) -> str:
         f"<option value=\"{escape(name)}\"{' selected' if name == form.policy else ''}>"
         f"{escape(name)}</option>" for name in POLICIES)
     windows = "".join(
-        f"<option value=\"{minutes}\"{' selected' if minutes == form.minutes else ''}>"
+        f"<option value=\"{minutes}\"{' selected' if str(minutes) == form.minutes else ''}>"
         f"{escape(label)}</option>" for minutes, label in WINDOWS)
     return (
         f"<form id=\"evaluate\" method=\"get\" "
@@ -294,8 +296,8 @@ def evaluation_page(view: ExperimentView, form: EvaluationForm, *, report: Repor
             f"<td class=\"num\">[{e.low:.4f}, {e.high:.4f}]</td></tr>"
             for name, e in named.items())
         longer = (f", the latest of a longer stretch: the form reads at most "
-                  f"{EVALUATED_ENTRIES:,}; linreboot evaluate reads a whole export"
-                  if capped else "")
+                  f"{EVALUATED_ENTRIES:,} (and {EVALUATED_BYTES // 2**20} MB); linreboot "
+                  "evaluate reads a whole export" if capped else "")
         read = f"{entries} log entries{longer}"
         warning = (f"<p class=\"error\">An effective sample size below {LOW_ESS:.0f} makes "
                    "the intervals unreliable: the target rarely agrees with the log.</p>"

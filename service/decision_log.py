@@ -43,6 +43,40 @@ class DecisionLog(Room):
         # entries, which only the home's log shows, were all it read)
         return entries, (next_after if more and (raw or definition.spec.shards > 1) else None)
 
+    async def latest(
+        self, experiment_id: str, since: float, limit: int, max_bytes: int
+    ) -> tuple[builtins.list[LogEntry], bool]:
+        """The log's latest entries from ``since`` (seconds since the epoch; 0: all of
+        it) on, up to ``limit`` and about ``max_bytes`` of JSON, oldest first; and
+        whether earlier ones of that stretch were left out. A sharded experiment's
+        members are read alike and merged: nothing is kept from before the oldest
+        entry read of a member whose read stopped short (its earlier entries are
+        unknown)."""
+        definition = await self.views.definition(experiment_id)
+        size = _log_entry_size(definition)
+        start = f"{int(since * 1000)}-0" if since > 0 else None
+        pages = await asyncio.gather(*(
+            self._store.read_latest_log(member_id, start, limit, max_bytes, size)
+            for member_id in shards.members(experiment_id, definition.spec.shards)))
+        cut = max((_id_key(raw[0][0]) for raw, more in pages if more and raw), default=None)
+        tagged = sorted(((entry_id, shard, fields) for shard, (raw, _) in enumerate(pages)
+                         for entry_id, fields in raw
+                         if (cut is None or _id_key(entry_id) >= cut)
+                         and (shard == 0 or fields.get("type") != b"settings")),
+                        key=lambda e: (_id_key(e[0]), e[1]))
+        kept: builtins.list[RawEntry] = []
+        spent, more = 0, any(more for _, more in pages)
+        for entry_id, _, fields in reversed(tagged):
+            if len(kept) >= limit or (kept and spent + size(fields) > max_bytes):
+                more = True
+                break
+            kept.append((entry_id, fields))
+            spent += size(fields)
+        kept.reverse()
+        entries = await asyncio.to_thread(
+            lambda: [_log_entry(definition, entry_id, fields) for entry_id, fields in kept])
+        return entries, more
+
     async def _read(self, definition: Definition, positions: Sequence[str | None], limit: int
                     ) -> tuple[builtins.list[RawEntry], bool, str | None]:
         """A page of raw entries, whether more may follow, and the cursor after it: of

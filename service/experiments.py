@@ -226,3 +226,8 @@ class ExperimentService:
         self, experiment_id: str, after: str | None = None, limit: int = 100
     ) -> tuple[builtins.list[LogEntry], str | None]:
         return await self.log.read(experiment_id, after, limit)
+
+    async def read_latest_log(
+        self, experiment_id: str, since: float, limit: int, max_bytes: int
+    ) -> tuple[builtins.list[LogEntry], bool]:
+        return await self.log.latest(experiment_id, since, limit, max_bytes)

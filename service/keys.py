@@ -130,11 +130,7 @@ DEFAULTED = "defaulted"  # decisions that got the default reward
 LATE = "late"  # rewards that arrived after their window (and default)
 DEFAULTS_MISSED = "defaults_missed"  # decisions that expired before the default could be applied
 FOLDED = "folded"  # outcomes (keys.outcomes) added to the sums so far
-# recent.lua's per-minute counts: field RECENT_FIELD + kind + ":" + minute % 60 holds
-# minute * RECENT_SCALE + the count; kinds: decisions, rewards, default rewards.
-RECENT_FIELD = "recent:"
-RECENT_KINDS = ("d", "r", "f")
-RECENT_SCALE = 100_000_000
+RECENT = "recent"  # the last hour, minute by minute (recent.lua: 60 slots of 4 uint32)
 
 
 def model_field(arm_id: str | None) -> str:

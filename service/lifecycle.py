@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import secrets
+import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
@@ -61,7 +62,9 @@ from service.views import Room
 # A settings change races a decision's redefinition at most twice in a row; a third
 # time means the experiment keeps changing.
 _ATTEMPTS = 3
-LIST_READS = 20  # experiments a listing reads at once
+# Experiments a listing reads at once: each reads its members at once too, so that
+# LIST_READS x shards.MAX_SHARDS stays well within the store's pool (256 connections).
+LIST_READS = 8
 
 
 class Lifecycle(Room):
@@ -546,19 +549,19 @@ def _view(definition: Definition, members: Sequence[Snapshot]) -> ExperimentView
 
 def recent_minutes(members: Sequence[Mapping[str, bytes]], now: float) -> tuple[Minute, ...]:
     """The minutes of the last hour (up to ``now``'s) with activity, oldest first, summed
-    over the members' stats hashes (recent.lua's fields; a field an hour old or more,
-    not yet begun afresh, is left out)."""
-    newest = int(now // 60)
+    over the members' stats hashes (recent.lua's ring; a slot an hour old or more, not
+    yet begun afresh, is left out)."""
+    rings = [ring for ring in (stats.get(keys.RECENT) for stats in members)
+             if ring is not None and len(ring) == 16 * RECENT_MINUTES]
+    slots = [slot for ring in rings for slot in struct.iter_unpack("<4I", ring)]
+    # The minutes are Redis's: by its clock, should it run ahead of this one's.
+    newest = max([int(now // 60), *(slot[0] for slot in slots)])
     sums: dict[int, list[int]] = {}
-    for stats in members:
-        for i, kind in enumerate(keys.RECENT_KINDS):
-            for slot in range(RECENT_MINUTES):
-                value = stats.get(f"{keys.RECENT_FIELD}{kind}:{slot}")
-                if value is None:
-                    continue
-                minute, count = divmod(int(value), keys.RECENT_SCALE)
-                if newest - RECENT_MINUTES < minute <= newest + 1:  # (Redis's clock ahead)
-                    sums.setdefault(minute, [0, 0, 0])[i] += count
+    for minute, *counts in slots:
+        if minute > newest - RECENT_MINUTES:
+            total = sums.setdefault(minute, [0, 0, 0])
+            for i, count in enumerate(counts):
+                total[i] += count
     return tuple(Minute(60 * m, *counts) for m, counts in sorted(sums.items()))
 
 

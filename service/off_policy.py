@@ -221,13 +221,13 @@ def evaluate(feedback: dict[str, Any], policy: PolicyName | None,
     ValueError
         Saying what in the log or the arguments keeps it from being evaluated.
     """
-    setting = _setting(feedback)
     n = int(feedback["n_rounds"])
     if not 0.0 <= train_fraction < 1.0:
         raise ValueError("the training share (--train-fraction) must be at least 0 and below 1")
     train = int(train_fraction * n)
-    if n - train < 2:
+    if n - train < 2:  # (before the setting: an empty log lacks every arm's contexts)
         raise ValueError(f"the log has {n} rounds with an outcome: too few to evaluate on")
+    setting = _setting(feedback)
     pscore = np.asarray(feedback["pscore"], dtype=np.float64)
     ranked = bool(np.asarray(feedback.get("position", [0]), dtype=np.int64).any())
     if not ranked:  # (a log of rankings splits by ranking: _rankings checks its own)

@@ -1423,6 +1423,34 @@ class Store:
         return len(records) if await self._fold(keys=keyset, args=args) else 0
 
     @_translated
+    async def read_latest_log(
+        self, experiment_id: str, since: str | None, limit: int, max_bytes: int,
+        size: Callable[[Mapping[str, bytes]], int],
+    ) -> tuple[list[tuple[str, dict[str, bytes]]], bool]:
+        """The latest entries of the decision log from the entry id ``since`` on (all
+        of it if None), up to ``limit`` and about ``max_bytes`` of JSON (by ``size``; at
+        least one entry), oldest first; and whether earlier ones were left out. Read
+        newest first, a few at a time as :meth:`read_log` reads."""
+        found: list[tuple[str, dict[str, bytes]]] = []
+        spent, count, end = 0, min(limit, _LOG_FIRST_READ), "+"
+        while True:
+            chunk = await self._client.xrevrange(keys.log(experiment_id), end,
+                                                 since or "-", count=count)
+            for entry_id, fields in chunk:
+                entry = (_text(entry_id), {_text(k): v for k, v in fields.items()})
+                cost = size(entry[1])
+                if found and spent + cost > max_bytes:
+                    return found[::-1], True
+                found.append(entry)
+                spent += cost
+            if len(chunk) < count:
+                return found[::-1], False
+            if len(found) == limit:
+                return found[::-1], True
+            end = f"({found[-1][0]}"
+            each = max(1, spent // len(found))
+            count = max(1, min(limit - len(found), (max_bytes - spent) // each + 1))
+
     async def read_log(
         self, experiment_id: str, after: str | None, limit: int, max_bytes: int | None = None,
         size: Callable[[Mapping[str, bytes]], int] | None = None,

@@ -6,6 +6,7 @@ round an hour later, and one an hour old is never shown. ``/ui``'s list shows th
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 
 import pytest
@@ -66,21 +67,36 @@ async def test_a_minutes_field_is_begun_afresh_and_an_hour_old_one_is_not_shown(
             await asyncio.sleep(61 - into)
             minute, _ = _minute_of(client)
         stats = keys.stats(shards.member("act", 0))
-        def counted(kind: str, at: int, count: int) -> dict[str, int]:
-            return {f"recent:{kind}:{at % 60}": at * keys.RECENT_SCALE + count}
+        def ring(*slots: tuple[int, int, int, int]) -> bytes:
+            """recent.lua's field with these (minute, decisions, rewards, defaults)."""
+            packed = bytearray(16 * 60)
+            for slot in slots:
+                struct.pack_into("<4I", packed, 16 * (slot[0] % 60), *slot)
+            return bytes(packed)
 
-        client.hset(stats, mapping={
-            **counted("d", minute - 60, 7),  # this minute's field, an hour ago
-            **counted("d", minute - 61, 9),  # an hour and a minute ago
-            **counted("r", minute - 61, 9), **counted("f", minute - 61, 9),
-            **counted("d", minute - 2, 5), **counted("r", minute - 2, 4),  # two minutes ago
-            **counted("f", minute - 2, 1)})
+        client.hset(stats, mapping={"recent": ring(
+            (minute - 60, 7, 7, 7),  # this minute's slot, an hour ago
+            (minute - 61, 9, 9, 9),  # an hour and a minute ago
+            (minute - 2, 5, 4, 1))})  # two minutes ago
         await api.decide(key, {"experiment_id": "act", "context": [0.1, 0.2]})
-        assert int(client.hget(stats, f"recent:d:{minute % 60}")) == (  # type: ignore[arg-type]
-            minute * keys.RECENT_SCALE + 1)  # begun afresh: the hour-old 7 are gone
+        now = client.hget(stats, "recent")
+        assert now == ring((minute, 1, 0, 0), (minute - 61, 9, 9, 9), (minute - 2, 5, 4, 1))
     finally:
         client.close()
     recent = (await api.http.get("/experiments/act", headers=ADMIN)).json()["recent"]
     assert recent == [
         {"minute": 60 * (minute - 2), "decisions": 5, "rewards": 4, "defaulted": 1},
         {"minute": 60 * minute, "decisions": 1, "rewards": 0, "defaulted": 0}]
+
+
+def test_the_minutes_are_redis_s_should_its_clock_run_ahead() -> None:
+    """A ring whose newest minute is ahead of this clock's is read by that minute (none
+    lost), and a member without a ring adds nothing."""
+    from service.lifecycle import recent_minutes
+
+    ring = bytearray(16 * 60)
+    for minute, counts in ((1000, (1, 1, 0)), (1003, (2, 0, 0)), (942, (5, 5, 5))):
+        struct.pack_into("<4I", ring, 16 * (minute % 60), minute, *counts)
+    minutes = recent_minutes([{"recent": bytes(ring)}, {}], now=1001 * 60 + 5)
+    assert [(m.start // 60, m.decisions) for m in minutes] == [(1000, 1), (1003, 2)]
+    assert recent_minutes([{}], now=0.0) == ()

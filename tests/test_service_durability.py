@@ -48,7 +48,7 @@ from service.errors import InvalidInput
 from service.experiments import ExperimentService
 from service.folding import fields_of, folded_blobs, split_records
 from service.settings import Settings
-from service.store import Store, _script
+from service.store import _BATCHED, Store, _script
 from tests import records
 from tests.conftest import ADMIN, ADMIN_TOKEN, CONTEXTUAL, Api
 
@@ -483,7 +483,7 @@ async def test_reward_whose_reply_is_lost_in_the_network_counts_once(
 
     with redis.Redis.from_url(redis_db) as client:
         # cached, as after any earlier reward: the first EVALSHA runs (Redis 7 runs a function)
-        client.script_load(_script("reward", uses=["outcomes"]))
+        client.script_load(_script("reward", uses=_BATCHED["reward"]))
         major = int(client.info("server")["redis_version"].split(".")[0])
     proxy = LosesFirstReply((parts.hostname, parts.port),
                             marker=b"FCALL" if major >= 7 else b"EVALSHA")

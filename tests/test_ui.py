@@ -10,8 +10,9 @@ import pytest
 from pydantic import SecretStr
 
 from app.auth import AdminTokens
+from service.experiments import ExperimentService
 from service.settings import Settings
-from tests.conftest import ADMIN_TOKEN, COVARIATES, Api
+from tests.conftest import ADMIN_TOKEN, CONTEXTUAL, COVARIATES, Api
 
 pytestmark = pytest.mark.anyio
 
@@ -173,6 +174,9 @@ async def test_the_evaluation_form_scores_the_policy_it_names_as_the_cli_does(ap
     ({"policy": "greedy", "train_fraction": "1.5"}, "at least 0 and below 1"),
     ({"policy": "linucb-const", "hyperparameters": "ucb_alpha=abc"}, "ucb_alpha"),
     ({"policy": "greedy", "hyperparameters": "alpha"}, "name=value"),
+    ({"policy": "greedy", "minutes": "30"}, "the stretch of log is one of the form"),
+    ({"policy": "greedy", "minutes": "9" * 400}, "the stretch of log is one of the form"),
+    ({"policy": "greedy", "train_fraction": "nan"}, "at least 0 and below 1"),
 ])
 async def test_a_wrong_evaluation_is_refused_saying_what_is_wrong(
         api: Api, params: dict[str, str], message: str) -> None:
@@ -231,23 +235,44 @@ async def test_the_experiments_page_says_whether_the_service_is_ready(
     finally:
         client.config_set("maxmemory", 0)
         client.close()
-    assert re.search(r'id="readiness" class="error">Not ready: Redis is out of memory', page)
+    assert re.search(r'id="readiness" class="error">Not ready: [^<]*out of memory', page)
     assert 'href="/ui/experiments/cov"' in page
 
 
-def test_the_evaluation_reads_the_latest_entries_when_the_stretch_holds_more() -> None:
-    """From the per-minute counts, the start from which the latest ``cap`` entries are
-    read: the whole stretch when the last hour holds fewer."""
-    from app.routes.ui import _latest_start
-    from service.domain import ExperimentSpec, ExperimentView, Minute
+@pytest.mark.parametrize("count", [1, 3], ids=["one member", "three shards"])
+async def test_the_evaluation_reads_the_latest_entries_of_the_stretch(
+        api: Api, service: ExperimentService, count: int) -> None:
+    """service.read_latest_log: the newest entries within the limit and the byte budget,
+    oldest first, the same as the tail of the whole log read forward; from a start;
+    and whether earlier ones were left out (a sharded experiment's members merged)."""
+    key = await api.create({**COVARIATES, "shards": count})
+    for _ in range(12):
+        decision = await api.decide(key, {"experiment_id": "cov", "context": [0.1, 0.2, 0.3]})
+        await api.reward(key, {"experiment_id": "cov", "decision_id": decision, "reward": 1.0})
+    whole, after = [], None
+    while True:
+        page, after = await service.read_log("cov", after, 1000)
+        whole += page
+        if after is None:
+            break
+    assert len(whole) == 24
+    latest, more = await service.read_latest_log("cov", 0.0, 7, 2**20)
+    assert [e.entry_id for e in latest] == [e.entry_id for e in whole[-7:]] and more
+    everything, more = await service.read_latest_log("cov", 0.0, 100, 2**20)
+    assert [e.entry_id for e in everything] == [e.entry_id for e in whole] and not more
+    since = whole[10].time  # (ms: entries of the same ms as whole[10] may come before it)
+    from_there, more = await service.read_latest_log("cov", since, 100, 2**20)
+    assert {e.entry_id for e in whole[10:]} <= {e.entry_id for e in from_there}
+    assert all(e.time >= since - 0.001 for e in from_there) and not more
+    one, more = await service.read_latest_log("cov", 0.0, 100, 1)  # the budget: one entry
+    assert [e.entry_id for e in one] == [whole[-1].entry_id] and more
 
-    def view(*minutes: Minute) -> ExperimentView:
-        return ExperimentView(spec=ExperimentSpec(id="e", setting="covariates", dim=1, arms=()),
-                              config={}, created_at=0.0, arms=(), theta_hat={}, decisions=0,
-                              rewards=0, duplicates=0, recent=minutes)
 
-    busy = view(Minute(600, 40, 30, 5), Minute(660, 20, 10, 0), Minute(720, 5, 5, 0))
-    assert _latest_start(busy, 0.0, 40) == 660.0  # 10 + 30 entries from minute 660 on
-    assert _latest_start(busy, 0.0, 39) == 720.0
-    assert _latest_start(busy, 0.0, 200) == 0.0  # all of them: from the asked start
-    assert _latest_start(busy, 700.0, 40) == 700.0  # never before the asked start
+async def test_the_evaluation_of_a_log_without_outcomes_says_so(api: Api) -> None:
+    """No decision with an outcome yet: said as such, not as a missing setting."""
+    key = await api.create({**CONTEXTUAL, "log_all_contexts": True})
+    await api.decide(key, {"experiment_id": "ctx",
+                           "arm_contexts": {"a": [0.1, 0.2], "b": [0.2, 0.1], "c": [0.0, 0.3]}})
+    await _sign_in(api)
+    answer = await api.http.get("/ui/experiments/ctx/evaluate", params={"policy": "greedy"})
+    assert answer.status_code == 400 and "0 rounds with an outcome" in answer.text, answer.text

@@ -9,11 +9,11 @@ checks without state (app.auth.AdminTokens.session). The pages are HTML
 from __future__ import annotations
 
 import asyncio
-import math
 import time
+from dataclasses import dataclass
 from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, Cookie, Query, Request
+from fastapi import APIRouter, Cookie, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,19 +53,20 @@ async def experiments(request: Request, service: ServiceDep, session: Session = 
                       after: str | None = None) -> Response:
     if not _signed_in(request, session):
         return _html(ui.login_page())
-    readiness = await _readiness(service)
-    views, next_after = await service.list(limit=100, after=after)
-    return _html(ui.experiments_page(views, next_after, time.time(), readiness))
+    not_ready = await _readiness(service)
+    try:
+        views, next_after = await service.list(limit=100, after=after)
+    except StoreUnavailable as exc:  # the page still says why
+        return _html(ui.experiments_page([], None, time.time(), not_ready or str(exc)), 503)
+    return _html(ui.experiments_page(views, next_after, time.time(), not_ready))
 
 
 async def _readiness(service: ExperimentService) -> str:
-    """As /readyz answers: '' when ready, else why not."""
+    """As /readyz answers: '' when ready, else why not (the store's own words)."""
     try:
         await service.ready()
-    except StoreFull:
-        return "Redis is out of memory (maxmemory): decisions and rewards are refused with 503"
-    except StoreUnavailable:
-        return "Redis does not answer: requests are refused with 503"
+    except (StoreFull, StoreUnavailable) as exc:
+        return str(exc)
     return ""
 
 
@@ -86,10 +87,11 @@ async def experiment(request: Request, experiment_id: str, service: ServiceDep,
 @router.get("/experiments/{experiment_id}/evaluate")
 async def evaluate(request: Request, experiment_id: str, service: ServiceDep,
                    session: Session = None, policy: str = "", hyperparameters: str = "",
-                   minutes: Annotated[int, Query(ge=0)] = 60,
-                   train_fraction: str = "0.5") -> Response:
+                   minutes: str = "60", train_fraction: str = "0.5") -> Response:
     """Another policy's value on the experiment's recent log (service.off_policy, as
-    ``linreboot evaluate`` computes it on an export): a page with IPS, SNIPS and DR."""
+    ``linreboot evaluate`` computes it on an export): a page with IPS, SNIPS and DR.
+    Every field is checked before the log is read; a wrong one gets the form back with
+    a 400 that says what is wrong."""
     if not _signed_in(request, session):
         return RedirectResponse("/ui", status_code=303)
     view = await _experiment(service, experiment_id)
@@ -97,21 +99,38 @@ async def evaluate(request: Request, experiment_id: str, service: ServiceDep,
         return _html(ui.not_found_page(experiment_id), 404)
     form = ui.EvaluationForm(policy=policy or view.spec.policy, hyperparameters=hyperparameters,
                              minutes=minutes, train_fraction=train_fraction)
-    asked = time.time() - 60 * minutes if minutes else 0.0
-    since = _latest_start(view, asked, ui.EVALUATED_ENTRIES)
-    entries, capped = await _log_since(service, experiment_id, since, ui.EVALUATED_ENTRIES)
     try:
-        report = await asyncio.to_thread(_evaluated, view, entries, form)
+        target = _target(view, form)
+    except ValueError as exc:
+        return _html(ui.evaluation_page(view, form, error=str(exc)), 400)
+    since = time.time() - 60 * int(form.minutes) if int(form.minutes) else 0.0
+    try:
+        entries, capped = await service.read_latest_log(
+            experiment_id, since, ui.EVALUATED_ENTRIES, ui.EVALUATED_BYTES)
+    except NotFound:
+        return _html(ui.not_found_page(experiment_id), 404)
+    try:
+        report = await asyncio.to_thread(_evaluated, view, entries, target)
     except (ValueError, TypeError) as exc:
         return _html(ui.evaluation_page(view, form, error=str(exc)), 400)
     return _html(ui.evaluation_page(view, form, report=report, entries=len(entries),
-                                    capped=capped or since > asked))
+                                    capped=capped))
 
 
-def _evaluated(view: ExperimentView, entries: list[LogEntry], form: ui.EvaluationForm
-               ) -> off_policy.Report:
-    """The form's target evaluated on ``entries`` (the export's records and feedback,
-    built from the API's own JSON of the experiment and the log)."""
+@dataclass(frozen=True)
+class _Target:
+    """The evaluation form, checked: the target policy (None: the experiment's own, with
+    its hyperparameters), the overrides and the training share."""
+
+    policy: PolicyName | None
+    overrides: dict[str, str]
+    fraction: float
+
+
+def _target(view: ExperimentView, form: ui.EvaluationForm) -> _Target:
+    if form.minutes not in {str(minutes) for minutes, _ in ui.WINDOWS}:
+        raise ValueError("the stretch of log is one of the form's (minutes "
+                         f"{', '.join(str(m) for m, _ in ui.WINDOWS)}; 0: the whole log)")
     if form.policy not in POLICIES:
         raise ValueError(f"unknown policy {form.policy!r}: one of {', '.join(POLICIES)}")
     try:
@@ -119,30 +138,23 @@ def _evaluated(view: ExperimentView, entries: list[LogEntry], form: ui.Evaluatio
     except ValueError:
         raise ValueError(f"the training share must be a number (got {form.train_fraction!r})"
                          ) from None
-    if not math.isfinite(fraction):
-        raise ValueError("the training share must be a finite number")
-    experiment: dict[str, Any] = ExperimentOut.from_domain(view).model_dump(mode="json")
-    logged = [LogEntryOut.from_domain(e).model_dump(mode="json") for e in entries]
-    feedback = off_policy.bandit_feedback(experiment, off_policy.join(experiment, logged))
+    if not 0.0 <= fraction < 1.0:  # (NaN too)
+        raise ValueError("the training share must be at least 0 and below 1")
     overrides = off_policy.parse_overrides(form.hyperparameters.split())
     # The experiment's own policy keeps its hyperparameters (overrides on top); another
     # takes the paper's defaults, as linreboot evaluate --policy does.
     named = None if form.policy == view.spec.policy else cast(PolicyName, form.policy)
-    return off_policy.evaluate(feedback, named, overrides, fraction)
+    return _Target(named, overrides, fraction)
 
 
-def _latest_start(view: ExperimentView, since: float, cap: int) -> float:
-    """Where to start reading the log from ``since`` so that about the latest ``cap``
-    entries are read: the start of the earliest minute of the last hour from which its
-    counts (ExperimentView.recent: an entry per decision, reward and default) stay
-    within ``cap``; ``since`` when the last hour holds fewer."""
-    total, start = 0, since
-    for minute in reversed(view.recent):
-        total += minute.decisions + minute.rewards + minute.defaulted
-        if total > cap:
-            break
-        start = float(minute.start)
-    return max(since, start) if total > cap else since
+def _evaluated(view: ExperimentView, entries: list[LogEntry], target: _Target
+               ) -> off_policy.Report:
+    """``target`` evaluated on ``entries`` (the export's records and feedback, built
+    from the API's own JSON of the experiment and the log)."""
+    experiment: dict[str, Any] = ExperimentOut.from_domain(view).model_dump(mode="json")
+    logged = [LogEntryOut.from_domain(e).model_dump(mode="json") for e in entries]
+    feedback = off_policy.bandit_feedback(experiment, off_policy.join(experiment, logged))
+    return off_policy.evaluate(feedback, target.policy, target.overrides, target.fraction)
 
 
 async def _experiment(service: ExperimentService, experiment_id: str) -> ExperimentView | None:

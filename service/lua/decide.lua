@@ -1,5 +1,5 @@
 -- Record a decision made from the statistics the worker holds, if they are current.
--- store.py puts tail.lua in front of this script.
+-- store.py puts tail.lua and recent.lua in front of this script.
 --
 -- KEYS[1]  meta hash      lrb:{exp}:meta   (incarnation, key_hash, key_hash_old, version,
 --                          default_reward, log_max_entries, log_max_age_seconds,
@@ -7,7 +7,7 @@
 --                          experiment's shard count, service.shards; else 1)
 -- KEYS[2]  stats hash     lrb:{exp}:stats  (packed sums; counters rewards, defaulted,
 --                          decision_seq, decisions; the sums with KEYS[6]'s outcomes
---                          added are the statistics)
+--                          added are the statistics; the minutes: recent.lua)
 -- KEYS[3]  decision record lrb:{exp}:decision:<id>  (a fresh id per request; a string,
 --          whose format outcomes.lua describes)
 -- KEYS[4]  pending list   lrb:{exp}:pending  ("<deadline> <id>" per decision, in deadline order)

@@ -2,17 +2,31 @@
 -- front of each; a function library defines it once).
 --
 -- What happened minute by minute, over the last hour, for GET /experiments/{id}
--- and /ui: the stats hash's field 'recent:<kind>:<m % 60>' (kind d: decisions,
--- r: rewards, f: default rewards) holds m * 1e8 + the count of minute m (Redis's
--- clock in seconds / 60; below 2^53 for millennia), begun afresh when its field
--- comes round again an hour later. One HINCRBY a call, and an HSET the first time
--- a field comes round (service.lifecycle.recent_minutes reads them).
-local RECENT_SCALE = 100000000
+-- and /ui: the stats hash's field 'recent' holds 60 slots of 16 bytes, slot
+-- m % 60 for minute m (Redis's clock in seconds / 60): m, then the minute's
+-- decisions, rewards and default rewards, each a little-endian unsigned 32-bit
+-- integer; a slot is begun afresh when its minute comes round again an hour later
+-- (service.lifecycle.recent_minutes reads them). One field of 960 bytes: 180 small
+-- fields would have cost a stats hash 18 KB of Redis's memory.
+local RECENT_SLOT, RECENT_SLOTS = 16, 60
 local function count_recent(stats_key, now, kind, count)
   local minute = math.floor(now / 60)
-  local field = 'recent:' .. kind .. ':' .. (minute % 60)
-  local value = redis.call('HINCRBY', stats_key, field, count)
-  if math.floor(value / RECENT_SCALE) ~= minute then  -- an hour old, or more
-    redis.call('HSET', stats_key, field, string.format('%.0f', minute * RECENT_SCALE + count))
+  local at = (minute % RECENT_SLOTS) * RECENT_SLOT
+  local ring = redis.call('HGET', stats_key, 'recent') or ''
+  if #ring ~= RECENT_SLOTS * RECENT_SLOT then  -- (the first count, or a damaged field)
+    ring = string.rep('\0', RECENT_SLOTS * RECENT_SLOT)
   end
+  local m, d, r, f = struct.unpack('<I4I4I4I4', ring, at + 1)
+  if m ~= minute then
+    m, d, r, f = minute, 0, 0, 0
+  end
+  if kind == 'd' then
+    d = d + count
+  elseif kind == 'r' then
+    r = r + count
+  else
+    f = f + count
+  end
+  redis.call('HSET', stats_key, 'recent', string.sub(ring, 1, at)
+             .. struct.pack('<I4I4I4I4', m, d, r, f) .. string.sub(ring, at + RECENT_SLOT + 1))
 end

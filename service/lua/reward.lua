@@ -1,10 +1,10 @@
 -- Apply a batch of rewards, each exactly once.
--- store.py puts outcomes.lua and tail.lua in front of this script.
+-- store.py puts outcomes.lua, tail.lua and recent.lua in front of this script.
 --
 -- KEYS[1]  meta hash      lrb:{exp}:meta     (incarnation, key_hash, key_hash_old,
 --                          model_recipe, log retention,
 --                          discount, context_bytes, number_step: the shard count)
--- KEYS[2]  stats hash     lrb:{exp}:stats    (counters)
+-- KEYS[2]  stats hash     lrb:{exp}:stats    (counters; the minutes: recent.lua)
 -- KEYS[3]  decision log   lrb:{exp}:log      (a stream; written when meta has log_max_entries)
 -- KEYS[4]  outcomes       lrb:{exp}:outcomes (outcomes not yet in the sums: outcomes.lua)
 -- KEYS[5..]  decision records lrb:{exp}:decision:<id>, one per reward (outcomes.lua)

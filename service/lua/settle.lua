@@ -1,11 +1,12 @@
 -- Settle decisions whose reward window has ended: apply the experiment's
 -- default reward, exactly once, to each one that got no reward. store.py puts
--- outcomes.lua in front of this script, so the default is recorded as
+-- outcomes.lua and recent.lua in front of this script, so the default is recorded as
 -- reward.lua records a reward.
 --
 -- KEYS[1]  meta hash      lrb:{exp}:meta     (incarnation, default_reward, model_recipe,
 --                          log retention, discount, context_bytes)
--- KEYS[2]  stats hash     lrb:{exp}:stats    (counters defaulted, defaults_missed)
+-- KEYS[2]  stats hash     lrb:{exp}:stats    (counters defaulted, defaults_missed; the
+--                          minutes: recent.lua)
 -- KEYS[3]  decision log   lrb:{exp}:log
 -- KEYS[4]  pending list   lrb:{exp}:pending  ("<deadline> <id>", in deadline order)
 -- KEYS[5]  settled list   lrb:{exp}:settled  ("<expiry> <id>": settled decisions until they expire)
