@@ -220,6 +220,9 @@ class Views:
         # Per sharded experiment, the members' views last merged and their merge.
         self._merged: dict[str, tuple[tuple[View, ...], View]] = {}
         self._syncing: dict[str, asyncio.Future[View]] = {}  # catch-ups of members under way
+        # First reads under way (Views._first_view): what read_experiment gave.
+        self._first_reads: dict[str, asyncio.Future[tuple[dict[str, str], dict[str, str],
+                                                            Snapshot] | None]] = {}
 
     @property
     def held(self) -> Mapping[str, View]:
@@ -238,7 +241,7 @@ class Views:
         """This worker's view, read if it has none; 403 unless ``key_hash`` is the key's."""
         view = self._held.get(experiment_id)
         if view is None:
-            return await self.read_view(experiment_id, key_hash)
+            return await self._first_view(experiment_id, key_hash)
         if key_hash is None or view.definition.accepts(key_hash):
             self._held.move_to_end(experiment_id)
             return view
@@ -252,6 +255,37 @@ class Views:
         if not one_of(key_hash, stored):
             raise Forbidden(WRONG_KEY)
         return await self.read_view(experiment_id, key_hash)
+
+    async def _first_view(self, experiment_id: str, key_hash: str | None) -> View:
+        """A view of an experiment this worker holds none of: the requests that find none
+        together (a cold start, a view dropped from the budget) wait for one read and
+        one decoding of the statistics, not one each. A key the read does not accept is
+        refused, unless the read was another request's (the key may be newer than it):
+        then read again."""
+        pending = self._first_reads.get(experiment_id)
+        joined = pending is not None
+        if pending is None:
+            pending = asyncio.ensure_future(self._store.read_experiment(experiment_id))
+            self._first_reads[experiment_id] = pending
+            pending.add_done_callback(functools.partial(self._first_read_done, experiment_id))
+        read = await asyncio.shield(pending)
+        if read is None:
+            self.forget(experiment_id)
+            raise missing_experiment(key_hash)
+        meta, arms, snapshot = read
+        definition = parse_definition(meta, arms)
+        if key_hash is not None and not definition.accepts(key_hash):
+            if joined:
+                return await self.read_view(experiment_id, key_hash)
+            raise Forbidden(WRONG_KEY)  # nothing kept
+        held = self._newer(experiment_id, None, definition.incarnation, snapshot.version,
+                           snapshot.rewards)
+        return held if held is not None else self._remember(experiment_id, definition, snapshot)
+
+    def _first_read_done(self, experiment_id: str, done: asyncio.Future[object]) -> None:
+        self._first_reads.pop(experiment_id, None)
+        if not done.cancelled():
+            done.exception()  # retrieved: each waiter got it (asyncio warns otherwise)
 
     async def read_view(self, experiment_id: str, key_hash: str | None = None) -> View:
         read = await self._store.read_experiment(experiment_id)
@@ -444,7 +478,8 @@ class Views:
                               older=view)
 
     def _newer(
-        self, experiment_id: str, view: View, incarnation: str, version: int, rewards: int
+        self, experiment_id: str, view: View | None, incarnation: str, version: int,
+        rewards: int,
     ) -> View | None:
         """The cached view, if another request replaced ``view`` with one at least as new as
         statistics read at (incarnation, version, rewards): requests in flight together get
