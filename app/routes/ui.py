@@ -22,7 +22,7 @@ from app.auth import SESSION_SECONDS, AdminTokens
 from app.deps import ServiceDep
 from app.schemas import ExperimentOut, LogEntryOut
 from app.strict_json import StrictJSONRoute
-from policies.config import POLICIES, PolicyName
+from policies.config import POLICIES, PolicyName, parse_hyperparameter
 from service import off_policy
 from service.domain import ExperimentView, LogEntry, valid_experiment_id
 from service.errors import NotFound, StoreFull, StoreUnavailable
@@ -101,7 +101,7 @@ async def evaluate(request: Request, experiment_id: str, service: ServiceDep,
                              minutes=minutes, train_fraction=train_fraction)
     try:
         target = _target(view, form)
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         return _html(ui.evaluation_page(view, form, error=str(exc)), 400)
     since = time.time() - 60 * int(form.minutes) if int(form.minutes) else 0.0
     try:
@@ -141,6 +141,8 @@ def _target(view: ExperimentView, form: ui.EvaluationForm) -> _Target:
     if not 0.0 <= fraction < 1.0:  # (NaN too)
         raise ValueError("the training share must be at least 0 and below 1")
     overrides = off_policy.parse_overrides(form.hyperparameters.split())
+    for name, text in overrides.items():  # (refused here, before the log is read)
+        parse_hyperparameter(cast(PolicyName, form.policy), name, text)
     # The experiment's own policy keeps its hyperparameters (overrides on top); another
     # takes the paper's defaults, as linreboot evaluate --policy does.
     named = None if form.policy == view.spec.policy else cast(PolicyName, form.policy)
