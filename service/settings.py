@@ -29,6 +29,7 @@ from service.errors import StartupError
 
 DEFAULT_PORT = 8000
 DEFAULT_ADMIN_TOKEN = "change-me"
+MIN_ADMIN_TOKEN_CHARS = 16  # on an address other machines can reach
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 
@@ -181,11 +182,23 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _secret_token_unless_loopback(self) -> Self:
-        if self.default_admin_token and not is_loopback(self.host):
+        if is_loopback(self.host):
+            return self
+        if self.default_admin_token:
             raise ValueError(
                 f"LINREBOOT_ADMIN_TOKEN: the default {DEFAULT_ADMIN_TOKEN!r} is refused on an "
                 "address other machines can reach (LINREBOOT_HOST or --host): set a secret token"
             )
+        # Other machines may guess at it (/ui's login form among the ways): not a word.
+        tokens = ((self.admin_token.get_secret_value(),) if self.admin_token_file is None
+                  else read_admin_tokens(self.admin_token_file))
+        if any(len(token) < MIN_ADMIN_TOKEN_CHARS for token in tokens):
+            named = ("LINREBOOT_ADMIN_TOKEN" if self.admin_token_file is None
+                     else "LINREBOOT_ADMIN_TOKEN_FILE")
+            raise ValueError(
+                f"{named}: a token shorter than {MIN_ADMIN_TOKEN_CHARS} characters is refused "
+                "on an address other machines can reach; make one with: python -c "
+                "'import secrets; print(secrets.token_urlsafe(32))'")
         return self
 
 

@@ -187,6 +187,23 @@ def test_a_misspelled_variable_is_named_with_the_setting_it_resembles() -> None:
     ]
 
 
+@pytest.mark.parametrize("source", ["variable", "file"])
+def test_a_short_admin_token_is_refused_where_other_machines_reach(
+        tmp_path: Path, source: str) -> None:
+    """On an address other machines can reach, a token of fewer than 16 characters (here
+    13; in a file, the second of two) is refused in one line naming where it came from;
+    on loopback it serves (the tests' own tokens are short)."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("a-token-long-enough-to-serve\nhunter2-short\n")
+    env = ({"LINREBOOT_ADMIN_TOKEN": "hunter2-short"} if source == "variable" else
+           {"LINREBOOT_ADMIN_TOKEN": "change-me", "LINREBOOT_ADMIN_TOKEN_FILE": str(tokens)})
+    named = "LINREBOOT_ADMIN_TOKEN" if source == "variable" else "LINREBOOT_ADMIN_TOKEN_FILE"
+    returncode, lines = _serve("--host", "0.0.0.0", **env)
+    assert returncode == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"linreboot serve: {named}: a token shorter than 16"), lines
+    assert "hunter2" not in lines[0]  # the token itself is never printed
+
+
 def test_the_admin_token_can_come_from_a_file(redis_db: str, tmp_path: Path) -> None:
     """Issue 29: a Docker or Kubernetes secret is a file; LINREBOOT_ADMIN_TOKEN_FILE names
     it. Its token (a trailing newline dropped) is the admin token; giving both is one line."""
