@@ -31,6 +31,7 @@ class AdminTokens:
 
     def __init__(self, settings: Settings) -> None:
         self._path: Path | None = settings.admin_token_file
+        self._min_chars = settings.admin_token_minimum()  # a line added later too
         self._tokens: tuple[bytes, ...] = (settings.admin_token.get_secret_value().encode(),)
         self._stamp: tuple[int, int, int] | None = None
         if self._path is not None:
@@ -74,7 +75,7 @@ class AdminTokens:
         if stamp == self._stamp:
             return
         try:
-            tokens = read_admin_tokens(self._path)
+            tokens = read_admin_tokens(self._path, self._min_chars)
         except ValueError as exc:
             self._warn(str(exc))
             return

@@ -315,6 +315,12 @@ def evaluation_page(view: ExperimentView, form: EvaluationForm, *, report: Repor
     return _page(f"evaluate {spec.id}", body)
 
 
+def unavailable_page(reason: str) -> str:
+    body = (f"<h1>Not ready</h1><p id=\"readiness\" class=\"error\">{escape(reason)}</p>"
+            "<p><a href=\"/ui\">All experiments</a></p>")
+    return _page("Not ready", body)
+
+
 def not_found_page(experiment_id: str) -> str:
     body = (f"<h1>No experiment {escape(experiment_id)}</h1>"
             "<p><a href=\"/ui\">All experiments</a></p>")

@@ -49,30 +49,28 @@ class DecisionLog(Room):
         """The log's latest entries from ``since`` (seconds since the epoch; 0: all of
         it) on, up to ``limit`` and about ``max_bytes`` of JSON, oldest first; and
         whether earlier ones of that stretch were left out. A sharded experiment's
-        members are read alike and merged: nothing is kept from before the oldest
-        entry read of a member whose read stopped short (its earlier entries are
-        unknown)."""
+        members are read alike, each within its share of the bounds, and merged:
+        nothing is kept from before the oldest entry read of a member whose read
+        stopped short (its earlier entries are unknown)."""
         definition = await self.views.definition(experiment_id)
         size = _log_entry_size(definition)
         start = f"{int(since * 1000)}-0" if since > 0 else None
-        pages = await asyncio.gather(*(
-            self._store.read_latest_log(member_id, start, limit, max_bytes, size)
-            for member_id in shards.members(experiment_id, definition.spec.shards)))
-        cut = max((_id_key(raw[0][0]) for raw, more in pages if more and raw), default=None)
-        tagged = sorted(((entry_id, shard, fields) for shard, (raw, _) in enumerate(pages)
-                         for entry_id, fields in raw
-                         if (cut is None or _id_key(entry_id) >= cut)
-                         and (shard == 0 or fields.get("type") != b"settings")),
-                        key=lambda e: (_id_key(e[0]), e[1]))
-        kept: builtins.list[RawEntry] = []
-        spent, more = 0, any(more for _, more in pages)
-        for entry_id, _, fields in reversed(tagged):
-            if len(kept) >= limit or (kept and spent + size(fields) > max_bytes):
-                more = True
+        # Each member first its share of the bounds (decisions spread over the members
+        # evenly, by their ids); then, while fewer than `limit` are known to be the
+        # latest, the member whose read stopped latest reads as much again further back.
+        member_ids = shards.members(experiment_id, definition.spec.shards)
+        share = -(-limit // len(member_ids)), max(1, max_bytes // len(member_ids))
+        pages = list(await asyncio.gather(*(
+            self._store.read_latest_log(member_id, start, *share, size)
+            for member_id in member_ids)))
+        while True:
+            kept, more, behind = _latest_of(pages, limit, max_bytes, size)
+            if behind is None:
                 break
-            kept.append((entry_id, fields))
-            spent += size(fields)
-        kept.reverse()
+            raw, _ = pages[behind]
+            older, further = await self._store.read_latest_log(
+                member_ids[behind], start, *share, size, before=raw[0][0])
+            pages[behind] = (older + raw, further)
         entries = await asyncio.to_thread(
             lambda: [_log_entry(definition, entry_id, fields) for entry_id, fields in kept])
         return entries, more
@@ -141,6 +139,33 @@ def _merged(
             spent += size(fields)
     more = more or len(page) >= limit  # as a member's: the limit reached, maybe more
     return page, more, CURSOR_SEPARATOR.join(at)
+
+
+def _latest_of(
+    pages: Sequence[tuple[builtins.list[RawEntry], bool]], limit: int, max_bytes: int,
+    size: Callable[[Mapping[str, bytes]], int],
+) -> tuple[builtins.list[RawEntry], bool, int | None]:
+    """The latest entries the members' ``pages`` (each its latest, oldest first, and
+    whether it stopped short) show for sure, within ``limit`` and ``max_bytes``, oldest
+    first (a member's settings entries, the home's logged again, left out); whether
+    earlier ones were left out; and which member to read further back, if more are
+    wanted and may exist: the one whose page stopped latest, as none are kept from
+    before its oldest entry (what it did not read may come after the others')."""
+    cut = max(((_id_key(raw[0][0]), shard) for shard, (raw, more) in enumerate(pages)
+               if more and raw), default=None)
+    tagged = sorted(((entry_id, shard, fields) for shard, (raw, _) in enumerate(pages)
+                     for entry_id, fields in raw
+                     if (cut is None or _id_key(entry_id) >= cut[0])
+                     and (shard == 0 or fields.get("type") != b"settings")),
+                    key=lambda e: (_id_key(e[0]), e[1]))
+    kept: builtins.list[RawEntry] = []
+    spent, more = 0, cut is not None
+    for entry_id, _, fields in reversed(tagged):
+        if len(kept) >= limit or (kept and spent + size(fields) > max_bytes):
+            return kept[::-1], True, None
+        kept.append((entry_id, fields))
+        spent += size(fields)
+    return kept[::-1], more, None if cut is None else cut[1]
 
 
 def _id_key(entry_id: str) -> tuple[int, int]:

@@ -233,20 +233,9 @@ def evaluate(feedback: dict[str, Any], policy: PolicyName | None,
     if not ranked:  # (a log of rankings splits by ranking: _rankings checks its own)
         _require_propensities(pscore[train:])
     logged_config = json.loads(feedback["config"])
-    name: PolicyName = policy or logged_config["name"]
-    if name not in POLICIES:
-        raise ValueError(f"the log names an unknown policy {name!r}")
-    hyperparameters: dict[str, bool | float | str] = (
-        {k: v for k, v in logged_config.items()
-         if k in HYPERPARAMETERS[name] and k != "first_pass"} if policy is None else {})
-    hyperparameters.update(
-        {key: parse_hyperparameter(name, key, text) for key, text in overrides.items()})
-    if hyperparameters.get("first_pass") is True:
-        raise ValueError("a target held fixed after its training rounds takes no first pass: "
-                         "leave out first_pass=true (an arm it never saw is scored from the "
-                         "prior)")
     dim = int(logged_config.get("dim", feedback["context"].shape[-1]))
-    config = paper_config(name, setting, dim, **hyperparameters)
+    config, name, hyperparameters = target_config(logged_config, policy, overrides, setting,
+                                                  dim)
 
     contexts = _contexts(feedback, setting)  # (n, K, d)
     actions = np.asarray(feedback["action"], dtype=np.int64)
@@ -270,6 +259,34 @@ def evaluate(feedback: dict[str, Any], policy: PolicyName | None,
         estimates={"ips": ips(r, a, p, target), "snips": snips(r, a, p, target),
                    "dr": doubly_robust(r, a, p, target, model)},
     )
+
+
+def target_config(logged_config: dict[str, Any], policy: PolicyName | None,
+                  overrides: dict[str, str], setting: Setting, dim: int
+                  ) -> tuple[PolicyConfig, PolicyName, dict[str, bool | float | str]]:
+    """The target's configuration: ``policy`` with the paper's defaults, or (None) the
+    logged one with its hyperparameters; either with ``overrides`` (as written) on
+    top; and its name and the hyperparameters given. No first pass (the target is held
+    fixed after its training rounds).
+
+    Raises
+    ------
+    ValueError
+        Naming the override, or the combination, the policy does not take.
+    """
+    name: PolicyName = policy or logged_config["name"]
+    if name not in POLICIES:
+        raise ValueError(f"the log names an unknown policy {name!r}")
+    hyperparameters: dict[str, bool | float | str] = (
+        {k: v for k, v in logged_config.items()
+         if k in HYPERPARAMETERS[name] and k != "first_pass"} if policy is None else {})
+    hyperparameters.update(
+        {key: parse_hyperparameter(name, key, text) for key, text in overrides.items()})
+    if hyperparameters.get("first_pass") is True:
+        raise ValueError("a target held fixed after its training rounds takes no first pass: "
+                         "leave out first_pass=true (an arm it never saw is scored from the "
+                         "prior)")
+    return paper_config(name, setting, dim, **hyperparameters), name, hyperparameters
 
 
 def _rankings(feedback: dict[str, Any], config: PolicyConfig, target: str,

@@ -189,27 +189,37 @@ class Settings(BaseSettings):
                 f"LINREBOOT_ADMIN_TOKEN: the default {DEFAULT_ADMIN_TOKEN!r} is refused on an "
                 "address other machines can reach (LINREBOOT_HOST or --host): set a secret token"
             )
-        # Other machines may guess at it (/ui's login form among the ways): not a word.
-        tokens = ((self.admin_token.get_secret_value(),) if self.admin_token_file is None
-                  else read_admin_tokens(self.admin_token_file))
-        if any(len(token) < MIN_ADMIN_TOKEN_CHARS for token in tokens):
-            named = ("LINREBOOT_ADMIN_TOKEN" if self.admin_token_file is None
-                     else "LINREBOOT_ADMIN_TOKEN_FILE")
-            raise ValueError(
-                f"{named}: a token shorter than {MIN_ADMIN_TOKEN_CHARS} characters is refused "
-                "on an address other machines can reach; make one with: python -c "
-                "'import secrets; print(secrets.token_urlsafe(32))'")
+        if self.admin_token_file is not None:
+            try:  # (every line of the file; app.auth reads it again with the same rule)
+                read_admin_tokens(self.admin_token_file, MIN_ADMIN_TOKEN_CHARS)
+            except ValueError as exc:
+                raise ValueError(f"LINREBOOT_ADMIN_TOKEN_FILE: {exc}") from None
+        elif len(self.admin_token.get_secret_value()) < MIN_ADMIN_TOKEN_CHARS:
+            raise ValueError(f"LINREBOOT_ADMIN_TOKEN: {_too_short()}")
         return self
 
+    def admin_token_minimum(self) -> int:
+        """The fewest characters an admin token may have: MIN_ADMIN_TOKEN_CHARS where other
+        machines can reach the service (they may guess at it: /ui's login form among the
+        ways), else 1."""
+        return 1 if is_loopback(self.host) else MIN_ADMIN_TOKEN_CHARS
 
-def read_admin_tokens(path: Path) -> tuple[str, ...]:
-    """The admin tokens a token file holds, one per line (blank lines skipped).
+
+def _too_short() -> str:
+    return (f"a token shorter than {MIN_ADMIN_TOKEN_CHARS} characters is refused on an "
+            "address other machines can reach; make one with: python -c "
+            "'import secrets; print(secrets.token_urlsafe(32))'")
+
+
+def read_admin_tokens(path: Path, min_chars: int = 1) -> tuple[str, ...]:
+    """The admin tokens a token file holds, one per line (blank lines skipped), each of
+    ``min_chars`` characters at least.
 
     Raises
     ------
     ValueError
         One line saying why the file cannot serve (unreadable, no token, a token
-        with blank space in it, the documented default token).
+        with blank space in it, the documented default token, a token too short).
     """
     try:
         text = path.read_text()
@@ -224,6 +234,8 @@ def read_admin_tokens(path: Path) -> tuple[str, ...]:
         # token added to the file later would otherwise slip past the start-up check).
         raise ValueError(f"{path} holds the documented default {DEFAULT_ADMIN_TOKEN!r}: set a "
                          "secret token")
+    if any(len(t) < min_chars for t in tokens):
+        raise ValueError(f"{path} holds {_too_short()}")
     return tokens
 
 

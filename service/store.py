@@ -319,6 +319,7 @@ def _snapshot(
 
 
 _LOG_FIRST_READ = 16  # entries of a log page's first read; the next are sized by them
+_LOG_MOST_READ = 1000  # entries of one read of the latest entries, at most
 
 
 def log_entry_json_bytes(fields: Mapping[str, bytes]) -> int:
@@ -1425,31 +1426,34 @@ class Store:
     @_translated
     async def read_latest_log(
         self, experiment_id: str, since: str | None, limit: int, max_bytes: int,
-        size: Callable[[Mapping[str, bytes]], int],
+        size: Callable[[Mapping[str, bytes]], int], before: str | None = None,
     ) -> tuple[list[tuple[str, dict[str, bytes]]], bool]:
         """The latest entries of the decision log from the entry id ``since`` on (all
-        of it if None), up to ``limit`` and about ``max_bytes`` of JSON (by ``size``; at
-        least one entry), oldest first; and whether earlier ones were left out. Read
-        newest first, a few at a time as :meth:`read_log` reads."""
+        of it if None) and before the entry id ``before`` (if given), up to ``limit``
+        and about ``max_bytes`` of JSON (by ``size``; at least one entry), oldest
+        first; and whether earlier ones were left out. Read newest first, a few at a
+        time as :meth:`read_log` reads."""
         found: list[tuple[str, dict[str, bytes]]] = []
-        spent, count, end = 0, min(limit, _LOG_FIRST_READ), "+"
+        # One more than the limit is read, so that "left out" is known, not guessed; and
+        # at most _LOG_MOST_READ a command, so that Redis serves others in between.
+        spent, count = 0, min(limit + 1, _LOG_FIRST_READ)
+        end = "+" if before is None else f"({before}"
         while True:
             chunk = await self._client.xrevrange(keys.log(experiment_id), end,
                                                  since or "-", count=count)
             for entry_id, fields in chunk:
                 entry = (_text(entry_id), {_text(k): v for k, v in fields.items()})
                 cost = size(entry[1])
-                if found and spent + cost > max_bytes:
+                if len(found) == limit or (found and spent + cost > max_bytes):
                     return found[::-1], True
                 found.append(entry)
                 spent += cost
             if len(chunk) < count:
                 return found[::-1], False
-            if len(found) == limit:
-                return found[::-1], True
             end = f"({found[-1][0]}"
             each = max(1, spent // len(found))
-            count = max(1, min(limit - len(found), (max_bytes - spent) // each + 1))
+            count = max(1, min(limit + 1 - len(found), (max_bytes - spent) // each + 1,
+                               _LOG_MOST_READ))
 
     async def read_log(
         self, experiment_id: str, after: str | None, limit: int, max_bytes: int | None = None,

@@ -259,9 +259,9 @@ class Views:
     async def _first_view(self, experiment_id: str, key_hash: str | None) -> View:
         """A view of an experiment this worker holds none of: the requests that find none
         together (a cold start, a view dropped from the budget) wait for one read and
-        one decoding of the statistics, not one each. A key the read does not accept is
-        refused, unless the read was another request's (the key may be newer than it):
-        then read again."""
+        one decoding of the statistics, not one each. A key the read does not accept,
+        or no experiment, is so only for the request that began the read: one that
+        joined it reads again (the key, or the experiment, may be newer than it)."""
         pending = self._first_reads.get(experiment_id)
         joined = pending is not None
         if pending is None:
@@ -270,6 +270,8 @@ class Views:
             pending.add_done_callback(functools.partial(self._first_read_done, experiment_id))
         read = await asyncio.shield(pending)
         if read is None:
+            if joined:  # (the experiment may have been created since that read began)
+                return await self.read_view(experiment_id, key_hash)
             self.forget(experiment_id)
             raise missing_experiment(key_hash)
         meta, arms, snapshot = read

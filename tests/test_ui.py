@@ -177,6 +177,8 @@ async def test_the_evaluation_form_scores_the_policy_it_names_as_the_cli_does(ap
     ({"policy": "greedy", "minutes": "30"}, "the stretch of log is one of the form"),
     ({"policy": "greedy", "minutes": "9" * 400}, "the stretch of log is one of the form"),
     ({"policy": "greedy", "train_fraction": "nan"}, "at least 0 and below 1"),
+    ({"policy": "linucb-const", "hyperparameters": "ucb_alpha=nan"}, "ucb_alpha"),
+    ({"policy": "greedy", "hyperparameters": "first_pass=true"}, "takes no first pass"),
 ])
 async def test_a_wrong_evaluation_is_refused_saying_what_is_wrong(
         api: Api, params: dict[str, str], message: str) -> None:
@@ -276,3 +278,52 @@ async def test_the_evaluation_of_a_log_without_outcomes_says_so(api: Api) -> Non
     await _sign_in(api)
     answer = await api.http.get("/ui/experiments/ctx/evaluate", params={"policy": "greedy"})
     assert answer.status_code == 400 and "0 rounds with an outcome" in answer.text, answer.text
+
+
+def test_a_short_token_added_to_the_file_later_is_refused_off_loopback(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The token file is read again when it changes: off loopback a short line then is
+    refused as at start (a warning, and the tokens it held last still serve)."""
+    file = tmp_path / "tokens"
+    file.write_text("first-token-0123456789\n")
+    tokens = AdminTokens(Settings(admin_token=SecretStr("change-me"), admin_token_file=file,
+                                  host="0.0.0.0"))
+    assert tokens.valid("first-token-0123456789")
+    file.write_text("first-token-0123456789\nhunter2\n")
+    assert not tokens.valid("hunter2") and tokens.valid("first-token-0123456789")
+    assert "shorter than 16 characters" in caplog.text
+    on_loopback = AdminTokens(Settings(admin_token=SecretStr("change-me"), admin_token_file=file))
+    assert on_loopback.valid("hunter2")  # (loopback: any length, as the tests' own tokens)
+
+
+async def test_the_pages_say_when_redis_does_not_answer(app_settings: Settings,
+                                                         redis_db: str) -> None:
+    """Redis paused past the store's deadline: the list, an experiment's page and the
+    evaluation answer an HTML 503 that says why, not JSON."""
+    import asyncio
+
+    import httpx
+    import redis
+
+    from app.main import create_app
+
+    application = create_app(app_settings.model_copy(update={"redis_timeout_seconds": 0.3}))
+    async with application.router.lifespan_context(application):
+        transport = httpx.ASGITransport(app=application, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            api = Api(http)
+            await api.create(COVARIATES)
+            await _sign_in(api)
+            client = redis.Redis.from_url(redis_db)
+            try:
+                client.execute_command("CLIENT", "PAUSE", "2500", "ALL")
+                pages = [await http.get(path) for path in (
+                    "/ui", "/ui/experiments/cov", "/ui/experiments/cov/evaluate?policy=greedy")]
+            finally:
+                client.execute_command("CLIENT", "UNPAUSE")
+                client.close()
+            await asyncio.sleep(0.1)
+    for page in pages:
+        assert page.status_code == 503, (page.url, page.text)
+        assert page.headers["content-type"].startswith("text/html"), page.url
+        assert 'id="readiness" class="error"' in page.text, page.url

@@ -22,7 +22,7 @@ from app.auth import SESSION_SECONDS, AdminTokens
 from app.deps import ServiceDep
 from app.schemas import ExperimentOut, LogEntryOut
 from app.strict_json import StrictJSONRoute
-from policies.config import POLICIES, PolicyName, parse_hyperparameter
+from policies.config import POLICIES, PolicyName
 from service import off_policy
 from service.domain import ExperimentView, LogEntry, valid_experiment_id
 from service.errors import NotFound, StoreFull, StoreUnavailable
@@ -75,11 +75,16 @@ async def experiment(request: Request, experiment_id: str, service: ServiceDep,
                      session: Session = None) -> Response:
     if not _signed_in(request, session):
         return RedirectResponse("/ui", status_code=303)
-    view = await _experiment(service, experiment_id)
-    if view is None:
+    try:
+        view = await _experiment(service, experiment_id)
+        if view is None:
+            return _html(ui.not_found_page(experiment_id), 404)
+        now = time.time()
+        entries, capped = await _log_since(service, experiment_id, now - 3600, RECENT_ENTRIES)
+    except NotFound:  # deleted meanwhile
         return _html(ui.not_found_page(experiment_id), 404)
-    now = time.time()
-    entries, capped = await _log_since(service, experiment_id, now - 3600, RECENT_ENTRIES)
+    except StoreUnavailable as exc:
+        return _html(ui.unavailable_page(str(exc)), 503)
     return _html(ui.experiment_page(view, ui.recent_activity(entries, now, capped),
                                     ui.recent_shares(entries)))
 
@@ -94,7 +99,10 @@ async def evaluate(request: Request, experiment_id: str, service: ServiceDep,
     a 400 that says what is wrong."""
     if not _signed_in(request, session):
         return RedirectResponse("/ui", status_code=303)
-    view = await _experiment(service, experiment_id)
+    try:
+        view = await _experiment(service, experiment_id)
+    except StoreUnavailable as exc:
+        return _html(ui.unavailable_page(str(exc)), 503)
     if view is None:
         return _html(ui.not_found_page(experiment_id), 404)
     form = ui.EvaluationForm(policy=policy or view.spec.policy, hyperparameters=hyperparameters,
@@ -109,10 +117,16 @@ async def evaluate(request: Request, experiment_id: str, service: ServiceDep,
             experiment_id, since, ui.EVALUATED_ENTRIES, ui.EVALUATED_BYTES)
     except NotFound:
         return _html(ui.not_found_page(experiment_id), 404)
+    except StoreUnavailable as exc:
+        return _html(ui.evaluation_page(view, form, error=str(exc)), 503)
     try:
         report = await asyncio.to_thread(_evaluated, view, entries, target)
     except (ValueError, TypeError) as exc:
         return _html(ui.evaluation_page(view, form, error=str(exc)), 400)
+    except KeyError:  # the log names an arm the view read before it lacks
+        return _html(ui.evaluation_page(view, form, error=(
+            "the experiment changed while its log was read (an arm was added): evaluate "
+            "again")), 409)
     return _html(ui.evaluation_page(view, form, report=report, entries=len(entries),
                                     capped=capped))
 
@@ -141,11 +155,12 @@ def _target(view: ExperimentView, form: ui.EvaluationForm) -> _Target:
     if not 0.0 <= fraction < 1.0:  # (NaN too)
         raise ValueError("the training share must be at least 0 and below 1")
     overrides = off_policy.parse_overrides(form.hyperparameters.split())
-    for name, text in overrides.items():  # (refused here, before the log is read)
-        parse_hyperparameter(cast(PolicyName, form.policy), name, text)
     # The experiment's own policy keeps its hyperparameters (overrides on top); another
-    # takes the paper's defaults, as linreboot evaluate --policy does.
+    # takes the paper's defaults, as linreboot evaluate --policy does. Its configuration
+    # is made here as the evaluation makes it: refused now, not after the log's read.
     named = None if form.policy == view.spec.policy else cast(PolicyName, form.policy)
+    off_policy.target_config(dict(view.config), named, overrides, view.spec.setting,
+                             view.spec.dim)
     return _Target(named, overrides, fraction)
 
 
@@ -160,6 +175,7 @@ def _evaluated(view: ExperimentView, entries: list[LogEntry], target: _Target
 
 
 async def _experiment(service: ExperimentService, experiment_id: str) -> ExperimentView | None:
+    """The experiment's view; None if there is none (StoreUnavailable as it comes)."""
     try:
         if not valid_experiment_id(experiment_id):
             raise NotFound(experiment_id)
