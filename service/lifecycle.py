@@ -554,8 +554,11 @@ def recent_minutes(members: Sequence[Mapping[str, bytes]], now: float) -> tuple[
     rings = [ring for ring in (stats.get(keys.RECENT) for stats in members)
              if ring is not None and len(ring) == 16 * RECENT_MINUTES]
     slots = [slot for ring in rings for slot in struct.iter_unpack("<4I", ring)]
-    # The minutes are Redis's: by its clock, should it run ahead of this one's.
-    newest = max([int(now // 60), *(slot[0] for slot in slots)])
+    # The minutes are Redis's: by its clock, should it run ahead of this one's (by
+    # minutes, not more: a slot stamped far ahead, a clock since set back, would hide
+    # the hour until it came round).
+    here = int(now // 60)
+    newest = max([here, *(slot[0] for slot in slots if slot[0] <= here + 5)])
     sums: dict[int, list[int]] = {}
     for minute, *counts in slots:
         if minute > newest - RECENT_MINUTES:

@@ -99,4 +99,8 @@ def test_the_minutes_are_redis_s_should_its_clock_run_ahead() -> None:
         struct.pack_into("<4I", ring, 16 * (minute % 60), minute, *counts)
     minutes = recent_minutes([{"recent": bytes(ring)}, {}], now=1001 * 60 + 5)
     assert [(m.start // 60, m.decisions) for m in minutes] == [(1000, 1), (1003, 2)]
+    # A slot stamped far ahead (a clock since set back) does not hide the hour.
+    struct.pack_into("<4I", ring, 16 * (1030 % 60), 1030, 4, 0, 0)
+    minutes = recent_minutes([{"recent": bytes(ring)}], now=1001 * 60 + 5)
+    assert [m.start // 60 for m in minutes] == [1000, 1003, 1030]
     assert recent_minutes([{}], now=0.0) == ()
