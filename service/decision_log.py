@@ -151,6 +151,9 @@ def _latest_of(
     earlier ones were left out; and which member to read further back, if more are
     wanted and may exist: the one whose page stopped latest, as none are kept from
     before its oldest entry (what it did not read may come after the others')."""
+    if len(pages) == 1:  # one member: its read kept to the bounds already
+        raw, more = pages[0]
+        return raw, more, None
     cut = max(((_id_key(raw[0][0]), shard) for shard, (raw, more) in enumerate(pages)
                if more and raw), default=None)
     tagged = sorted(((entry_id, shard, fields) for shard, (raw, _) in enumerate(pages)
