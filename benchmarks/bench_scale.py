@@ -141,8 +141,12 @@ def _measure(store: Store, name: str, workers: int, pid: int, url: str,
                tuple(u / count for u in usec), tuple(u / (1e6 * duration) for u in usec))
 
 
+LOADS = ("hot", "sharded", "many")
+
+
 def measure(workers: list[int], experiments: int, duration: int, connections: int,
-            cluster: bool, spread: str, shards: int = 3) -> list[Row]:
+            cluster: bool, spread: str, shards: int = 3,
+            loads: tuple[str, ...] = LOADS) -> list[Row]:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk")
     rows = []
@@ -159,16 +163,59 @@ def measure(workers: list[int], experiments: int, duration: int, connections: in
                     url, pid = _start(serving, [sys.executable, "-m", "linreboot", "serve",
                                                 "--port", str(port), "--workers", str(n)],
                                       env, port, "/readyz")
-                    hot = [_experiment(url, TOKEN, f"hot-{n}", spread=spread, world=World())]
-                    split = [_experiment(url, TOKEN, store.sharded(str(n)), spread=spread,
-                                         world=World(), shards=shards)]
-                    many = [_experiment(url, TOKEN, f"{i}-{n}", spread=spread, world=World())
-                            for i in store.place]
-                    for load, count in ((hot, 1), (split, shards), (many, 1)):
-                        rows.append(_measure(store, label, n, pid, url, load, duration,
+                    for load in loads:
+                        count = shards if load == "sharded" else 1
+                        made = _load(store, load, url, n, spread, shards)
+                        rows.append(_measure(store, label, n, pid, url, made, duration,
                                              connections, count))
                         print(_line(rows[-1]), flush=True)
     return rows
+
+
+def _load(store: Store, load: str, url: str, n: int, spread: str,
+          shards: int) -> list[tuple[str, str]]:
+    """The experiments (id, key) of ``load``, created for the run of ``n`` workers."""
+    if load == "hot":
+        return [_experiment(url, TOKEN, f"hot-{n}", spread=spread, world=World())]
+    if load == "sharded":
+        return [_experiment(url, TOKEN, store.sharded(str(n)), spread=spread, world=World(),
+                            shards=shards)]
+    return [_experiment(url, TOKEN, f"{i}-{n}", spread=spread, world=World())
+            for i in store.place]
+
+
+def scaling(rows: list[Row]) -> list[str]:
+    """Issue 27's targets 1 and 3 by CPU per pair, for a machine with a core per process.
+
+    Target 1: N workers on one hot experiment serve N x 1e6 / (worker µs per pair at N)
+    pairs/s with a core each; against N x the one-worker figure that is (µs at 1) / (µs at
+    N), to be >= 0.8, with the experiment's Redis below 80 % busy at that rate. Target 3:
+    with many experiments, the busiest master saturates first, at 1e6 / (its µs per pair of
+    the aggregate) pairs/s; against one master's ceiling (one Redis, the same load, 1e6 /
+    its µs per pair) that is to be >= 0.8 x the masters.
+    """
+    lines = []
+    for store in dict.fromkeys(row.store for row in rows):
+        hot = {r.workers: r for r in rows if r.store == store and r.experiments == 1
+               and r.shards == 1}
+        if 1 in hot:
+            for n, row in sorted(hot.items()):
+                rate = n * 1e6 / row.worker_us_per_pair
+                busy = rate * sum(row.redis_us_per_pair) / 1e6
+                lines.append(f"- target 1, {store}, {n} worker{'s' if n > 1 else ''}: "
+                             f"{rate:,.0f} pairs/s with a core each, "
+                             f"{hot[1].worker_us_per_pair / row.worker_us_per_pair:.2f} x N x "
+                             f"one worker's (>= 0.8), its Redis {busy:.0%} busy (< 80%)")
+    single = {r.workers: r for r in rows if r.store == "one Redis" and r.experiments > 1}
+    for row in rows:
+        if row.experiments > 1 and len(row.redis_us_per_pair) > 1 and row.workers in single:
+            masters = len(row.redis_us_per_pair)
+            ratio = sum(single[row.workers].redis_us_per_pair) / max(row.redis_us_per_pair)
+            lines.append(f"- target 3, {row.store}, {row.workers} worker"
+                         f"{'s' if row.workers > 1 else ''}, {row.experiments} experiments: "
+                         f"the busiest master saturates at {ratio:.2f} x one master's ceiling "
+                         f"(>= 0.8 x {masters} = {0.8 * masters:.1f})")
+    return lines
 
 
 def _line(row: Row) -> str:
@@ -197,14 +244,17 @@ def main() -> None:
                         help="also on a local 3-master Redis Cluster")
     parser.add_argument("--spread", choices=("paper", "default"), default="default")
     parser.add_argument("--shards", type=int, default=3, help="of the sharded hot experiment")
+    parser.add_argument("--loads", nargs="+", choices=LOADS, default=list(LOADS))
     args = parser.parse_args()
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} at the start; "
           f"stochastic LinReBoot ({args.spread} spread), K = 100, d = 20, every decision "
           f"rewarded, max_stale_rewards 0; {args.duration} s a run, {args.connections} "
           "connections\n")
     print(HEADER, flush=True)
-    measure(args.workers, args.experiments, args.duration, args.connections, args.cluster,
-            args.spread, args.shards)
+    rows = measure(args.workers, args.experiments, args.duration, args.connections,
+                   args.cluster, args.spread, args.shards, tuple(args.loads))
+    print("\nBy CPU per pair (a core for each process; BENCHMARKS.md §12):")
+    print("\n".join(scaling(rows)))
 
 
 if __name__ == "__main__":

@@ -1245,6 +1245,7 @@ class Store:
         request: tuple[str, str, int] | None = None,
         ranked: bool = False,
         later_slots: Sequence[tuple[bytes, Mapping[str, str | bytes]]] = (),
+        rewarding: Sequence[str] = (),
     ) -> DecideReply:
         """Record a pending decision if the statistics it was made from are current.
 
@@ -1265,7 +1266,10 @@ class Store:
         while its decision lives ("spent"). ``ranked``: the decision is a ranking,
         ``record`` and ``logged`` its first slot's, ``later_slots`` (record, log entry)
         its further slots'; slot j's record is the decision :func:`service.keys.slot_id`
-        names, all recorded by one script or none. See ``decide.lua``.
+        names, all recorded by one script or none. ``rewarding``: /choose decisions
+        whose rewards the caller has sent and not yet had answered; the outcomes
+        they recorded after ``seen`` do not count against ``max_lag`` (they are
+        acknowledged after this decision's request arrived). See ``decide.lua``.
         """
         slots = 1 + len(later_slots)
         slot_ids = [keys.slot_id(decision_id, j) for j in range(1, slots + 1)] if ranked else []
@@ -1291,6 +1295,7 @@ class Store:
         for entry in entries:
             for pair in entry.items():
                 args.extend(pair)
+        args.append(len(rewarding))
         keyset = [
             keys.meta(experiment_id),
             keys.stats(experiment_id),
@@ -1303,6 +1308,7 @@ class Store:
             # The caller's id on the other route (decide.lua refuses it while that lives).
             *([keys.decision(experiment_id, decision_id if ranked
                              else keys.slot_id(decision_id, 1))] if request else []),
+            *(keys.decision(experiment_id, rewarded) for rewarded in rewarding),
         ]
         reply = await self._batcher.run(self._decide, keyset, args)
         status = _text(reply[0])

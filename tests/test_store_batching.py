@@ -400,6 +400,58 @@ async def test_a_worker_that_applied_a_reward_decides_from_it(
     assert len(attempts) == 10
 
 
+async def test_a_decision_need_not_reflect_its_workers_rewards_still_in_flight(
+    service: ExperimentService, other_service: ExperimentService,
+    monkeypatch: pytest.MonkeyPatch, redis_db: str,
+) -> None:
+    """A reward sent just before a decision travels ahead of it (one pipeline) and is
+    answered after the decision's request arrived: the decision is recorded at once from
+    the view it was made from, not refused as stale and made again. A reward another
+    worker had answered before still makes it stale, in flight rewards of its own or
+    not: it is made again from the statistics with that reward."""
+    key = await _experiment(service, "fly")
+    attempts: list[tuple[int, int] | None] = []
+    decide = Store.decide
+
+    async def counted(self: Store, *args: Any, **kwargs: Any) -> Any:
+        attempts.append(kwargs["seen"])
+        return await decide(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "decide", counted)
+    made = [await service.choose("fly", ChooseRequest(), key) for _ in range(3)]
+    unknown = await service.reward("fly", [("0" * 32, 0.0)], key)  # loads the script
+    assert unknown[0].status == "not_found"
+    attempts.clear()
+
+    outcome, during = await asyncio.gather(
+        service.reward("fly", [(made[0].decision_id, 1.0)], key),
+        service.choose("fly", ChooseRequest(), key))
+
+    assert outcome[0].status == "applied"
+    assert len(attempts) == 1 and attempts[0] is not None  # recorded at its first attempt
+    assert _seen(redis_db, "fly", during.decision_id) == 0  # made before that reward
+    after = await service.choose("fly", ChooseRequest(), key)
+    assert _seen(redis_db, "fly", after.decision_id) == 1  # and the next one reflects it
+
+    # Another worker's reward, answered before the decision's request: not excused by
+    # one of this worker's own in flight beside it.
+    assert (await other_service.reward("fly", [(made[1].decision_id, 0.5)], key))[0].status \
+        == "applied"
+    attempts.clear()
+    outcome, during = await asyncio.gather(
+        service.reward("fly", [(made[2].decision_id, 1.0)], key),
+        service.choose("fly", ChooseRequest(), key))
+    assert outcome[0].status == "applied"
+    assert len(attempts) == 2 and attempts[1] is None  # stale, then made again
+    assert _seen(redis_db, "fly", during.decision_id) == 3
+
+
+def _seen(url: str, experiment_id: str, decision_id: str) -> int:
+    record = records.read(url, experiment_id, decision_id)
+    assert record is not None
+    return int(record["rewards_seen"])
+
+
 def _rewards_seen(url: str, decision_id: str) -> int:
     record = records.read(url, "lag", decision_id)
     assert record is not None
