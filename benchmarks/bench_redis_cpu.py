@@ -81,7 +81,6 @@ class Version:
     reward_held: bool = False  # reward.lua takes what the caller holds (ARGV[2])
     ranked: bool = False  # decide.lua takes k (ARGV[15]) and each slot's log field count
     reward_shards: bool = False  # reward.lua takes the caller's shard count (ARGV[3])
-    rewarding: bool = False  # decide.lua's last ARGV: the caller's rewards in flight (none)
     times: dict[tuple[int, str], list[float]] = field(default_factory=dict)
 
 
@@ -125,8 +124,7 @@ def _version(client: redis.Redis, name: str, rev: str | None) -> Version:
                    "ARGV[11] the pending record" in decide_text,
                    "ARGV[14] with KEYS[7]" in decide_text, reward_held=_HELD_REWARD in reward_text,
                    ranked="ARGV[15] k, the slots recorded" in decide_text,
-                   reward_shards="ARGV[3]  the shard count" in reward_text,
-                   rewarding="ARGV[#ARGV] how many of the last KEYS" in decide_text)
+                   reward_shards="ARGV[3]  the shard count" in reward_text)
 
 
 def _functions(client: redis.Redis, scripts: Version) -> Version:
@@ -196,8 +194,7 @@ def _decide_args(version: Version, experiment: str, dim: int, decision_id: str) 
         logged = _logged(decision_id, dim)
         fixed[0] = len(keyset) + 1
         fixed.insert(len(keyset) + 1, keys.request(e, decision_id))
-        rewarding = [0] if version.rewarding else []
-        return [*fixed, _decision_record(dim), *no_request, 1, len(logged), *logged, *rewarding]
+        return [*fixed, _decision_record(dim), *no_request, 1, len(logged), *logged]
     if version.record:
         return [*fixed, _decision_record(dim), *no_request, *_logged(decision_id, dim)]
     return [*fixed, len(fields), *(item for pair in fields.items() for item in pair),

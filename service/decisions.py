@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import functools
-import itertools
 import logging
 import math
 import secrets
@@ -53,9 +52,6 @@ _DECIDE_ATTEMPTS = 3
 _SHARD_COUNTS_KEPT = 10_000
 # Why a member applied no reward of a batch (besides 'shards:<count>'): routed again.
 _UNROUTED = frozenset({"missing", "forbidden"})
-# At most this many of a worker's rewards in flight are named to a decision (decide.lua
-# reads their records only when the view lags: a bound on that work).
-_IN_FLIGHT_NAMED = 64
 
 
 class Decisions(Room):
@@ -66,9 +62,6 @@ class Decisions(Room):
         self._rng = np.random.default_rng()  # unseeded experiments share one stream
         self._background: set[asyncio.Task[None]] = set()  # folds no request waits for
         self._rewarding: Counter[str] = Counter()  # rewards in flight, by experiment (member)
-        # The /choose decisions of those rewards, by member: a decision made meanwhile
-        # need not reflect them (they are answered after its request arrived).
-        self._in_flight: dict[str, Counter[str]] = {}
         # Shard counts of experiments this worker rewards without a view of them.
         self._shard_counts: dict[str, int] = {}
     async def choose(
@@ -134,6 +127,13 @@ class Decisions(Room):
         member_key = key_hash if member_id == experiment_id else None
         if member_id != experiment_id:
             view = await self.views.view_for(member_id, None)
+        if self._rewarding[member_id]:
+            # This worker's rewards are on their way: the decision would go after them
+            # (one batch in flight at a time) and find its view stale. Wait for their
+            # replies, which bring their outcomes, and decide from those, rather than
+            # prepare, draw and compute a propensity twice.
+            await self._store.after_batch_in_flight()
+            view = self.views.get(member_id) or view  # perhaps caught up meanwhile
         # decide.lua would refuse a decision from a view further behind: catch up first,
         # rather than prepare, draw and compute a propensity twice.
         view = await self.views.current(member_id, view, member_key,
@@ -169,7 +169,6 @@ class Decisions(Room):
                 grace_seconds=self._settings.default_reward_grace_seconds,
                 record=first[0], logged=first[1], ranked=request.slots is not None,
                 later_slots=later,
-                rewarding=() if seen is None else self._rewarded_now(member_id),
                 held=view.folded + view.applied,
                 request=None if request.decision_id is None else (
                     request.digest(), made.answer, self._settings.idempotency_seconds),
@@ -219,12 +218,6 @@ class Decisions(Room):
                 seen, reserved = (view.version, view.rewards), False
                 number = view.last_number + step
         raise StoreUnavailable("the experiment changed while deciding; retry")
-
-    def _rewarded_now(self, member_id: str) -> tuple[str, ...]:
-        """The /choose decisions whose rewards this worker has sent to ``member_id`` and
-        not yet had answered (at most _IN_FLIGHT_NAMED)."""
-        in_flight = self._in_flight.get(member_id)
-        return () if not in_flight else tuple(itertools.islice(in_flight, _IN_FLIGHT_NAMED))
 
     def _check_routing(self, experiment_id: str, member_id: str, view: View, step: int) -> None:
         """The member's view is of an incarnation with the shard count the decision was
@@ -346,22 +339,12 @@ class Decisions(Room):
         view = self.views.get(member_id)
         held = view.reach if view is not None and not self._rewarding[member_id] else None
         self._rewarding[member_id] += 1
-        # (a ranking's slots share their decision number: decide.lua could not tell them apart)
-        decided = Counter(d for d, _ in texts if keys.SLOT_SEPARATOR not in d)
-        in_flight = self._in_flight.setdefault(member_id, Counter())
-        in_flight.update(decided)
         try:
             reply = await self._store.apply_rewards(member_id, key_hash, texts, held, count)
         finally:
             self._rewarding[member_id] -= 1
             if not self._rewarding[member_id]:
                 del self._rewarding[member_id]
-            in_flight.subtract(decided)
-            for decision_id in decided:
-                if in_flight[decision_id] <= 0:
-                    del in_flight[decision_id]
-            if not in_flight and self._in_flight.get(member_id) is in_flight:
-                del self._in_flight[member_id]
         applied = reply.statuses.count("applied")
         view = self.views.get(member_id)
         if view is not None and applied:

@@ -463,6 +463,18 @@ class HeldConnection:
             await self._connection.disconnect()
 
 
+def _distribute(batch: list[tuple[AsyncScript, list[Any], asyncio.Future[Any]]],
+                replies: list[Any]) -> None:
+    """Each caller its reply (an error reply as its exception)."""
+    for (_, _, future), reply in zip(batch, replies, strict=True):
+        if future.done():  # the caller went away (cancelled)
+            continue
+        if isinstance(reply, Exception):
+            future.set_exception(reply)
+        else:
+            future.set_result(reply)
+
+
 class _ScriptBatcher:
     """Sends the scripts called during one event-loop turn as one pipeline.
 
@@ -495,6 +507,9 @@ class _ScriptBatcher:
         # connection is dropped rather than held through Redis's stall.
         self._deadline = deadline_seconds
         self._queue: list[tuple[AsyncScript, list[Any], asyncio.Future[Any]]] = []
+        self._leading = 0  # the calls at the head of the queue sent first (run's `first`)
+        # Set once the batch in flight has given each of its callers its reply.
+        self._sent: asyncio.Event | None = None
         self._flushes: set[asyncio.Task[None]] = set()  # held until done (no early GC)
         # On a single Redis the batches go over one connection of the pool's
         # kind, held by the batcher: a pooled pipeline's checkout, release and
@@ -503,39 +518,66 @@ class _ScriptBatcher:
         self._held: HeldConnection | None = (
             None if isinstance(client, RedisCluster) else HeldConnection(client.connection_pool))
 
-    async def run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any],
+                  first: bool = False) -> Any:
+        """The script's reply, sent with the others of this turn (``first``: ahead of
+        those not sent first, in the order called)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._queue.append((script, [len(keys), *keys, *args], future))
+        entry = (script, [len(keys), *keys, *args], future)
+        if first:
+            self._queue.insert(self._leading, entry)
+            self._leading += 1
+        else:
+            self._queue.append(entry)
         if len(self._queue) == 1:  # the first of this turn: flush once the turn is over
             flush = loop.create_task(self._flush())
             self._flushes.add(flush)
             flush.add_done_callback(self._flushes.discard)
         return await future
 
+    @property
+    def batch_in_flight(self) -> bool:
+        """A batch is sent and not yet answered."""
+        return self._sent is not None
+
+    async def after_batch_in_flight(self) -> None:
+        """Return once the batch in flight (if any) has given its callers their replies
+        and they have run on: at once where batches do not wait for each other (a
+        cluster). A call made then goes with the next batch, as it would have anyway,
+        knowing what that batch's replies said."""
+        if self._held is not None and self._sent is not None:
+            # (an Event: each waiter is woken directly, before the next batch is taken)
+            await self._sent.wait()
+
     async def _flush(self) -> None:
         batch: list[tuple[AsyncScript, list[Any], asyncio.Future[Any]]] = []
+        sent: asyncio.Event | None = None
         turn: contextlib.AbstractAsyncContextManager[Any] = (
             self._held.turn() if self._held is not None else contextlib.nullcontext())
         try:
             async with asyncio.timeout(self._deadline), turn:
-                batch, self._queue = self._queue, []  # with the calls queued while waiting
+                # with the calls queued while waiting
+                batch, self._queue, self._leading = self._queue, [], 0
+                sent = self._sent = asyncio.Event()
                 calls = [(script, argv) for script, argv, _ in batch]
                 replies = await self._execute(calls) if calls else []
+                # The replies before the turn passes on: the callers, and those waiting
+                # for this batch (after_batch_in_flight), run before the next batch is
+                # taken, so that what they call then goes with it.
+                _distribute(batch, replies)
+                sent.set()
         except BaseException as exc:
             if not batch:  # failed waiting for the turn: so do the calls queued
-                batch, self._queue = self._queue, []
+                batch, self._queue, self._leading = self._queue, [], 0
             for _, _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
-            return
-        for (_, _, future), reply in zip(batch, replies, strict=True):
-            if future.done():  # the caller went away (cancelled)
-                continue
-            if isinstance(reply, Exception):
-                future.set_exception(reply)
-            else:
-                future.set_result(reply)
+        finally:
+            if sent is not None:
+                sent.set()
+                if self._sent is sent:
+                    self._sent = None
 
     async def close(self) -> None:
         if self._held is not None:
@@ -802,6 +844,16 @@ class Store:
         if isinstance(self._client, RedisCluster) and self._notices is None:
             self._notices = DroppedNodeNotices(asyncio.get_running_loop())
             self._notices.install()
+
+    @property
+    def batch_in_flight(self) -> bool:
+        """A batch of script calls is sent and not yet answered."""
+        return self._batcher.batch_in_flight
+
+    async def after_batch_in_flight(self) -> None:
+        """Return once the batch of script calls in flight (if any) has been answered and
+        its callers have run on (:meth:`_ScriptBatcher.after_batch_in_flight`)."""
+        await self._batcher.after_batch_in_flight()
 
     async def close(self) -> None:
         if self._notices is not None:
@@ -1245,7 +1297,6 @@ class Store:
         request: tuple[str, str, int] | None = None,
         ranked: bool = False,
         later_slots: Sequence[tuple[bytes, Mapping[str, str | bytes]]] = (),
-        rewarding: Sequence[str] = (),
     ) -> DecideReply:
         """Record a pending decision if the statistics it was made from are current.
 
@@ -1266,10 +1317,7 @@ class Store:
         while its decision lives ("spent"). ``ranked``: the decision is a ranking,
         ``record`` and ``logged`` its first slot's, ``later_slots`` (record, log entry)
         its further slots'; slot j's record is the decision :func:`service.keys.slot_id`
-        names, all recorded by one script or none. ``rewarding``: /choose decisions
-        whose rewards the caller has sent and not yet had answered; the outcomes
-        they recorded after ``seen`` do not count against ``max_lag`` (they are
-        acknowledged after this decision's request arrived). See ``decide.lua``.
+        names, all recorded by one script or none. See ``decide.lua``.
         """
         slots = 1 + len(later_slots)
         slot_ids = [keys.slot_id(decision_id, j) for j in range(1, slots + 1)] if ranked else []
@@ -1295,7 +1343,6 @@ class Store:
         for entry in entries:
             for pair in entry.items():
                 args.extend(pair)
-        args.append(len(rewarding))
         keyset = [
             keys.meta(experiment_id),
             keys.stats(experiment_id),
@@ -1308,9 +1355,9 @@ class Store:
             # The caller's id on the other route (decide.lua refuses it while that lives).
             *([keys.decision(experiment_id, decision_id if ranked
                              else keys.slot_id(decision_id, 1))] if request else []),
-            *(keys.decision(experiment_id, rewarded) for rewarded in rewarding),
         ]
-        reply = await self._batcher.run(self._decide, keyset, args)
+        # First in its batch: the rewards sent with it then do not make it stale.
+        reply = await self._batcher.run(self._decide, keyset, args, first=True)
         status = _text(reply[0])
         if status == "recorded":
             return DecideReply("recorded", number=int(reply[1]))

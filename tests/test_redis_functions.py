@@ -200,16 +200,13 @@ async def test_on_redis_6_2_the_scripts_run_by_evalsha(redis_db: str) -> None:
 @pytest.mark.filterwarnings("ignore::pytest.PytestWarning")  # anyio marks a sync test
 @needs_redis_7
 def test_the_api_tests_pass_on_redis_7_calling_functions(redis_7: RedisProcess) -> None:
-    """The API, default-reward and idempotency tests (and a decision beside its worker's
-    rewards in flight), run again with Redis 7 as the test Redis (a subprocess, so that
-    the session's Redis stays the embedded 6.2)."""
+    """The API, default-reward and idempotency tests, run again with Redis 7 as the
+    test Redis (a subprocess, so that the session's Redis stays the embedded 6.2)."""
     with redis_7.client() as client:
         client.flushall()
         client.config_resetstat()
     modules = ["tests/test_app_api.py", "tests/test_default_rewards.py",
-               "tests/test_idempotent_choose.py", "tests/test_recent_activity.py",
-               "tests/test_store_batching.py::"
-               "test_a_decision_need_not_reflect_its_workers_rewards_still_in_flight"]
+               "tests/test_idempotent_choose.py", "tests/test_recent_activity.py"]
     env = {**os.environ, TEST_REDIS_ENV: redis_7.url}
     run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
                           *modules], cwd=ROOT, env=env, capture_output=True, text=True)

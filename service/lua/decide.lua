@@ -54,10 +54,6 @@
 -- ARGV[15 + 2k ..]  field, value, ... of each slot's log entry in turn, but its number
 --          (which the script adds): type, id, arm, x, version, rewards_seen,
 --          eligible, propensity (position, in a ranking)
--- ARGV[#ARGV] how many of the last KEYS are records of decisions whose rewards the
---          worker has sent and not yet been answered (/choose decisions of this member):
---          their outcomes, acknowledged after this decision's request arrived, need not
---          count against ARGV[8] (see own_in_flight)
 --
 -- Returns
 --   {'recorded', number}  the decision is recorded (also when an earlier call whose
@@ -176,56 +172,11 @@ local rewards = tostring(tonumber(counters[1] or '0') + tonumber(counters[5] or 
 local seq = tonumber(counters[2] or '0')
 local step = tonumber(meta[8] or '1')
 local number = ARGV[5]
-
--- How many of the `lag` outcomes after the caller's statistics (ARGV[4]) the caller's own
--- rewards in flight recorded (ARGV[#ARGV]'s records: 'r', this incarnation, and an outcome
--- of the same decision number after ARGV[4]). Those rewards are answered after this
--- decision's request arrived, so it need not reflect them; without this, a worker's
--- decision made while its own rewards travel ahead of it in the pipeline is stale and
--- made twice. A ranking's slots share a number, so only /choose decisions are given.
--- 0 when the records after ARGV[4] are not all at hand (a fold took some). (A reward in
--- flight of a decision another worker rewarded meanwhile, a client's retry sent to two
--- workers, excuses that worker's outcome too: the same decision's reward, arriving as
--- this decision is made.)
-local function own_in_flight(lag)
-  local count = tonumber(ARGV[#ARGV])
-  if lag - count > tonumber(ARGV[8]) then
-    return 0  -- they could not account for enough of them
-  end
-  local numbers, any = {}, false
-  for i = #KEYS - count + 1, #KEYS do
-    local raw = redis.pcall('GET', KEYS[i])
-    if type(raw) == 'string' then
-      local incarnation, taken = string.match(raw, '^r([^\n]*)\n([^\n]*)\n')
-      if incarnation == meta[1] then
-        numbers[taken], any = true, true
-      end
-    end
-  end
-  local skip = tonumber(ARGV[4]) - tonumber(counters[3] or '0')
-  if not any or skip < 0 then
-    return 0
-  end
-  local after, skipped = records_after(redis.call('GET', KEYS[6]) or '', skip)
-  local own, seen, at = 0, 0, 1
-  while skipped == skip and at <= #after do
-    local colon = string.find(after, ':', at, true)
-    -- payload: model field '\n' arm field '\n' decision number '\n' ... (outcomes.lua)
-    if numbers[string.match(after, '^[^\n]*\n[^\n]*\n([^\n]*)\n', colon + 1)] then
-      own = own + 1
-    end
-    seen = seen + 1
-    at = colon + 1 + tonumber(string.sub(after, at, colon - 1))
-  end
-  return seen == lag and own or 0
-end
-
 -- Another incarnation (deleted and created again meanwhile) is always stale.
 local redefined = meta[1] ~= ARGV[2] or (ARGV[3] ~= '' and ARGV[3] ~= meta[3])
-local lag = ARGV[4] ~= '' and tonumber(rewards) - tonumber(ARGV[4]) or 0
 local stale = redefined
-  or lag < 0
-  or (lag > tonumber(ARGV[8]) and lag - own_in_flight(lag) > tonumber(ARGV[8]))
+  or (ARGV[4] ~= '' and (tonumber(rewards) < tonumber(ARGV[4])
+                         or tonumber(rewards) - tonumber(ARGV[4]) > tonumber(ARGV[8])))
   or (number ~= '' and ARGV[6] == '0' and tonumber(number) ~= seq + step)
 if stale then
   local reserved = ''
