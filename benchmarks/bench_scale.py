@@ -4,6 +4,7 @@ Usage::
 
     python -m benchmarks.bench_scale [--workers 1 2 4] [--experiments 6] [--duration 8]
                                      [--connections 32] [--cluster] [--spread default]
+                                     [--loads hot sharded many] [--pin]
 
 For each number of uvicorn workers N and each store (one embedded Redis; with
 ``--cluster`` also a local Redis Cluster of 3 masters, tests/cluster.py), wrk
@@ -12,8 +13,9 @@ stochastic LinReBoot, K = 100, d = 20) on one hot experiment (one wrk thread),
 on one hot experiment of ``--shards`` shards (service.shards; on a cluster, its
 members on every master), and on ``--experiments`` experiments (a wrk thread
 each; on a cluster spread evenly over the masters). Each row gives pairs/s,
-p50 and p99, the workers' CPU per pair (user + system, /proc), each master's CPU per pair (INFO
-commandstats) and busy share (its command time over the run), and what
+p50 and p99, the workers' CPU per pair (user + system, /proc), the script calls
+per pair (2 when no decision is made twice; a stale one is a third), each master's CPU
+per pair (INFO commandstats) and busy share (its command time over the run), and what
 10,000 and 100,000 pairs/s would need by extrapolating the CPU per pair:
 worker cores, and Redis masters kept below 80 % busy. An unsharded experiment
 lives on one master: 1e6 / (its Redis µs per pair) pairs/s is its ceiling
@@ -21,7 +23,9 @@ whatever the workers; a sharded one spreads that work over its members.
 
 On a machine with few cores wrk, the workers and Redis share them, so
 pairs/s stops growing with N early; the CPU per pair and each master's busy
-share are what decide scaling on a larger machine (BENCHMARKS.md §12).
+share are what decide scaling on a larger machine (BENCHMARKS.md §12): ``--pin``
+gives the workers a core of their own (the rest share the others), and the summary
+after the table reads targets 1 and 3 of issue 27 from them.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ class Row:
     worker_us_per_pair: float
     redis_us_per_pair: tuple[float, ...]  # per master
     busy: tuple[float, ...]  # per master: command time / wall time
+    scripts_per_pair: float = 2.0  # decide + reward; more: decisions made again (stale), folds
 
     def needs(self, rate: float) -> str:
         """Worker cores and Redis masters for ``rate`` pairs/s, by this row's CPU per pair."""
@@ -135,10 +140,18 @@ def _measure(store: Store, name: str, workers: int, pid: int, url: str,
     result = run_wrk(name, f"{url}/choose", duration, connections, script, args, threads=threads)
     spent = tree_cpu_seconds(pid) - before
     usec = [command_usec(server) for server in store.servers]
+    scripts = sum(script_calls(server) for server in store.servers)
     count = max(result.requests / 2, 1.0)  # a /choose and a /reward each
     return Row(name, workers, len(pairs), shards, result.requests_per_second / 2, result.p50_ms,
                result.p99_ms, result.errors, 1e6 * spent / count,
-               tuple(u / count for u in usec), tuple(u / (1e6 * duration) for u in usec))
+               tuple(u / count for u in usec), tuple(u / (1e6 * duration) for u in usec),
+               scripts / count)
+
+
+def script_calls(server: redis.Redis) -> int:
+    """Script calls (EVALSHA, FCALL) since the server's stats were last reset."""
+    stats: dict[str, dict[str, int]] = server.info("commandstats")  # type: ignore[assignment]
+    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("evalsha", "fcall"))
 
 
 LOADS = ("hot", "sharded", "many")
@@ -146,9 +159,16 @@ LOADS = ("hot", "sharded", "many")
 
 def measure(workers: list[int], experiments: int, duration: int, connections: int,
             cluster: bool, spread: str, shards: int = 3,
-            loads: tuple[str, ...] = LOADS) -> list[Row]:
+            loads: tuple[str, ...] = LOADS, pin: bool = False) -> list[Row]:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk")
+    serve = [sys.executable, "-m", "linreboot", "serve"]
+    if pin:  # the workers on the last core; Redis, wrk and this process on the others
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) < 2 or shutil.which("taskset") is None:
+            raise SystemExit("--pin needs two cores and taskset")
+        os.sched_setaffinity(0, cores[:-1])  # inherited by the Redis servers and wrk
+        serve = ["taskset", "-c", str(cores[-1]), *serve]
     rows = []
     stores = [("one Redis", _single)] + ([("3-master cluster", _cluster)] if cluster else [])
     for label, make in stores:
@@ -160,9 +180,8 @@ def measure(workers: list[int], experiments: int, duration: int, connections: in
                     port = free_port()
                     env = {"LINREBOOT_REDIS_URL": store.url, "LINREBOOT_ADMIN_TOKEN": TOKEN,
                            "LINREBOOT_LOG_LEVEL": "warning"}
-                    url, pid = _start(serving, [sys.executable, "-m", "linreboot", "serve",
-                                                "--port", str(port), "--workers", str(n)],
-                                      env, port, "/readyz")
+                    url, pid = _start(serving, [*serve, "--port", str(port),
+                                                "--workers", str(n)], env, port, "/readyz")
                     for load in loads:
                         count = shards if load == "sharded" else 1
                         made = _load(store, load, url, n, spread, shards)
@@ -224,13 +243,14 @@ def _line(row: Row) -> str:
     load = f"{row.experiments}" + (f" ({row.shards} shards)" if row.shards > 1 else "")
     return (f"| {row.store} | {row.workers} | {load} | {row.pairs_per_second:,.0f} | "
             f"{row.p50_ms:.1f} | {row.p99_ms:.1f} | {row.worker_us_per_pair:.0f} | "
-            f"{redis_us} | {busy} | {row.needs(TARGETS[0])} | {row.needs(TARGETS[1])} | "
-            f"{row.errors} |")
+            f"{row.scripts_per_pair:.2f} | {redis_us} | {busy} | {row.needs(TARGETS[0])} | "
+            f"{row.needs(TARGETS[1])} | {row.errors} |")
 
 
 HEADER = ("| store | workers | experiments | pairs/s | p50 ms | p99 ms | worker CPU µs/pair "
-          "| Redis µs/pair, by master | busy, by master | for 10k pairs/s | for 100k pairs/s "
-          "| errors |\n|---|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|")
+          "| scripts/pair | Redis µs/pair, by master | busy, by master | for 10k pairs/s "
+          "| for 100k pairs/s | errors |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|")
 
 
 def main() -> None:
@@ -245,6 +265,9 @@ def main() -> None:
     parser.add_argument("--spread", choices=("paper", "default"), default="default")
     parser.add_argument("--shards", type=int, default=3, help="of the sharded hot experiment")
     parser.add_argument("--loads", nargs="+", choices=LOADS, default=list(LOADS))
+    parser.add_argument("--pin", action="store_true",
+                        help="the workers on one core of their own, the rest on the others: "
+                             "their CPU per pair without wrk's and Redis's contention")
     args = parser.parse_args()
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} at the start; "
           f"stochastic LinReBoot ({args.spread} spread), K = 100, d = 20, every decision "
@@ -252,7 +275,8 @@ def main() -> None:
           "connections\n")
     print(HEADER, flush=True)
     rows = measure(args.workers, args.experiments, args.duration, args.connections,
-                   args.cluster, args.spread, args.shards, tuple(args.loads))
+                   args.cluster, args.spread, args.shards, tuple(args.loads),
+                   args.pin)
     print("\nBy CPU per pair (a core for each process; BENCHMARKS.md §12):")
     print("\n".join(scaling(rows)))
 
