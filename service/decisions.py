@@ -52,6 +52,9 @@ _DECIDE_ATTEMPTS = 3
 _SHARD_COUNTS_KEPT = 10_000
 # Why a member applied no reward of a batch (besides 'shards:<count>'): routed again.
 _UNROUTED = frozenset({"missing", "forbidden"})
+# How long a decision waits for its worker's rewards in flight (a batch's round trip is
+# milliseconds; past this Redis is slow, and waiting longer would add to the deadline).
+_REWARDS_WAIT_SECONDS = 0.05
 
 
 class Decisions(Room):
@@ -132,7 +135,7 @@ class Decisions(Room):
             # (one batch in flight at a time) and find its view stale. Wait for their
             # replies, which bring their outcomes, and decide from those, rather than
             # prepare, draw and compute a propensity twice.
-            await self._store.after_batch_in_flight()
+            await self._store.after_batch_in_flight(_REWARDS_WAIT_SECONDS)
             view = self.views.get(member_id) or view  # perhaps caught up meanwhile
         # decide.lua would refuse a decision from a view further behind: catch up first,
         # rather than prepare, draw and compute a propensity twice.

@@ -541,14 +541,17 @@ class _ScriptBatcher:
         """A batch is sent and not yet answered."""
         return self._sent is not None
 
-    async def after_batch_in_flight(self) -> None:
+    async def after_batch_in_flight(self, at_most: float) -> None:
         """Return once the batch in flight (if any) has given its callers their replies
-        and they have run on: at once where batches do not wait for each other (a
-        cluster). A call made then goes with the next batch, as it would have anyway,
-        knowing what that batch's replies said."""
+        and they have run on, or after ``at_most`` seconds (a stalled Redis: the batch's
+        deadline bounds a call's wait, not twice that); at once where batches do not
+        wait for each other (a cluster). A call made then goes with the next batch, as
+        it would have anyway, knowing what that batch's replies said."""
         if self._held is not None and self._sent is not None:
             # (an Event: each waiter is woken directly, before the next batch is taken)
-            await self._sent.wait()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(at_most):
+                    await self._sent.wait()
 
     async def _flush(self) -> None:
         batch: list[tuple[AsyncScript, list[Any], asyncio.Future[Any]]] = []
@@ -850,10 +853,11 @@ class Store:
         """A batch of script calls is sent and not yet answered."""
         return self._batcher.batch_in_flight
 
-    async def after_batch_in_flight(self) -> None:
+    async def after_batch_in_flight(self, at_most: float) -> None:
         """Return once the batch of script calls in flight (if any) has been answered and
-        its callers have run on (:meth:`_ScriptBatcher.after_batch_in_flight`)."""
-        await self._batcher.after_batch_in_flight()
+        its callers have run on, or after ``at_most`` seconds
+        (:meth:`_ScriptBatcher.after_batch_in_flight`)."""
+        await self._batcher.after_batch_in_flight(at_most)
 
     async def close(self) -> None:
         if self._notices is not None:

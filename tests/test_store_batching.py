@@ -14,6 +14,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -455,6 +457,39 @@ async def test_a_decision_is_made_once_beside_its_workers_rewards(
     assert outcome[0].status == "applied"
     assert len(attempts) == 2 and attempts[1] is None  # stale, then made again
     assert _seen(redis_db, "fly", during.decision_id) >= 3
+
+
+async def test_a_decision_waits_for_its_workers_rewards_only_a_moment(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """With Redis asleep the batch in flight takes its deadline: a decision waiting for
+    its worker's rewards gives up after the moment it allows (its own batch then has
+    the deadline, not twice the deadline)."""
+    key = await _experiment(service, "slow")
+    made = await service.choose("slow", ChooseRequest(), key)
+    unknown = await service.reward("slow", [("0" * 32, 0.0)], key)  # loads the script
+    assert unknown[0].status == "not_found"
+    blocker = redis.Redis.from_url(redis_db)
+    asleep = threading.Thread(target=blocker.execute_command, args=("DEBUG", "SLEEP", "0.6"))
+    asleep.start()
+    try:
+        await asyncio.sleep(0.05)
+        rewarding = asyncio.ensure_future(service.reward("slow", [(made.decision_id, 1.0)], key))
+        for _ in range(100):
+            await asyncio.sleep(0)
+            if service._store.batch_in_flight:
+                break
+        else:
+            pytest.fail("the reward's batch was not sent")
+        started = time.monotonic()
+        await service._store.after_batch_in_flight(0.05)
+        waited = time.monotonic() - started
+        assert service._store.batch_in_flight  # Redis still asleep: the batch unanswered
+        assert 0.04 <= waited < 0.3
+        assert (await rewarding)[0].status == "applied"
+    finally:
+        asleep.join()
+        blocker.close()
 
 
 def _seen(url: str, experiment_id: str, decision_id: str) -> int:
