@@ -179,7 +179,7 @@ class Decisions(Room):
             if reply.status == "repeat":  # answered before under the caller's id
                 assert reply.answer is not None
                 return _repeated(decision_id, request.slots, reply.number, reply.answer,
-                                 reply.window_left)
+                                 reply.windows_left)
             if reply.status == "conflict":
                 raise Conflict("this decision_id was used by another request (a different "
                                "context, eligible or excluded): choose a new id")
@@ -558,21 +558,22 @@ def _answer_line(arm_id: str, propensity: float | None, score: float) -> str:
 
 
 def _repeated(decision_id: str, slots: int | None, number: int, answer: str,
-              window_left: int | None) -> Decision | RankedDecision:
+              windows_left: Sequence[int]) -> Decision | RankedDecision:
     """The decision (``slots`` None) or ranking an earlier request under ``decision_id``
-    got (:class:`_Made`'s answer), with the time its reward may still come in (0 once it
-    has come; a ranking's, its first slot's)."""
+    got (:class:`_Made`'s answer), with the time each slot's reward may still come in
+    (0 once it has come; a ranking's, the longest of its slots')."""
     lines = answer.split("\n")
-    window = window_left or 0
+    places = list(zip(lines[0::3], lines[1::3], lines[2::3], strict=True))
+    windows = [*windows_left, *[0] * len(places)][:len(places)]
     decided = [
         _slot_decision(decision_id if slots is None else keys.slot_id(decision_id, j + 1),
                        arm_id, float(index) if index else math.inf, number, window,
                        float(propensity) if propensity else None)
-        for j, (arm_id, propensity, index) in enumerate(
-            zip(lines[0::3], lines[1::3], lines[2::3], strict=True))]
+        for j, ((arm_id, propensity, index), window) in enumerate(
+            zip(places, windows, strict=True))]
     if slots is None:
         return decided[0]
-    return RankedDecision(decision_id, number, window, tuple(decided))
+    return RankedDecision(decision_id, number, max(windows, default=0), tuple(decided))
 
 
 def _slot_decision(decision_id: str, arm_id: str, score: float, number: int, window: int,

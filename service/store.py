@@ -717,7 +717,8 @@ class DecideReply:
     status: Literal["recorded", "stale", "missing", "forbidden", "repeat", "conflict", "spent"]
     number: int = 0
     answer: str | None = None  # with "repeat": the earlier answer (decide.lua's ARGV[13])
-    window_left: int | None = None  # with "repeat": seconds its reward may still come in
+    # with "repeat": seconds each slot's reward may still come in (one for a /choose)
+    windows_left: tuple[int, ...] = ()
     # With "stale", what to decide from instead: the statistics, or what the
     # caller's statistics lack (``held`` was given and they can catch up).
     snapshot: Snapshot | None = None
@@ -1367,7 +1368,7 @@ class Store:
             return DecideReply("recorded", number=int(reply[1]))
         if status == "repeat":
             return DecideReply("repeat", number=int(reply[1]), answer=_text(reply[2]),
-                               window_left=int(reply[3]))
+                               windows_left=tuple(int(w) for w in reply[3:]))
         if status in ("conflict", "spent"):
             return DecideReply(status)  # type: ignore[arg-type]
         if status == "stale":

@@ -140,6 +140,25 @@ async def test_unrewarded_slots_get_the_default_reward(service: ExperimentServic
     assert late[0].status == "late"
 
 
+async def test_a_repeated_ranking_reports_each_slots_window(
+    service: ExperimentService,
+) -> None:
+    """A ranking asked again under the caller's id answers, per slot, how long its reward
+    may still come in: 0 for a slot rewarded since, the window for the others (and the
+    ranking the longest of them), not its first slot's for every slot."""
+    await _trained(service, COVARIATES)
+    request = ChooseRequest(context=(0.2, 0.1), slots=3, decision_id="page-10")
+    first = await service.rank("shelf", request)
+    await service.reward("shelf", [(first.slots[0].decision_id, 1.0)])
+
+    again = await service.rank("shelf", request)
+
+    assert isinstance(again, RankedDecision)
+    assert again.slots[0].expires_in_seconds == 0
+    assert all(0 < s.expires_in_seconds <= first.expires_in_seconds for s in again.slots[1:])
+    assert again.expires_in_seconds == max(s.expires_in_seconds for s in again.slots)
+
+
 async def test_a_ranking_under_the_callers_id_is_idempotent(
     service: ExperimentService, other_service: ExperimentService
 ) -> None:

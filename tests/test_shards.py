@@ -437,6 +437,26 @@ async def test_a_revoke_that_reached_only_the_home_is_copied_by_the_next_decisio
             await service.choose("rev", ChooseRequest(decision_id=i), old_key)
 
 
+async def test_a_revoke_sent_again_after_its_copy_failed_reaches_every_member(
+    service: ExperimentService,
+) -> None:
+    """A revoke whose copy to the other members failed (the caller got a 503; here: the
+    home revoked alone) is sent again: the home has nothing left to revoke, but the
+    copy is made, so the old key's rewards are refused on every member."""
+    _, old_key = await service.create(_spec("again"))
+    await service.rotate_key("again")
+    made = [await service.choose("again", ChooseRequest(decision_id=i), old_key)
+            for i in _one_on_each_member("o")]
+    assert await service.decisions._store.revoke_previous_key("again") == 1  # the home alone
+
+    assert not await service.revoke_previous_key("again")  # sent again: none left at home
+
+    for decision in made:
+        with pytest.raises(Forbidden):
+            await service.reward("again", [(decision.decision_id, 1.0)], old_key)
+    assert (await service.get("again")).rewards == 0
+
+
 async def test_creation_and_deletion_of_an_id_wait_for_each_other(
     service: ExperimentService,
 ) -> None:

@@ -79,8 +79,9 @@
 --                         request it then refuses takes no number
 --   {'missing'}           no such experiment
 --   {'forbidden'}         the key is not the experiment's
---   {'repeat', number, answer, seconds}  KEYS[7]'s request was answered before, with the same
---                         digest: that answer (ARGV[13]'s format); nothing recorded
+--   {'repeat', number, answer, seconds, ...}  KEYS[7]'s request was answered before, with
+--                         the same digest: that answer (ARGV[13]'s format), and how long
+--                         each slot's reward may still come in; nothing recorded
 --   {'conflict'}          KEYS[7]'s id was used by a request with another digest
 --   {'spent'}             KEYS[7]'s id has a live decision but its answer is no longer
 --                         kept (older than ARGV[14]): nothing recorded
@@ -129,7 +130,11 @@ if request then
       if digest ~= ARGV[12] then
         return {'conflict'}
       end
-      return {'repeat', tonumber(number), answer, window_left(KEYS[3])}
+      local reply = {'repeat', tonumber(number), answer, window_left(KEYS[3])}
+      for slot = 2, slots do  -- a ranking's further slots: each its own
+        reply[#reply + 1] = window_left(KEYS[6 + slot])
+      end
+      return reply
     end
   end
 end
