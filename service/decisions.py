@@ -130,12 +130,12 @@ class Decisions(Room):
         member_key = key_hash if member_id == experiment_id else None
         if member_id != experiment_id:
             view = await self.views.view_for(member_id, None)
-        if self._rewarding[member_id]:
-            # This worker's rewards are on their way: the decision would go after them
-            # (one batch in flight at a time) and find its view stale. Wait for their
-            # replies, which bring their outcomes, and decide from those, rather than
-            # prepare, draw and compute a propensity twice.
-            await self._store.after_batch_in_flight(_REWARDS_WAIT_SECONDS)
+        if self._rewarding[member_id] and await self._store.after_rewards_in_flight(
+                member_id, _REWARDS_WAIT_SECONDS):
+            # This worker's rewards were on their way: the decision would have gone after
+            # them (one batch in flight at a time) and found its view stale. It waited for
+            # their replies, which bring their outcomes, and decides from those, rather
+            # than prepare, draw and compute a propensity twice.
             view = self.views.get(member_id) or view  # perhaps caught up meanwhile
         # decide.lua would refuse a decision from a view further behind: catch up first,
         # rather than prepare, draw and compute a propensity twice.

@@ -463,8 +463,28 @@ class HeldConnection:
             await self._connection.disconnect()
 
 
-def _distribute(batch: list[tuple[AsyncScript, list[Any], asyncio.Future[Any]]],
-                replies: list[Any]) -> None:
+_Call = tuple[AsyncScript, list[Any], "asyncio.Future[Any]"]  # script, argv, the reply
+
+
+@dataclass
+class _Queue:
+    """The calls of the next batch, those sent first at its head, and their tags."""
+
+    calls: list[_Call] = field(default_factory=list)
+    leading: int = 0  # how many at the head are sent first
+    tags: set[str] = field(default_factory=set)
+
+    def add(self, call: _Call, first: bool, tag: str | None) -> None:
+        if first:
+            self.calls.insert(self.leading, call)
+            self.leading += 1
+        else:
+            self.calls.append(call)
+        if tag is not None:
+            self.tags.add(tag)
+
+
+def _distribute(batch: list[_Call], replies: list[Any]) -> None:
     """Each caller its reply (an error reply as its exception)."""
     for (_, _, future), reply in zip(batch, replies, strict=True):
         if future.done():  # the caller went away (cancelled)
@@ -506,10 +526,11 @@ class _ScriptBatcher:
         # A batch that outlives its callers' deadlines is abandoned: its
         # connection is dropped rather than held through Redis's stall.
         self._deadline = deadline_seconds
-        self._queue: list[tuple[AsyncScript, list[Any], asyncio.Future[Any]]] = []
-        self._leading = 0  # the calls at the head of the queue sent first (run's `first`)
-        # Set once the batch in flight has given each of its callers its reply.
-        self._sent: asyncio.Event | None = None
+        self._queue = _Queue()  # the next batch's calls
+        # The batch in flight (one at a time over the held connection; on a cluster the
+        # latest of those in flight): the tags of its calls, and an Event set once it
+        # has given each of its callers its reply.
+        self._sending: tuple[frozenset[str], asyncio.Event] | None = None
         self._flushes: set[asyncio.Task[None]] = set()  # held until done (no early GC)
         # On a single Redis the batches go over one connection of the pool's
         # kind, held by the batcher: a pooled pipeline's checkout, release and
@@ -519,18 +540,14 @@ class _ScriptBatcher:
             None if isinstance(client, RedisCluster) else HeldConnection(client.connection_pool))
 
     async def run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any],
-                  first: bool = False) -> Any:
+                  first: bool = False, tag: str | None = None) -> Any:
         """The script's reply, sent with the others of this turn (``first``: ahead of
-        those not sent first, in the order called)."""
+        those not sent first, in the order called; ``tag``: what
+        :meth:`after_batch_in_flight` asks about)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        entry = (script, [len(keys), *keys, *args], future)
-        if first:
-            self._queue.insert(self._leading, entry)
-            self._leading += 1
-        else:
-            self._queue.append(entry)
-        if len(self._queue) == 1:  # the first of this turn: flush once the turn is over
+        self._queue.add((script, [len(keys), *keys, *args], future), first, tag)
+        if len(self._queue.calls) == 1:  # the first of this turn: flush once the turn is over
             flush = loop.create_task(self._flush())
             self._flushes.add(flush)
             flush.add_done_callback(self._flushes.discard)
@@ -538,49 +555,55 @@ class _ScriptBatcher:
 
     @property
     def batch_in_flight(self) -> bool:
-        """A batch is sent and not yet answered."""
-        return self._sent is not None
+        """A batch is sent and not yet answered (over the held connection; on a cluster,
+        where batches overlap, the latest one sent)."""
+        return self._sending is not None
 
-    async def after_batch_in_flight(self, at_most: float) -> None:
-        """Return once the batch in flight (if any) has given its callers their replies
-        and they have run on, or after ``at_most`` seconds (a stalled Redis: the batch's
-        deadline bounds a call's wait, not twice that); at once where batches do not
-        wait for each other (a cluster). A call made then goes with the next batch, as
-        it would have anyway, knowing what that batch's replies said."""
-        if self._held is not None and self._sent is not None:
-            # (an Event: each waiter is woken directly, before the next batch is taken)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(at_most):
-                    await self._sent.wait()
+    async def after_batch_in_flight(self, tag: str, at_most: float) -> bool:
+        """When the batch in flight carries a call tagged ``tag``: return once it has given
+        its callers their replies and they have run on (True), or after ``at_most``
+        seconds (a stalled Redis: the batch's deadline bounds a call's wait, not twice
+        that); else (and where batches do not wait for each other: a cluster) at once,
+        False. A call made then goes with the next batch, as it would have anyway,
+        knowing what that batch's replies said."""
+        sending = self._sending
+        if self._held is None or sending is None or tag not in sending[0]:
+            return False
+        # (an Event: each waiter is woken directly, before the next batch is taken)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(at_most):
+                await sending[1].wait()
+        return True
 
     async def _flush(self) -> None:
-        batch: list[tuple[AsyncScript, list[Any], asyncio.Future[Any]]] = []
+        batch: list[_Call] = []
         sent: asyncio.Event | None = None
         turn: contextlib.AbstractAsyncContextManager[Any] = (
             self._held.turn() if self._held is not None else contextlib.nullcontext())
         try:
             async with asyncio.timeout(self._deadline), turn:
-                # with the calls queued while waiting
-                batch, self._queue, self._leading = self._queue, [], 0
-                sent = self._sent = asyncio.Event()
+                taken, self._queue = self._queue, _Queue()  # with those queued meanwhile
+                batch, sent = taken.calls, asyncio.Event()
+                self._sending = (frozenset(taken.tags), sent)
                 calls = [(script, argv) for script, argv, _ in batch]
                 replies = await self._execute(calls) if calls else []
                 # The replies before the turn passes on: the callers, and those waiting
-                # for this batch (after_batch_in_flight), run before the next batch is
-                # taken, so that what they call then goes with it.
+                # for this batch (after_batch_in_flight), run (one step of the loop)
+                # before the next batch is taken, so that what they call goes with it.
                 _distribute(batch, replies)
                 sent.set()
+                await asyncio.sleep(0)
         except BaseException as exc:
             if not batch:  # failed waiting for the turn: so do the calls queued
-                batch, self._queue, self._leading = self._queue, [], 0
+                batch, self._queue = self._queue.calls, _Queue()
             for _, _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
         finally:
             if sent is not None:
                 sent.set()
-                if self._sent is sent:
-                    self._sent = None
+                if self._sending is not None and self._sending[1] is sent:
+                    self._sending = None
 
     async def close(self) -> None:
         if self._held is not None:
@@ -854,11 +877,12 @@ class Store:
         """A batch of script calls is sent and not yet answered."""
         return self._batcher.batch_in_flight
 
-    async def after_batch_in_flight(self, at_most: float) -> None:
-        """Return once the batch of script calls in flight (if any) has been answered and
-        its callers have run on, or after ``at_most`` seconds
+    async def after_rewards_in_flight(self, experiment_id: str, at_most: float) -> bool:
+        """When the batch of script calls in flight carries rewards of ``experiment_id``:
+        return once it has been answered and its callers have run on, or after
+        ``at_most`` seconds, True; else at once, False
         (:meth:`_ScriptBatcher.after_batch_in_flight`)."""
-        await self._batcher.after_batch_in_flight(at_most)
+        return await self._batcher.after_batch_in_flight(experiment_id, at_most)
 
     async def close(self) -> None:
         if self._notices is not None:
@@ -1412,7 +1436,7 @@ class Store:
         keyset += [keys.decision(experiment_id, decision_id) for decision_id, _ in items]
         args = ["" if key_hash is None else key_hash, "" if held is None else held, shards,
                 *(reward for _, reward in items)]
-        reply = await self._batcher.run(self._reward, keyset, args)
+        reply = await self._batcher.run(self._reward, keyset, args, tag=experiment_id)
         if len(reply) == 1:  # 'missing' or 'forbidden': the script's only reply
             return RewardReply([_text(reply[0])])
         if _text(reply[0]) == "shards":

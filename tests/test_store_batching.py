@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -419,7 +418,7 @@ async def test_a_decision_is_made_once_beside_its_workers_rewards(
         return await decide(self, *args, **kwargs)
 
     monkeypatch.setattr(Store, "decide", counted)
-    made = [await service.choose("fly", ChooseRequest(), key) for _ in range(4)]
+    made = [await service.choose("fly", ChooseRequest(), key) for _ in range(5)]
     unknown = await service.reward("fly", [("0" * 32, 0.0)], key)  # loads the script
     assert unknown[0].status == "not_found"
 
@@ -432,19 +431,18 @@ async def test_a_decision_is_made_once_beside_its_workers_rewards(
     assert len(attempts) == 1 and attempts[0] is not None  # recorded at its first attempt
     assert _seen(redis_db, "fly", during.decision_id) == 0  # before that reward
 
-    # A decision while the reward's batch is in flight: it waits for the reply.
+    # A decision while the reward's batch is in flight, another reward queued behind
+    # it: the decision waits for the first reply, decides from it, and goes ahead of the
+    # reward queued.
     attempts.clear()
     rewarding = asyncio.ensure_future(service.reward("fly", [(made[1].decision_id, 1.0)], key))
-    for _ in range(100):
-        await asyncio.sleep(0)
-        if service._store.batch_in_flight:  # the reward's batch is on its way
-            break
-    else:
-        pytest.fail("the reward's batch was not sent")
+    await _until_sent(service)
+    queued = asyncio.ensure_future(service.reward("fly", [(made[4].decision_id, 1.0)], key))
+    await asyncio.sleep(0)  # queued, its batch waiting for the first's turn
     after = await service.choose("fly", ChooseRequest(), key)
-    assert (await rewarding)[0].status == "applied"
-    assert len(attempts) == 1 and attempts[0] is not None
-    assert _seen(redis_db, "fly", after.decision_id) == 2  # made from both rewards
+    assert [(await r)[0].status for r in (rewarding, queued)] == ["applied", "applied"]
+    assert len(attempts) == 1  # made once
+    assert _seen(redis_db, "fly", after.decision_id) == 2  # from both rewards sent before
 
     # Another worker's reward, acknowledged before the decision's request: stale, and
     # made again from it.
@@ -456,40 +454,51 @@ async def test_a_decision_is_made_once_beside_its_workers_rewards(
         service.choose("fly", ChooseRequest(), key))
     assert outcome[0].status == "applied"
     assert len(attempts) == 2 and attempts[1] is None  # stale, then made again
-    assert _seen(redis_db, "fly", during.decision_id) >= 3
+    assert _seen(redis_db, "fly", during.decision_id) >= 4
 
 
 async def test_a_decision_waits_for_its_workers_rewards_only_a_moment(
-    service: ExperimentService, redis_db: str
+    app_settings: Settings, redis_db: str
 ) -> None:
-    """With Redis asleep the batch in flight takes its deadline: a decision waiting for
-    its worker's rewards gives up after the moment it allows (its own batch then has
-    the deadline, not twice the deadline)."""
-    key = await _experiment(service, "slow")
-    made = await service.choose("slow", ChooseRequest(), key)
-    unknown = await service.reward("slow", [("0" * 32, 0.0)], key)  # loads the script
-    assert unknown[0].status == "not_found"
-    blocker = redis.Redis.from_url(redis_db)
-    asleep = threading.Thread(target=blocker.execute_command, args=("DEBUG", "SLEEP", "0.6"))
-    asleep.start()
+    """With Redis paused a reward's batch takes the whole deadline: a decision made
+    meanwhile waits for it only a moment, so it is refused about a deadline after it
+    arrived, not after the reward's deadline and then its own."""
+    deadline = 0.4
+    opened = await ExperimentService.open(
+        app_settings.model_copy(update={"redis_timeout_seconds": deadline}))
+    client = redis.Redis.from_url(redis_db)
     try:
-        await asyncio.sleep(0.05)
-        rewarding = asyncio.ensure_future(service.reward("slow", [(made.decision_id, 1.0)], key))
-        for _ in range(100):
-            await asyncio.sleep(0)
-            if service._store.batch_in_flight:
-                break
-        else:
-            pytest.fail("the reward's batch was not sent")
+        key = await _experiment(opened, "slow")
+        made = await opened.choose("slow", ChooseRequest(), key)
+        unknown = await opened.reward("slow", [("0" * 32, 0.0)], key)  # loads the script
+        assert unknown[0].status == "not_found"
+        client.execute_command("CLIENT", "PAUSE", "1000", "ALL")
+        paused = time.monotonic()
+        rewarding = asyncio.ensure_future(opened.reward("slow", [(made.decision_id, 1.0)], key))
+        await _until_sent(opened)
+
         started = time.monotonic()
-        await service._store.after_batch_in_flight(0.05)
-        waited = time.monotonic() - started
-        assert service._store.batch_in_flight  # Redis still asleep: the batch unanswered
-        assert 0.04 <= waited < 0.3
-        assert (await rewarding)[0].status == "applied"
+        with pytest.raises(StoreUnavailable):
+            await opened.choose("slow", ChooseRequest(), key)
+        refused_after = time.monotonic() - started
+
+        with pytest.raises(StoreUnavailable):
+            await rewarding
+        assert refused_after < 1.5 * deadline  # unbounded: about 2 x the deadline
+        await asyncio.sleep(max(0.0, paused + 1.0 - time.monotonic()))  # the pause is over
     finally:
-        asleep.join()
-        blocker.close()
+        client.execute_command("CLIENT", "UNPAUSE")
+        client.close()
+        await opened.close()
+
+
+async def _until_sent(service: ExperimentService) -> None:
+    """Until the batch just queued is on its way to Redis."""
+    for _ in range(100):
+        await asyncio.sleep(0)
+        if service._store.batch_in_flight:
+            return
+    pytest.fail("the batch was not sent")
 
 
 def _seen(url: str, experiment_id: str, decision_id: str) -> int:
