@@ -24,7 +24,7 @@ from pydantic import SecretStr
 from loadtest.faults import redis_process
 from loadtest.server import free_port, server_process
 from policies import PolicyConfig
-from service import keys
+from service import keys, shards
 from service.domain import ArmSpec, ChooseRequest, Decision, ExperimentSpec, LogEntry
 from service.errors import InvalidInput, StoreUnavailable
 from service.experiments import ExperimentService
@@ -108,8 +108,12 @@ async def audit(service: ExperimentService, redis_url: str, experiment_id: str,
     assert (view.decisions, view.rewards, view.defaulted) == (
         len(decisions), len(rewarded), len(decisions) - len(rewarded))
     config = PolicyConfig(**view.config)  # type: ignore[arg-type]
-    assert_stats_equal(config, ARMS, stored_stats(redis_url, experiment_id),
-                       expected_state(config, len(ARMS), applied_in_order(log)))
+    count = view.spec.shards  # each member's sums: its own decisions' outcomes, in order
+    for member in range(count):
+        mine = [e for e in log if shards.shard_of(e.decision_id, count) == member]
+        assert_stats_equal(config, ARMS,
+                           stored_stats(redis_url, shards.member(experiment_id, member)),
+                           expected_state(config, len(ARMS), applied_in_order(mine)))
 
 
 async def until_windows_end() -> None:
