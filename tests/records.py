@@ -6,7 +6,7 @@ from __future__ import annotations
 import redis
 from redis.cluster import RedisCluster
 
-from service import keys
+from service import keys, shards
 
 _STATES = {b"p": "pending", b"l": "pending", b"r": "rewarded", b"d": "defaulted",
            b"D": "defaulted"}
@@ -26,11 +26,28 @@ def parse(raw: bytes) -> dict[str, bytes | str | bool]:
     return {**fields, "incarnation": incarnation, "number": number, "reward": reward}
 
 
+def shard_count(client: redis.Redis | RedisCluster, experiment_id: str) -> int:
+    """The experiment's shard count, as its meta says (1 unsharded, or gone)."""
+    return int(client.hget(keys.meta(experiment_id), "number_step") or 1)  # type: ignore[arg-type]
+
+
+def member_of(client: redis.Redis | RedisCluster, experiment_id: str, decision_id: str) -> str:
+    """The member the decision's id routes it to (service.shards; the experiment itself,
+    unsharded)."""
+    count = shard_count(client, experiment_id)
+    return shards.member(experiment_id, shards.shard_of(decision_id, count))
+
+
+def key(client: redis.Redis | RedisCluster, experiment_id: str, decision_id: str) -> str:
+    """The key of the decision's record, on its member."""
+    return keys.decision(member_of(client, experiment_id, decision_id), decision_id)
+
+
 def read(url: str, experiment_id: str, decision_id: str) -> dict[str, bytes | str | bool] | None:
     """The decision's record, None when there is none."""
     client = redis.Redis.from_url(url)
     try:
-        raw: bytes | None = client.get(keys.decision(experiment_id, decision_id))  # type: ignore[assignment]
+        raw: bytes | None = client.get(key(client, experiment_id, decision_id))  # type: ignore[assignment]
     finally:
         client.close()
     return None if raw is None else parse(raw)
@@ -43,8 +60,8 @@ def make_legacy(
     """Turn a pending decision's record into the hash an earlier version wrote (same time
     to live): its context in 64-byte chunks ``x:1``, ``x:2``, ... (``chunked``), or whole
     in ``x`` (a version before that)."""
-    key = keys.decision(experiment_id, decision_id)
-    raw: bytes = client.get(key)  # type: ignore[assignment]
+    record = key(client, experiment_id, decision_id)
+    raw: bytes = client.get(record)  # type: ignore[assignment]
     fields = parse(raw)
     assert fields["status"] == "pending" and not fields["late"]
     x = fields.pop("x")
@@ -58,7 +75,7 @@ def make_legacy(
                        **{f"x:{i}": c for i, c in enumerate(chunks, 1)}})
     else:
         fields["x"] = x
-    left: int = client.pttl(key)  # type: ignore[assignment]
-    client.delete(key)
-    client.hset(key, mapping=fields)
-    client.pexpire(key, left)
+    left: int = client.pttl(record)  # type: ignore[assignment]
+    client.delete(record)
+    client.hset(record, mapping=fields)
+    client.pexpire(record, left)

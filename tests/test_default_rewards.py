@@ -9,10 +9,11 @@ Windows are the shortest allowed (1 s), so each test waits a second or two.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
@@ -32,7 +33,7 @@ from service.settings import Settings
 from service.store import Store
 from service.sweeper import Sweeper, Swept
 from tests import records
-from tests.conftest import ADMIN, ADMIN_TOKEN, Api
+from tests.conftest import ADMIN, ADMIN_TOKEN, Api, key_pattern
 from tests.test_service_durability import (
     Observation,
     assert_stats_equal,
@@ -107,12 +108,39 @@ async def audit(service: ExperimentService, redis_url: str, experiment_id: str,
             assert entry.decision_id not in rewarded and entry.reward == DEFAULT
     assert (view.decisions, view.rewards, view.defaulted) == (
         len(decisions), len(rewarded), len(decisions) - len(rewarded))
-    config = PolicyConfig(**view.config)  # type: ignore[arg-type]
-    count = view.spec.shards  # each member's sums: its own decisions' outcomes, in order
-    for member in range(count):
-        mine = [e for e in log if shards.shard_of(e.decision_id, count) == member]
-        assert_stats_equal(config, ARMS,
-                           stored_stats(redis_url, shards.member(experiment_id, member)),
+    assert_members_stats(redis_url, experiment_id,
+                         PolicyConfig(**view.config), log)  # type: ignore[arg-type]
+
+
+def member_ids(client: redis.Redis, experiment_id: str) -> list[str]:
+    """The experiment's members (itself alone, unsharded: service.shards)."""
+    return shards.members(experiment_id, records.shard_count(client, experiment_id))
+
+
+def list_length(client: redis.Redis, experiment_id: str,
+                key: Callable[[str], str]) -> int:
+    """A per-member list's or stream's length (keys.pending, keys.settled, keys.log),
+    over the members."""
+    total = 0
+    for member in member_ids(client, experiment_id):
+        name = key(member)
+        stream = client.type(name) == b"stream"
+        total += int(client.xlen(name) if stream else client.llen(name))  # type: ignore[arg-type]
+    return total
+
+
+def assert_members_stats(redis_url: str, experiment_id: str, config: PolicyConfig,
+                         log: Sequence[LogEntry]) -> None:
+    """Each member's stored sums are exactly its own decisions' outcomes, in log order
+    (the experiment's own, unsharded)."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        members = member_ids(client, experiment_id)
+    finally:
+        client.close()
+    for member, member_id in enumerate(members):
+        mine = [e for e in log if shards.shard_of(e.decision_id, len(members)) == member]
+        assert_stats_equal(config, ARMS, stored_stats(redis_url, member_id),
                            expected_state(config, len(ARMS), applied_in_order(mine)))
 
 
@@ -146,8 +174,8 @@ async def test_defaults_are_applied_once_by_two_workers_sweeping_together(
     await audit(service, redis_db, "dflt", rewarded, decisions)
     client = redis.Redis.from_url(redis_db)
     try:  # settled: the pending list is empty, every decision sits on the settled list
-        assert client.llen(keys.pending("dflt")) == 0
-        assert client.llen(keys.settled("dflt")) == len(decisions)
+        assert list_length(client, "dflt", keys.pending) == 0
+        assert list_length(client, "dflt", keys.settled) == len(decisions)
     finally:
         client.close()
 
@@ -163,23 +191,29 @@ async def test_a_default_counts_once_when_two_sweepers_hold_the_same_entries(
     decisions = [await service.choose("dflt", context(rng)) for _ in range(5)]
     await until_windows_end()
     store = Store.from_url(redis_db, 2.0)
+    client = redis.Redis.from_url(redis_db)
     try:
-        first = await store.settle("dflt", [], 100, 3600)
-        assert first is not None and len(first.due) == 5
-        # Two sweepers with the same entries, one after the other.
-        done = await store.settle("dflt", first.due, 0, 3600)
-        again = await store.settle("dflt", first.due, 0, 3600)
-        assert done is not None and again is not None
-        assert (done.defaulted, again.defaulted) == (5, 0)
-        # The same decision entries pushed back onto the list: settled, not counted.
-        client = redis.Redis.from_url(redis_db)
-        try:
-            client.rpush(keys.pending("dflt"), *first.due)
-        finally:
-            client.close()
-        replay = await store.settle("dflt", first.due, 0, 3600)
-        assert replay is not None and replay.defaulted == 0
+        due, defaulted = 0, [0, 0, 0]
+        for member in member_ids(client, "dflt"):  # each member settles its own decisions
+            first = await store.settle(member, [], 100, 3600)
+            assert first is not None
+            due += len(first.due)
+            if not first.due:
+                continue
+            # Two sweepers with the same entries, one after the other.
+            done = await store.settle(member, first.due, 0, 3600)
+            again = await store.settle(member, first.due, 0, 3600)
+            assert done is not None and again is not None
+            # The same decision entries pushed back onto the list: settled, not counted.
+            client.rpush(keys.pending(member), *first.due)
+            replay = await store.settle(member, first.due, 0, 3600)
+            assert replay is not None
+            for i, reply in enumerate((done, again, replay)):
+                defaulted[i] += reply.defaulted
+        assert due == 5
+        assert defaulted == [5, 0, 0]
     finally:
+        client.close()
         await store.close()
     await audit(service, redis_db, "dflt", {}, decisions)
 
@@ -228,14 +262,12 @@ async def test_a_reward_after_the_window_is_late_and_changes_nothing(
     assert [e.reward for e in log if e.type == "late"] == [1.0]
     outcomes = {e.decision_id: e.reward for e in log if e.type in ("reward", "default")}
     assert outcomes == {early: 1.0, late: DEFAULT}
-    config = PolicyConfig(**view["config"])
-    assert_stats_equal(config, ARMS, stored_stats(redis_db, "late"),
-                       expected_state(config, 3, applied_in_order(log)))
+    assert_members_stats(redis_db, "late", PolicyConfig(**view["config"]), log)
     # settled, each keeps what a repeat is checked against, not its context
     client = redis.Redis.from_url(redis_db)
     try:
         if legacy:
-            names: list[bytes] = client.hkeys(keys.decision("late", late))  # type: ignore[assignment]
+            names: list[bytes] = client.hkeys(records.key(client, "late", late))  # type: ignore[assignment]
             assert {n.decode() for n in names} == {"status", "incarnation", "reward", "number",
                                                    "late_reward"}
         else:
@@ -327,13 +359,14 @@ async def test_delete_removes_pending_settled_and_logged_decisions(
     await api.decide(key, body)  # pending
     client = redis.Redis.from_url(redis_db)
     try:
-        assert client.llen(keys.settled("gone")) == 3 and client.llen(keys.pending("gone")) == 1
-        assert client.xlen(keys.log("gone")) == 7
+        assert list_length(client, "gone", keys.settled) == 3
+        assert list_length(client, "gone", keys.pending) == 1
+        assert list_length(client, "gone", keys.log) == 7
         assert client.sismember(keys.DEFAULT_REWARD_INDEX, "gone")
 
         assert (await api.http.delete("/experiments/gone", headers=ADMIN)).status_code == 204
 
-        assert list(client.scan_iter(match="lrb:{gone}:*")) == []
+        assert list(client.scan_iter(match=key_pattern("gone"))) == []
         assert not client.sismember(keys.DEFAULT_REWARD_INDEX, "gone")
     finally:
         client.close()
@@ -357,19 +390,25 @@ async def test_settled_decisions_keep_no_context_and_expire_from_their_list(
     assert set(record) == {"status", "late", "incarnation", "number", "reward"}
     client = redis.Redis.from_url(redis_db)
     try:
-        ttl: int = client.ttl(keys.decision("dflt", decision.decision_id))  # type: ignore[assignment]
+        record_key = records.key(client, "dflt", decision.decision_id)
+        ttl: int = client.ttl(record_key)  # type: ignore[assignment]
         assert WINDOW < ttl <= WINDOW + Settings().default_reward_grace_seconds
         # As if its grace period were over: the next settle call drops it from the list.
-        client.delete(keys.decision("dflt", decision.decision_id))
-        client.lset(keys.settled("dflt"), 0, f"1000.000 {decision.decision_id}")
+        client.delete(record_key)
+        settled_list = keys.settled(records.member_of(client, "dflt", decision.decision_id))
+        client.lset(settled_list, 0, f"1000.000 {decision.decision_id}")
+        count = records.shard_count(client, "dflt")
     finally:
         client.close()
-    later = await service.choose("dflt", context(rng))
+    # The next decision on the same member (a caller's id routes it there).
+    same = next(f"later{n}" for n in range(1000) if shards.shard_of(f"later{n}", count)
+                == shards.shard_of(decision.decision_id, count))
+    later = await service.choose("dflt", dataclasses.replace(context(rng), decision_id=same))
     await until_windows_end()
     await service.sweep()
     client = redis.Redis.from_url(redis_db)
     try:
-        entries: list[bytes] = client.lrange(keys.settled("dflt"), 0, -1)  # type: ignore[assignment]
+        entries: list[bytes] = client.lrange(settled_list, 0, -1)  # type: ignore[assignment]
         listed = [e.decode().split(" ")[1] for e in entries]
         assert listed == [later.decision_id]
     finally:
@@ -384,7 +423,7 @@ async def test_a_decision_that_expired_unsettled_is_counted_as_missed(
     decisions = [await service.choose("dflt", context(rng)) for _ in range(3)]
     client = redis.Redis.from_url(redis_db)
     try:  # as if the service had been stopped for longer than the grace period
-        client.delete(keys.decision("dflt", decisions[1].decision_id))
+        client.delete(records.key(client, "dflt", decisions[1].decision_id))
     finally:
         client.close()
     await until_windows_end()
@@ -537,7 +576,9 @@ async def test_decisions_after_defaults_are_those_after_equal_rewards(
     rounds of decisions end in the default (5) for each; in the other each is rewarded
     5. Decision n draws from the same seed in both, so every decision (arm,
     propensity, index) and what its log entry says it saw must be the same; before the
-    fix the first experiment kept deciding from a view without the defaults."""
+    fix the first experiment kept deciding from a view without the defaults. (The ids
+    are the caller's, the same in both: sharded, each decision then goes to the same
+    member, numbered the same, in both.)"""
     arms = (ArmSpec("x", (1.0, 0.0)), ArmSpec("y", (0.0, 1.0)))
     for name, default in (("defaults", 5.0), ("rewards", None)):
         await service.create(ExperimentSpec(
@@ -545,8 +586,9 @@ async def test_decisions_after_defaults_are_those_after_equal_rewards(
             reward_window_seconds=WINDOW, log_max_entries=1000, default_reward=default))
     sweeping = service if sweeper == "same worker" else other_service
     seen: dict[str, list[tuple[str, float | None, float | None]]] = {"defaults": [], "rewards": []}
-    for _ in range(4):
-        made = {name: [await service.choose(name, ChooseRequest()) for _ in range(4)]
+    for round_ in range(4):
+        made = {name: [await service.choose(name, ChooseRequest(decision_id=f"d{round_}-{i}"))
+                       for i in range(4)]
                 for name in seen}
         for name, decisions in made.items():
             seen[name] += [(d.arm_id, d.propensity, d.index) for d in decisions]
@@ -560,4 +602,6 @@ async def test_decisions_after_defaults_are_those_after_equal_rewards(
                                                                          (16, 0, 16)]
     logs = {name: [e.rewards_seen for e in await whole_log(service, name)
                    if e.type == "decision"] for name in seen}
-    assert logs["defaults"] == logs["rewards"] == [0] * 4 + [4] * 4 + [8] * 4 + [12] * 4
+    assert logs["defaults"] == logs["rewards"]
+    if counted[0].spec.shards == 1:  # (sharded, each member counts its own outcomes)
+        assert logs["defaults"] == [0] * 4 + [4] * 4 + [8] * 4 + [12] * 4
