@@ -52,6 +52,21 @@ def pipelines(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return sizes
 
 
+@pytest.fixture
+def attempts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int] | None]:
+    """The ``seen`` of every decide call (None: a second attempt, recorded whatever the
+    statistics are now); the real store still runs."""
+    seen: list[tuple[int, int] | None] = []
+    decide = Store.decide
+
+    async def counted(self: Store, *args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["seen"])
+        return await decide(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "decide", counted)
+    return seen
+
+
 async def _experiment(
     service: ExperimentService, experiment_id: str = "sto", max_stale_rewards: int = 0
 ) -> str:
@@ -374,18 +389,10 @@ async def test_a_reward_reply_that_cannot_bring_what_a_worker_lacks_makes_it_rea
 
 @pytest.mark.parametrize("max_stale_rewards", [0, 1])
 async def test_a_worker_that_applied_a_reward_decides_from_it(
-    service: ExperimentService, monkeypatch: pytest.MonkeyPatch, redis_db: str,
+    service: ExperimentService, attempts: list[tuple[int, int] | None], redis_db: str,
     max_stale_rewards: int,
 ) -> None:
     key = await _experiment(service, "own", max_stale_rewards=max_stale_rewards)
-    attempts: list[tuple[int, int] | None] = []
-    decide = Store.decide
-
-    async def counted(self: Store, *args: Any, **kwargs: Any) -> Any:
-        attempts.append(kwargs["seen"])
-        return await decide(self, *args, **kwargs)
-
-    monkeypatch.setattr(Store, "decide", counted)
     for rewarded in range(1, 6):
         decision = await service.choose("own", ChooseRequest(), key)
         assert (await service.reward("own", [(decision.decision_id, 1.0)], key))[0].status \
@@ -403,21 +410,13 @@ async def test_a_worker_that_applied_a_reward_decides_from_it(
 
 async def test_a_decision_is_made_once_beside_its_workers_rewards(
     service: ExperimentService, other_service: ExperimentService,
-    monkeypatch: pytest.MonkeyPatch, redis_db: str,
+    attempts: list[tuple[int, int] | None], redis_db: str,
 ) -> None:
     """A decision sent in the same batch as rewards goes first (so they do not make its
     view stale); one made while this worker's rewards are in flight waits for their
     replies and decides from their outcomes. Either way it is made once. Another
     worker's reward, acknowledged before, still makes it stale: it is made again."""
     key = await _experiment(service, "fly")
-    attempts: list[tuple[int, int] | None] = []
-    decide = Store.decide
-
-    async def counted(self: Store, *args: Any, **kwargs: Any) -> Any:
-        attempts.append(kwargs["seen"])
-        return await decide(self, *args, **kwargs)
-
-    monkeypatch.setattr(Store, "decide", counted)
     made = [await service.choose("fly", ChooseRequest(), key) for _ in range(5)]
     unknown = await service.reward("fly", [("0" * 32, 0.0)], key)  # loads the script
     assert unknown[0].status == "not_found"
@@ -507,19 +506,13 @@ def _seen(url: str, experiment_id: str, decision_id: str) -> int:
     return int(record["rewards_seen"])
 
 
-def _rewards_seen(url: str, decision_id: str) -> int:
-    record = records.read(url, "lag", decision_id)
-    assert record is not None
-    return int(record["rewards_seen"])
-
-
 async def test_a_view_may_lag_as_many_rewards_as_the_experiment_allows(
     service: ExperimentService, other_service: ExperimentService, redis_db: str
 ) -> None:
     one, two = service, other_service
     key = await _experiment(one, "lag", max_stale_rewards=2)
     first = await one.choose("lag", ChooseRequest(), key)
-    assert _rewards_seen(redis_db, first.decision_id) == 0
+    assert _seen(redis_db, "lag", first.decision_id) == 0
 
     async def reward_through_two() -> None:
         decision = await two.choose("lag", ChooseRequest(), key)
@@ -529,11 +522,11 @@ async def test_a_view_may_lag_as_many_rewards_as_the_experiment_allows(
     for _ in range(2):
         await reward_through_two()
     lagging = await one.choose("lag", ChooseRequest(), key)
-    assert _rewards_seen(redis_db, lagging.decision_id) == 0  # two behind: allowed
+    assert _seen(redis_db, "lag", lagging.decision_id) == 0  # two behind: allowed
 
     await reward_through_two()
     fresh = await one.choose("lag", ChooseRequest(), key)
-    assert _rewards_seen(redis_db, fresh.decision_id) == 3  # three behind: read again
+    assert _seen(redis_db, "lag", fresh.decision_id) == 3  # three behind: read again
     assert (await one.get("lag")).spec.max_stale_rewards == 2  # stored with the spec
 
 
