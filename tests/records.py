@@ -3,6 +3,8 @@ service/lua/outcomes.lua), read independently of the scripts, for tests that loo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import redis
 from redis.cluster import RedisCluster
 
@@ -79,3 +81,20 @@ def make_legacy(
     client.delete(record)
     client.hset(record, mapping=fields)
     client.pexpire(record, left)
+
+
+def member_ids(client: redis.Redis | RedisCluster, experiment_id: str) -> list[str]:
+    """The experiment's members (itself alone, unsharded: service.shards)."""
+    return shards.members(experiment_id, shard_count(client, experiment_id))
+
+
+def list_length(client: redis.Redis | RedisCluster, experiment_id: str,
+                key: Callable[[str], str]) -> int:
+    """A per-member list's or stream's length (keys.pending, keys.settled, keys.log),
+    over the members."""
+    total = 0
+    for member in member_ids(client, experiment_id):
+        name = key(member)
+        stream = client.type(name) == b"stream"
+        total += int(client.xlen(name) if stream else client.llen(name))  # type: ignore[arg-type]
+    return total

@@ -31,14 +31,20 @@ from loadtest.server import server_process
 from policies import PolicyConfig, Setting, layout, prepare
 from policies.config import PolicyName
 from policies.propensity import SERVICE, propensities
-from service import keys
+from service import keys, shards
 from service.definition import index_ranges, parse_index_ranges
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec, LogEntry
 from service.errors import InvalidInput
 from service.experiments import ExperimentService
 from service.off_policy import in_application_order
 from service.settings import Settings
-from tests.conftest import ADMIN, ADMIN_TOKEN, Api
+from tests.conftest import ADMIN, ADMIN_TOKEN, TEST_SHARDS, Api, decision_numbers
+from tests.replay import (
+    assert_each_members_order,
+    assert_members_stats,
+    member_logs,
+    state_after,
+)
 from tests.test_service_durability import (
     Observation,
     assert_stats_equal,
@@ -72,17 +78,6 @@ async def log_pages(service: ExperimentService, experiment_id: str, limit: int
 
 async def whole_log(service: ExperimentService, experiment_id: str) -> list[LogEntry]:
     return [e for page in await log_pages(service, experiment_id, 7) for e in page]
-
-
-def replayed(log: list[LogEntry], arm_ids: list[str]) -> list[Observation]:
-    """The log's applied outcomes, in its order, as observations."""
-    decisions = {e.decision_id: e for e in log if e.type == "decision"}
-    return [
-        Observation(arm_ids.index(decisions[e.decision_id].arm_id or ""),
-                    np.array(decisions[e.decision_id].context), float(e.reward or 0.0),
-                    decisions[e.decision_id].number)
-        for e in log if e.type in ("reward", "default")
-    ]
 
 
 def request_for(setting: str, rng: np.random.Generator, dim: int) -> ChooseRequest:
@@ -134,9 +129,8 @@ async def test_replaying_the_log_reproduces_the_stored_sums_bit_for_bit(
     assert sum(e.type == "late" for e in log) == 1
     view = await service.get("replay")
     assert (view.rewards, view.defaulted, view.late) == (28, 4, 1)
-    config = PolicyConfig(**view.config)  # type: ignore[arg-type]
-    assert_stats_equal(config, ARMS, stored_stats(redis_db, "replay"),
-                       expected_state(config, 3, replayed(log, ARMS)))
+    assert_members_stats(redis_db, "replay", PolicyConfig(**view.config),  # type: ignore[arg-type]
+                         ARMS, log)
 
 
 async def test_decision_entries_hold_what_the_decision_was_made_from(
@@ -150,17 +144,24 @@ async def test_decision_entries_hold_what_the_decision_was_made_from(
     second = await service.choose("what", ChooseRequest(context=(1e-300, 3.0),
                                                         excluded=("arm0", "arm5")))
     await service.reward("what", [(first.decision_id, 1.0)])
+    # Sharded, the other members' sums are as this worker last read them, at most
+    # SYNC_SECONDS before: past that, the third decision sees the reward wherever it is.
+    await asyncio.sleep(shards.SYNC_SECONDS + 0.01)
     third = await service.choose("what", ChooseRequest(context=(0.1, 0.2),
                                                        eligible=("arm4", "arm1")))
 
     log, next_after = await service.read_log("what", limit=100)
 
     assert next_after is None
-    assert [(e.type, e.decision_id) for e in log] == [
+    assert_each_members_order([(e.type, e.decision_id) for e in log], [
         ("decision", first.decision_id), ("decision", second.decision_id),
-        ("reward", first.decision_id), ("decision", third.decision_id)]
-    one, two, reward, three = log
-    assert (one.number, one.arm_id, one.context) == (1, first.arm_id, (0.5, -1.0))
+        ("reward", first.decision_id), ("decision", third.decision_id)], TEST_SHARDS)
+    one, two, three = (next(e for e in log if e.decision_id == d.decision_id)
+                       for d in (first, second, third))
+    reward = next(e for e in log if e.type == "reward")
+    assert [e.number for e in (one, two, three)] == decision_numbers(
+        [first.decision_id, second.decision_id, third.decision_id])
+    assert (one.arm_id, one.context) == (first.arm_id, (0.5, -1.0))
     assert one.eligible == ("arm0", "arm1", "arm3", "arm4", "arm5")  # arm2 retired
     assert two.eligible == ("arm1", "arm3", "arm4") and two.context == (1e-300, 3.0)
     assert three.eligible == ("arm1", "arm4")
@@ -200,7 +201,9 @@ async def test_a_propensity_that_takes_milliseconds_is_computed_off_the_event_lo
     decision = await service.choose("t", ChooseRequest(context=(0.3, 0.7)))
 
     assert threads == (["compute"] if threaded else [])
-    view = service.views.held["t"]
+    member_id = shards.member("t", shards.shard_of(decision.decision_id, TEST_SHARDS))
+    # (the view of the members' sums merged, sharded: what the decision was made from)
+    view = await service.views.merged("t", service.views.held[member_id], member_id)
     ready = view.ready(ChooseRequest(context=(0.3, 0.7)), 1e6)[2]
     arm = [a.id for a in view.definition.arms].index(decision.arm_id)
     assert decision.propensity == float(propensities(ready, np.array([arm]),
@@ -300,11 +303,16 @@ async def test_log_all_contexts_is_refused_where_it_means_nothing(
 @pytest.mark.parametrize(("setting", "policy"), [("covariates", "linreboot"),
                                                 ("stochastic", "linphe")])
 async def test_each_logged_propensity_is_the_policys_for_the_statistics_it_used(
-    service: ExperimentService, setting: Setting, policy: PolicyName
+    service: ExperimentService, setting: Setting, policy: PolicyName,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The propensity /choose returns and logs is ``policies.propensities`` of the decision's
-    statistics (the log's first ``rewards_seen`` outcomes replayed), context and eligible
-    arms, to the bit."""
+    statistics (the outcomes applied before it, ``rewards_seen`` of them, replayed from the
+    log; sharded, each member's replayed and merged), context and eligible arms, to the
+    bit."""
+    # Sharded: every decision reads the other members' sums anew (not only when they are
+    # SYNC_SECONDS old), so that it sees exactly the rewards applied before it.
+    monkeypatch.setattr(shards, "SYNC_SECONDS", 0.0)
     rng = np.random.default_rng(4)
     dim = 3
     features = rng.normal(size=(3, dim)) if setting == "stochastic" else None
@@ -314,22 +322,27 @@ async def test_each_logged_propensity_is_the_policys_for_the_statistics_it_used(
         id="p", setting=setting, dim=dim, arms=arms, policy=policy,
         hyperparameters={"epsilon": 0.05}, seed=5, log_max_entries=1000))
     returned = {}
+    applied: list[str] = []
+    applied_before: dict[str, list[str]] = {}
     for i in range(24):
         request = dataclasses.replace(request_for(setting, rng, dim),
                                       excluded=("b",) if i % 4 == 3 else ())
         decision = await service.choose("p", request)
         returned[decision.decision_id] = decision.propensity
+        applied_before[decision.decision_id] = list(applied)
         if i % 3 != 2:
             await service.reward("p", [(decision.decision_id, float(rng.normal()))])
+            applied.append(decision.decision_id)
 
     log = await whole_log(service, "p")
     config = PolicyConfig(**(await service.get("p")).config)  # type: ignore[arg-type]
-    outcomes = replayed(log, ARMS)
     decisions = [e for e in log if e.type == "decision"]
     assert len(decisions) == 24 and len({e.propensity for e in decisions}) > 3
     for entry in decisions:
-        assert entry.rewards_seen is not None and entry.arm_id and entry.eligible
-        state = expected_state(config, 3, outcomes[: entry.rewards_seen])
+        assert entry.arm_id and entry.eligible
+        before = applied_before[entry.decision_id]
+        assert entry.rewards_seen == len(before)
+        state = state_after(config, ARMS, log, TEST_SHARDS, set(before))
         take = [ARMS.index(a) for a in entry.eligible]
         state = {name: state[name][:, take] if spec.per_arm(config) else state[name]
                  for name, spec in layout(config).items()}
@@ -451,8 +464,10 @@ async def test_an_experiment_without_a_log_writes_none(api: Api, redis_db: str) 
 # -- export -------------------------------------------------------------------
 
 
-async def _ledgered_experiment(api: Api, service: ExperimentService) -> dict[str, float]:
-    """A stochastic experiment with rewards, defaults and a late reward; the applied rewards."""
+async def _ledgered_experiment(api: Api, service: ExperimentService
+                               ) -> tuple[list[str], dict[str, float]]:
+    """A stochastic experiment with rewards, defaults and a late reward: its decisions, in
+    the order made, and the applied rewards."""
     key = await api.create({
         "id": "exp", "setting": "stochastic", "dim": 2, "seed": 9,
         "arms": [{"id": "a", "features": [1.0, 0.0]}, {"id": "b", "features": [0.3, 1.0]},
@@ -472,14 +487,14 @@ async def _ledgered_experiment(api: Api, service: ExperimentService) -> dict[str
     late = await api.reward(key, {"experiment_id": "exp", "decision_id": made[4],
                                   "reward": 5.0})
     assert late.json()["status"] == "late"
-    await api.decide(key, {"experiment_id": "exp"})  # no outcome yet
-    return applied
+    made.append(await api.decide(key, {"experiment_id": "exp"}))  # no outcome yet
+    return made, applied
 
 
 async def test_export_round_trip(
     api: Api, service: ExperimentService, redis_db: str, tmp_path: Path
 ) -> None:
-    applied = await _ledgered_experiment(api, service)
+    made, applied = await _ledgered_experiment(api, service)
 
     jsonl, npz = tmp_path / "exp.jsonl", tmp_path / "exp.npz"
     assert await export(api.http, "exp", ADMIN_TOKEN, jsonl, "jsonl") == 11
@@ -488,24 +503,30 @@ async def test_export_round_trip(
     records = [json.loads(line) for line in jsonl.read_text().splitlines()]
     view = await api.experiment("exp")
     features = np.array([a["features"] for a in view["arms"]])
-    assert [r["number"] for r in records] == list(range(1, 12))
+    numbers = dict(zip(made, decision_numbers(made), strict=True))
+    by_id = {r["decision_id"]: r for r in records}
+    assert len(records) == 11 and {i: r["number"] for i, r in by_id.items()} == numbers
+    assert_each_members_order([r["decision_id"] for r in records], made, TEST_SHARDS)
     for r in records:
         assert r["context"] == features[r["arm_index"]].tolist()
         assert view["arms"][r["arm_index"]]["id"] == r["arm_id"]
     outcomes = {r["decision_id"]: r["outcome"] for r in records}
     assert {i: o["reward"] for i, o in outcomes.items() if o and o["type"] == "reward"} == applied
     assert sum(o is not None and o["type"] == "default" for o in outcomes.values()) == 3
-    assert outcomes[records[-1]["decision_id"]] is None
+    assert outcomes[made[-1]] is None
     assert [r["late_rewards"] for r in records if r["late_rewards"]] == [
-        [{"reward": 5.0, "time": records[4]["late_rewards"][0]["time"]}]]
+        [{"reward": 5.0, "time": by_id[made[4]]["late_rewards"][0]["time"]}]]
 
-    # Replayed from the JSON lines alone, in the order the outcomes were applied.
+    # Replayed from the JSON lines alone, in the order the outcomes were applied (each
+    # member's own, sharded).
     rounds = in_application_order(records)
     config = PolicyConfig(**view["config"])
-    observations = [Observation(r["arm_index"], np.array(r["context"]), r["outcome"]["reward"])
-                    for r in rounds]
-    assert_stats_equal(config, ["a", "b", "c"], stored_stats(redis_db, "exp"),
-                       expected_state(config, 3, observations))
+    for shard, member_id in enumerate(shards.members("exp", TEST_SHARDS)):
+        observations = [
+            Observation(r["arm_index"], np.array(r["context"]), r["outcome"]["reward"])
+            for r in rounds if shards.shard_of(r["decision_id"], TEST_SHARDS) == shard]
+        assert_stats_equal(config, ["a", "b", "c"], stored_stats(redis_db, member_id),
+                           expected_state(config, 3, observations))
 
     # Open Bandit Pipeline's bandit feedback: the same rounds.
     feedback = load_bandit_feedback(npz)
@@ -581,15 +602,21 @@ def _node_entries(url: str) -> int:
 async def test_the_log_keeps_at_most_about_its_length(
     service: ExperimentService, redis_db: str
 ) -> None:
+    """Each member (the experiment itself, unsharded) keeps its share of the length: its
+    latest entries, and at most one stream node more."""
     await service.create(ExperimentSpec(
         id="long", setting="covariates", dim=2, arms=tuple(ArmSpec(a) for a in ARMS),
         log_max_entries=150))
-    made = [await service.choose("long", ChooseRequest(context=(0.5, float(i))))
+    made = [(await service.choose("long", ChooseRequest(context=(0.5, float(i))))).decision_id
             for i in range(400)]
-    kept = _log_times(redis_db, "long")
-    assert 150 <= len(kept) <= 150 + _node_entries(redis_db)
+    share = shards.log_share(150, TEST_SHARDS)
+    kept = [_log_times(redis_db, m) for m in shards.members("long", TEST_SHARDS)]
+    assert all(share <= len(k) <= share + _node_entries(redis_db) for k in kept), kept
     log, _ = await service.read_log("long", limit=1000)
-    assert [e.decision_id for e in log] == [d.decision_id for d in made[-len(log):]]
+    assert len(log) == sum(map(len, kept))
+    for shard, mine in enumerate(member_logs(log, TEST_SHARDS)):
+        theirs = [d for d in made if shards.shard_of(d, TEST_SHARDS) == shard]
+        assert [e.decision_id for e in mine] == theirs[-len(mine):]
 
 
 async def test_the_log_drops_entries_older_than_its_age(
@@ -598,29 +625,40 @@ async def test_the_log_drops_entries_older_than_its_age(
     await service.create(ExperimentSpec(
         id="old", setting="covariates", dim=2, arms=tuple(ArmSpec(a) for a in ARMS),
         log_max_entries=100_000, log_max_age_seconds=1))
+    members = shards.members("old", TEST_SHARDS)
 
-    async def decide(n: int, pause: float = 0.0) -> None:
+    async def decide(n: int, pause: float = 0.0) -> list[int]:
+        """``n`` decisions: how many each member made."""
+        made = [0] * len(members)
         for i in range(n):
-            await service.choose("old", ChooseRequest(context=(0.5, float(i))))
+            decision = await service.choose("old", ChooseRequest(context=(0.5, float(i))))
+            made[shards.shard_of(decision.decision_id, len(members))] += 1
             await asyncio.sleep(pause)
+        return made
 
     await decide(300)
-    boundary = _log_times(redis_db, "old")[-1]  # the newest of the first 300 (ms)
+    # the newest of the first 300 (ms)
+    boundary = max(_log_times(redis_db, m)[-1] for m in members)
     await decide(30, pause=0.05)  # 1.5 s on: the first 300 are older than the age
-    await decide(64)  # every 64th decision drops the entries older than the age
+    # Every 64th decision of a member drops its entries older than the age.
+    newer = [0] * len(members)
+    while min(newer) < 64:
+        newer = [a + b for a, b in zip(newer, await decide(16), strict=True)]
 
-    times = _log_times(redis_db, "old")
-    old = [t for t in times if t <= boundary]
-    assert len(old) <= _node_entries(redis_db)  # whole nodes go: at most one is left
-    assert len(times) - len(old) >= 64
     client = redis.Redis.from_url(redis_db)
     try:
-        ttl: int = client.ttl(keys.log("old"))  # type: ignore[assignment]
-        assert 0 < ttl <= 1
+        for member_id in members:
+            times = _log_times(redis_db, member_id)
+            old = [t for t in times if t <= boundary]
+            assert len(old) <= _node_entries(redis_db)  # whole nodes go: at most one is left
+            assert len(times) - len(old) >= 64
+            ttl: int = client.ttl(keys.log(member_id))  # type: ignore[assignment]
+            assert 0 < ttl <= 1
     finally:
         client.close()
     await asyncio.sleep(1.1)
-    assert _log_times(redis_db, "old") == []  # idle for its age: the whole log is gone
+    # idle for its age: the whole log is gone
+    assert all(_log_times(redis_db, m) == [] for m in members)
 
 
 # -- off-policy evaluation of an export ---------------------------------------
@@ -770,8 +808,9 @@ async def test_a_page_is_bounded_by_bytes_and_says_where_to_go_on(redis_db: str)
     assert sum(sizes) == decisions and all(1 <= s <= 3 for s in sizes), sizes
     ids = [e.decision_id for p in pages for e in p]
     assert len(set(ids)) == decisions  # the pages, in order, are the whole log once
-    # The first read of a page takes 16 entries at most, the next are sized by them.
-    assert calls <= 2 * len(pages) + 1, (calls, len(pages))
+    # The first read of a page takes 16 entries at most, the next are sized by them (on
+    # each member, sharded).
+    assert calls <= TEST_SHARDS * (2 * len(pages) + 1), (calls, len(pages))
 
 
 async def test_a_page_smaller_than_its_limit_still_ends_the_log(service: ExperimentService
@@ -784,7 +823,9 @@ async def test_a_page_smaller_than_its_limit_still_ends_the_log(service: Experim
     page, after = await service.read_log("short", None, limit=10)
     assert len(page) == 3 and after is None
     page, after = await service.read_log("short", None, limit=3)
-    assert len(page) == 3 and after == page[-1].entry_id  # the limit reached: maybe more
+    assert len(page) == 3 and after is not None  # the limit reached: maybe more
+    if TEST_SHARDS == 1:  # (sharded, each member's position)
+        assert after == page[-1].entry_id
     assert await service.read_log("short", after, limit=3) == ([], None)
 
 

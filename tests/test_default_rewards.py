@@ -13,7 +13,7 @@ import dataclasses
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -34,12 +34,7 @@ from service.store import Store
 from service.sweeper import Sweeper, Swept
 from tests import records
 from tests.conftest import ADMIN, ADMIN_TOKEN, Api, key_pattern
-from tests.test_service_durability import (
-    Observation,
-    assert_stats_equal,
-    expected_state,
-    stored_stats,
-)
+from tests.replay import assert_members_stats
 
 pytestmark = pytest.mark.anyio
 
@@ -79,20 +74,6 @@ async def whole_log(service: ExperimentService, experiment_id: str) -> list[LogE
             return entries
 
 
-def applied_in_order(log: Sequence[LogEntry]) -> list[Observation]:
-    """The observations the log says were added to the statistics, in their order."""
-    decisions = {e.decision_id: e for e in log if e.type == "decision"}
-    out = []
-    for entry in log:
-        if entry.type in ("reward", "default"):
-            decision = decisions[entry.decision_id]
-            assert decision.arm_id is not None and decision.context is not None
-            assert entry.reward is not None
-            out.append(Observation(ARMS.index(decision.arm_id), np.array(decision.context),
-                                   entry.reward))
-    return out
-
-
 async def audit(service: ExperimentService, redis_url: str, experiment_id: str,
                 rewarded: dict[str, float], decisions: Sequence[Decision]) -> None:
     """Each decision counted once: its acknowledged reward, else the default; the
@@ -108,40 +89,8 @@ async def audit(service: ExperimentService, redis_url: str, experiment_id: str,
             assert entry.decision_id not in rewarded and entry.reward == DEFAULT
     assert (view.decisions, view.rewards, view.defaulted) == (
         len(decisions), len(rewarded), len(decisions) - len(rewarded))
-    assert_members_stats(redis_url, experiment_id,
-                         PolicyConfig(**view.config), log)  # type: ignore[arg-type]
-
-
-def member_ids(client: redis.Redis, experiment_id: str) -> list[str]:
-    """The experiment's members (itself alone, unsharded: service.shards)."""
-    return shards.members(experiment_id, records.shard_count(client, experiment_id))
-
-
-def list_length(client: redis.Redis, experiment_id: str,
-                key: Callable[[str], str]) -> int:
-    """A per-member list's or stream's length (keys.pending, keys.settled, keys.log),
-    over the members."""
-    total = 0
-    for member in member_ids(client, experiment_id):
-        name = key(member)
-        stream = client.type(name) == b"stream"
-        total += int(client.xlen(name) if stream else client.llen(name))  # type: ignore[arg-type]
-    return total
-
-
-def assert_members_stats(redis_url: str, experiment_id: str, config: PolicyConfig,
-                         log: Sequence[LogEntry]) -> None:
-    """Each member's stored sums are exactly its own decisions' outcomes, in log order
-    (the experiment's own, unsharded)."""
-    client = redis.Redis.from_url(redis_url)
-    try:
-        members = member_ids(client, experiment_id)
-    finally:
-        client.close()
-    for member, member_id in enumerate(members):
-        mine = [e for e in log if shards.shard_of(e.decision_id, len(members)) == member]
-        assert_stats_equal(config, ARMS, stored_stats(redis_url, member_id),
-                           expected_state(config, len(ARMS), applied_in_order(mine)))
+    assert_members_stats(redis_url, experiment_id, PolicyConfig(**view.config),  # type: ignore[arg-type]
+                         ARMS, log)
 
 
 async def until_windows_end() -> None:
@@ -174,8 +123,8 @@ async def test_defaults_are_applied_once_by_two_workers_sweeping_together(
     await audit(service, redis_db, "dflt", rewarded, decisions)
     client = redis.Redis.from_url(redis_db)
     try:  # settled: the pending list is empty, every decision sits on the settled list
-        assert list_length(client, "dflt", keys.pending) == 0
-        assert list_length(client, "dflt", keys.settled) == len(decisions)
+        assert records.list_length(client, "dflt", keys.pending) == 0
+        assert records.list_length(client, "dflt", keys.settled) == len(decisions)
     finally:
         client.close()
 
@@ -194,7 +143,7 @@ async def test_a_default_counts_once_when_two_sweepers_hold_the_same_entries(
     client = redis.Redis.from_url(redis_db)
     try:
         due, defaulted = 0, [0, 0, 0]
-        for member in member_ids(client, "dflt"):  # each member settles its own decisions
+        for member in records.member_ids(client, "dflt"):  # each member settles its own decisions
             first = await store.settle(member, [], 100, 3600)
             assert first is not None
             due += len(first.due)
@@ -262,7 +211,7 @@ async def test_a_reward_after_the_window_is_late_and_changes_nothing(
     assert [e.reward for e in log if e.type == "late"] == [1.0]
     outcomes = {e.decision_id: e.reward for e in log if e.type in ("reward", "default")}
     assert outcomes == {early: 1.0, late: DEFAULT}
-    assert_members_stats(redis_db, "late", PolicyConfig(**view["config"]), log)
+    assert_members_stats(redis_db, "late", PolicyConfig(**view["config"]), ARMS, log)
     # settled, each keeps what a repeat is checked against, not its context
     client = redis.Redis.from_url(redis_db)
     try:
@@ -359,9 +308,9 @@ async def test_delete_removes_pending_settled_and_logged_decisions(
     await api.decide(key, body)  # pending
     client = redis.Redis.from_url(redis_db)
     try:
-        assert list_length(client, "gone", keys.settled) == 3
-        assert list_length(client, "gone", keys.pending) == 1
-        assert list_length(client, "gone", keys.log) == 7
+        assert records.list_length(client, "gone", keys.settled) == 3
+        assert records.list_length(client, "gone", keys.pending) == 1
+        assert records.list_length(client, "gone", keys.log) == 7
         assert client.sismember(keys.DEFAULT_REWARD_INDEX, "gone")
 
         assert (await api.http.delete("/experiments/gone", headers=ADMIN)).status_code == 204
