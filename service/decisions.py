@@ -316,7 +316,18 @@ class Decisions(Room):
         calls = [self._reward_member(member_id, key_hash, [texts[i] for i in rows], count)
                  for member_id, rows in by_member.items()]
         # (one call awaited as it is: no task, so nothing else runs before it starts)
-        replies = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
+        if len(calls) == 1:
+            replies = [await calls[0]]
+        else:
+            # Each member's part is written whole or not at all, but the parts are separate
+            # scripts: an error is answered once every part is done, so that a batch sent
+            # again meets them all decided (each reward counted once: the done ones
+            # 'duplicate').
+            answered = await asyncio.gather(*calls, return_exceptions=True)
+            failed = next((a for a in answered if isinstance(a, BaseException)), None)
+            if failed is not None:
+                raise failed
+            replies = [a for a in answered if not isinstance(a, BaseException)]
         out = [""] * len(texts)
         for (member_id, rows), reply in zip(by_member.items(), replies, strict=True):
             if reply[0] == "shards":

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import redis
 from pydantic import SecretStr
+from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from app.main import create_app
@@ -26,6 +27,7 @@ from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.errors import Forbidden, InvalidInput, NotFound, StoreUnavailable
 from service.experiments import ExperimentService
 from service.settings import Settings
+from tests import records
 from tests.cluster import LocalCluster, local_cluster
 from tests.conftest import (
     ADMIN,
@@ -121,6 +123,52 @@ async def test_rewards_count_exactly_once_on_their_members(service: ExperimentSe
     view = await service.get("once")
     assert (view.decisions, view.rewards, view.duplicates) == (30, 30, 10)
     assert sum(a.pulls for a in view.arms) == 30
+
+
+@pytest.mark.parametrize("on_cluster", [False, True])
+async def test_a_batch_is_whole_on_each_member_and_counts_once_when_sent_again(
+    request: pytest.FixtureRequest, redis_db: str, on_cluster: bool
+) -> None:
+    """A batch's rewards go to their members, one script each: each member's part is
+    written whole or not at all, but the parts are separate writes (on a cluster, on
+    separate masters). When one part fails, the call fails once every part is done (here
+    the third member's master is paused meanwhile), the others' parts applied; the batch
+    sent again counts each reward once."""
+    experiment_id, url = "parts", redis_db
+    client: redis.Redis | RedisCluster = redis.Redis.from_url(redis_db)
+    if on_cluster:
+        cluster: LocalCluster = request.getfixturevalue("cluster")
+        experiment_id = next(f"parts{n}" for n in range(1000)
+                             if len(_on_masters(cluster, f"parts{n}", S)) == S)
+        url, client = cluster.url, RedisCluster.from_url(cluster.url)
+    service = await ExperimentService.open(Settings(redis_url=url,
+                                                    admin_token=SecretStr(ADMIN_TOKEN)))
+    try:
+        _, key = await service.create(_spec(experiment_id))
+        made = [await service.choose(experiment_id, ChooseRequest(decision_id=i), key)
+                for i in _ON_EVERY_MEMBER]
+        damaged = records.key(client, experiment_id, made[1].decision_id)
+        raw: bytes = client.get(damaged)  # type: ignore[assignment]
+        kind_and_incarnation, _number, rest = raw.split(b"\n", 2)
+        client.set(damaged, b"\n".join((kind_and_incarnation, b"seven", rest)), keepttl=True)
+        if on_cluster:  # the third part's master answers 0.3 s after the second part fails
+            third = cluster.owner(keys.meta(shards.member(experiment_id, 2)))
+            cluster.node(third).execute_command("CLIENT", "PAUSE", 300, "WRITE")
+        batch = [(d.decision_id, 0.5) for d in made]
+        with pytest.raises(redis.ResponseError, match="not a number"):
+            await service.reward(experiment_id, batch, key)
+        states = [records.parse(client.get(records.key(  # type: ignore[arg-type]
+            client, experiment_id, d.decision_id))) for d in made]
+        assert [s["status"] for s in states] == ["rewarded", "pending", "rewarded"]
+        client.set(damaged, raw, keepttl=True)  # repaired: the batch again
+        again = await service.reward(experiment_id, batch, key)
+        assert [o.status for o in again] == ["duplicate", "applied", "duplicate"]
+        view = await service.get(experiment_id)
+        assert (view.rewards, sum(a.pulls for a in view.arms)) == (3, 3)
+        await service.delete(experiment_id)
+    finally:
+        client.close()
+        await service.close()
 
 
 async def test_the_same_rewards_in_the_same_order_give_the_unsharded_decisions(
