@@ -14,7 +14,9 @@ on one hot experiment of ``--shards`` shards (service.shards; on a cluster, its
 members on every master), and on ``--experiments`` experiments (a wrk thread
 each; on a cluster spread evenly over the masters). Each row gives pairs/s,
 p50 and p99, the workers' CPU per pair (user + system, /proc), the script calls
-per pair (2 when no decision is made twice; a stale one is a third), each master's CPU
+per pair (2 when no decision is made twice; a stale one is a third), the whole
+statistics reads per pair (HGETALL: a view that could not catch up by the outcomes it
+lacked), each master's CPU
 per pair (INFO commandstats) and busy share (its command time over the run), and what
 10,000 and 100,000 pairs/s would need by extrapolating the CPU per pair:
 worker cores, and Redis masters kept below 80 % busy. An unsharded experiment
@@ -78,6 +80,10 @@ class Row:
     redis_us_per_pair: tuple[float, ...]  # per master
     busy: tuple[float, ...]  # per master: command time / wall time
     scripts_per_pair: float = 2.0  # decide + reward; more: decisions made again (stale), folds
+    # HGETALL calls (a whole statistics hash read: a view that could not catch up by the
+    # outcomes it lacked, or a first read, with its meta), per pair: 0 when catching up
+    # costs in proportion to the rewards missed (issue 27, target 1)
+    whole_reads_per_pair: float = 0.0
 
     def needs(self, rate: float) -> str:
         """Worker cores and Redis masters for ``rate`` pairs/s, by this row's CPU per pair."""
@@ -141,17 +147,24 @@ def _measure(store: Store, name: str, workers: int, pid: int, url: str,
     spent = tree_cpu_seconds(pid) - before
     usec = [command_usec(server) for server in store.servers]
     scripts = sum(script_calls(server) for server in store.servers)
+    whole_reads = sum(command_calls(server, ("hgetall",)) for server in store.servers)
     count = max(result.requests / 2, 1.0)  # a /choose and a /reward each
     return Row(name, workers, len(pairs), shards, result.requests_per_second / 2, result.p50_ms,
                result.p99_ms, result.errors, 1e6 * spent / count,
                tuple(u / count for u in usec), tuple(u / (1e6 * duration) for u in usec),
-               scripts / count)
+               scripts / count, whole_reads / count)
 
 
 def script_calls(server: redis.Redis) -> int:
     """Script calls (EVALSHA, FCALL) since the server's stats were last reset."""
+    return command_calls(server, ("evalsha", "fcall"))
+
+
+def command_calls(server: redis.Redis, names: tuple[str, ...]) -> int:
+    """Calls of these commands since the server's stats were last reset (a script's own
+    calls included)."""
     stats: dict[str, dict[str, int]] = server.info("commandstats")  # type: ignore[assignment]
-    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("evalsha", "fcall"))
+    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in names)
 
 
 LOADS = ("hot", "sharded", "many")
@@ -243,14 +256,14 @@ def _line(row: Row) -> str:
     load = f"{row.experiments}" + (f" ({row.shards} shards)" if row.shards > 1 else "")
     return (f"| {row.store} | {row.workers} | {load} | {row.pairs_per_second:,.0f} | "
             f"{row.p50_ms:.1f} | {row.p99_ms:.1f} | {row.worker_us_per_pair:.0f} | "
-            f"{row.scripts_per_pair:.2f} | {redis_us} | {busy} | {row.needs(TARGETS[0])} | "
-            f"{row.needs(TARGETS[1])} | {row.errors} |")
+            f"{row.scripts_per_pair:.2f} | {row.whole_reads_per_pair:.3f} | {redis_us} | "
+            f"{busy} | {row.needs(TARGETS[0])} | {row.needs(TARGETS[1])} | {row.errors} |")
 
 
 HEADER = ("| store | workers | experiments | pairs/s | p50 ms | p99 ms | worker CPU µs/pair "
-          "| scripts/pair | Redis µs/pair, by master | busy, by master | for 10k pairs/s "
-          "| for 100k pairs/s | errors |\n"
-          "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|")
+          "| scripts/pair | whole reads/pair | Redis µs/pair, by master | busy, by master "
+          "| for 10k pairs/s | for 100k pairs/s | errors |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|")
 
 
 def main() -> None:
