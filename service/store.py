@@ -76,7 +76,7 @@ from redis.exceptions import (
 
 from service import keys
 from service.errors import StartupError, StoreFull, StoreUnavailable
-from service.folding import fields_of, split_records
+from service.folding import TAIL_RECORDS, fields_of, split_records
 
 logger = logging.getLogger("linreboot.store")
 
@@ -760,7 +760,7 @@ class Store:
         self._reward = client.register_script(_script("reward", _BATCHED["reward"]))
         self._settle = client.register_script(_script("settle", _BATCHED["settle"]))
         self._fold_read = client.register_script(_script("fold_read"))
-        self._fold = client.register_script(_script("fold"))
+        self._fold = client.register_script(_script("fold", uses=["tail"]))
         self._progress = client.register_script(_script("progress", uses=["tail"]))
         self._create = client.register_script(_script("create"))
         self._add_arms = client.register_script(_script("add_arms"))
@@ -1500,7 +1500,8 @@ class Store:
         fields = fields_of(records)
         blobs = await self._client.hmget(keys.stats(experiment_id), fields)
         written = folded(fields, [b or None for b in blobs], records)
-        args: list[str | bytes | int] = [incarnation, _text(seen), len(records), length]
+        args: list[str | bytes | int] = [incarnation, _text(seen), len(records), length,
+                                         TAIL_RECORDS]
         for pair in written.items():
             args.extend(pair)
         return len(records) if await self._fold(keys=keyset, args=args) else 0

@@ -21,7 +21,13 @@ from policies import PolicyConfig
 from service import keys
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.experiments import ExperimentService
-from service.folding import FOLD_EVERY, FOLD_LIMIT, folded_blobs, split_records
+from service.folding import (
+    FOLD_EVERY,
+    FOLD_LIMIT,
+    TAIL_RECORDS,
+    folded_blobs,
+    split_records,
+)
 from service.store import Store
 from tests import records
 from tests.test_service_durability import (
@@ -276,6 +282,30 @@ async def test_a_reward_does_not_wait_for_the_fold_it_starts(
     assert waiting == [] and _counter(stats, keys.FOLDED) == FOLD_EVERY
 
 
+async def test_the_folded_tail_keeps_the_last_records_folds_took(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """What a worker a fold overtook catches up from: the last outcomes folded, in order,
+    TAIL_RECORDS of them."""
+    await service.create(ExperimentSpec(id="tail", setting="covariates", dim=3,
+                                        arms=tuple(ArmSpec(a) for a in ARMS)))
+    rng = np.random.default_rng(2)
+    numbers = []
+    for _ in range(3 * FOLD_EVERY):
+        decision = await service.choose("tail", ChooseRequest(
+            context=tuple(float(v) for v in rng.normal(size=3))))
+        await service.reward("tail", [(decision.decision_id, 1.0)])
+        numbers.append(decision.decision_number)
+        await service.drain()  # each fold done before the next reward
+    stats, waiting = _raw(redis_db, "tail")
+    assert waiting == [] and _counter(stats, keys.FOLDED) == 3 * FOLD_EVERY
+    header, _, body = stats[keys.FOLDED_TAIL].partition(b"\n")
+    kept = split_records(body)[0]
+    assert header == f"{3 * FOLD_EVERY} {TAIL_RECORDS}".encode() and len(kept) == TAIL_RECORDS
+    # (a record: model field, arm field, decision number, reward, context)
+    assert [int(r.split(b"\n")[2]) for r in kept] == numbers[-TAIL_RECORDS:]
+
+
 @pytest.mark.parametrize("kind", SPECS)
 async def test_a_view_catches_up_with_new_outcomes_to_the_bits_of_a_full_read(
     service: ExperimentService, other_service: ExperimentService, redis_db: str,
@@ -283,11 +313,12 @@ async def test_a_view_catches_up_with_new_outcomes_to_the_bits_of_a_full_read(
 ) -> None:
     """A worker that applied a reward, or whose decision decide.lua found stale, adds the
     outcomes it lacks to its view instead of reading the sums again, unless a fold took
-    outcomes it never added (then it reads them). Rewards come through both workers
-    (half of this worker's decisions are rewarded through the other, so that its next
-    decision is found stale), and folds by the other take outcomes this one has not
-    seen now and then. After every decision this worker's view holds the statistics a
-    full read gives, bit for bit."""
+    outcomes it never added and the folded tail no longer has (then it reads them).
+    Rewards come through both workers (half of this worker's decisions are rewarded
+    through the other, so that its next decision is found stale), and folds by the other
+    take outcomes this one has not seen now and then: the folded tail has them. After
+    every decision this worker's view holds the statistics a full read gives, bit for
+    bit."""
     from service.definition import state_for as _state_for
 
     spec = ExperimentSpec(id="fold", seed=5, **SPECS[kind])  # type: ignore[arg-type]
@@ -340,9 +371,9 @@ async def test_a_view_catches_up_with_new_outcomes_to_the_bits_of_a_full_read(
     finally:
         await store.close()
     assert compared == 3 * FOLD_EVERY
-    # Most catching up added outcomes (some from stale replies); the other worker's
-    # folds forced some reads (a stale reply then carries the statistics).
-    assert 0 < full_reads < FOLD_EVERY and partial_replies > 0
+    # Every catching up added outcomes (some from stale replies), across the other
+    # worker's folds too (before the folded tail, those forced reads).
+    assert full_reads == 0 and partial_replies > 0
 
 
 async def test_an_experiment_of_the_version_that_added_in_lua_is_refused_until_upgraded(

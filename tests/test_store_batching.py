@@ -28,7 +28,7 @@ from service import keys
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.errors import StoreUnavailable
 from service.experiments import ExperimentService
-from service.folding import FOLD_EVERY
+from service.folding import FOLD_EVERY, TAIL_RECORDS
 from service.settings import Settings
 from service.store import Store, _ScriptBatcher
 from tests import records
@@ -365,17 +365,51 @@ async def test_an_outcome_through_another_worker_between_comes_with_the_rewards_
         np.testing.assert_array_equal(mine_now.state[name], value, err_msg=name)
 
 
-async def test_a_reward_reply_that_cannot_bring_what_a_worker_lacks_makes_it_read(
+async def test_a_reward_reply_brings_what_a_fold_took_from_the_folded_tail(
     service: ExperimentService, other_service: ExperimentService,
     monkeypatch: pytest.MonkeyPatch, redis_db: str,
 ) -> None:
-    """When a fold took outcomes the worker never added, the reply brings its own record
-    only: the view drops its kept records and its next decision reads what it lacks."""
+    """When a fold took outcomes the worker never added, the reply brings them from the
+    folded tail with its own: its next decision reads nothing."""
     key = await _experiment(service, "own")
     mine = await service.choose("own", ChooseRequest(), key)
     batch = [await other_service.choose("own", ChooseRequest(), key) for _ in range(FOLD_EVERY)]
     await other_service.reward("own", [(d.decision_id, 1.0) for d in batch], key)
     await other_service.drain()  # the fold: the sums hold outcomes this worker lacks
+    assert _counter(redis_db, "own", keys.FOLDED) == FOLD_EVERY
+    assert (await service.reward("own", [(mine.decision_id, 0.0)], key))[0].status == "applied"
+    assert len(service.views.held["own"].own or ()) == FOLD_EVERY + 1
+    reads = _count_reads(monkeypatch)
+
+    after = await service.choose("own", ChooseRequest(), key)
+
+    assert reads == []
+    record = records.read(redis_db, "own", after.decision_id)
+    assert record is not None and record["rewards_seen"] == str(FOLD_EVERY + 1).encode()
+
+
+@pytest.mark.parametrize("lacking", ["beyond the tail", "no tail"])
+async def test_a_reward_reply_that_cannot_bring_what_a_worker_lacks_makes_it_read(
+    service: ExperimentService, other_service: ExperimentService,
+    monkeypatch: pytest.MonkeyPatch, redis_db: str, lacking: str,
+) -> None:
+    """When a fold took outcomes the worker never added that the folded tail does not
+    have (more than it keeps, or a fold of a version before it, which wrote none), the
+    reply brings its own record only: the view drops its kept records and its next
+    decision reads what it lacks."""
+    key = await _experiment(service, "own")
+    mine = await service.choose("own", ChooseRequest(), key)
+    others = TAIL_RECORDS + 1 if lacking == "beyond the tail" else FOLD_EVERY
+    batch = [await other_service.choose("own", ChooseRequest(), key) for _ in range(others)]
+    await other_service.reward("own", [(d.decision_id, 1.0) for d in batch], key)
+    await other_service.drain()  # the fold: the sums hold outcomes this worker lacks
+    assert _counter(redis_db, "own", keys.FOLDED) == others
+    if lacking == "no tail":
+        client = redis.Redis.from_url(redis_db)
+        try:
+            assert client.hdel(keys.stats("own"), keys.FOLDED_TAIL) == 1
+        finally:
+            client.close()
     assert (await service.reward("own", [(mine.decision_id, 0.0)], key))[0].status == "applied"
     assert service.views.held["own"].own is None
     reads = _count_reads(monkeypatch)
@@ -384,7 +418,7 @@ async def test_a_reward_reply_that_cannot_bring_what_a_worker_lacks_makes_it_rea
 
     assert reads[0] == "read_progress" and "read_snapshot" in reads
     record = records.read(redis_db, "own", after.decision_id)
-    assert record is not None and record["rewards_seen"] == str(FOLD_EVERY + 1).encode()
+    assert record is not None and record["rewards_seen"] == str(others + 1).encode()
 
 
 @pytest.mark.parametrize("max_stale_rewards", [0, 1])
@@ -834,3 +868,12 @@ async def test_rewards_sent_together_keep_the_view_current_with_each_record_once
     assert caught.rewards == read.rewards == 6
     for name, value in read.state.items():
         np.testing.assert_array_equal(caught.state[name], value, err_msg=name)
+
+
+def _counter(url: str, experiment_id: str, name: str) -> int:
+    """A counter of the experiment's stats hash."""
+    client = redis.Redis.from_url(url)
+    try:
+        return int(client.hget(keys.stats(experiment_id), name) or 0)  # type: ignore[arg-type]
+    finally:
+        client.close()

@@ -61,17 +61,18 @@
 --                         since)
 --   {'stale', version, outcomes counter, reserved number or '', outcomes, 'full', field,
 --    value, ...}
---   {'stale', version, outcomes counter, reserved number or '', outcomes, 'partial', folded,
+--   {'stale', version, outcomes counter, reserved number or '', outcomes, 'partial', based,
 --    decision_seq, skipped}
 --                         nothing recorded (also when the experiment is another
 --                         incarnation than ARGV[2]): the current statistics
 --                         (the outcomes string, then HGETALL of the stats
 --                         hash), or, when the worker's statistics can catch up
 --                         with them (same definition, and no fold took an
---                         outcome they do not hold: ARGV[10] >= folded), only
---                         the counters and the outcomes they lack (the outcomes
---                         string after its first `skipped` records, which they
---                         hold: ARGV[10] - folded, or all there are); and for a
+--                         outcome they do not hold that the folded tail no
+--                         longer has: tail.lua), only the counters and the
+--                         outcomes they lack, given from outcome number `based`
+--                         (the records after the first `skipped`, which they
+--                         hold: ARGV[10] - based, or all there are); and for a
 --                         seeded experiment a reserved number
 --                         if its definition (incarnation, version) is the one the
 --                         worker checked the request against; after a change the
@@ -189,15 +190,16 @@ if stale then
     reserved = redis.call('HINCRBY', KEYS[2], 'decision_seq', step)
   end
   local reply = {'stale', meta[3], rewards, reserved, redis.call('GET', KEYS[6]) or ''}
-  local folded = counters[3] or '0'
-  if not redefined and ARGV[10] ~= '' and tonumber(ARGV[10]) >= tonumber(folded) then
+  if not redefined and ARGV[10] ~= '' then
     -- Only the outcomes the worker lacks; decision_seq as HGETALL would give it:
     -- after the reservation, if any.
-    local skipped
-    reply[5], skipped = records_after(reply[5], tonumber(ARGV[10]) - tonumber(folded))
-    reply[6], reply[7], reply[8] = 'partial', folded, tostring(reserved ~= '' and reserved or seq)
-    reply[9] = skipped
-    return reply
+    local records, based, skipped = lacked(KEYS[2], reply[5], tonumber(ARGV[10]),
+                                           tonumber(counters[3] or '0'))
+    if records then
+      reply[5], reply[6], reply[7] = records, 'partial', tostring(based)
+      reply[8], reply[9] = tostring(reserved ~= '' and reserved or seq), skipped
+      return reply
+    end
   end
   reply[6] = 'full'
   local stats = redis.call('HGETALL', KEYS[2])

@@ -8,9 +8,10 @@
 --          it holds are left out (store.py puts tail.lua in front of this script)
 --
 -- Returns {} when the experiment does not exist, else {incarnation, version,
--- outcomes counter (rewards + defaulted), decision_seq, folded, outcomes,
--- skipped}, read together: the outcomes string after its first `skipped`
--- records. It writes nothing.
+-- outcomes counter (rewards + defaulted), decision_seq, based, outcomes,
+-- skipped}, read together: the records after outcome number `based` (the
+-- folded count, or with ARGV[1] what the caller lacks: tail.lua's lacked())
+-- after their first `skipped`. It writes nothing.
 
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'version')
 if not meta[1] then
@@ -18,10 +19,13 @@ if not meta[1] then
 end
 local counters = redis.call('HMGET', KEYS[2], 'rewards', 'decision_seq', 'folded', 'defaulted')
 local outcomes = tonumber(counters[1] or '0') + tonumber(counters[4] or '0')
-local folded = counters[3] or '0'
+local records, based, skipped = redis.call('GET', KEYS[3]) or '', tonumber(counters[3] or '0'), 0
 local held = tonumber(ARGV[1] or '')
-local tail, skipped = redis.call('GET', KEYS[3]) or '', 0
-if held and held >= tonumber(folded) then
-  tail, skipped = records_after(tail, held - tonumber(folded))
+if held then
+  local lacking, from, left_out = lacked(KEYS[2], records, held, based)
+  if lacking then
+    records, based, skipped = lacking, from, left_out
+  end
 end
-return {meta[1], meta[2], tostring(outcomes), counters[2] or '0', folded, tail, skipped}
+return {meta[1], meta[2], tostring(outcomes), counters[2] or '0', tostring(based), records,
+        skipped}

@@ -27,7 +27,8 @@
 -- adds them without reading (service.views, Views.add_own): the records this
 -- call appended, or, when others' outcomes came between the ARGV[2] the
 -- caller holds and these (another worker's rewards), every record after
--- ARGV[2] (unless a fold took some of them). A status is 'applied',
+-- ARGV[2] (unless a fold took some of them that the folded tail no longer has:
+-- tail.lua). A status is 'applied',
 -- 'duplicate' (the same reward was already applied: a safe retry), 'conflict'
 -- (a different reward was applied), 'late' (the experiment has a default
 -- reward and the decision's window has ended: the default counts, or will
@@ -147,10 +148,13 @@ if applied > 0 then
   local counters = redis.call('HMGET', KEYS[2], 'defaulted', 'decision_seq', 'folded')
   local outcomes = rewards + tonumber(counters[1] or '0')
   local first, sent = outcomes - applied, table.concat(records)
-  local held, folded = tonumber(ARGV[2]), tonumber(counters[3] or '0')
-  if held and held < first and held >= folded then  -- others' outcomes came between
-    sent = records_after(redis.call('GET', KEYS[4]), held - folded)
-    first = held
+  local held = tonumber(ARGV[2])
+  if held and held < first then  -- others' outcomes came between
+    local lacking = lacked(KEYS[2], redis.call('GET', KEYS[4]) or '', held,
+                           tonumber(counters[3] or '0'))
+    if lacking then
+      sent, first = lacking, held
+    end
   end
   statuses[#statuses + 1] = incarnation
   statuses[#statuses + 1] = meta[9] or '0'

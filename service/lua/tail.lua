@@ -1,5 +1,5 @@
--- Shared by decide.lua, progress.lua and reward.lua: store.py puts this chunk
--- in front of each (a function library defines it once).
+-- Shared by decide.lua, progress.lua, reward.lua and fold.lua: store.py puts this
+-- chunk in front of each (a function library defines it once).
 --
 -- The records of an outcomes string (outcomes.lua's format: '<length>:<payload>'
 -- each) after its first `skip`, and how many it skipped (all it has, if fewer):
@@ -15,3 +15,39 @@ local function records_after(outcomes, skip)
   return string.sub(outcomes, at), skipped
 end
 
+
+-- A fold keeps the last records it took (service.folding's TAIL_RECORDS) in the
+-- stats hash's field FOLDED_TAIL: '<folded> <count>\n' then the records, the
+-- last of them outcome number <folded>. A worker whose statistics a fold overtook
+-- by a few outcomes then still catches up by those outcomes, not by reading every
+-- blob (the bulk of the statistics).
+local FOLDED_TAIL = 'folded_tail'
+
+-- The folded tail's end, count and records; nil when there is none.
+local function folded_tail(stats_key)
+  local tail = redis.call('HGET', stats_key, FOLDED_TAIL)
+  if not tail then
+    return nil
+  end
+  local newline = string.find(tail, '\n', 1, true)
+  local ends, count = string.match(string.sub(tail, 1, newline - 1), '^(%d+) (%d+)$')
+  return tonumber(ends), tonumber(count), string.sub(tail, newline + 1)
+end
+
+-- What a worker whose statistics hold the first `held` outcomes lacks, the sums
+-- holding the first `folded` and `outcomes` the records after them: the records
+-- after its own (from the folded tail when a fold took some of them), the count
+-- `based` they are given from, and how many of those after `based` they leave out
+-- (based + skipped = held, or all there are); nil when a fold took records it
+-- lacks that the tail no longer has.
+local function lacked(stats_key, outcomes, held, folded)
+  if held >= folded then
+    local records, skipped = records_after(outcomes, held - folded)
+    return records, folded, skipped
+  end
+  local ends, count, tail = folded_tail(stats_key)
+  if ends ~= folded or held < ends - count then
+    return nil
+  end
+  return records_after(tail, held - (ends - count)) .. outcomes, held, 0
+end
