@@ -127,6 +127,7 @@ class Decisions(Room):
         """:meth:`_decide` once the member is known: ``view`` is the experiment's, which
         accepted ``key_hash``. The other members' views are read without the key (the
         home holds it; ``decide.lua`` checks it on the member)."""
+        started = time.monotonic()  # rewards applied after this may come after it
         member_key = key_hash if member_id == experiment_id else None
         if member_id != experiment_id:
             view = await self.views.view_for(member_id, None)
@@ -171,7 +172,7 @@ class Decisions(Room):
                 max_lag=definition.spec.max_stale_rewards,
                 grace_seconds=self._settings.default_reward_grace_seconds,
                 record=first[0], logged=first[1], ranked=request.slots is not None,
-                later_slots=later,
+                later_slots=later, started=started,
                 held=view.folded + view.applied,
                 request=None if request.decision_id is None else (
                     request.digest(), made.answer, self._settings.idempotency_seconds),

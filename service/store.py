@@ -1326,12 +1326,15 @@ class Store:
         request: tuple[str, str, int] | None = None,
         ranked: bool = False,
         later_slots: Sequence[tuple[bytes, Mapping[str, str | bytes]]] = (),
+        started: float | None = None,
     ) -> DecideReply:
         """Record a pending decision if the statistics it was made from are current.
 
         ``seen`` is the (version, outcomes counter) the decision was made at; None
         records it whatever they are now; ``max_lag`` outcomes applied since ``seen`` are
-        tolerated. ``number`` is the decision number its random
+        tolerated, and any number of them that came after ``started`` (when the request
+        reached the worker: ``time.monotonic()``), while the decision was being made.
+        ``number`` is the decision number its random
         draw used (None: the script assigns one); ``reserved`` says an earlier
         stale reply set it aside. ``key_hash`` None skips the key check (trusted
         in-process callers). ``record`` is the end of the decision's record
@@ -1366,6 +1369,9 @@ class Store:
             record,
             *(request or ("", "", "")),
             slots,
+            # (measured before the call is sent: the script's own measure, from it, can
+            # only be later than the request's arrival)
+            "" if started is None else str(int((time.monotonic() - started) * 1e6)),
             *(slot_record for slot_record, _ in later_slots),
             *(2 * len(entry) for entry in entries),
         ]

@@ -490,6 +490,50 @@ async def test_a_decision_is_made_once_beside_its_workers_rewards(
     assert _seen(redis_db, "fly", during.decision_id) >= 4
 
 
+@pytest.mark.parametrize("stamps", ["kept", "gone"])
+async def test_a_decision_goes_before_rewards_that_came_while_it_was_made(
+    service: ExperimentService, other_service: ExperimentService,
+    monkeypatch: pytest.MonkeyPatch, redis_db: str, stamps: str,
+) -> None:
+    """Rewards applied after a decision's request reached the worker, while it was being
+    made (here: another worker's, between its draw and its script), do not make it stale:
+    it is recorded at once, from the statistics without them, as if they had come just
+    after it (max_stale_rewards 0 asks for the rewards acknowledged before the request).
+    Without the stamps that say when they came (a version before them applied them),
+    it is made again, as before."""
+    key = await _experiment(service, "while")
+    made = [await other_service.choose("while", ChooseRequest(), key) for _ in range(3)]
+    await service.choose("while", ChooseRequest(), key)  # this worker's view: 0 outcomes
+    seen: list[tuple[int, int] | None] = []
+    decide = Store.decide
+
+    async def meanwhile(self: Store, *args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["seen"])
+        if len(seen) == 1:  # the other worker's rewards, while this decision is made
+            outcomes = await other_service.reward(
+                "while", [(d.decision_id, 1.0) for d in made], key)
+            assert {o.status for o in outcomes} == {"applied"}
+            if stamps == "gone":
+                client = redis.Redis.from_url(redis_db)
+                try:
+                    assert client.hdel(keys.stats("while"), "applied") == 1
+                finally:
+                    client.close()
+        return await decide(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "decide", meanwhile)
+    during = await service.choose("while", ChooseRequest(), key)
+    if stamps == "kept":
+        assert len(seen) == 1 and seen[0] is not None and seen[0][1] == 0  # made once
+        assert _seen(redis_db, "while", during.decision_id) == 0
+    else:
+        assert len(seen) == 2 and seen[1] is None  # stale, then made again
+        assert _seen(redis_db, "while", during.decision_id) == 3
+    # The next decision's request comes after them: it must reflect them.
+    after = await service.choose("while", ChooseRequest(), key)
+    assert _seen(redis_db, "while", after.decision_id) == 3
+
+
 async def test_a_decision_waits_for_its_workers_rewards_only_a_moment(
     app_settings: Settings, redis_db: str
 ) -> None:

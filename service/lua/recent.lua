@@ -30,3 +30,38 @@ local function count_recent(stats_key, now, kind, count)
   redis.call('HSET', stats_key, 'recent', string.sub(ring, 1, at)
              .. struct.pack('<I4I4I4I4', m, d, r, f) .. string.sub(ring, at + RECENT_SLOT + 1))
 end
+
+-- When outcomes came, so that a decision made while they did may go before them
+-- (decide.lua): the stats hash's field 'applied' holds 64 slots of 24 bytes, one
+-- per script call that applied outcomes (slot first % 64): the numbers of its first
+-- and last outcomes (rewards and default rewards counted together) and Redis's clock
+-- then, in microseconds, each a little-endian double (exact below 2^53). A slot is
+-- taken over by a later call; a number no slot holds has no known time.
+local APPLIED_SLOT, APPLIED_SLOTS = 24, 64
+local function microseconds()
+  local time = redis.call('TIME')
+  return tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
+local function stamp_applied(stats_key, first, last)
+  local ring = redis.call('HGET', stats_key, 'applied') or ''
+  if #ring ~= APPLIED_SLOTS * APPLIED_SLOT then  -- (the first stamp, or a damaged field)
+    ring = string.rep('\0', APPLIED_SLOTS * APPLIED_SLOT)
+  end
+  local at = (first % APPLIED_SLOTS) * APPLIED_SLOT
+  redis.call('HSET', stats_key, 'applied', string.sub(ring, 1, at)
+             .. struct.pack('<ddd', first, last, microseconds())
+             .. string.sub(ring, at + APPLIED_SLOT + 1))
+end
+local function applied_at(stats_key, number)
+  local ring = redis.call('HGET', stats_key, 'applied')
+  if not ring or #ring ~= APPLIED_SLOTS * APPLIED_SLOT then
+    return nil
+  end
+  for at = 1, #ring, APPLIED_SLOT do
+    local first, last, time = struct.unpack('<ddd', ring, at)
+    if first <= number and number <= last then
+      return time
+    end
+  end
+  return nil
+end
