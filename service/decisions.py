@@ -100,7 +100,8 @@ class Decisions(Room):
         the request arrived, and the decision is made again from them. So a
         decision reflects every reward acknowledged before its request arrived
         (but the latest ``max_stale_rewards``); rewards that arrive while it is
-        being made may or may not count. ``api_key`` is checked before the
+        being made may or may not count (when they alone make the view stale, by
+        Redis's clock, the decision is recorded, before them). ``api_key`` is checked before the
         request is (403 first) and again by ``decide.lua``; a missing
         experiment is the same 403 (:func:`service.definition.missing_experiment`).
         None is for trusted in-process callers only (a missing experiment is then 404).

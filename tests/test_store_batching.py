@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 from collections.abc import Callable
 from typing import Any
@@ -388,14 +389,16 @@ async def test_a_reward_reply_brings_what_a_fold_took_from_the_folded_tail(
     assert record is not None and record["rewards_seen"] == str(FOLD_EVERY + 1).encode()
 
 
-@pytest.mark.parametrize("lacking", ["beyond the tail", "no tail"])
+@pytest.mark.parametrize("lacking", ["beyond the tail", "no tail", "another fold's tail",
+                                     "a damaged tail"])
 async def test_a_reward_reply_that_cannot_bring_what_a_worker_lacks_makes_it_read(
     service: ExperimentService, other_service: ExperimentService,
     monkeypatch: pytest.MonkeyPatch, redis_db: str, lacking: str,
 ) -> None:
     """When a fold took outcomes the worker never added that the folded tail does not
-    have (more than it keeps, or a fold of a version before it, which wrote none), the
-    reply brings its own record only: the view drops its kept records and its next
+    have (more than it keeps; a fold of a version before it, which wrote none, or
+    which folded after the tail's end; a damaged tail), the reply brings its own record
+    only: the view drops its kept records and its next
     decision reads what it lacks."""
     key = await _experiment(service, "own")
     mine = await service.choose("own", ChooseRequest(), key)
@@ -404,12 +407,21 @@ async def test_a_reward_reply_that_cannot_bring_what_a_worker_lacks_makes_it_rea
     await other_service.reward("own", [(d.decision_id, 1.0) for d in batch], key)
     await other_service.drain()  # the fold: the sums hold outcomes this worker lacks
     assert _counter(redis_db, "own", keys.FOLDED) == others
-    if lacking == "no tail":
-        client = redis.Redis.from_url(redis_db)
-        try:
+    client = redis.Redis.from_url(redis_db)
+    try:
+        if lacking == "no tail":
             assert client.hdel(keys.stats("own"), keys.FOLDED_TAIL) == 1
-        finally:
-            client.close()
+        tail: bytes = client.hget(keys.stats("own"), keys.FOLDED_TAIL)  # type: ignore[assignment]
+        if lacking == "another fold's tail":  # ending one outcome before the sums' folded
+            header, _, body = tail.partition(b"\n")
+            ends, count = map(int, header.split())
+            tail = f"{ends - 1} {count}\n".encode() + body
+        if lacking == "a damaged tail":
+            tail = b"damaged"
+        if tail is not None:
+            client.hset(keys.stats("own"), keys.FOLDED_TAIL, tail)  # type: ignore[arg-type]
+    finally:
+        client.close()
     assert (await service.reward("own", [(mine.decision_id, 0.0)], key))[0].status == "applied"
     assert service.views.held["own"].own is None
     reads = _count_reads(monkeypatch)
@@ -490,20 +502,33 @@ async def test_a_decision_is_made_once_beside_its_workers_rewards(
     assert _seen(redis_db, "fly", during.decision_id) >= 4
 
 
-@pytest.mark.parametrize("stamps", ["kept", "gone"])
+@pytest.mark.parametrize(("case", "before", "during", "max_stale_rewards", "made"), [
+    ("while made", 0, 3, 0, 1),
+    ("within the lag, then while made", 1, 1, 1, 1),
+    ("beyond the lag before", 2, 1, 1, 2),
+    ("no stamps", 0, 3, 0, 2),
+    ("a stamp later than now", 0, 3, 0, 2),
+])
 async def test_a_decision_goes_before_rewards_that_came_while_it_was_made(
     service: ExperimentService, other_service: ExperimentService,
-    monkeypatch: pytest.MonkeyPatch, redis_db: str, stamps: str,
+    monkeypatch: pytest.MonkeyPatch, redis_db: str, case: str, before: int, during: int,
+    max_stale_rewards: int, made: int,
 ) -> None:
     """Rewards applied after a decision's request reached the worker, while it was being
     made (here: another worker's, between its draw and its script), do not make it stale:
     it is recorded at once, from the statistics without them, as if they had come just
-    after it (max_stale_rewards 0 asks for the rewards acknowledged before the request).
-    Without the stamps that say when they came (a version before them applied them),
-    it is made again, as before."""
-    key = await _experiment(service, "while")
-    made = [await other_service.choose("while", ChooseRequest(), key) for _ in range(3)]
+    after it (max_stale_rewards asks for the rewards acknowledged before the request, but
+    the latest that many). Rewards acknowledged before, beyond the lag, make it stale;
+    so do rewards whose time is unknown (no stamps: a version before them applied them)
+    or cannot be compared (a stamp later than Redis's clock now: the clock stepped back,
+    or another host wrote it before a failover): it is made again."""
+    key = await _experiment(service, "while", max_stale_rewards)
+    theirs = [await other_service.choose("while", ChooseRequest(), key)
+              for _ in range(before + during)]
     await service.choose("while", ChooseRequest(), key)  # this worker's view: 0 outcomes
+    if before:
+        await other_service.reward("while", [(d.decision_id, 1.0) for d in theirs[:before]],
+                                   key)
     seen: list[tuple[int, int] | None] = []
     decide = Store.decide
 
@@ -511,27 +536,28 @@ async def test_a_decision_goes_before_rewards_that_came_while_it_was_made(
         seen.append(kwargs["seen"])
         if len(seen) == 1:  # the other worker's rewards, while this decision is made
             outcomes = await other_service.reward(
-                "while", [(d.decision_id, 1.0) for d in made], key)
+                "while", [(d.decision_id, 1.0) for d in theirs[before:]], key)
             assert {o.status for o in outcomes} == {"applied"}
-            if stamps == "gone":
-                client = redis.Redis.from_url(redis_db)
-                try:
-                    assert client.hdel(keys.stats("while"), "applied") == 1
-                finally:
-                    client.close()
+            client = redis.Redis.from_url(redis_db)
+            try:
+                if case == "no stamps":
+                    assert client.hdel(keys.stats("while"), keys.APPLIED) == 1
+                if case == "a stamp later than now":  # a slot no call took, an hour on
+                    ring: bytes = client.hget(keys.stats("while"), keys.APPLIED)  # type: ignore[assignment]
+                    hour = 3600e6 + 1e6 * time.time()
+                    ring = ring[:-24] + struct.pack("<ddd", 0.0, 0.0, hour)
+                    client.hset(keys.stats("while"), keys.APPLIED, ring)  # type: ignore[arg-type]
+            finally:
+                client.close()
         return await decide(self, *args, **kwargs)
 
     monkeypatch.setattr(Store, "decide", meanwhile)
-    during = await service.choose("while", ChooseRequest(), key)
-    if stamps == "kept":
-        assert len(seen) == 1 and seen[0] is not None and seen[0][1] == 0  # made once
-        assert _seen(redis_db, "while", during.decision_id) == 0
-    else:
-        assert len(seen) == 2 and seen[1] is None  # stale, then made again
-        assert _seen(redis_db, "while", during.decision_id) == 3
-    # The next decision's request comes after them: it must reflect them.
+    decision = await service.choose("while", ChooseRequest(), key)
+    assert len(seen) == made and seen[0] == (seen[0] and (seen[0][0], 0))
+    assert _seen(redis_db, "while", decision.decision_id) == (0 if made == 1 else before + during)
+    # The next decision's request comes after them all: it reflects them (but the lag).
     after = await service.choose("while", ChooseRequest(), key)
-    assert _seen(redis_db, "while", after.decision_id) == 3
+    assert _seen(redis_db, "while", after.decision_id) >= before + during - max_stale_rewards
 
 
 async def test_a_decision_waits_for_its_workers_rewards_only_a_moment(

@@ -192,8 +192,8 @@ local function came_while_deciding(first)
   if ARGV[16] == '' then
     return false
   end
-  local at = applied_at(KEYS[2], first)
-  return at ~= nil and at >= microseconds() - tonumber(ARGV[16])
+  local at, now = applied_at(KEYS[2], first)
+  return at ~= nil and at >= now - tonumber(ARGV[16])
 end
 local seen = tonumber(ARGV[4])
 local stale = redefined
@@ -213,7 +213,7 @@ if stale then
     local records, based, skipped = lacked(KEYS[2], reply[5], tonumber(ARGV[10]),
                                            tonumber(counters[3] or '0'))
     if records then
-      reply[5], reply[6], reply[7] = records, 'partial', tostring(based)
+      reply[5], reply[6], reply[7] = records, 'partial', string.format('%d', based)
       reply[8], reply[9] = tostring(reserved ~= '' and reserved or seq), skipped
       return reply
     end

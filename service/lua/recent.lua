@@ -52,16 +52,23 @@ local function stamp_applied(stats_key, first, last)
              .. struct.pack('<ddd', first, last, microseconds())
              .. string.sub(ring, at + APPLIED_SLOT + 1))
 end
+-- When outcome `number` came, and Redis's clock now (microseconds); nil when no slot
+-- holds it, or when a slot's time is later than now (the clock stepped back, or
+-- another host wrote it before a failover): times that cannot be compared.
 local function applied_at(stats_key, number)
   local ring = redis.call('HGET', stats_key, 'applied')
   if not ring or #ring ~= APPLIED_SLOTS * APPLIED_SLOT then
     return nil
   end
+  local now, found = microseconds(), nil
   for at = 1, #ring, APPLIED_SLOT do
     local first, last, time = struct.unpack('<ddd', ring, at)
+    if time > now then
+      return nil
+    end
     if first <= number and number <= last then
-      return time
+      found = time
     end
   end
-  return nil
+  return found, now
 end

@@ -30,7 +30,10 @@ local function folded_tail(stats_key)
     return nil
   end
   local newline = string.find(tail, '\n', 1, true)
-  local ends, count = string.match(string.sub(tail, 1, newline - 1), '^(%d+) (%d+)$')
+  local ends, count = string.match(string.sub(tail, 1, (newline or 1) - 1), '^(%d+) (%d+)$')
+  if not (newline and ends) then  -- damaged: as if there were none (a fold writes it anew)
+    return nil
+  end
   return tonumber(ends), tonumber(count), string.sub(tail, newline + 1)
 end
 
