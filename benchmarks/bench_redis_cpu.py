@@ -56,7 +56,13 @@ from policies.state import Axis
 from service import keys, store
 from service.codec import recipe, stored_recipe
 from service.embedded import EmbeddedRedis
-from service.folding import FOLD_EVERY, FOLD_LIMIT, fields_of, folded_blobs, split_records
+from service.folding import (
+    FOLD_EVERY,
+    FOLD_LIMIT,
+    fields_of,
+    folded_blobs,
+    split_records,
+)
 
 DIMS = (5, 10, 20)
 _HELD_REWARD = "ARGV[2]  how many outcomes the caller holds"
@@ -119,7 +125,9 @@ def _version(client: redis.Redis, name: str, rev: str | None) -> Version:
     decide_text = _decide_script(rev)
     decide, reward = load(decide_text), load(reward_text)
     assert decide and reward
-    return Version(name, decide, reward, load(_read(rev, "fold_read")), load(_read(rev, "fold")),
+    fold = _read(rev, "fold")  # after tail.lua since a fold keeps a tail of its records
+    fold = fold and ((_read(rev, "tail") or "") if "FOLDED_TAIL" in fold else "") + fold
+    return Version(name, decide, reward, load(_read(rev, "fold_read")), load(fold),
                    "lrb:{exp}:outcomes" in reward_text, "ARGV[10] how many outcomes" in decide_text,
                    "ARGV[11] the pending record" in decide_text,
                    "ARGV[14] with KEYS[7]" in decide_text, reward_held=_HELD_REWARD in reward_text,

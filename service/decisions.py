@@ -100,8 +100,7 @@ class Decisions(Room):
         the request arrived, and the decision is made again from them. So a
         decision reflects every reward acknowledged before its request arrived
         (but the latest ``max_stale_rewards``); rewards that arrive while it is
-        being made may or may not count (when they alone make the view stale, by
-        Redis's clock, the decision is recorded, before them). ``api_key`` is checked before the
+        being made may or may not count. ``api_key`` is checked before the
         request is (403 first) and again by ``decide.lua``; a missing
         experiment is the same 403 (:func:`service.definition.missing_experiment`).
         None is for trusted in-process callers only (a missing experiment is then 404).
@@ -128,7 +127,6 @@ class Decisions(Room):
         """:meth:`_decide` once the member is known: ``view`` is the experiment's, which
         accepted ``key_hash``. The other members' views are read without the key (the
         home holds it; ``decide.lua`` checks it on the member)."""
-        started = time.monotonic()  # rewards applied after this may come after it
         member_key = key_hash if member_id == experiment_id else None
         if member_id != experiment_id:
             view = await self.views.view_for(member_id, None)
@@ -173,7 +171,7 @@ class Decisions(Room):
                 max_lag=definition.spec.max_stale_rewards,
                 grace_seconds=self._settings.default_reward_grace_seconds,
                 record=first[0], logged=first[1], ranked=request.slots is not None,
-                later_slots=later, started=started,
+                later_slots=later,
                 held=view.folded + view.applied,
                 request=None if request.decision_id is None else (
                     request.digest(), made.answer, self._settings.idempotency_seconds),

@@ -15,8 +15,10 @@ of its own):
   call took the experiment's counter past a multiple writes the sums back
   with the records added and cuts those records from the string
   (:func:`folded_blobs`; ``fold_read.lua`` and ``fold.lua``), so that few are
-  left, and keeps the last :data:`TAIL_RECORDS` it took, so that a view a
-  fold overtook still catches up by the records it lacks. A fold that fails
+  left, and keeps the records it took until the next fold (the stats hash's
+  ``folded_tail``: about 6 KB at d = 20), so that a view a fold overtook by
+  fewer outcomes than came since the fold before still catches up by the
+  records it lacks. A fold that fails
   (the worker stopped, Redis away) is done by the next one: the records wait
   meanwhile, counted by every view.
 
@@ -48,11 +50,6 @@ FOLD_EVERY = 32
 # (fold.lua unpacks two values per field written: at most 4 per record, far
 # below Lua's limit of about 8,000).
 FOLD_LIMIT = 512
-# A fold keeps the last records it took, up to this many (in the stats hash's field
-# keys.FOLDED_TAIL): a worker whose view a fold overtook catches up by the outcomes
-# it lacks (a few, with a few workers: those since its last reply) rather than by
-# reading every blob. Two folds' worth: 13 KB at d = 20, 36 KB at d = 64.
-TAIL_RECORDS = 2 * FOLD_EVERY
 
 
 def split_records(text: bytes, limit: int | None = None) -> tuple[list[bytes], int]:

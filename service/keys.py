@@ -132,8 +132,6 @@ DEFAULTS_MISSED = "defaults_missed"  # decisions that expired before the default
 FOLDED = "folded"  # outcomes (keys.outcomes) added to the sums so far
 # the last records folds took (tail.lua): '<folded> <count>\n' and the records
 FOLDED_TAIL = "folded_tail"
-# when the latest outcomes came, by script call (recent.lua): 64 slots of 24 bytes
-APPLIED = "applied"
 RECENT = "recent"  # the last hour, minute by minute (recent.lua: 60 slots of 4 uint32)
 
 

@@ -76,7 +76,7 @@ from redis.exceptions import (
 
 from service import keys
 from service.errors import StartupError, StoreFull, StoreUnavailable
-from service.folding import TAIL_RECORDS, fields_of, split_records
+from service.folding import fields_of, split_records
 
 logger = logging.getLogger("linreboot.store")
 
@@ -1326,15 +1326,12 @@ class Store:
         request: tuple[str, str, int] | None = None,
         ranked: bool = False,
         later_slots: Sequence[tuple[bytes, Mapping[str, str | bytes]]] = (),
-        started: float | None = None,
     ) -> DecideReply:
         """Record a pending decision if the statistics it was made from are current.
 
         ``seen`` is the (version, outcomes counter) the decision was made at; None
         records it whatever they are now; ``max_lag`` outcomes applied since ``seen`` are
-        tolerated, and any number of them that came after ``started`` (when the request
-        reached the worker: ``time.monotonic()``), while the decision was being made.
-        ``number`` is the decision number its random
+        tolerated. ``number`` is the decision number its random
         draw used (None: the script assigns one); ``reserved`` says an earlier
         stale reply set it aside. ``key_hash`` None skips the key check (trusted
         in-process callers). ``record`` is the end of the decision's record
@@ -1369,10 +1366,6 @@ class Store:
             record,
             *(request or ("", "", "")),
             slots,
-            # (measured before the call is sent, and 0.1 % less for clocks that run at
-            # other rates: the script's start of the request, from it, can only be
-            # later than the request's arrival)
-            "" if started is None else str(int((time.monotonic() - started) * 0.999e6)),
             *(slot_record for slot_record, _ in later_slots),
             *(2 * len(entry) for entry in entries),
         ]
@@ -1507,8 +1500,7 @@ class Store:
         fields = fields_of(records)
         blobs = await self._client.hmget(keys.stats(experiment_id), fields)
         written = folded(fields, [b or None for b in blobs], records)
-        args: list[str | bytes | int] = [incarnation, _text(seen), len(records), length,
-                                         TAIL_RECORDS]
+        args: list[str | bytes | int] = [incarnation, _text(seen), len(records), length]
         for pair in written.items():
             args.extend(pair)
         return len(records) if await self._fold(keys=keyset, args=args) else 0

@@ -24,7 +24,6 @@ from service.experiments import ExperimentService
 from service.folding import (
     FOLD_EVERY,
     FOLD_LIMIT,
-    TAIL_RECORDS,
     folded_blobs,
     split_records,
 )
@@ -285,8 +284,8 @@ async def test_a_reward_does_not_wait_for_the_fold_it_starts(
 async def test_the_folded_tail_keeps_the_last_records_folds_took(
     service: ExperimentService, redis_db: str
 ) -> None:
-    """What a worker a fold overtook catches up from: the last outcomes folded, in order,
-    TAIL_RECORDS of them."""
+    """What a worker a fold overtook catches up from: the outcomes the last fold took, in
+    order."""
     await service.create(ExperimentSpec(id="tail", setting="covariates", dim=3,
                                         arms=tuple(ArmSpec(a) for a in ARMS)))
     rng = np.random.default_rng(2)
@@ -301,9 +300,9 @@ async def test_the_folded_tail_keeps_the_last_records_folds_took(
     assert waiting == [] and _counter(stats, keys.FOLDED) == 3 * FOLD_EVERY
     header, _, body = stats[keys.FOLDED_TAIL].partition(b"\n")
     kept = split_records(body)[0]
-    assert header == f"{3 * FOLD_EVERY} {TAIL_RECORDS}".encode() and len(kept) == TAIL_RECORDS
+    assert header == f"{3 * FOLD_EVERY} {FOLD_EVERY}".encode() and len(kept) == FOLD_EVERY
     # (a record: model field, arm field, decision number, reward, context)
-    assert [int(r.split(b"\n")[2]) for r in kept] == numbers[-TAIL_RECORDS:]
+    assert [int(r.split(b"\n")[2]) for r in kept] == numbers[-FOLD_EVERY:]
 
 
 @pytest.mark.parametrize("kind", SPECS)

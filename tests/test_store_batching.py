@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import asyncio
-import struct
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +28,7 @@ from service import keys
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.errors import StoreUnavailable
 from service.experiments import ExperimentService
-from service.folding import FOLD_EVERY, TAIL_RECORDS
+from service.folding import FOLD_EVERY
 from service.settings import Settings
 from service.store import Store, _ScriptBatcher
 from tests import records
@@ -396,16 +395,18 @@ async def test_a_reward_reply_that_cannot_bring_what_a_worker_lacks_makes_it_rea
     monkeypatch: pytest.MonkeyPatch, redis_db: str, lacking: str,
 ) -> None:
     """When a fold took outcomes the worker never added that the folded tail does not
-    have (more than it keeps; a fold of a version before it, which wrote none, or
+    have (two folds took them; a fold of a version before it, which wrote none, or
     which folded after the tail's end; a damaged tail), the reply brings its own record
-    only: the view drops its kept records and its next
-    decision reads what it lacks."""
+    only: the view drops its kept records and its next decision reads what it lacks."""
     key = await _experiment(service, "own")
     mine = await service.choose("own", ChooseRequest(), key)
-    others = TAIL_RECORDS + 1 if lacking == "beyond the tail" else FOLD_EVERY
-    batch = [await other_service.choose("own", ChooseRequest(), key) for _ in range(others)]
-    await other_service.reward("own", [(d.decision_id, 1.0) for d in batch], key)
-    await other_service.drain()  # the fold: the sums hold outcomes this worker lacks
+    folds = 2 if lacking == "beyond the tail" else 1
+    for _ in range(folds):  # each: FOLD_EVERY rewards, and the fold they start
+        batch = [await other_service.choose("own", ChooseRequest(), key)
+                 for _ in range(FOLD_EVERY)]
+        await other_service.reward("own", [(d.decision_id, 1.0) for d in batch], key)
+        await other_service.drain()  # the fold: the sums hold outcomes this worker lacks
+    others = folds * FOLD_EVERY
     assert _counter(redis_db, "own", keys.FOLDED) == others
     client = redis.Redis.from_url(redis_db)
     try:
@@ -500,64 +501,6 @@ async def test_a_decision_is_made_once_beside_its_workers_rewards(
     assert outcome[0].status == "applied"
     assert len(attempts) == 2 and attempts[1] is None  # stale, then made again
     assert _seen(redis_db, "fly", during.decision_id) >= 4
-
-
-@pytest.mark.parametrize(("case", "before", "during", "max_stale_rewards", "made"), [
-    ("while made", 0, 3, 0, 1),
-    ("within the lag, then while made", 1, 1, 1, 1),
-    ("beyond the lag before", 2, 1, 1, 2),
-    ("no stamps", 0, 3, 0, 2),
-    ("a stamp later than now", 0, 3, 0, 2),
-])
-async def test_a_decision_goes_before_rewards_that_came_while_it_was_made(
-    service: ExperimentService, other_service: ExperimentService,
-    monkeypatch: pytest.MonkeyPatch, redis_db: str, case: str, before: int, during: int,
-    max_stale_rewards: int, made: int,
-) -> None:
-    """Rewards applied after a decision's request reached the worker, while it was being
-    made (here: another worker's, between its draw and its script), do not make it stale:
-    it is recorded at once, from the statistics without them, as if they had come just
-    after it (max_stale_rewards asks for the rewards acknowledged before the request, but
-    the latest that many). Rewards acknowledged before, beyond the lag, make it stale;
-    so do rewards whose time is unknown (no stamps: a version before them applied them)
-    or cannot be compared (a stamp later than Redis's clock now: the clock stepped back,
-    or another host wrote it before a failover): it is made again."""
-    key = await _experiment(service, "while", max_stale_rewards)
-    theirs = [await other_service.choose("while", ChooseRequest(), key)
-              for _ in range(before + during)]
-    await service.choose("while", ChooseRequest(), key)  # this worker's view: 0 outcomes
-    if before:
-        await other_service.reward("while", [(d.decision_id, 1.0) for d in theirs[:before]],
-                                   key)
-    seen: list[tuple[int, int] | None] = []
-    decide = Store.decide
-
-    async def meanwhile(self: Store, *args: Any, **kwargs: Any) -> Any:
-        seen.append(kwargs["seen"])
-        if len(seen) == 1:  # the other worker's rewards, while this decision is made
-            outcomes = await other_service.reward(
-                "while", [(d.decision_id, 1.0) for d in theirs[before:]], key)
-            assert {o.status for o in outcomes} == {"applied"}
-            client = redis.Redis.from_url(redis_db)
-            try:
-                if case == "no stamps":
-                    assert client.hdel(keys.stats("while"), keys.APPLIED) == 1
-                if case == "a stamp later than now":  # a slot no call took, an hour on
-                    ring: bytes = client.hget(keys.stats("while"), keys.APPLIED)  # type: ignore[assignment]
-                    hour = 3600e6 + 1e6 * time.time()
-                    ring = ring[:-24] + struct.pack("<ddd", 0.0, 0.0, hour)
-                    client.hset(keys.stats("while"), keys.APPLIED, ring)  # type: ignore[arg-type]
-            finally:
-                client.close()
-        return await decide(self, *args, **kwargs)
-
-    monkeypatch.setattr(Store, "decide", meanwhile)
-    decision = await service.choose("while", ChooseRequest(), key)
-    assert len(seen) == made and seen[0] == (seen[0] and (seen[0][0], 0))
-    assert _seen(redis_db, "while", decision.decision_id) == (0 if made == 1 else before + during)
-    # The next decision's request comes after them all: it reflects them (but the lag).
-    after = await service.choose("while", ChooseRequest(), key)
-    assert _seen(redis_db, "while", after.decision_id) >= before + during - max_stale_rewards
 
 
 async def test_a_decision_waits_for_its_workers_rewards_only_a_moment(

@@ -49,13 +49,9 @@
 -- ARGV[14] with KEYS[7]: how long (seconds) a retry gets the same answer (at most the
 --          decision's own time to live)
 -- ARGV[15] k, the slots recorded (1 for a decision of /choose)
--- ARGV[16] how long (microseconds) before sending this call the request reached the
---          worker; '' for unknown. Outcomes that came after that may be missing from
---          the statistics whatever ARGV[8] says: they came while the decision was
---          being made, and it goes before them
--- ARGV[17 .. 15 + k]  slots 2 .. k's records' ends (ARGV[11]'s format)
--- ARGV[16 + k .. 15 + 2k]  how many fields (names and values) each slot's log entry has
--- ARGV[16 + 2k ..]  field, value, ... of each slot's log entry in turn, but its number
+-- ARGV[16 .. 14 + k]  slots 2 .. k's records' ends (ARGV[11]'s format)
+-- ARGV[15 + k .. 14 + 2k]  how many fields (names and values) each slot's log entry has
+-- ARGV[15 + 2k ..]  field, value, ... of each slot's log entry in turn, but its number
 --          (which the script adds): type, id, arm, x, version, rewards_seen,
 --          eligible, propensity (position, in a ranking)
 --
@@ -184,22 +180,9 @@ local step = tonumber(meta[8] or '1')
 local number = ARGV[5]
 -- Another incarnation (deleted and created again meanwhile) is always stale.
 local redefined = meta[1] ~= ARGV[2] or (ARGV[3] ~= '' and ARGV[3] ~= meta[3])
--- Outcomes beyond the lag tolerated that all came after the request reached the
--- worker (ARGV[16] microseconds before it sent this call) came while the decision
--- was being made: it goes before them, as if they had come just after it. The
--- first of them says (recent.lua's stamps; none known: not excused).
-local function came_while_deciding(first)
-  if ARGV[16] == '' then
-    return false
-  end
-  local at, now = applied_at(KEYS[2], first)
-  return at ~= nil and at >= now - tonumber(ARGV[16])
-end
-local seen = tonumber(ARGV[4])
 local stale = redefined
-  or (seen and (tonumber(rewards) < seen
-                or (tonumber(rewards) - seen > tonumber(ARGV[8])
-                    and not came_while_deciding(seen + tonumber(ARGV[8]) + 1))))
+  or (ARGV[4] ~= '' and (tonumber(rewards) < tonumber(ARGV[4])
+                         or tonumber(rewards) - tonumber(ARGV[4]) > tonumber(ARGV[8])))
   or (number ~= '' and ARGV[6] == '0' and tonumber(number) ~= seq + step)
 if stale then
   local reserved = ''
@@ -262,7 +245,7 @@ local deadline = string.format('%.3f', ends)
 local head = table.concat({'p' .. ARGV[2], number, defaulted and deadline or ''}, '\n') .. '\n'
 redis.call('SET', KEYS[3], head .. ARGV[11], 'EX', ttl)
 for slot = 2, slots do
-  redis.call('SET', KEYS[6 + slot], head .. ARGV[15 + slot], 'EX', ttl)
+  redis.call('SET', KEYS[6 + slot], head .. ARGV[14 + slot], 'EX', ttl)
 end
 if request then
   redis.call('SET', KEYS[7], 'p' .. meta[1] .. '\n' .. ARGV[12] .. '\n' .. number .. '\n'
@@ -315,9 +298,9 @@ end
 local max_entries = tonumber(meta[5] or '0')
 if max_entries > 0 then
   local age = tonumber(meta[6])
-  local at = 16 + 2 * slots  -- the first slot's fields
+  local at = 15 + 2 * slots  -- the first slot's fields
   for slot = 1, slots do
-    local count = tonumber(ARGV[15 + slots + slot])
+    local count = tonumber(ARGV[14 + slots + slot])
     redis.call('XADD', KEYS[5], 'MAXLEN', '~', max_entries, '*', 'number', number,
                unpack(ARGV, at, at + count - 1))
     at = at + count

@@ -9,10 +9,9 @@
 -- ARGV[2]  the folded counter it saw
 -- ARGV[3]  k: the sums now hold the first k records of the outcomes string
 -- ARGV[4]  their length in bytes
--- ARGV[5]  the most records the folded tail keeps
--- ARGV[6..]  field, blob, ...: the sums those records add to, with them added
+-- ARGV[5..]  field, blob, ...: the sums those records add to, with them added
 --
--- The records folded join the folded tail (tail.lua; store.py puts it in front of
+-- The records folded become the folded tail (tail.lua; store.py puts it in front of
 -- this script): a worker a few outcomes behind the fold catches up from it.
 -- Returns 1 when written, 0 when the experiment is another incarnation or
 -- another fold came first (nothing written). Within an incarnation only this
@@ -33,19 +32,10 @@ local cut = tonumber(ARGV[4])
 if redis.call('STRLEN', KEYS[3]) < cut then
   return redis.error_reply('fold.lua: the outcomes are shorter than the records folded')
 end
--- The tail: its records if they end where these start, then these, its last ones kept.
-local ends, count, kept = folded_tail(KEYS[2])
-if ends ~= tonumber(folded) then
-  count, kept = 0, ''
-end
-kept = kept .. redis.call('GETRANGE', KEYS[3], 0, cut - 1)
-count = count + tonumber(ARGV[3])
-if count > tonumber(ARGV[5]) then
-  kept = records_after(kept, count - tonumber(ARGV[5]))
-  count = tonumber(ARGV[5])
-end
+-- The records folded stay as the folded tail (tail.lua) until the next fold.
 local now_folded = tonumber(folded) + tonumber(ARGV[3])
 redis.call('HSET', KEYS[2], 'folded', now_folded,
-           FOLDED_TAIL, string.format('%d %d\n', now_folded, count) .. kept, unpack(ARGV, 6))
+           FOLDED_TAIL, string.format('%d %d\n', now_folded, tonumber(ARGV[3]))
+             .. redis.call('GETRANGE', KEYS[3], 0, cut - 1), unpack(ARGV, 5))
 redis.call('SET', KEYS[3], redis.call('GETRANGE', KEYS[3], cut, -1))
 return 1

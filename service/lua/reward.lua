@@ -148,7 +148,6 @@ if applied > 0 then
   local counters = redis.call('HMGET', KEYS[2], 'defaulted', 'decision_seq', 'folded')
   local outcomes = rewards + tonumber(counters[1] or '0')
   local first, sent = outcomes - applied, table.concat(records)
-  stamp_applied(KEYS[2], first + 1, outcomes)
   local held = tonumber(ARGV[2])
   if held and held < first then  -- others' outcomes came between
     local lacking = lacked(KEYS[2], redis.call('GET', KEYS[4]) or '', held,

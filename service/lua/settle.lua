@@ -162,8 +162,6 @@ if #KEYS >= FIRST then
   if defaulted > 0 then
     counter = redis.call('HINCRBY', KEYS[2], 'defaulted', defaulted)
     count_recent(KEYS[2], now, 'f', defaulted)
-    local outcomes = counter + tonumber(redis.call('HGET', KEYS[2], 'rewards') or '0')
-    stamp_applied(KEYS[2], outcomes - defaulted + 1, outcomes)
   end
   if missed > 0 then
     redis.call('HINCRBY', KEYS[2], 'defaults_missed', missed)

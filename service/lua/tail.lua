@@ -16,11 +16,11 @@ local function records_after(outcomes, skip)
 end
 
 
--- A fold keeps the last records it took (service.folding's TAIL_RECORDS) in the
--- stats hash's field FOLDED_TAIL: '<folded> <count>\n' then the records, the
--- last of them outcome number <folded>. A worker whose statistics a fold overtook
--- by a few outcomes then still catches up by those outcomes, not by reading every
--- blob (the bulk of the statistics).
+-- A fold keeps the records it took, until the next fold, in the stats hash's field
+-- FOLDED_TAIL: '<folded> <count>\n' then the records, the last of them outcome
+-- number <folded>. A worker whose statistics a fold overtook by a few outcomes (fewer
+-- than the outcomes since the fold before) then still catches up by those outcomes,
+-- not by reading every blob (the bulk of the statistics).
 local FOLDED_TAIL = 'folded_tail'
 
 -- The folded tail's end, count and records; nil when there is none.
