@@ -241,7 +241,8 @@ def read_admin_tokens(path: Path, min_chars: int = 1) -> tuple[str, ...]:
 
 # LINREBOOT_* variables that are not settings but are read elsewhere: the tests'
 # Redis, and the serve process's pid for its workers.
-_OTHER_VARIABLES = frozenset({"LINREBOOT_TEST_REDIS_URL", "LINREBOOT_SERVE_PID"})
+_OTHER_VARIABLES = frozenset({"LINREBOOT_TEST_REDIS_URL", "LINREBOOT_TEST_SHARDS",
+                              "LINREBOOT_SERVE_PID"})
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
