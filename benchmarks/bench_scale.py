@@ -13,7 +13,8 @@ stochastic LinReBoot, K = 100, d = 20) on one hot experiment (one wrk thread),
 on one hot experiment of ``--shards`` shards (service.shards; on a cluster, its
 members on every master), and on ``--experiments`` experiments (a wrk thread
 each; on a cluster spread evenly over the masters). Each row gives pairs/s,
-p50 and p99, the workers' CPU per pair (user + system, /proc), the script calls
+p50 and p99, the workers' CPU per pair (user + system, /proc) and the busiest
+worker's share of it (about 1 / N when the connections are spread), the script calls
 per pair (2 when no decision is made twice; a stale one is a third), the whole
 statistics reads per pair (HGETALL: a view that could not catch up by the outcomes it
 lacked), each master's CPU
@@ -54,7 +55,7 @@ from benchmarks.bench_service import (
     _start,
     command_usec,
     run_wrk,
-    tree_cpu_seconds,
+    tree_cpu_by_process,
 )
 from loadtest.server import free_port
 from service import keys
@@ -84,6 +85,10 @@ class Row:
     # outcomes it lacked, or a first read, with its meta), per pair: 0 when catching up
     # costs in proportion to the rewards missed (issue 27, target 1)
     whole_reads_per_pair: float = 0.0
+    # the CPU of the busiest process of the serving tree, as a share of the tree's: about
+    # 1 / N with N workers sharing the load; near 1 when the kernel gave one worker all
+    # of wrk's connections (the row then shows one worker's figures)
+    busiest_share: float = 1.0
 
     def needs(self, rate: float) -> str:
         """Worker cores and Redis masters for ``rate`` pairs/s, by this row's CPU per pair."""
@@ -142,9 +147,10 @@ def _measure(store: Store, name: str, workers: int, pid: int, url: str,
     run_wrk("warm-up", f"{url}/choose", 2, connections, script, args, threads=threads)
     for server in store.servers:
         server.config_resetstat()
-    before = tree_cpu_seconds(pid)
+    before = tree_cpu_by_process(pid)
     result = run_wrk(name, f"{url}/choose", duration, connections, script, args, threads=threads)
-    spent = tree_cpu_seconds(pid) - before
+    spent_by = {p: cpu - before.get(p, 0.0) for p, cpu in tree_cpu_by_process(pid).items()}
+    spent = sum(spent_by.values())
     usec = [command_usec(server) for server in store.servers]
     scripts = sum(script_calls(server) for server in store.servers)
     whole_reads = sum(command_calls(server, ("hgetall",)) for server in store.servers)
@@ -152,7 +158,7 @@ def _measure(store: Store, name: str, workers: int, pid: int, url: str,
     return Row(name, workers, len(pairs), shards, result.requests_per_second / 2, result.p50_ms,
                result.p99_ms, result.errors, 1e6 * spent / count,
                tuple(u / count for u in usec), tuple(u / (1e6 * duration) for u in usec),
-               scripts / count, whole_reads / count)
+               scripts / count, whole_reads / count, max(spent_by.values()) / max(spent, 1e-9))
 
 
 def script_calls(server: redis.Redis) -> int:
@@ -234,10 +240,13 @@ def scaling(rows: list[Row]) -> list[str]:
             for n, row in sorted(hot.items()):
                 rate = n * 1e6 / row.worker_us_per_pair
                 busy = rate * sum(row.redis_us_per_pair) / 1e6
+                unspread = n > 1 and row.busiest_share > 1.5 / n
                 lines.append(f"- target 1, {store}, {n} worker{'s' if n > 1 else ''}: "
                              f"{rate:,.0f} pairs/s with a core each, "
                              f"{hot[1].worker_us_per_pair / row.worker_us_per_pair:.2f} x N x "
-                             f"one worker's (>= 0.8), its Redis {busy:.0%} busy (< 80%)")
+                             f"one worker's (>= 0.8), its Redis {busy:.0%} busy (< 80%)"
+                             + (f"; NOT SPREAD: one worker did {row.busiest_share:.0%} of the "
+                                "work, run it again" if unspread else ""))
     single = {r.workers: r for r in rows if r.store == "one Redis" and r.experiments > 1}
     for row in rows:
         if row.experiments > 1 and len(row.redis_us_per_pair) > 1 and row.workers in single:
@@ -256,14 +265,16 @@ def _line(row: Row) -> str:
     load = f"{row.experiments}" + (f" ({row.shards} shards)" if row.shards > 1 else "")
     return (f"| {row.store} | {row.workers} | {load} | {row.pairs_per_second:,.0f} | "
             f"{row.p50_ms:.1f} | {row.p99_ms:.1f} | {row.worker_us_per_pair:.0f} | "
+            f"{row.busiest_share:.0%} | "
             f"{row.scripts_per_pair:.2f} | {row.whole_reads_per_pair:.3f} | {redis_us} | "
             f"{busy} | {row.needs(TARGETS[0])} | {row.needs(TARGETS[1])} | {row.errors} |")
 
 
 HEADER = ("| store | workers | experiments | pairs/s | p50 ms | p99 ms | worker CPU µs/pair "
+          "| busiest worker's share "
           "| scripts/pair | whole reads/pair | Redis µs/pair, by master | busy, by master "
           "| for 10k pairs/s | for 100k pairs/s | errors |\n"
-          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|")
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|")
 
 
 def main() -> None:

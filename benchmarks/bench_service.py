@@ -114,6 +114,11 @@ def command_usec(server: redis.Redis) -> float:
 def tree_cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of ``pid`` and its descendants (uvicorn's workers), from
     /proc: what the serving side spent, whatever else shares the machine's cores."""
+    return sum(tree_cpu_by_process(pid).values())
+
+
+def tree_cpu_by_process(pid: int) -> dict[int, float]:
+    """:func:`tree_cpu_seconds` by process of the tree."""
     tick = os.sysconf("SC_CLK_TCK")
     parents: dict[int, int] = {}
     times: dict[int, float] = {}
@@ -132,7 +137,7 @@ def tree_cpu_seconds(pid: int) -> float:
         children = [child for child, of in parents.items() if of == parent]
         tree.update(children)
         frontier.extend(children)
-    return sum(times.get(p, 0.0) for p in tree)
+    return {p: times.get(p, 0.0) for p in tree}
 
 
 def with_worker_cost(pid: int, run: Callable[[], WrkResult]) -> WrkResult:
