@@ -18,9 +18,8 @@ of its own):
   left, and keeps the records it took until the next fold (the stats hash's
   ``folded_tail``: about 6 KB at d = 20), so that a view a fold overtook by
   fewer outcomes than came since the fold before still catches up by the
-  records it lacks. A fold that fails
-  (the worker stopped, Redis away) is done by the next one: the records wait
-  meanwhile, counted by every view.
+  records it lacks. A fold that fails (the worker stopped, Redis away) is
+  done by the next one: the records wait meanwhile, counted by every view.
 
 The records are added one at a time, in order, so the sums are those of
 adding the outcomes one after another in the order the scripts recorded

@@ -27,5 +27,5 @@ if held then
     records, based, skipped = lacking, from, left_out
   end
 end
-return {meta[1], meta[2], tostring(outcomes), counters[2] or '0', string.format('%d', based), records,
-        skipped}
+return {meta[1], meta[2], tostring(outcomes), counters[2] or '0', string.format('%d', based),
+        records, skipped}

@@ -15,7 +15,6 @@ local function records_after(outcomes, skip)
   return string.sub(outcomes, at), skipped
 end
 
-
 -- A fold keeps the records it took, until the next fold, in the stats hash's field
 -- FOLDED_TAIL: '<folded> <count>\n' then the records, the last of them outcome
 -- number <folded>. A worker whose statistics a fold overtook by a few outcomes (fewer
