@@ -573,6 +573,10 @@ class _ScriptBatcher:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(at_most):
                 await sending[1].wait()
+        # One step of the loop: the batch's other callers, woken with the replies (a
+        # caller of this batch that decides at once, before them, is here already),
+        # run on and add their outcomes first.
+        await asyncio.sleep(0)
         return True
 
     async def _flush(self) -> None:

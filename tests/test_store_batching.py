@@ -503,6 +503,30 @@ async def test_a_decision_is_made_once_beside_its_workers_rewards(
     assert _seen(redis_db, "fly", during.decision_id) >= 4
 
 
+async def test_a_decision_right_after_its_rewards_reply_reflects_its_batch(
+    service: ExperimentService, attempts: list[tuple[int, int] | None], redis_db: str,
+) -> None:
+    """A caller that decides as soon as its reward is answered runs before the same
+    batch's other callers have added their outcomes to the view: it lets them run first,
+    and its decision is made once, from all of them (it was made twice, the first time
+    from a view without the others', in every in-process loop of choose and reward)."""
+    key = await _experiment(service, "turn")
+    made = [await service.choose("turn", ChooseRequest(), key) for _ in range(4)]
+    attempts.clear()
+
+    async def reward_then_choose() -> str:
+        await service.reward("turn", [(made[0].decision_id, 1.0)], key)
+        return (await service.choose("turn", ChooseRequest(), key)).decision_id
+
+    async def reward(decision_id: str) -> None:
+        await service.reward("turn", [(decision_id, 0.5)], key)
+
+    chooser = asyncio.ensure_future(reward_then_choose())  # its reward first in the batch
+    await asyncio.gather(chooser, *(reward(d.decision_id) for d in made[1:]))
+    assert len(attempts) == 1 and attempts[0] is not None  # made once
+    assert _seen(redis_db, "turn", chooser.result()) == 4  # from the batch's four rewards
+
+
 async def test_a_decision_waits_for_its_workers_rewards_only_a_moment(
     app_settings: Settings, redis_db: str
 ) -> None:
