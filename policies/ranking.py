@@ -145,6 +145,21 @@ def placement_propensities(ready: Ready, arms: NDArray[np.int64], positions: NDA
     return _estimated(ready, arms, positions, draws, seed, made)
 
 
+def placement_table(ready: Ready, k: int, *, accuracy: Accuracy = FINE) -> Array | None:
+    """The probability that :func:`rank` of ``ready`` puts each arm at each position
+    below ``k``, shape (B, K, k) (0 for an arm not eligible), where the integral serves
+    or the index is deterministic (as :func:`placement_propensities`); None where only
+    the estimate would: its draws answer the placements asked, not a table. One pass
+    for every pair: a server keeps it while the statistics stay the same."""
+    batch, size = ready.eligible.shape
+    arms = np.broadcast_to(np.repeat(np.arange(size), k), (batch, size * k))
+    positions = np.broadcast_to(np.tile(np.arange(k), size), (batch, size * k))
+    table = _normal_positions(ready, arms, positions, accuracy)
+    if table is None:
+        table = _ordered_positions(ready, arms, positions)
+    return None if table is None else table.reshape(batch, size, k)
+
+
 def _normal_positions(ready: Ready, placed: NDArray[np.int64], positions: NDArray[np.int64],
                       accuracy: Accuracy = FINE) -> Array | None:
     """The integral of the module notes for every experiment, or None where it does
@@ -155,17 +170,18 @@ def _normal_positions(ready: Ready, placed: NDArray[np.int64], positions: NDArra
     law = index_of(ready.config).law(ready.config, ready.prepared)
     if law.spread is None or law.dof is not None or law.loadings is not None:
         return None
-    out = np.empty(placed.shape)
+    out = np.zeros(placed.shape)
     for row in range(placed.shape[0]):
         arms = np.flatnonzero(ready.eligible[row])
         mean, spread = law.mean[row, arms], law.spread[row, arms]
         if not np.all(spread > 0.0):
             return None
-        values = _at_positions(mean, spread, np.searchsorted(arms, placed[row]),
-                               positions[row], accuracy)
+        asked = ready.eligible[row, placed[row]]  # an arm not eligible is nowhere: 0
+        values = _at_positions(mean, spread, np.searchsorted(arms, placed[row, asked]),
+                               positions[row, asked], accuracy)
         if values is None:
             return None
-        out[row] = values
+        out[row, asked] = values
     return out
 
 
@@ -188,7 +204,9 @@ def _ordered_positions(ready: Ready, arms: NDArray[np.int64],
         if np.unique(scores).size < scores.size:
             return None  # ties split at random
         order = eligible[np.argsort(-scores, kind="stable")]
-        out[row] = order[positions[row]] == arms[row]
+        # A position beyond the eligible arms holds none of them.
+        held = np.concatenate([order, [-1]])
+        out[row] = held[np.minimum(positions[row], order.size)] == arms[row]
     return out
 
 
@@ -196,79 +214,113 @@ def _at_positions(mean: Array, spread: Array, placed: NDArray[np.int64],
                   positions: NDArray[np.int64] | None = None,
                   accuracy: Accuracy = FINE) -> Array | None:
     """``P(placed[i] at positions[i])`` (from 0; default i) among independent normal
-    indices, for every i at once (the module notes' integral), on each placed arm's own
-    nodes.
+    indices, for every i at once (the module notes' integral): a ranking's slots, or
+    every (arm, position) pair of a table (:func:`placement_table`) in one pass.
 
-    For arm a at position j, an arm whose window (mean +- ``accuracy.z`` spreads) lies above
-    arm a's is above it for sure: it only shifts how many of the others must score
-    higher (``j`` less those); below the (j + 1)-th highest window start among the
-    others, j + 1 arms score higher for sure (the integrand is 0: the integral starts
-    there, as :func:`policies.propensity.propensities` starts at its floor); an arm
-    whose window ends below that start is below for sure. Only the arms left, those
-    that may cross arm a's nodes, enter the Poisson-binomial recursion, so after some
-    learning (windows apart) a ranking of 10 of 100 arms counts a few arms, not 99.
-    Nodes are :func:`policies.propensity`'s smooth trapezoid rule, spaced
+    Each index lives in its window, mean +- ``accuracy.z`` spreads (the tail beyond holds
+    ``Phi(-z)``). Below the (c + 2)-th highest window start (c the highest position
+    asked), c + 1 arms other than the placed one score higher for sure: no integrand
+    asked is above 0 there, so the integrals start at it. The placed arms whose windows
+    overlap share one grid (:func:`_group`); an arm whose window lies above the group's
+    is above every node for sure and only shifts the count, one below it never counts;
+    the rest, those that may cross a node, enter the Poisson-binomial recursion once per
+    group, and each placed arm's own factor is left out by prefix and suffix products
+    (no division). Nodes are :func:`policies.propensity`'s smooth trapezoid rule, spaced
     ``accuracy.ranked_step / sqrt(n)`` (at most 0.75; n the arms counted) of the
-    narrowest counted spread (arm a's at most) in arm a's standard units: the integrand
-    narrows as arms crowd (K identical arms: tests/test_ranking.py), from the start to
-    +``accuracy.z`` (the
-    tail beyond holds ``Phi(-z)``), or the finer ``accuracy.step`` where a counted arm
-    is narrower than ``SMOOTH`` times arm a; None (the estimate instead) where that
-    would take more than ``_MAX_NODES``."""
-    size, z = mean.size, accuracy.z
+    narrowest counted spread, or the finer ``accuracy.step`` where a counted arm is
+    narrower than ``SMOOTH`` times a placed one: the integrand narrows as arms crowd
+    (K identical arms: tests/test_ranking.py). None (the estimate instead) where a
+    group would take more than ``_MAX_NODES`` nodes."""
+    z = accuracy.z
     low, high = mean - z * spread, mean + z * spread
-    grids, owners, columns, counted, steps = [], [], [], [], []
-    at = np.arange(placed.size) if positions is None else positions
-    for i, (position, arm) in enumerate(zip(at.tolist(), placed.tolist(), strict=True)):
-        others = np.arange(size) != arm
-        surely_above = others & (low > high[arm])
-        column = position - int(np.count_nonzero(surely_above))
-        starts = np.sort(low[others & ~surely_above])[::-1]
-        # Below the (column + 1)-th highest start, that many more score higher for sure.
-        start = max(float(low[arm]), float(starts[column])
-                    if 0 <= column < starts.size else -np.inf)
-        crossing = others & ~surely_above & (high > start)
-        ratio = float(spread[crossing].min(initial=np.inf)) / float(spread[arm])
-        # The integrand is a bump of arm a's density and the probability that exactly
-        # `column` of n counted arms score higher: about 1 / sqrt(n) as wide as arm a's
-        # spread (K identical arms: 0.15 spreads at n = 100 holds 6e-8 relative, 0.25 only
-        # 3e-4), so the nodes close in as sqrt(n) grows.
-        # (in the narrowest counted spread's units either way: a crowd of narrow arms
-        # narrows it as much; review, session 16)
-        crowd = accuracy.ranked_step / math.sqrt(max(int(np.count_nonzero(crossing)), 1))
-        step = (min(_WIDEST, crowd) * min(ratio, 1.0) if ratio >= SMOOTH
-                else min(accuracy.step, crowd) * ratio)
-        first = math.ceil((start - mean[arm]) / spread[arm] / step)
-        last = math.floor(z / step)
-        if column < 0 or last < first:  # an arm surely above it, or no room: probability 0
-            first, last = 1, 0
-        if last - first > _MAX_NODES:
+    at = np.arange(placed.size) if positions is None else np.asarray(positions)
+    out = np.zeros(placed.size)
+    if placed.size == 0:
+        return out
+    starts = np.sort(low)[::-1]
+    deepest = int(at.max()) + 1  # others above for sure, beyond which nothing asked is left
+    floor = float(starts[deepest]) if deepest < starts.size else -np.inf
+    distinct, pair_of = np.unique(placed, return_inverse=True)
+    for members in _group(np.maximum(low[distinct], floor), high[distinct]):
+        asked = np.flatnonzero(np.isin(pair_of, members))
+        found = _group_values(mean, spread, low, high, distinct[members], floor,
+                              int(at[asked].max()), accuracy)
+        if found is None:
             return None
-        g = np.arange(first, last + 1) * step
-        grids.append(g)
-        owners.append(np.full(g.size, i))
-        columns.append(max(column, 0))
-        counted.append(crossing)
-        steps.append(step)
-    g, owner = np.concatenate(grids), np.concatenate(owners)
-    arms = np.flatnonzero(np.any(counted, axis=0))  # counted for some placed arm
-    t = mean[placed][owner] + spread[placed][owner] * g
-    # below[n, b]: arm b's index below node n's t; 1 where arm b is not counted for
-    # node n's arm (surely above: in the column's shift; surely below; the arm itself).
-    below = special.ndtr((t - mean[arms, None]) / spread[arms, None])  # (arms, nodes)
-    below = np.where(np.asarray(counted)[:, arms].T[:, owner], below, 1.0)
-    above = 1.0 - below
-    count = np.zeros((max(columns) + 1, t.size))  # P(exactly m counted arms above), by m
-    count[0] = 1.0
-    shifted = np.empty_like(count[:-1])
-    for under, over in zip(below, above, strict=True):
-        np.multiply(count[:-1], over, out=shifted)
+        shift, values = found  # positions from the group's first column
+        row = np.searchsorted(distinct[members], placed[asked])
+        column = at[asked] - shift
+        out[asked] = np.where(column >= 0, values[row, np.maximum(column, 0)], 0.0)
+    return np.clip(out, 0.0, 1.0)
+
+
+def _group(starts: Array, ends: Array) -> list[NDArray[np.int64]]:
+    """The placed arms whose windows (from ``starts`` to ``ends``) overlap, chained: each
+    group's arms share a grid; an arm whose window is empty (it ends below the floor) is
+    in no group, and its probability stays 0."""
+    order = [int(i) for i in np.argsort(starts, kind="stable") if ends[i] > starts[i]]
+    groups: list[list[int]] = []
+    reach = -np.inf
+    for i in order:
+        if not groups or starts[i] > reach:
+            groups.append([])
+        groups[-1].append(i)
+        reach = max(reach, float(ends[i]))
+    return [np.array(sorted(g), dtype=np.int64) for g in groups]
+
+
+def _group_values(mean: Array, spread: Array, low: Array, high: Array,
+                  members: NDArray[np.int64], floor: float, deepest: int,
+                  accuracy: Accuracy) -> tuple[int, Array] | None:
+    """``shift``, the arms above the group's grid for sure, and ``P(member at column +
+    shift)`` for each of a group's ``members`` and every column up to ``deepest - shift``,
+    shape (members, columns) (see :func:`_at_positions`)."""
+    start = max(float(low[members].min()), floor)
+    end = float(high[members].max())
+    shift = int(np.count_nonzero(low > end))
+    columns = deepest - shift + 1
+    if columns <= 0:  # more arms above the whole group for sure than any position asked
+        return shift, np.zeros((members.size, 1))
+    counted = np.flatnonzero((high > start) & (low <= end))
+    narrowest = float(spread[counted].min())
+    crowd = accuracy.ranked_step / math.sqrt(max(counted.size - 1, 1))
+    smooth = narrowest >= SMOOTH * float(spread[members].max())
+    step = (min(_WIDEST, crowd) if smooth else min(accuracy.step, crowd)) * narrowest
+    if (end - start) / step > _MAX_NODES:
+        return None
+    t = start + step * np.arange(math.floor((end - start) / step) + 1)
+    rest = np.setdiff1d(counted, members, assume_unique=True)
+    arms = np.concatenate([rest, members])
+    below = special.ndtr((t - mean[arms, None]) / spread[arms, None])
+    # P(exactly m of the other counted arms above t), m < columns, by node: the rest's,
+    # then the members' own factors as prefix (on top of the rest's) and suffix products.
+    before = np.zeros((members.size, columns, t.size))
+    after = np.zeros_like(before)
+    before[0, 0] = 1.0
+    after[-1, 0] = 1.0
+    _add(before[0], below[:rest.size])
+    for i in range(1, members.size):
+        _add(before[i], below[rest.size + i - 1], before[i - 1])
+        _add(after[-1 - i], below[-i], after[-i])
+    others = np.zeros_like(before)
+    for s in range(columns):
+        others[:, s:] += before[:, s: s + 1] * after[:, : columns - s]
+    u = (t - mean[members, None]) / spread[members, None]
+    density = np.exp(-0.5 * u * u) * (step / math.sqrt(2.0 * np.pi) / spread[members, None])
+    return shift, np.einsum("ag,acg->ac", density, others)
+
+
+def _add(count: Array, below: Array, source: Array | None = None) -> None:
+    """The Poisson-binomial recursion, in place: ``count`` (P(exactly m above), by m and
+    node) becomes ``source``'s (default its own) with the arms of ``below`` (each arm's
+    probability of scoring below each node, one row or several) added."""
+    rows = below.reshape(-1, below.shape[-1])
+    if source is not None:
+        np.copyto(count, source)
+    for under in rows:
+        shifted = count[:-1] * (1.0 - under)
         count *= under
         count[1:] += shifted
-    out = np.zeros(placed.size)
-    density = np.exp(-0.5 * g * g) * count[np.asarray(columns)[owner], np.arange(t.size)]
-    np.add.at(out, owner, density)
-    return np.clip(out * np.asarray(steps) / np.sqrt(2.0 * np.pi), 0.0, 1.0)
 
 
 def _estimated(ready: Ready, arms: NDArray[np.int64], positions: NDArray[np.int64],

@@ -14,6 +14,7 @@ from policies.ranking import (
     _next,
     _normal_positions,
     placement_propensities,
+    placement_table,
     position_propensities,
     rank,
 )
@@ -285,3 +286,41 @@ def test_a_wide_arm_among_a_crowd_of_narrow_ones(others: int, position: int) -> 
     assert fine is not None and served is not None
     assert fine[0] == pytest.approx(exact, abs=1e-6)
     assert served[0] == pytest.approx(exact, abs=1e-4)
+
+
+@pytest.mark.parametrize(("name", "setting"), [("linreboot", "covariates"),
+                                               ("linreboot", "stochastic"),
+                                               ("lints-g", "covariates")])
+def test_the_table_holds_every_placement_of_every_ranking(name: str, setting: str) -> None:
+    """placement_table: each arm's probability at each position, one pass for all (a
+    server keeps it while the statistics stay the same): the rankings' own placements
+    (their pairs on their own grids) within 1e-6, both 1e-6 of adaptive quadrature; a
+    distribution over arms at each position; 0 for an arm not eligible."""
+    eligible = np.ones((1, K), dtype=bool)
+    eligible[0, 2] = False
+    ready = _ready(name, setting, seed=3, eligible=eligible)
+    table = placement_table(ready, 5)
+    assert table is not None and table.shape == (1, K, 5)
+    np.testing.assert_allclose(table[0].sum(axis=0), 1.0, rtol=0, atol=1e-6)
+    assert np.all(table[0, 2] == 0.0)
+    rngs = [np.random.default_rng(4)]
+    for _ in range(20):
+        ranking = rank(ready, rngs, 5)
+        got = position_propensities(ready, ranking)
+        np.testing.assert_allclose(table[0, ranking.arms[0], np.arange(5)], got[0],
+                                   rtol=0, atol=1e-6)
+
+
+def test_a_table_of_a_deterministic_index_is_its_order_and_of_a_shared_model_none() -> None:
+    """LinUCB's table: 1 where the arm's score ranks at the position, else 0 (k beyond
+    the eligible arms: nobody there); a shared model's placements are estimated per
+    ranking: no table."""
+    ready = _ready("linucb", "covariates")
+    table = placement_table(ready, K + 1)
+    assert table is not None
+    scores = draw(ready, [np.random.default_rng(0)]).scores[0]
+    expected = np.zeros((K, K + 1))
+    expected[np.argsort(-scores, kind="stable"), np.arange(K)] = 1.0
+    np.testing.assert_array_equal(table[0], expected)
+    shared = _ready("lints-g", "stochastic")
+    assert placement_table(shared, 3) is None
