@@ -59,12 +59,12 @@ _FIELDS: dict[str, str | bytes] = {  # as a version with decision hashes wrote t
     "rewards_seen": "0", "status": "pending", "created_at": "1767225600.123456",
 }
 _X = b"".join(v for k, v in _FIELDS.items() if isinstance(v, bytes))
-# decide.lua's ARGV[11] since a decision is one string (service.decisions._decision_record)
+# decide.lua's ARGV[11] since a decision is one string (service.decisions._slots)
 _RECORD = b"model\narm:a17\na17\n1\n0\n1767225600.123456\n0.0123456789\n" + _X
 
 
 def _logged(decision_id: str) -> list[str | bytes]:
-    """The decision's log entry, as service.decisions._log_entry_fields writes it (K = 100)."""
+    """The decision's log entry, as service.decisions._slots writes it (K = 100)."""
     entry: dict[str, str | bytes] = {
         "type": "decision", "id": decision_id, "arm": "a17", "x": _X, "version": "1",
         "rewards_seen": "0", "eligible": "0-99", "propensity": "0.0123456789"}

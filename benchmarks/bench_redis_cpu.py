@@ -167,7 +167,7 @@ def _context(dim: int) -> bytes:
 
 
 def _decision_record(dim: int) -> bytes:
-    """As service.decisions._decision_record writes it."""
+    """As service.decisions._slots writes it."""
     return b"model\narm:a17\na17\n1\n0\n1767225600.123456\n0.0123\n" + _context(dim)
 
 

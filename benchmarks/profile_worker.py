@@ -3,7 +3,7 @@
 Usage::
 
     python -m benchmarks.profile_worker [--seconds 12] [--rate 500] [--spread default] [--top N]
-                                        [--load pairs|choose]
+                                        [--load pairs|choose|rank]
 
 Needs wrk (``apt-get install wrk``) and py-spy (``pip install py-spy``; not a
 dependency of the service). Starts ``linreboot serve`` with one worker and its
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.bench_service import _experiment
+from benchmarks.bench_service import World, _experiment
 from loadtest.server import free_port
 
 HERE = Path(__file__).resolve().parent
@@ -85,8 +85,9 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=500, help="samples a second")
     parser.add_argument("--spread", choices=("paper", "default"), default="default")
     parser.add_argument("--top", type=int, default=0, help="also the N top functions (self)")
-    parser.add_argument("--load", choices=("pairs", "choose"), default="pairs",
-                        help="every decision rewarded (wrk_pairs.lua), or decisions only")
+    parser.add_argument("--load", choices=("pairs", "choose", "rank"), default="pairs",
+                        help="every decision rewarded (wrk_pairs.lua), decisions only, or "
+                             "rankings of 10 only (/rank)")
     args = parser.parse_args()
     for tool in ("wrk", "py-spy"):
         if shutil.which(tool) is None and not (Path(sys.executable).parent / tool).exists():
@@ -110,14 +111,15 @@ def main() -> None:
                     pass
                 time.sleep(0.25)
             experiment, key = _experiment(url, token, spread=args.spread)
+            body = World().choose_body(experiment, 10 if args.load == "rank" else None)
             script, script_args = ((HERE / "wrk_pairs.lua", [experiment, key])
                                    if args.load == "pairs" else
-                                   (HERE / "wrk_choose.lua",
-                                    [f'{{"experiment_id": "{experiment}"}}', key, directory]))
+                                   (HERE / "wrk_choose.lua", [body, key, directory]))
+            path = f"{url}/rank" if args.load == "rank" else f"{url}/choose"
             wrk = ["wrk", "-t1", "-c32", "-s", str(script)]
-            subprocess.run([*wrk, "-d3s", f"{url}/choose", "--", *script_args],
+            subprocess.run([*wrk, "-d3s", path, "--", *script_args],
                            check=True, stdout=subprocess.DEVNULL)  # warm-up
-            load = subprocess.Popen([*wrk, f"-d{args.seconds + 3}s", f"{url}/choose", "--",
+            load = subprocess.Popen([*wrk, f"-d{args.seconds + 3}s", path, "--",
                                      *script_args], stdout=subprocess.DEVNULL)
             time.sleep(1)
             stacks = Path(directory) / "stacks.txt"
@@ -131,7 +133,8 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait()
-    driven = "choose + reward pairs" if args.load == "pairs" else "/choose only"
+    driven = {"pairs": "choose + reward pairs", "choose": "/choose only",
+              "rank": "/rank k = 10 only"}[args.load]
     print(f"one worker, {driven}, {args.seconds} s at {args.rate} samples/s; "
           f"LinReBoot ({args.spread} spread), K = 100, d = 20")
     print("| where | share of the worker's samples |")

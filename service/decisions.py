@@ -451,40 +451,9 @@ def _decision_rng(seed: int | None, number: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, number]))
 
 
-def _decision_record(view: View, arm: ArmRecord, x: bytes, propensity: float | None) -> bytes:
-    """The pending decision's record after what decide.lua puts in front of it (incarnation,
-    number, deadline; the format is in ``outcomes.lua``): what reward.lua needs (the stats
-    fields and ``x``, the context, packed) and the state the decision was made from."""
-    names = field_names(view.definition.config.shared, arm.id)
-    text = (names["model_field"], names["arm_field"], arm.id, str(view.version),
-            str(view.rewards), repr(time.time()), _text_of(propensity))
-    return "\n".join(text).encode() + b"\n" + x
-
-
 def _text_of(propensity: float | None) -> str:
     """A propensity as the records and the log keep it: '' for none."""
     return "" if propensity is None else repr(propensity)
-
-
-def _log_entry_fields(
-    decision_id: str, arms: Sequence[ArmRecord], arm: ArmRecord, x: bytes, view: View,
-    propensity: float | None, contexts: np.ndarray | None = None, position: int | None = None,
-) -> dict[str, str | bytes]:
-    """The decision's entry in the decision log (decide.lua adds its number): the chosen
-    ``arm`` and its context, the arms it was chosen from (and, given, their
-    ``contexts``), the statistics it was made from, and its propensity (no field when
-    the experiment computes none: the entry says so as an older version's does); a
-    ranking's slot, its ``position``."""
-    definition = view.definition
-    eligible = (definition.active_ranges if arms is definition.active_arms
-                else index_ranges([a.index for a in arms]))
-    every = {} if contexts is None else {
-        "contexts": np.ascontiguousarray(contexts, dtype="<f8").tobytes()}
-    return {"type": "decision", "id": decision_id, "arm": arm.id, "x": x,
-            "version": str(view.version), "rewards_seen": str(view.rewards),
-            "eligible": eligible, **every,
-            **({} if propensity is None else {"propensity": repr(propensity)}),
-            **({} if position is None else {"position": str(position)})}
 
 
 @dataclass(frozen=True)
@@ -514,7 +483,7 @@ async def _one_arm(view: View, request: ChooseRequest, decision_id: str,
     score = float(choice.scores[0, picked])
     propensity = (await view.propensity(ready, picked)
                   if view.definition.spec.propensities else None)
-    slot = _slot(view, decision_id, arms, contexts, picked, propensity, None)
+    slot = _slots(view, [decision_id], arms, contexts, [picked], [propensity], None)[0]
     answer = _answer_line(arms[picked].id, propensity, score)
 
     def finish(number: int, window: int) -> Decision:
@@ -539,8 +508,7 @@ async def _ranked(view: View, request: ChooseRequest, decision_id: str,
         list(await view.slot_propensities(ready, ranking))
         if view.definition.spec.propensities else [None] * len(placed))
     ids = [keys.slot_id(decision_id, j) for j in range(1, len(placed) + 1)]
-    slots = [_slot(view, slot_id, arms, contexts, a, p, j)
-             for j, (slot_id, a, p) in enumerate(zip(ids, placed, propensities, strict=True), 1)]
+    slots = _slots(view, ids, arms, contexts, placed, propensities, 1)
     answer = "\n".join(_answer_line(arms[a].id, p, score)
                        for a, p, score in zip(placed, propensities, scores, strict=True))
 
@@ -551,15 +519,42 @@ async def _ranked(view: View, request: ChooseRequest, decision_id: str,
     return _Made(slots, answer, finish)
 
 
-def _slot(view: View, decision_id: str, arms: Sequence[ArmRecord], contexts: np.ndarray,
-          picked: int, propensity: float | None, position: int | None
-          ) -> tuple[bytes, dict[str, str | bytes]]:
-    """A decision's (or a ranking's slot's) record and log entry."""
-    x = np.ascontiguousarray(contexts[picked], dtype="<f8").tobytes()
-    every = contexts if view.definition.spec.log_all_contexts else None
-    return (_decision_record(view, arms[picked], x, propensity),
-            _log_entry_fields(decision_id, arms, arms[picked], x, view, propensity, every,
-                              position))
+def _slots(view: View, decision_ids: Sequence[str], arms: Sequence[ArmRecord],
+           contexts: np.ndarray, picked: Sequence[int], propensities: Sequence[float | None],
+           first_position: int | None) -> list[tuple[bytes, dict[str, str | bytes]]]:
+    """Each slot's (one for ``/choose``) record and log entry, what they share made once.
+
+    The record is the pending decision's after what decide.lua puts in front of it
+    (incarnation, number, deadline; the format is in ``outcomes.lua``): what reward.lua
+    needs (the stats fields and ``x``, the context, packed) and the state the decision
+    was made from. The log entry (decide.lua adds the number) holds the chosen arm and
+    its context, the arms it was chosen from (and, with ``log_all_contexts``, their
+    contexts), the statistics it was made from and its propensity (no field when the
+    experiment computes none: the entry says so as an older version's does); a
+    ranking's slot, its position (from ``first_position``; None: a decision's, none)."""
+    definition = view.definition
+    version, rewards, made_at = str(view.version), str(view.rewards), repr(time.time())
+    eligible = (definition.active_ranges if arms is definition.active_arms
+                else index_ranges([a.index for a in arms]))
+    every: dict[str, str | bytes] = {} if not definition.spec.log_all_contexts else {
+        "contexts": np.ascontiguousarray(contexts, dtype="<f8").tobytes()}
+    chosen = np.ascontiguousarray(contexts[list(picked)], dtype="<f8")
+    made = []
+    for j, (decision_id, index, propensity) in enumerate(
+            zip(decision_ids, picked, propensities, strict=True)):
+        arm, x = arms[index], chosen[j].tobytes()
+        names = field_names(definition.config.shared, arm.id)
+        record = "\n".join((names["model_field"], names["arm_field"], arm.id, version, rewards,
+                            made_at, _text_of(propensity))).encode() + b"\n" + x
+        entry: dict[str, str | bytes] = {
+            "type": "decision", "id": decision_id, "arm": arm.id, "x": x, "version": version,
+            "rewards_seen": rewards, "eligible": eligible, **every}
+        if propensity is not None:
+            entry["propensity"] = repr(propensity)
+        if first_position is not None:
+            entry["position"] = str(first_position + j)
+        made.append((record, entry))
+    return made
 
 
 def _answer_line(arm_id: str, propensity: float | None, score: float) -> str:
