@@ -86,6 +86,7 @@ class Version:
     command: str = "EVALSHA"  # or FCALL: decide and reward name functions (Redis 7)
     reward_held: bool = False  # reward.lua takes what the caller holds (ARGV[2])
     ranked: bool = False  # decide.lua takes k (ARGV[15]) and each slot's log field count
+    one_entry: bool = False  # ... and, since a ranking is one log entry, no count
     reward_shards: bool = False  # reward.lua takes the caller's shard count (ARGV[3])
     times: dict[tuple[int, str], list[float]] = field(default_factory=dict)
 
@@ -132,6 +133,7 @@ def _version(client: redis.Redis, name: str, rev: str | None) -> Version:
                    "ARGV[11] the pending record" in decide_text,
                    "ARGV[14] with KEYS[7]" in decide_text, reward_held=_HELD_REWARD in reward_text,
                    ranked="ARGV[15] k, the slots recorded" in decide_text,
+                   one_entry="ARGV[15 + k ..]  field, value" in decide_text,
                    reward_shards="ARGV[3]  the shard count" in reward_text)
 
 
@@ -198,11 +200,12 @@ def _decide_args(version: Version, experiment: str, dim: int, decision_id: str) 
     held = [""] if version.held else []  # the outcomes the caller's view holds: unknown
     fixed = [len(keyset), *keyset, "h", "inc", "", "", "", "0", 3600, 0, 3600, *held]
     no_request = ["", "", ""] if version.request else []  # the service's id, not the caller's
-    if version.ranked:  # one slot: its log entry's field count before the fields
+    if version.ranked:  # one slot (and, before one_entry, its log field count)
         logged = _logged(decision_id, dim)
         fixed[0] = len(keyset) + 1
         fixed.insert(len(keyset) + 1, keys.request(e, decision_id))
-        return [*fixed, _decision_record(dim), *no_request, 1, len(logged), *logged]
+        count = [] if version.one_entry else [len(logged)]
+        return [*fixed, _decision_record(dim), *no_request, 1, *count, *logged]
     if version.record:
         return [*fixed, _decision_record(dim), *no_request, *_logged(decision_id, dim)]
     return [*fixed, len(fields), *(item for pair in fields.items() for item in pair),

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from service import shards
+from service import keys, shards
 from service.definition import Definition, parse_index_ranges, ranges_count
 from service.domain import LogEntry, LogEntryType
 from service.errors import InvalidInput
@@ -38,7 +38,7 @@ class DecisionLog(Room):
         positions = _positions(after, definition.spec.shards)
         raw, more, next_after = await self._read(definition, positions, limit)
         entries = await asyncio.to_thread(
-            lambda: [_log_entry(definition, entry_id, fields) for entry_id, fields in raw])
+            lambda: _log_entries(definition, raw))
         # (a sharded page may be empty yet not the last: other members' settings
         # entries, which only the home's log shows, were all it read)
         return entries, (next_after if more and (raw or definition.spec.shards > 1) else None)
@@ -72,7 +72,7 @@ class DecisionLog(Room):
                 member_ids[behind], start, *share, size, before=raw[0][0])
             pages[behind] = (older + raw, further)
         entries = await asyncio.to_thread(
-            lambda: [_log_entry(definition, entry_id, fields) for entry_id, fields in kept])
+            lambda: _log_entries(definition, kept))
         return entries, more
 
     async def _read(self, definition: Definition, positions: Sequence[str | None], limit: int
@@ -185,7 +185,8 @@ def _log_entry_size(definition: Definition) -> Callable[[Mapping[str, bytes]], i
 
     def size(fields: Mapping[str, bytes]) -> int:
         listed = ranges_count(fields.get("eligible", b"").decode())
-        return log_entry_json_bytes(fields) + int(listed * each)
+        slots = fields["arms"].count(b",") + 1 if "arms" in fields else 1  # a ranking's
+        return log_entry_json_bytes(fields) + slots * int(listed * each)
 
     return size
 
@@ -205,28 +206,47 @@ def _last_entry_id(text: str) -> bool:
 _OUTCOMES: dict[str, LogEntryType] = {"reward": "reward", "default": "default", "late": "late"}
 
 
-def _log_entry(definition: Definition, entry_id: str, fields: dict[str, bytes]) -> LogEntry:
-    """A decision-log entry as decide.lua, reward.lua, settle.lua or settings.lua wrote it."""
+def _log_entries(definition: Definition, raw: Sequence[RawEntry]) -> builtins.list[LogEntry]:
+    """The entries as decide.lua, reward.lua, settle.lua or settings.lua wrote them, a
+    ranking's (one entry) shown as one decision's entry per slot, in order."""
+    return [entry for entry_id, fields in raw for entry in _log_entry(definition, entry_id,
+                                                                        fields)]
+
+
+def _log_entry(definition: Definition, entry_id: str, fields: dict[str, bytes]
+               ) -> builtins.list[LogEntry]:
+    """One stored entry's entries (a ranking's: one per slot, sharing its ``entry_id``)."""
     text = {k: v.decode() for k, v in fields.items() if k not in ("x", "contexts")}
     time_ms = int(entry_id.split("-", 1)[0])
     kind = text["type"]
     if kind == "settings":
-        return LogEntry(entry_id, time_ms / 1000, "settings", "",
-                        changes=json.loads(text["changes"]))
-    if kind != "decision":
-        return LogEntry(entry_id, time_ms / 1000, _OUTCOMES[kind], text["id"],
-                        reward=float(text["reward"]))
+        return [LogEntry(entry_id, time_ms / 1000, "settings", "",
+                         changes=json.loads(text["changes"]))]
+    if kind not in ("decision", "ranking"):
+        return [LogEntry(entry_id, time_ms / 1000, _OUTCOMES[kind], text["id"],
+                         reward=float(text["reward"]))]
     arms = definition.arms
-    return LogEntry(
-        entry_id, time_ms / 1000, "decision", text["id"],
-        number=int(text["number"]),
-        arm_id=text["arm"],
-        context=tuple(np.frombuffer(fields["x"], dtype="<f8").tolist()),
-        eligible=tuple(arms[i].id for i in parse_index_ranges(text["eligible"])),
-        contexts=(tuple(map(tuple, np.frombuffer(fields["contexts"], dtype="<f8").reshape(
-            -1, definition.spec.dim).tolist())) if "contexts" in fields else None),
-        propensity=float(text["propensity"]) if text.get("propensity") else None,
-        position=int(text["position"]) if "position" in text else None,
-        version=int(text["version"]) if text["version"] else None,
-        rewards_seen=int(text["rewards_seen"]) if text["rewards_seen"] else None,
-    )
+    ranked = kind == "ranking"
+    placed = text["arms" if ranked else "arm"].split(",")
+    listed = text.get("propensities" if ranked else "propensity")
+    propensities = listed.split(",") if listed else [None] * len(placed)
+    contexts = np.frombuffer(fields["x"], dtype="<f8").reshape(len(placed), -1).tolist()
+    number = int(text["number"])
+    eligible = tuple(arms[i].id for i in parse_index_ranges(text["eligible"]))
+    every = (tuple(map(tuple, np.frombuffer(fields["contexts"], dtype="<f8").reshape(
+        -1, definition.spec.dim).tolist())) if "contexts" in fields else None)
+    version = int(text["version"]) if text["version"] else None
+    rewards_seen = int(text["rewards_seen"]) if text["rewards_seen"] else None
+    return [LogEntry(
+        entry_id, time_ms / 1000, "decision",
+        keys.slot_id(text["id"], j) if ranked else text["id"], number=number, arm_id=arm_id,
+        context=tuple(context), eligible=eligible, contexts=every,
+        propensity=float(propensity) if propensity else None,
+        position=j if ranked else _position(text), version=version, rewards_seen=rewards_seen)
+        for j, (arm_id, context, propensity) in enumerate(
+            zip(placed, contexts, propensities, strict=True), 1)]
+
+
+def _position(text: Mapping[str, str]) -> int | None:
+    """A slot's position as the versions before a ranking's one entry logged it."""
+    return int(text["position"]) if "position" in text else None

@@ -163,15 +163,15 @@ class Decisions(Room):
             arms, contexts, ready = candidates
             rng = self._rng if number is None else _decision_rng(definition.spec.seed, number)
             made = await make(basis, request, decision_id, arms, contexts, ready, rng)
-            first, *later = made.slots
+            first, *later = made.records
             reply = await self._store.decide(
                 member_id, decision_id, key_hash=key_hash,
                 incarnation=definition.incarnation, seen=seen, number=number,
                 reserved=reserved, ttl_seconds=definition.spec.reward_window_seconds,
                 max_lag=definition.spec.max_stale_rewards,
                 grace_seconds=self._settings.default_reward_grace_seconds,
-                record=first[0], logged=first[1], ranked=request.slots is not None,
-                later_slots=later,
+                record=first, logged=made.logged, ranked=request.slots is not None,
+                later_records=later,
                 held=view.folded + view.applied,
                 request=None if request.decision_id is None else (
                     request.digest(), made.answer, self._settings.idempotency_seconds),
@@ -459,11 +459,13 @@ def _text_of(propensity: float | None) -> str:
 @dataclass(frozen=True)
 class _Made:
     """One attempt's decision, ready for decide.lua: per slot (one for ``/choose``) its
-    record and log entry; what a retry under the caller's id gets back (``answer``:
-    per slot, arm '\n' propensity '\n' index, '' while exploring); and the reply once
-    recorded under a number (``finish(number, window)``)."""
+    record, and its log entry (a ranking's: one for all its slots); what a retry under
+    the caller's id gets back (``answer``: per slot, arm '\n' propensity '\n' index, ''
+    while exploring); and the reply once recorded under a number
+    (``finish(number, window)``)."""
 
-    slots: list[tuple[bytes, dict[str, str | bytes]]]
+    records: list[bytes]
+    logged: dict[str, str | bytes]
     answer: str
     finish: Callable[[int, int], Decision | RankedDecision]
 
@@ -483,12 +485,13 @@ async def _one_arm(view: View, request: ChooseRequest, decision_id: str,
     score = float(choice.scores[0, picked])
     propensity = (await view.propensity(ready, picked)
                   if view.definition.spec.propensities else None)
-    slot = _slots(view, [decision_id], arms, contexts, [picked], [propensity], None)[0]
+    records, logged = _slots(view, decision_id, arms, contexts, [picked], [propensity],
+                             ranked=False)
     answer = _answer_line(arms[picked].id, propensity, score)
 
     def finish(number: int, window: int) -> Decision:
         return _slot_decision(decision_id, arms[picked].id, score, number, window, propensity)
-    return _Made([slot], answer, finish)
+    return _Made(records, logged, answer, finish)
 
 
 async def _ranked(view: View, request: ChooseRequest, decision_id: str,
@@ -508,7 +511,8 @@ async def _ranked(view: View, request: ChooseRequest, decision_id: str,
         list(await view.slot_propensities(ready, ranking))
         if view.definition.spec.propensities else [None] * len(placed))
     ids = [keys.slot_id(decision_id, j) for j in range(1, len(placed) + 1)]
-    slots = _slots(view, ids, arms, contexts, placed, propensities, 1)
+    records, logged = _slots(view, decision_id, arms, contexts, placed, propensities,
+                             ranked=True)
     answer = "\n".join(_answer_line(arms[a].id, p, score)
                        for a, p, score in zip(placed, propensities, scores, strict=True))
 
@@ -516,45 +520,48 @@ async def _ranked(view: View, request: ChooseRequest, decision_id: str,
         return RankedDecision(decision_id, number, window, tuple(
             _slot_decision(slot_id, arms[a].id, score, number, window, p)
             for slot_id, a, p, score in zip(ids, placed, propensities, scores, strict=True)))
-    return _Made(slots, answer, finish)
+    return _Made(records, logged, answer, finish)
 
 
-def _slots(view: View, decision_ids: Sequence[str], arms: Sequence[ArmRecord],
-           contexts: np.ndarray, picked: Sequence[int], propensities: Sequence[float | None],
-           first_position: int | None) -> list[tuple[bytes, dict[str, str | bytes]]]:
-    """Each slot's (one for ``/choose``) record and log entry, what they share made once.
+def _slots(view: View, decision_id: str, arms: Sequence[ArmRecord], contexts: np.ndarray,
+           picked: Sequence[int], propensities: Sequence[float | None], *, ranked: bool
+           ) -> tuple[list[bytes], dict[str, str | bytes]]:
+    """Each slot's record (one for ``/choose``) and the decision's log entry, what the
+    slots share made once.
 
-    The record is the pending decision's after what decide.lua puts in front of it
+    A record is the pending decision's after what decide.lua puts in front of it
     (incarnation, number, deadline; the format is in ``outcomes.lua``): what reward.lua
     needs (the stats fields and ``x``, the context, packed) and the state the decision
     was made from. The log entry (decide.lua adds the number) holds the chosen arm and
     its context, the arms it was chosen from (and, with ``log_all_contexts``, their
     contexts), the statistics it was made from and its propensity (no field when the
-    experiment computes none: the entry says so as an older version's does); a
-    ranking's slot, its position (from ``first_position``; None: a decision's, none)."""
+    experiment computes none: the entry says so as an older version's does). A
+    ranking's is one entry for all its slots, in order (``type`` ranking: ``arms``
+    and ``propensities`` comma-separated, ``x`` the contexts one after the other):
+    :mod:`service.decision_log` shows each slot as a decision's entry."""
     definition = view.definition
     version, rewards, made_at = str(view.version), str(view.rewards), repr(time.time())
+    chosen = np.ascontiguousarray(contexts[list(picked)], dtype="<f8")
+    records = []
+    for j, (index, propensity) in enumerate(zip(picked, propensities, strict=True)):
+        arm = arms[index]
+        names = field_names(definition.config.shared, arm.id)
+        records.append("\n".join((names["model_field"], names["arm_field"], arm.id, version,
+                                  rewards, made_at, _text_of(propensity))).encode()
+                       + b"\n" + chosen[j].tobytes())
     eligible = (definition.active_ranges if arms is definition.active_arms
                 else index_ranges([a.index for a in arms]))
     every: dict[str, str | bytes] = {} if not definition.spec.log_all_contexts else {
         "contexts": np.ascontiguousarray(contexts, dtype="<f8").tobytes()}
-    chosen = np.ascontiguousarray(contexts[list(picked)], dtype="<f8")
-    made = []
-    for j, (decision_id, index, propensity) in enumerate(
-            zip(decision_ids, picked, propensities, strict=True)):
-        arm, x = arms[index], chosen[j].tobytes()
-        names = field_names(definition.config.shared, arm.id)
-        record = "\n".join((names["model_field"], names["arm_field"], arm.id, version, rewards,
-                            made_at, _text_of(propensity))).encode() + b"\n" + x
-        entry: dict[str, str | bytes] = {
-            "type": "decision", "id": decision_id, "arm": arm.id, "x": x, "version": version,
-            "rewards_seen": rewards, "eligible": eligible, **every}
-        if propensity is not None:
-            entry["propensity"] = repr(propensity)
-        if first_position is not None:
-            entry["position"] = str(first_position + j)
-        made.append((record, entry))
-    return made
+    placed = ",".join(arms[index].id for index in picked)
+    logged: dict[str, str | bytes] = {
+        "type": "ranking" if ranked else "decision", "id": decision_id,
+        ("arms" if ranked else "arm"): placed, "x": chosen.tobytes(), "version": version,
+        "rewards_seen": rewards, "eligible": eligible, **every}
+    if propensities[0] is not None:
+        logged["propensities" if ranked else "propensity"] = ",".join(
+            _text_of(p) for p in propensities)
+    return records, logged
 
 
 def _answer_line(arm_id: str, propensity: float | None, score: float) -> str:

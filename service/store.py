@@ -325,11 +325,16 @@ _LOG_MOST_READ = 1000  # entries of one read of the latest entries, at most
 def log_entry_json_bytes(fields: Mapping[str, bytes]) -> int:
     """About how many bytes an entry takes as JSON: packed float64 fields (contexts)
     3 times theirs (a float is written in up to 24 characters), text as it is, and a
-    constant for names and punctuation. (The eligible arms are stored as index ranges
+    constant for names and punctuation; a ranking's, shown as an entry per slot, each
+    with the fields the slots share. (The eligible arms are stored as index ranges
     and written as ids: the caller, who knows the ids, adds them.)"""
-    total = 200
+    slots = fields["arms"].count(b",") + 1 if "arms" in fields else 1
+    total = 200 * slots
     for name, value in fields.items():
-        total += len(value) * (3 if name in ("x", "contexts") else 1) + len(name)
+        if name == "x":  # one context per slot
+            total += 3 * len(value)
+        else:
+            total += slots * (len(value) * (3 if name == "contexts" else 1) + len(name))
     return total
 
 
@@ -1329,7 +1334,7 @@ class Store:
         held: int | None = None,
         request: tuple[str, str, int] | None = None,
         ranked: bool = False,
-        later_slots: Sequence[tuple[bytes, Mapping[str, str | bytes]]] = (),
+        later_records: Sequence[bytes] = (),
     ) -> DecideReply:
         """Record a pending decision if the statistics it was made from are current.
 
@@ -1348,14 +1353,12 @@ class Store:
         answer ("repeat") and another request under the same id is refused
         ("conflict"), as is any request under it once its answer is no longer kept
         while its decision lives ("spent"). ``ranked``: the decision is a ranking,
-        ``record`` and ``logged`` its first slot's, ``later_slots`` (record, log entry)
-        its further slots'; slot j's record is the decision :func:`service.keys.slot_id`
-        names, all recorded by one script or none. See ``decide.lua``.
+        ``record`` its first slot's, ``later_records`` its further slots' (slot j's
+        record is the decision :func:`service.keys.slot_id` names), ``logged`` the
+        ranking's one log entry; all recorded by one script or none. See ``decide.lua``.
         """
-        slots = 1 + len(later_slots)
+        slots = 1 + len(later_records)
         slot_ids = [keys.slot_id(decision_id, j) for j in range(1, slots + 1)] if ranked else []
-        entries: list[Mapping[str, str | bytes]] = [
-            logged or {}, *(entry for _, entry in later_slots)]
         args: list[str | bytes | int] = [
             "" if key_hash is None else key_hash,
             incarnation,
@@ -1370,12 +1373,10 @@ class Store:
             record,
             *(request or ("", "", "")),
             slots,
-            *(slot_record for slot_record, _ in later_slots),
-            *(2 * len(entry) for entry in entries),
+            *later_records,
         ]
-        for entry in entries:
-            for pair in entry.items():
-                args.extend(pair)
+        for pair in (logged or {}).items():
+            args.extend(pair)
         keyset = [
             keys.meta(experiment_id),
             keys.stats(experiment_id),

@@ -22,6 +22,7 @@ from service.errors import Conflict, InvalidInput
 from service.experiments import ExperimentService
 from service.off_policy import bandit_feedback, evaluate, in_application_order, join
 from service.settings import Settings
+from tests import records
 from tests.conftest import ADMIN, ADMIN_TOKEN, TEST_SHARDS, Api
 
 pytestmark = pytest.mark.anyio
@@ -329,6 +330,43 @@ async def test_bad_position_weights_are_refused(
     assert reply.status_code == 422, reply.text
     assert says in reply.text
     assert await api.ids() == []
+
+
+async def test_a_ranking_is_one_log_entry_shown_slot_by_slot(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """decide.lua logs a ranking as one stream entry (one XADD, not one per slot; it
+    counts once against log_max_entries); the log shows each slot as a decision's entry
+    under its own id, in slot order, sharing the entry's id, with the slot's arm,
+    context and propensity; a page holds a ranking whole, and the next page goes on
+    after it (and after the last, nothing)."""
+    await _trained(service, COVARIATES, rounds=6)
+    log, _ = await service.read_log("shelf", limit=10_000)
+    rankings = [await service.rank("shelf", ChooseRequest(context=(0.1 * i, 0.5), slots=4))
+                for i in range(3)]
+    client = redis.Redis.from_url(redis_db)
+    try:
+        stored = [fields for member in records.member_ids(client, "shelf")
+                  for _, fields in client.xrange(keys.log(member))]  # type: ignore[union-attr]
+    finally:
+        client.close()
+    ranked = [f for f in stored if f[b"type"] == b"ranking"]
+    assert sorted(f[b"id"].decode() for f in ranked) == sorted(r.decision_id for r in rankings)
+    assert len(stored) == len(log) + 3
+    after = log[-1].entry_id if TEST_SHARDS == 1 else None
+    for i, ranking in enumerate(rankings):
+        if TEST_SHARDS > 1:
+            break  # (a sharded log's cursor is per member: the first test covers it)
+        page, after = await service.read_log("shelf", after=after, limit=1)
+        assert [e.decision_id for e in page] == [s.decision_id for s in ranking.slots]
+        assert [e.position for e in page] == [1, 2, 3, 4]
+        assert {e.entry_id for e in page} == {page[0].entry_id}
+        assert [(e.arm_id, e.propensity) for e in page] == [
+            (s.arm_id, s.propensity) for s in ranking.slots]
+        assert all(e.context == (0.1 * i, 0.5) and e.number == ranking.decision_number
+                   for e in page)
+    if TEST_SHARDS == 1:
+        assert await service.read_log("shelf", after=after, limit=1) == ([], None)
 
 
 async def test_the_log_and_its_export_carry_each_slot(api: Api) -> None:

@@ -50,10 +50,11 @@
 --          decision's own time to live)
 -- ARGV[15] k, the slots recorded (1 for a decision of /choose)
 -- ARGV[16 .. 14 + k]  slots 2 .. k's records' ends (ARGV[11]'s format)
--- ARGV[15 + k .. 14 + 2k]  how many fields (names and values) each slot's log entry has
--- ARGV[15 + 2k ..]  field, value, ... of each slot's log entry in turn, but its number
---          (which the script adds): type, id, arm, x, version, rewards_seen,
---          eligible, propensity (position, in a ranking)
+-- ARGV[15 + k ..]  field, value, ... of the decision's log entry, but its number (which
+--          the script adds): type ('decision'), id, arm, x, version, rewards_seen,
+--          eligible, propensity; a ranking's one entry for all its slots: type
+--          'ranking', arms and propensities comma-separated, x one after the other
+--          (service.decisions._slots)
 --
 -- Returns
 --   {'recorded', number}  the decision is recorded (also when an earlier call whose
@@ -298,13 +299,8 @@ end
 local max_entries = tonumber(meta[5] or '0')
 if max_entries > 0 then
   local age = tonumber(meta[6])
-  local at = 15 + 2 * slots  -- the first slot's fields
-  for slot = 1, slots do
-    local count = tonumber(ARGV[14 + slots + slot])
-    redis.call('XADD', KEYS[5], 'MAXLEN', '~', max_entries, '*', 'number', number,
-               unpack(ARGV, at, at + count - 1))
-    at = at + count
-  end
+  redis.call('XADD', KEYS[5], 'MAXLEN', '~', max_entries, '*', 'number', number,
+             unpack(ARGV, 15 + slots))
   redis.call('EXPIRE', KEYS[5], age)
   if tidy then
     redis.call('XTRIM', KEYS[5], 'MINID', '~', string.format('%.0f', (now - age) * 1000))
