@@ -69,7 +69,7 @@ def rank(ready: Ready, rngs: Sequence[np.random.Generator], k: int) -> Ranking:
     ValueError
         If an experiment has fewer than ``k`` eligible arms, or ``k < 1``.
     """
-    eligible_counts = ready.eligible.sum(axis=1)
+    eligible_counts = np.count_nonzero(ready.eligible, axis=1)
     if k < 1 or (eligible_counts < k).any():
         fewest = int(eligible_counts.min())
         raise ValueError(f"k must be between 1 and the eligible arms ({fewest})")
@@ -86,7 +86,7 @@ def rank(ready: Ready, rngs: Sequence[np.random.Generator], k: int) -> Ranking:
         # with the generators). One sort instead of k - 1 passes; the same arms.
         masked = np.where(left, first.scores, -np.inf)
         order = np.argsort(-masked, axis=1, kind="stable")[:, :k]
-        top = np.take_along_axis(masked, order, axis=1)
+        top = masked[rows[:, None], order]
         if np.all(top[:, :-1] > top[:, 1:]):  # k - 1 placed and the next: no tie
             arms[:, 1:] = order[:, :k - 1]
             return Ranking(arms=arms, scores=first.scores)

@@ -174,7 +174,7 @@ class Decisions(Room):
                 later_records=later,
                 held=view.folded + view.applied,
                 request=None if request.decision_id is None else (
-                    request.digest(), made.answer, self._settings.idempotency_seconds),
+                    request.digest(), made.answer(), self._settings.idempotency_seconds),
             )
             if reply.status == "repeat":  # answered before under the caller's id
                 assert reply.answer is not None
@@ -460,13 +460,13 @@ def _text_of(propensity: float | None) -> str:
 class _Made:
     """One attempt's decision, ready for decide.lua: per slot (one for ``/choose``) its
     record, and its log entry (a ranking's: one for all its slots); what a retry under
-    the caller's id gets back (``answer``: per slot, arm '\n' propensity '\n' index, ''
-    while exploring); and the reply once recorded under a number
-    (``finish(number, window)``)."""
+    the caller's id gets back (``answer()``: per slot, arm '\n' propensity '\n' index,
+    '' while exploring; made only for a caller's id); and the reply once recorded under
+    a number (``finish(number, window)``)."""
 
     records: list[bytes]
     logged: dict[str, str | bytes]
-    answer: str
+    answer: Callable[[], str]
     finish: Callable[[int, int], Decision | RankedDecision]
 
 
@@ -487,7 +487,8 @@ async def _one_arm(view: View, request: ChooseRequest, decision_id: str,
                   if view.definition.spec.propensities else None)
     records, logged = _slots(view, decision_id, arms, contexts, [picked], [propensity],
                              ranked=False)
-    answer = _answer_line(arms[picked].id, propensity, score)
+    def answer() -> str:
+        return _answer_line(arms[picked].id, propensity, score)
 
     def finish(number: int, window: int) -> Decision:
         return _slot_decision(decision_id, arms[picked].id, score, number, window, propensity)
@@ -513,8 +514,10 @@ async def _ranked(view: View, request: ChooseRequest, decision_id: str,
     ids = [keys.slot_id(decision_id, j) for j in range(1, len(placed) + 1)]
     records, logged = _slots(view, decision_id, arms, contexts, placed, propensities,
                              ranked=True)
-    answer = "\n".join(_answer_line(arms[a].id, p, score)
-                       for a, p, score in zip(placed, propensities, scores, strict=True))
+
+    def answer() -> str:
+        return "\n".join(_answer_line(arms[a].id, p, score)
+                         for a, p, score in zip(placed, propensities, scores, strict=True))
 
     def finish(number: int, window: int) -> RankedDecision:
         return RankedDecision(decision_id, number, window, tuple(
@@ -542,13 +545,13 @@ def _slots(view: View, decision_id: str, arms: Sequence[ArmRecord], contexts: np
     definition = view.definition
     version, rewards, made_at = str(view.version), str(view.rewards), repr(time.time())
     chosen = np.ascontiguousarray(contexts[list(picked)], dtype="<f8")
+    texts = [_text_of(p) for p in propensities]
     records = []
-    for j, (index, propensity) in enumerate(zip(picked, propensities, strict=True)):
+    for j, (index, text) in enumerate(zip(picked, texts, strict=True)):
         arm = arms[index]
         names = field_names(definition.config.shared, arm.id)
         records.append("\n".join((names["model_field"], names["arm_field"], arm.id, version,
-                                  rewards, made_at, _text_of(propensity))).encode()
-                       + b"\n" + chosen[j].tobytes())
+                                  rewards, made_at, text)).encode() + b"\n" + chosen[j].tobytes())
     eligible = (definition.active_ranges if arms is definition.active_arms
                 else index_ranges([a.index for a in arms]))
     every: dict[str, str | bytes] = {} if not definition.spec.log_all_contexts else {
@@ -559,8 +562,7 @@ def _slots(view: View, decision_id: str, arms: Sequence[ArmRecord], contexts: np
         ("arms" if ranked else "arm"): placed, "x": chosen.tobytes(), "version": version,
         "rewards_seen": rewards, "eligible": eligible, **every}
     if propensities[0] is not None:
-        logged["propensities" if ranked else "propensity"] = ",".join(
-            _text_of(p) for p in propensities)
+        logged["propensities" if ranked else "propensity"] = ",".join(texts)
     return records, logged
 
 
