@@ -8,7 +8,9 @@ For K = 100, d = 20 (the service benchmark's world), statistics after 3,000 rewa
 ``policies.ranking.rank`` against ``policies.draw`` (the same first draw), and the
 slots' propensities (``position_propensities``, positions 2..k as the service asks
 them) against the first position's (``policies.propensity.propensities``), both at the
-service's accuracy (``SERVICE``), at k = 3 and 10. Median µs per call over ``--repeats`` calls,
+service's accuracy (``SERVICE``), at k = 3 and 10; and ``placement_table`` (every arm
+at every position below k: what a worker keeps from a statistics version's second
+ranking on). Median µs per call over ``--repeats`` calls,
 each pair timed in turn (the machine's drift cancels in the ratio).
 """
 
@@ -24,7 +26,7 @@ import numpy as np
 
 from policies import Ready, draw, paper_config, prepare
 from policies.propensity import SERVICE, propensities
-from policies.ranking import Ranking, position_propensities, rank
+from policies.ranking import Ranking, placement_table, position_propensities, rank
 from policies.state import apply_sequence, init_state
 
 K, D, OBSERVED = 100, 20, 3000
@@ -57,7 +59,8 @@ def _median_us(calls: list[Callable[[], object]], repeats: int) -> list[float]:
 
 
 def _row(ready: Ready, k: int, repeats: int) -> list[float]:
-    """draw, rank, the first position's propensity and the slots' (µs)."""
+    """draw, rank, the first position's propensity, the slots' and every arm's at every
+    position below k (the table a worker keeps while the statistics stay the same) (µs)."""
     rngs = [np.random.default_rng(1)]
     ranking: Ranking = rank(ready, rngs, k)
     first = ranking.arms[:, 0]
@@ -65,7 +68,8 @@ def _row(ready: Ready, k: int, repeats: int) -> list[float]:
         functools.partial(draw, ready, rngs), functools.partial(rank, ready, rngs, k),
         functools.partial(propensities, ready, first, accuracy=SERVICE),
         functools.partial(position_propensities, ready, ranking, draws=1024,
-                          accuracy=SERVICE)], repeats)
+                          accuracy=SERVICE),
+        functools.partial(placement_table, ready, k, accuracy=SERVICE)], repeats)
 
 
 def main() -> None:
@@ -73,17 +77,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     args = parser.parse_args()
     print("| policy, setting | k | draw µs | rank µs | ratio | first position's propensity "
-          "µs | slots 2..k µs | ratio |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+          "µs | slots 2..k µs | ratio | table µs (none: estimated) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, setting, extra in CASES:
         ready = _ready(name, setting, extra)
         # a shared model's slots are estimated from rankings drawn again: a few calls
         repeats = args.repeats if name == "linreboot" or setting == "covariates" else 5
         for k in (3, 10):
-            drawn, ranked, single, slots = _row(ready, k, repeats)
+            drawn, ranked, single, slots, table = _row(ready, k, repeats)
+            none = "" if placement_table(ready, k, accuracy=SERVICE) is not None else " (none)"
             print(f"| {name}{'' if not extra else ' (pooled)'}, {setting} | {k} | "
                   f"{drawn:.0f} | {ranked:.0f} | {ranked / drawn:.1f} | {single:.0f} | "
-                  f"{slots:.0f} | {slots / single:.1f} |", flush=True)
+                  f"{slots:.0f} | {slots / single:.1f} | {table:.0f}{none} |", flush=True)
 
 
 if __name__ == "__main__":
