@@ -43,6 +43,7 @@ from policies.ridge import Array
 
 _WIDEST = 0.75  # the smooth rule's spacing with few arms counted (policies.propensity's)
 _MAX_NODES = 20_000  # beyond (spreads many orders apart), the estimate instead
+_MAX_CELLS = 2_000_000  # a group's values at a time (members x columns x nodes), 16 MB
 
 
 @dataclass(frozen=True)
@@ -149,19 +150,21 @@ def placement_table(ready: Ready, k: int, *, accuracy: Accuracy = FINE) -> Array
     """The probability that :func:`rank` of ``ready`` puts each arm at each position
     below ``k``, shape (B, K, k) (0 for an arm not eligible), where the integral serves
     or the index is deterministic (as :func:`placement_propensities`); None where only
-    the estimate would: its draws answer the placements asked, not a table. One pass
-    for every pair: a server keeps it while the statistics stay the same."""
+    the estimate would (its draws answer the placements asked, not a table) or one
+    grid would not do (:func:`_at_positions`). One pass for every pair: a server keeps
+    it while the statistics stay the same."""
     batch, size = ready.eligible.shape
     arms = np.broadcast_to(np.repeat(np.arange(size), k), (batch, size * k))
     positions = np.broadcast_to(np.tile(np.arange(k), size), (batch, size * k))
-    table = _normal_positions(ready, arms, positions, accuracy)
+    # (not arm by arm where one grid would not do: a ranking's own pairs are cheaper)
+    table = _normal_positions(ready, arms, positions, accuracy, split=False)
     if table is None:
         table = _ordered_positions(ready, arms, positions)
     return None if table is None else table.reshape(batch, size, k)
 
 
 def _normal_positions(ready: Ready, placed: NDArray[np.int64], positions: NDArray[np.int64],
-                      accuracy: Accuracy = FINE) -> Array | None:
+                      accuracy: Accuracy = FINE, split: bool = True) -> Array | None:
     """The integral of the module notes for every experiment, or None where it does
     not serve (another law, epsilon, an arm to explore, a point mass, spreads too far
     apart)."""
@@ -178,7 +181,7 @@ def _normal_positions(ready: Ready, placed: NDArray[np.int64], positions: NDArra
             return None
         asked = ready.eligible[row, placed[row]]  # an arm not eligible is nowhere: 0
         values = _at_positions(mean, spread, np.searchsorted(arms, placed[row, asked]),
-                               positions[row, asked], accuracy)
+                               positions[row, asked], accuracy, split)
         if values is None:
             return None
         out[row, asked] = values
@@ -212,7 +215,7 @@ def _ordered_positions(ready: Ready, arms: NDArray[np.int64],
 
 def _at_positions(mean: Array, spread: Array, placed: NDArray[np.int64],
                   positions: NDArray[np.int64] | None = None,
-                  accuracy: Accuracy = FINE) -> Array | None:
+                  accuracy: Accuracy = FINE, split: bool = True) -> Array | None:
     """``P(placed[i] at positions[i])`` (from 0; default i) among independent normal
     indices, for every i at once (the module notes' integral): a ranking's slots, or
     every (arm, position) pair of a table (:func:`placement_table`) in one pass.
@@ -229,8 +232,10 @@ def _at_positions(mean: Array, spread: Array, placed: NDArray[np.int64],
     ``accuracy.ranked_step / sqrt(n)`` (at most 0.75; n the arms counted) of the
     narrowest counted spread, or the finer ``accuracy.step`` where a counted arm is
     narrower than ``SMOOTH`` times a placed one: the integrand narrows as arms crowd
-    (K identical arms: tests/test_ranking.py). None (the estimate instead) where a
-    group would take more than ``_MAX_NODES`` nodes."""
+    (K identical arms: tests/test_ranking.py). A group that would take more than
+    ``_MAX_NODES`` nodes, or ``_MAX_CELLS`` values at a time (a wide arm among narrow
+    ones), is taken arm by arm (with ``split``), each on its own grid; None (the
+    estimate instead) where even that would."""
     z = accuracy.z
     low, high = mean - z * spread, mean + z * spread
     at = np.arange(placed.size) if positions is None else np.asarray(positions)
@@ -238,19 +243,39 @@ def _at_positions(mean: Array, spread: Array, placed: NDArray[np.int64],
     if placed.size == 0:
         return out
     starts = np.sort(low)[::-1]
-    deepest = int(at.max()) + 1  # others above for sure, beyond which nothing asked is left
-    floor = float(starts[deepest]) if deepest < starts.size else -np.inf
-    distinct, pair_of = np.unique(placed, return_inverse=True)
-    for members in _group(np.maximum(low[distinct], floor), high[distinct]):
+
+    def floor_of(deepest: int, arm: int | None = None) -> float:
+        """Below it, more others than ``deepest`` score higher for sure (others than
+        ``arm``; than any placed arm, when None: one rank lower)."""
+        among = starts if arm is None else np.sort(np.delete(low, arm))[::-1]
+        at_least = deepest + (1 if arm is None else 0)
+        return float(among[at_least]) if at_least < among.size else -np.inf
+
+    def place(members: NDArray[np.int64], floor: float) -> bool:
         asked = np.flatnonzero(np.isin(pair_of, members))
         found = _group_values(mean, spread, low, high, distinct[members], floor,
                               int(at[asked].max()), accuracy)
         if found is None:
-            return None
+            return False
         shift, values = found  # positions from the group's first column
         row = np.searchsorted(distinct[members], placed[asked])
         column = at[asked] - shift
         out[asked] = np.where(column >= 0, values[row, np.maximum(column, 0)], 0.0)
+        return True
+
+    distinct, pair_of = np.unique(placed, return_inverse=True)
+    floor = floor_of(int(at.max()))
+    for members in _group(np.maximum(low[distinct], floor), high[distinct]):
+        if place(members, floor):
+            continue
+        if not split or members.size == 1:
+            return None
+        # A grid too fine or too large for the group (a wide arm among narrow ones):
+        # each arm on its own, from its own floor.
+        for member in members:
+            own = int(at[pair_of == member].max())
+            if not place(np.array([member]), floor_of(own, int(distinct[member]))):
+                return None
     return np.clip(out, 0.0, 1.0)
 
 
@@ -286,9 +311,10 @@ def _group_values(mean: Array, spread: Array, low: Array, high: Array,
     crowd = accuracy.ranked_step / math.sqrt(max(counted.size - 1, 1))
     smooth = narrowest >= SMOOTH * float(spread[members].max())
     step = (min(_WIDEST, crowd) if smooth else min(accuracy.step, crowd)) * narrowest
-    if (end - start) / step > _MAX_NODES:
+    nodes = math.floor((end - start) / step) + 1
+    if nodes > _MAX_NODES or members.size * columns * nodes > _MAX_CELLS:
         return None
-    t = start + step * np.arange(math.floor((end - start) / step) + 1)
+    t = start + step * np.arange(nodes)
     rest = np.setdiff1d(counted, members, assume_unique=True)
     arms = np.concatenate([rest, members])
     below = special.ndtr((t - mean[arms, None]) / spread[arms, None])

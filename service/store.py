@@ -331,8 +331,8 @@ def log_entry_json_bytes(fields: Mapping[str, bytes]) -> int:
     slots = fields["arms"].count(b",") + 1 if "arms" in fields else 1
     total = 200 * slots
     for name, value in fields.items():
-        if name == "x":  # one context per slot
-            total += 3 * len(value)
+        if name in ("x", "arms", "propensities"):  # each slot shows its own share
+            total += len(value) * (3 if name == "x" else 1) + slots * len(name)
         else:
             total += slots * (len(value) * (3 if name == "contexts" else 1) + len(name))
     return total

@@ -16,7 +16,7 @@ import redis
 
 from linreboot.export import fetch
 from policies import PolicyName
-from service import keys, shards
+from service import decision_log, keys, shards
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec, RankedDecision
 from service.errors import Conflict, InvalidInput
 from service.experiments import ExperimentService
@@ -367,6 +367,39 @@ async def test_a_ranking_is_one_log_entry_shown_slot_by_slot(
                    for e in page)
     if TEST_SHARDS == 1:
         assert await service.read_log("shelf", after=after, limit=1) == ([], None)
+
+
+async def test_a_log_pages_size_estimate_covers_a_rankings_slots(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """A page stops at about LINREBOOT_LOG_PAGE_MAX_BYTES by an estimate of each stored
+    entry's JSON: for a ranking's one entry, its slots' entries as shown, each with the
+    fields they share (and for a decision of /choose, or a reward, its one): about
+    their JSON (0.75 to 2 times: a ranking's k-fold fields counted once per slot would
+    make it k times at k = 64)."""
+    await _trained(service, COVARIATES, rounds=6)
+    await service.rank("shelf", ChooseRequest(context=(0.25, -0.5), slots=4))
+    definition = await service.views.definition("shelf")
+    size = decision_log._log_entry_size(definition)
+    client = redis.Redis.from_url(redis_db)
+    try:
+        stored = [(_text(i), fields) for member in records.member_ids(client, "shelf")
+                  for i, fields in client.xrange(keys.log(member))]  # type: ignore[union-attr]
+    finally:
+        client.close()
+    kinds = set()
+    for entry_id, fields in stored:
+        shown = decision_log._log_entries(
+            definition, [(entry_id, {_text(k): v for k, v in fields.items()})])
+        actual = sum(len(json.dumps(dataclasses.asdict(e))) for e in shown)
+        estimate = size({_text(k): v for k, v in fields.items()})
+        assert 0.75 * actual <= estimate <= 2 * actual, (fields[b"type"], actual, estimate)
+        kinds.add(fields[b"type"])
+    assert {b"ranking", b"decision", b"reward"} <= kinds
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 async def test_the_log_and_its_export_carry_each_slot(api: Api) -> None:

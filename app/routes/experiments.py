@@ -112,9 +112,10 @@ async def retire_arms(
 async def read_log(
     experiment_id: ExperimentIdPath,
     service: ServiceDep,
-    limit: Annotated[int, Query(ge=1, le=1000, description="entries per page at most; a page "
-                                "also stops at about LINREBOOT_LOG_PAGE_MAX_BYTES of JSON "
-                                "(at least one entry)")] = 100,
+    limit: Annotated[int, Query(ge=1, le=1000, description="entries per page at most (a "
+                                "ranking counts once and comes whole, one entry per slot); "
+                                "a page also stops at about LINREBOOT_LOG_PAGE_MAX_BYTES of "
+                                "JSON (at least one entry)")] = 100,
     after: Annotated[
         str | None,
         Query(pattern=LOG_CURSOR_PATTERN,
