@@ -5,10 +5,12 @@ Usage::
     python -m benchmarks.bench_scale [--workers 1 2 4] [--experiments 6] [--duration 8]
                                      [--connections 32] [--cluster] [--spread default]
                                      [--loads hot sharded many] [--pin]
+                                     [--max-stale-rewards 0]
 
 For each number of uvicorn workers N and each store (one embedded Redis; with
 ``--cluster`` also a local Redis Cluster of 3 masters, tests/cluster.py), wrk
-drives choose+reward pairs (every decision rewarded, max_stale_rewards 0,
+drives choose+reward pairs (every decision rewarded, max_stale_rewards 0 or
+``--max-stale-rewards``,
 stochastic LinReBoot, K = 100, d = 20) on one hot experiment (one wrk thread),
 on one hot experiment of ``--shards`` shards (service.shards; on a cluster, its
 members on every master), and on ``--experiments`` experiments (a wrk thread
@@ -178,7 +180,8 @@ LOADS = ("hot", "sharded", "many")
 
 def measure(workers: list[int], experiments: int, duration: int, connections: int,
             cluster: bool, spread: str, shards: int = 3,
-            loads: tuple[str, ...] = LOADS, pin: bool = False) -> list[Row]:
+            loads: tuple[str, ...] = LOADS, pin: bool = False,
+            max_stale_rewards: int = 0) -> list[Row]:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk")
     serve = [sys.executable, "-m", "linreboot", "serve"]
@@ -203,7 +206,7 @@ def measure(workers: list[int], experiments: int, duration: int, connections: in
                                                 "--workers", str(n)], env, port, "/readyz")
                     for load in loads:
                         count = shards if load == "sharded" else 1
-                        made = _load(store, load, url, n, spread, shards)
+                        made = _load(store, load, url, n, spread, shards, max_stale_rewards)
                         rows.append(_measure(store, label, n, pid, url, made, duration,
                                              connections, count))
                         print(_line(rows[-1]), flush=True)
@@ -211,15 +214,17 @@ def measure(workers: list[int], experiments: int, duration: int, connections: in
 
 
 def _load(store: Store, load: str, url: str, n: int, spread: str,
-          shards: int) -> list[tuple[str, str]]:
-    """The experiments (id, key) of ``load``, created for the run of ``n`` workers."""
+          shards: int, lag: int = 0) -> list[tuple[str, str]]:
+    """The experiments (id, key) of ``load``, created for the run of ``n`` workers, each
+    with ``lag`` as its max_stale_rewards."""
     if load == "hot":
-        return [_experiment(url, TOKEN, f"hot-{n}", spread=spread, world=World())]
+        return [_experiment(url, TOKEN, f"hot-{n}", spread=spread, world=World(),
+                            max_stale_rewards=lag)]
     if load == "sharded":
         return [_experiment(url, TOKEN, store.sharded(str(n)), spread=spread, world=World(),
-                            shards=shards)]
-    return [_experiment(url, TOKEN, f"{i}-{n}", spread=spread, world=World())
-            for i in store.place]
+                            shards=shards, max_stale_rewards=lag)]
+    return [_experiment(url, TOKEN, f"{i}-{n}", spread=spread, world=World(),
+                        max_stale_rewards=lag) for i in store.place]
 
 
 def scaling(rows: list[Row]) -> list[str]:
@@ -292,15 +297,18 @@ def main() -> None:
     parser.add_argument("--pin", action="store_true",
                         help="the workers on one core of their own, the rest on the others: "
                              "their CPU per pair without wrk's and Redis's contention")
+    parser.add_argument("--max-stale-rewards", type=int, default=0, metavar="L",
+                        help="every experiment's: how many rewards its decisions may miss")
     args = parser.parse_args()
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} at the start; "
           f"stochastic LinReBoot ({args.spread} spread), K = 100, d = 20, every decision "
-          f"rewarded, max_stale_rewards 0; {args.duration} s a run, {args.connections} "
+          f"rewarded, max_stale_rewards {args.max_stale_rewards}; {args.duration} s a run, "
+          f"{args.connections} "
           "connections\n")
     print(HEADER, flush=True)
     rows = measure(args.workers, args.experiments, args.duration, args.connections,
                    args.cluster, args.spread, args.shards, tuple(args.loads),
-                   args.pin)
+                   args.pin, args.max_stale_rewards)
     print("\nBy CPU per pair (a core for each process; BENCHMARKS.md §12):")
     print("\n".join(scaling(rows)))
 
