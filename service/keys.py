@@ -130,7 +130,8 @@ DEFAULTED = "defaulted"  # decisions that got the default reward
 LATE = "late"  # rewards that arrived after their window (and default)
 DEFAULTS_MISSED = "defaults_missed"  # decisions that expired before the default could be applied
 FOLDED = "folded"  # outcomes (keys.outcomes) added to the sums so far
-# the records the last fold took (tail.lua): '<folded> <count>\n' and the records
+# the records the last folds took, up to 32 KB (tail.lua): '<folded> <count> <sizes>\n'
+# and the records
 FOLDED_TAIL = "folded_tail"
 RECENT = "recent"  # the last hour, minute by minute (recent.lua: 60 slots of 4 uint32)
 

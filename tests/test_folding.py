@@ -284,8 +284,9 @@ async def test_a_reward_does_not_wait_for_the_fold_it_starts(
 async def test_the_folded_tail_keeps_the_last_records_folds_took(
     service: ExperimentService, redis_db: str
 ) -> None:
-    """What a worker a fold overtook catches up from: the outcomes the last fold took, in
-    order."""
+    """What a worker the folds overtook catches up from: the outcomes the last folds
+    took, in order, each fold's count and bytes in the header (here all three folds':
+    small records, well within the tail's 32 KB)."""
     await service.create(ExperimentSpec(id="tail", setting="covariates", dim=3,
                                         arms=tuple(ArmSpec(a) for a in ARMS)))
     rng = np.random.default_rng(2)
@@ -300,9 +301,12 @@ async def test_the_folded_tail_keeps_the_last_records_folds_took(
     assert waiting == [] and _counter(stats, keys.FOLDED) == 3 * FOLD_EVERY
     header, _, body = stats[keys.FOLDED_TAIL].partition(b"\n")
     kept = split_records(body)[0]
-    assert header == f"{3 * FOLD_EVERY} {FOLD_EVERY}".encode() and len(kept) == FOLD_EVERY
+    ends, count, sizes = header.decode().split(" ")
+    assert (int(ends), int(count), len(kept)) == (3 * FOLD_EVERY, 3 * FOLD_EVERY, 3 * FOLD_EVERY)
+    folds = [tuple(map(int, size.split("/"))) for size in sizes.split(",")]
+    assert [n for n, _ in folds] == [FOLD_EVERY] * 3 and sum(b for _, b in folds) == len(body)
     # (a record: model field, arm field, decision number, reward, context)
-    assert [int(r.split(b"\n")[2]) for r in kept] == numbers[-FOLD_EVERY:]
+    assert [int(r.split(b"\n")[2]) for r in kept] == numbers
 
 
 @pytest.mark.parametrize("kind", SPECS)

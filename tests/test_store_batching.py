@@ -365,27 +365,36 @@ async def test_an_outcome_through_another_worker_between_comes_with_the_rewards_
         np.testing.assert_array_equal(mine_now.state[name], value, err_msg=name)
 
 
+@pytest.mark.parametrize("folds", [1, 3])
 async def test_a_reward_reply_brings_what_a_fold_took_from_the_folded_tail(
     service: ExperimentService, other_service: ExperimentService,
-    monkeypatch: pytest.MonkeyPatch, redis_db: str,
+    monkeypatch: pytest.MonkeyPatch, redis_db: str, folds: int,
 ) -> None:
-    """When a fold took outcomes the worker never added, the reply brings them from the
-    folded tail with its own: its next decision reads nothing."""
+    """When folds took outcomes the worker never added (one fold, or several: the tail
+    keeps the last folds' records, up to 32 KB), the reply brings them from the folded
+    tail with its own: its next decision reads nothing, and its view is a full read's."""
     key = await _experiment(service, "own")
     mine = await service.choose("own", ChooseRequest(), key)
-    batch = [await other_service.choose("own", ChooseRequest(), key) for _ in range(FOLD_EVERY)]
-    await other_service.reward("own", [(d.decision_id, 1.0) for d in batch], key)
-    await other_service.drain()  # the fold: the sums hold outcomes this worker lacks
-    assert _counter(redis_db, "own", keys.FOLDED) == FOLD_EVERY
+    for _ in range(folds):
+        batch = [await other_service.choose("own", ChooseRequest(), key)
+                 for _ in range(FOLD_EVERY)]
+        await other_service.reward("own", [(d.decision_id, 1.0) for d in batch], key)
+        await other_service.drain()  # the fold: the sums hold outcomes this worker lacks
+    others = folds * FOLD_EVERY
+    assert _counter(redis_db, "own", keys.FOLDED) == others
     assert (await service.reward("own", [(mine.decision_id, 0.0)], key))[0].status == "applied"
-    assert len(service.views.held["own"].own or ()) == FOLD_EVERY + 1
+    assert len(service.views.held["own"].own or ()) == others + 1
     reads = _count_reads(monkeypatch)
 
     after = await service.choose("own", ChooseRequest(), key)
 
     assert reads == []
     record = records.read(redis_db, "own", after.decision_id)
-    assert record is not None and record["rewards_seen"] == str(FOLD_EVERY + 1).encode()
+    assert record is not None and record["rewards_seen"] == str(others + 1).encode()
+    read = await other_service.views.read_view("own")
+    for name, value in read.state.items():
+        np.testing.assert_array_equal(service.views.held["own"].state[name], value,
+                                      err_msg=name)
 
 
 @pytest.mark.parametrize("lacking", ["beyond the tail", "no tail", "another fold's tail",
@@ -395,18 +404,21 @@ async def test_a_reward_reply_that_cannot_bring_what_a_worker_lacks_makes_it_rea
     monkeypatch: pytest.MonkeyPatch, redis_db: str, lacking: str,
 ) -> None:
     """When a fold took outcomes the worker never added that the folded tail does not
-    have (two folds took them; a fold of a version before it, which wrote none, or
-    which folded after the tail's end; a damaged tail), the reply brings its own record
+    have (more folds took them than the tail keeps; a fold of a version before it, which
+    wrote none, or which folded after the tail's end; a damaged tail), the reply brings
+    its own record
     only: the view drops its kept records and its next decision reads what it lacks."""
     key = await _experiment(service, "own")
     mine = await service.choose("own", ChooseRequest(), key)
-    folds = 2 if lacking == "beyond the tail" else 1
-    for _ in range(folds):  # each: FOLD_EVERY rewards, and the fold they start
+    others = 0
+    while True:  # each: FOLD_EVERY rewards, and the fold they start
         batch = [await other_service.choose("own", ChooseRequest(), key)
                  for _ in range(FOLD_EVERY)]
         await other_service.reward("own", [(d.decision_id, 1.0) for d in batch], key)
         await other_service.drain()  # the fold: the sums hold outcomes this worker lacks
-    others = folds * FOLD_EVERY
+        others += FOLD_EVERY
+        if lacking != "beyond the tail" or _tail_start(redis_db, "own") > 0:
+            break  # (beyond: until the tail, whole folds up to 32 KB, lacks the first)
     assert _counter(redis_db, "own", keys.FOLDED) == others
     client = redis.Redis.from_url(redis_db)
     try:
@@ -415,8 +427,8 @@ async def test_a_reward_reply_that_cannot_bring_what_a_worker_lacks_makes_it_rea
         tail: bytes = client.hget(keys.stats("own"), keys.FOLDED_TAIL)  # type: ignore[assignment]
         if lacking == "another fold's tail":  # ending one outcome before the sums' folded
             header, _, body = tail.partition(b"\n")
-            ends, count = map(int, header.split())
-            tail = f"{ends - 1} {count}\n".encode() + body
+            ends, count, sizes = header.decode().split(" ")
+            tail = f"{int(ends) - 1} {count} {sizes}\n".encode() + body
         if lacking == "a damaged tail":
             tail = b"damaged"
         if tail is not None:
@@ -914,3 +926,14 @@ def _counter(url: str, experiment_id: str, name: str) -> int:
         return int(client.hget(keys.stats(experiment_id), name) or 0)  # type: ignore[arg-type]
     finally:
         client.close()
+
+
+def _tail_start(url: str, experiment_id: str) -> int:
+    """The first outcome the folded tail holds (its end less its count)."""
+    client = redis.Redis.from_url(url)
+    try:
+        tail: bytes = client.hget(keys.stats(experiment_id), keys.FOLDED_TAIL)  # type: ignore[assignment]
+    finally:
+        client.close()
+    ends, count = tail.partition(b"\n")[0].split()[:2]
+    return int(ends) - int(count)

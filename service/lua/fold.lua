@@ -11,8 +11,8 @@
 -- ARGV[4]  their length in bytes
 -- ARGV[5..]  field, blob, ...: the sums those records add to, with them added
 --
--- The records folded become the folded tail (tail.lua; store.py puts it in front of
--- this script): a worker a few outcomes behind the fold catches up from it.
+-- The records folded join the folded tail (tail.lua; store.py puts it in front of
+-- this script): a worker some outcomes behind the folds catches up from it.
 -- Returns 1 when written, 0 when the experiment is another incarnation or
 -- another fold came first (nothing written). Within an incarnation only this
 -- script removes records (from the front; the scripts that record append at
@@ -32,10 +32,27 @@ local cut = tonumber(ARGV[4])
 if redis.call('STRLEN', KEYS[3]) < cut then
   return redis.error_reply('fold.lua: the outcomes are shorter than the records folded')
 end
--- The records folded stay as the folded tail (tail.lua) until the next fold.
+-- The records folded join the folded tail (tail.lua), after the earlier folds' that
+-- still fit in TAIL_BYTES (whole folds, the oldest dropped first).
+local took = redis.call('GETRANGE', KEYS[3], 0, cut - 1)
 local now_folded = tonumber(folded) + tonumber(ARGV[3])
+local count, body, sizes = tonumber(ARGV[3]), took, {}
+local ends, _, kept, folds = folded_tail(KEYS[2])
+if ends == tonumber(folded) then  -- the tail ends where these records begin
+  local first, bytes = #folds + 1, #took
+  while first > 1 and bytes + folds[first - 1][2] <= TAIL_BYTES do
+    first = first - 1
+    bytes = bytes + folds[first][2]
+  end
+  body = string.sub(kept, #kept - (bytes - #took) + 1) .. took
+  for i = first, #folds do
+    count = count + folds[i][1]
+    sizes[#sizes + 1] = folds[i][1] .. '/' .. folds[i][2]
+  end
+end
+sizes[#sizes + 1] = ARGV[3] .. '/' .. #took
 redis.call('HSET', KEYS[2], 'folded', now_folded,
-           FOLDED_TAIL, string.format('%d %d\n', now_folded, tonumber(ARGV[3]))
-             .. redis.call('GETRANGE', KEYS[3], 0, cut - 1), unpack(ARGV, 5))
+           FOLDED_TAIL, string.format('%d %d ', now_folded, count) .. table.concat(sizes, ',')
+             .. '\n' .. body, unpack(ARGV, 5))
 redis.call('SET', KEYS[3], redis.call('GETRANGE', KEYS[3], cut, -1))
 return 1

@@ -15,25 +15,38 @@ local function records_after(outcomes, skip)
   return string.sub(outcomes, at), skipped
 end
 
--- A fold keeps the records it took, until the next fold, in the stats hash's field
--- FOLDED_TAIL: '<folded> <count>\n' then the records, the last of them outcome
--- number <folded>. A worker whose statistics a fold overtook by a few outcomes (fewer
--- than the outcomes since the fold before) then still catches up by those outcomes,
--- not by reading every blob (the bulk of the statistics).
+-- The folds keep the records they took, the last fold's and as many whole earlier
+-- folds' as fit in TAIL_BYTES, in the stats hash's field FOLDED_TAIL: '<folded> <count>
+-- <sizes>\n' then the records, the last of them outcome number <folded>; <sizes> is
+-- each fold's '<records>/<bytes>', oldest first (fold.lua drops the oldest whole). A
+-- worker whose statistics folds overtook by fewer outcomes than that (a lag that
+-- max_stale_rewards allows, or a worker that a busy other one outran) then still
+-- catches up by those outcomes, not by reading every blob (the bulk of the statistics).
 local FOLDED_TAIL = 'folded_tail'
+local TAIL_BYTES = 32768
 
--- The folded tail's end, count and records; nil when there is none.
+-- The folded tail's end, count, records and folds ({records, bytes} each, oldest first;
+-- one for a tail an earlier version wrote, '<folded> <count>'); nil when there is none.
 local function folded_tail(stats_key)
   local tail = redis.call('HGET', stats_key, FOLDED_TAIL)
   if not tail then
     return nil
   end
   local newline = string.find(tail, '\n', 1, true)
-  local ends, count = string.match(string.sub(tail, 1, (newline or 1) - 1), '^(%d+) (%d+)$')
+  local ends, count, sizes = string.match(string.sub(tail, 1, (newline or 1) - 1),
+                                          '^(%d+) (%d+) ?([%d/,]*)$')
   if not (newline and ends) then  -- damaged: as if there were none (a fold writes it anew)
     return nil
   end
-  return tonumber(ends), tonumber(count), string.sub(tail, newline + 1)
+  local records = string.sub(tail, newline + 1)
+  local folds = {}
+  for n, bytes in string.gmatch(sizes, '(%d+)/(%d+)') do
+    folds[#folds + 1] = {tonumber(n), tonumber(bytes)}
+  end
+  if #folds == 0 then
+    folds[1] = {tonumber(count), #records}
+  end
+  return tonumber(ends), tonumber(count), records, folds
 end
 
 -- What a worker whose statistics hold the first `held` outcomes lacks, the sums
