@@ -309,6 +309,62 @@ async def test_the_folded_tail_keeps_the_last_records_folds_took(
     assert [int(r.split(b"\n")[2]) for r in kept] == numbers
 
 
+@pytest.mark.parametrize("before", ["an earlier version's", "too large to keep",
+                                    "sizes that do not add up", "a space short"])
+async def test_a_fold_keeps_the_tail_before_it_only_whole_and_sound(
+    service: ExperimentService, redis_db: str, before: str
+) -> None:
+    """The next fold after a tail of ``before``: an earlier version's header (no sizes:
+    one fold, kept); a fold of more than the tail's 32 KB (dropped whole); sizes that
+    do not add up to the records, or a header short of its space (damaged: as if there
+    were none). The new tail holds its own fold's records after whatever it kept, and
+    its header says so."""
+    await service.create(ExperimentSpec(id="kept", setting="covariates", dim=3,
+                                        arms=tuple(ArmSpec(a) for a in ARMS)))
+    rng = np.random.default_rng(4)
+    numbers = []
+
+    async def fold() -> None:  # FOLD_EVERY rewards, and the fold they start
+        for _ in range(FOLD_EVERY):
+            decision = await service.choose("kept", ChooseRequest(
+                context=tuple(float(v) for v in rng.normal(size=3))))
+            await service.reward("kept", [(decision.decision_id, 1.0)])
+            numbers.append(decision.decision_number)
+        await service.drain()
+
+    await fold()
+    stats, _ = _raw(redis_db, "kept")
+    header, _, body = stats[keys.FOLDED_TAIL].partition(b"\n")
+    assert header == f"{FOLD_EVERY} {FOLD_EVERY} {FOLD_EVERY}/{len(body)}".encode()
+    big = b"".join(b"%d:%s" % (1200, b"x" * 1200) for _ in range(FOLD_EVERY))
+    tail = {
+        "an earlier version's": f"{FOLD_EVERY} {FOLD_EVERY}\n".encode() + body,
+        "too large to keep": f"{FOLD_EVERY} {FOLD_EVERY} {FOLD_EVERY}/{len(big)}\n".encode()
+        + big,
+        "sizes that do not add up": f"{FOLD_EVERY} {FOLD_EVERY} {FOLD_EVERY}/{len(body) - 1}\n"
+        .encode() + body,
+        "a space short": f"{FOLD_EVERY} {FOLD_EVERY}{FOLD_EVERY}/{len(body)}\n".encode() + body,
+    }[before]
+    client = redis.Redis.from_url(redis_db)
+    try:
+        client.hset(keys.stats("kept"), keys.FOLDED_TAIL, tail)  # type: ignore[arg-type]
+    finally:
+        client.close()
+    await fold()
+
+    stats, _ = _raw(redis_db, "kept")
+    header, _, now = stats[keys.FOLDED_TAIL].partition(b"\n")
+    kept = split_records(now)[0]
+    ends, count, sizes = header.decode().split(" ")
+    folds = [tuple(map(int, size.split("/"))) for size in sizes.split(",")]
+    whole = before == "an earlier version's"
+    assert int(ends) == 2 * FOLD_EVERY and int(count) == len(kept) == sum(n for n, _ in folds)
+    assert sum(b for _, b in folds) == len(now)
+    assert len(folds) == (2 if whole else 1)
+    # (a record: model field, arm field, decision number, reward, context)
+    assert [int(r.split(b"\n")[2]) for r in kept] == numbers[0 if whole else FOLD_EVERY:]
+
+
 @pytest.mark.parametrize("kind", SPECS)
 async def test_a_view_catches_up_with_new_outcomes_to_the_bits_of_a_full_read(
     service: ExperimentService, other_service: ExperimentService, redis_db: str,

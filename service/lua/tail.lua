@@ -33,18 +33,28 @@ local function folded_tail(stats_key)
     return nil
   end
   local newline = string.find(tail, '\n', 1, true)
-  local ends, count, sizes = string.match(string.sub(tail, 1, (newline or 1) - 1),
-                                          '^(%d+) (%d+) ?([%d/,]*)$')
+  local header = string.sub(tail, 1, (newline or 1) - 1)
+  local ends, count = string.match(header, '^(%d+) (%d+)$')
+  local sizes = ''
+  if not ends then
+    ends, count, sizes = string.match(header, '^(%d+) (%d+) (%d[%d/,]*)$')
+  end
   if not (newline and ends) then  -- damaged: as if there were none (a fold writes it anew)
     return nil
   end
   local records = string.sub(tail, newline + 1)
-  local folds = {}
-  for n, bytes in string.gmatch(sizes, '(%d+)/(%d+)') do
-    folds[#folds + 1] = {tonumber(n), tonumber(bytes)}
+  local folds, counted, bytes = {}, 0, 0
+  for n, size in string.gmatch(sizes, '(%d+)/(%d+)') do
+    folds[#folds + 1] = {tonumber(n), tonumber(size)}
+    counted, bytes = counted + tonumber(n), bytes + tonumber(size)
+    if tonumber(n) == 0 or tonumber(size) == 0 then
+      return nil  -- no fold writes an empty one: damaged
+    end
   end
-  if #folds == 0 then
+  if #folds == 0 then  -- an earlier version's: one fold
     folds[1] = {tonumber(count), #records}
+  elseif counted ~= tonumber(count) or bytes ~= #records then
+    return nil  -- the sizes do not add up: damaged
   end
   return tonumber(ends), tonumber(count), records, folds
 end
