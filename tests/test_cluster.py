@@ -248,6 +248,7 @@ async def cluster_api(cluster_app: FastAPI) -> AsyncIterator[Api]:
         yield Api(http)
 
 
+@pytest.mark.unsharded  # (it migrates the home's slot only)
 async def test_a_slot_in_migration_answers_503_with_retry_after_then_recovers(
     cluster: LocalCluster, cluster_api: Api
 ) -> None:
@@ -275,6 +276,7 @@ async def test_a_slot_in_migration_answers_503_with_retry_after_then_recovers(
     assert (await cluster_api.experiment("cov"))["rewards"] == 1
 
 
+@pytest.mark.unsharded  # (it migrates the home's slot only)
 async def test_a_live_experiment_migrates_during_a_replay_exactly_once(
     cluster: LocalCluster, cluster_api: Api
 ) -> None:

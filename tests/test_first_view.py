@@ -31,6 +31,7 @@ def _counted(service: ExperimentService) -> list[str]:
     return reads
 
 
+@pytest.mark.unsharded  # (one read of the home; a sharded decision also reads its member)
 async def test_requests_without_a_view_share_one_read(
         service: ExperimentService, other_service: ExperimentService) -> None:
     arms = tuple(ArmSpec(f"a{i}") for i in range(20))

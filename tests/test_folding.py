@@ -36,7 +36,9 @@ from tests.test_service_durability import (
     stored_stats,
 )
 
-pytestmark = pytest.mark.anyio
+# Its experiments stay unsharded under LINREBOOT_TEST_SHARDS: the tests read and write
+# the home's sums, outcomes and folded tail directly.
+pytestmark = [pytest.mark.anyio, pytest.mark.unsharded]
 
 ARMS = ("a", "b", "c")
 

@@ -56,6 +56,7 @@ async def test_the_minutes_add_up_to_the_counters(
         assert minute["minute"] % 60 == 0 and now - 3600 < minute["minute"] <= now + 60
 
 
+@pytest.mark.unsharded  # (it writes the home's minute fields)
 async def test_a_minutes_field_is_begun_afresh_and_an_hour_old_one_is_not_shown(
         api: Api, redis_db: str) -> None:
     key = await api.create({"id": "act", "setting": "covariates", "dim": 2, "seed": 4,

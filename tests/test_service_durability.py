@@ -52,7 +52,9 @@ from service.store import _BATCHED, Store, _script
 from tests import records
 from tests.conftest import ADMIN, ADMIN_TOKEN, CONTEXTUAL, Api
 
-pytestmark = pytest.mark.anyio
+# Its experiments stay unsharded under LINREBOOT_TEST_SHARDS: the tests replay one
+# member's sums and seeded numbers 1, 2, 3 (sharded replays: tests/test_shards.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.unsharded]
 
 COPIES = 50  # concurrent copies of one reward
 

@@ -33,7 +33,9 @@ from service.settings import Settings
 from service.store import Store, _ScriptBatcher
 from tests import records
 
-pytestmark = pytest.mark.anyio
+# Its experiments stay unsharded under LINREBOOT_TEST_SHARDS: the tests follow one
+# member's views, script calls and keys (the sharded paths: tests/test_shards.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.unsharded]
 
 FEATURES = ((1.0, 0.0), (0.0, 1.0), (0.6, 0.8))
 
