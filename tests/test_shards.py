@@ -171,6 +171,7 @@ async def test_a_batch_is_whole_on_each_member_and_counts_once_when_sent_again(
         await service.close()
 
 
+@pytest.mark.unsharded  # (its unsharded experiment stays so: the fixture leaves it)
 async def test_the_same_rewards_in_the_same_order_give_the_unsharded_decisions(
     service: ExperimentService,
 ) -> None:
