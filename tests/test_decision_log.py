@@ -667,7 +667,9 @@ async def test_the_log_drops_entries_older_than_its_age(
 async def _evaluable_export(
     api: Api, tmp_path: Path, setting: str, log_all_contexts: bool = False
 ) -> Path:
-    """120 decisions of an experiment with epsilon 0.3, rewarded by arm; its obp export."""
+    """120 decisions of an experiment with epsilon 0.3, rewarded by arm; its obp export.
+    (The decisions' ids are named, so that a sharded run routes them, and so numbers
+    and draws them, alike every time: a seeded log.)"""
     arms = [{"id": a, **({"features": [1.0, float(i)]} if setting == "stochastic" else {})}
             for i, a in enumerate(ARMS)]
     experiment_id = f"{setting}-all" if log_all_contexts else setting
@@ -675,8 +677,9 @@ async def _evaluable_export(
                             "arms": arms, "hyperparameters": {"epsilon": 0.3},
                             **({"log_all_contexts": True} if log_all_contexts else {})})
     rng = np.random.default_rng(5)
-    for _ in range(120):
-        body: dict[str, Any] = {"experiment_id": experiment_id}
+    for t in range(120):
+        body: dict[str, Any] = {"experiment_id": experiment_id,
+                                "decision_id": f"{experiment_id}-{t}"}
         if setting == "covariates":  # a constant first feature: the arm's mean is learnable
             body["context"] = [1.0, float(rng.normal())]
         if setting == "contextual":  # the second feature names the arm, blurred
