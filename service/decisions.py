@@ -487,6 +487,7 @@ async def _one_arm(view: View, request: ChooseRequest, decision_id: str,
                   if view.definition.spec.propensities else None)
     records, logged = _slots(view, decision_id, arms, contexts, [picked], [propensity],
                              ranked=False)
+
     def answer() -> str:
         return _answer_line(arms[picked].id, propensity, score)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 from scipy import integrate, stats
@@ -229,17 +231,24 @@ def test_the_one_sort_places_the_arms_the_position_by_position_loop_does(
         assert fast_rng.random() == loop_rng.random()
 
 
+def _random_cases(count: int = 300, seed: int = 17
+                  ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Means, spreads and placed arms: 3-40 arms, spreads up to two orders apart, up to
+    10 placed."""
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        size = int(rng.integers(3, 41))
+        mean = rng.normal(size=size) * rng.uniform(0.05, 2.0)
+        spread = rng.uniform(0.02, 1.0, size=size) ** rng.uniform(0.5, 2.0)
+        yield mean, spread, rng.permutation(size)[: int(rng.integers(1, min(size, 10) + 1))]
+
+
 def test_the_service_accuracy_is_within_a_thousandth_of_the_fine_one() -> None:
     """The service asks the integral at SERVICE (windows of 5 spreads, nodes 2 / sqrt(n)
     spreads apart): within 1e-3 of FINE (below 1e-6, against adaptive quadrature) in 300 random
     cases of 3-40 arms, spreads up to two orders apart, up to 10 placed."""
-    rng = np.random.default_rng(17)
     worst = 0.0
-    for _ in range(300):
-        size = int(rng.integers(3, 41))
-        mean = rng.normal(size=size) * rng.uniform(0.05, 2.0)
-        spread = rng.uniform(0.02, 1.0, size=size) ** rng.uniform(0.5, 2.0)
-        placed = rng.permutation(size)[: int(rng.integers(1, min(size, 10) + 1))]
+    for mean, spread, placed in _random_cases():
         fine = _at_positions(mean, spread, placed)
         served = _at_positions(mean, spread, placed, accuracy=SERVICE)
         if fine is not None and served is not None:
@@ -332,13 +341,8 @@ def test_a_group_too_fine_for_one_grid_is_taken_arm_by_arm() -> None:
     taken on its own grid, from its own floor, instead of the estimate: within 1e-6 of
     adaptive quadrature. The table (split=False) declines such a group: a ranking's own
     pairs are cheaper."""
-    rng = np.random.default_rng(17)  # the cases of the service-accuracy test above
     split = 0
-    for _ in range(300):
-        size = int(rng.integers(3, 41))
-        mean = rng.normal(size=size) * rng.uniform(0.05, 2.0)
-        spread = rng.uniform(0.02, 1.0, size=size) ** rng.uniform(0.5, 2.0)
-        placed = rng.permutation(size)[: int(rng.integers(1, min(size, 10) + 1))]
+    for mean, spread, placed in _random_cases():  # the service-accuracy test's
         whole = _at_positions(mean, spread, placed, split=False)
         got = _at_positions(mean, spread, placed)
         if whole is not None or got is None:
