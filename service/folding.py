@@ -15,9 +15,9 @@ of its own):
   call took the experiment's counter past a multiple writes the sums back
   with the records added and cuts those records from the string
   (:func:`folded_blobs`; ``fold_read.lua`` and ``fold.lua``), so that few are
-  left, and keeps the records the last folds took (the stats hash's
-  ``folded_tail``: the last fold's and as many whole earlier folds' as fit in
-  32 KB, about 170 outcomes at d = 20), so that a view the folds overtook by
+  left, and keeps the records the last folds took (in the stats hash, a field
+  a fold, indexed by ``folded_tail``: the last fold's and as many whole earlier
+  folds' as fit in 32 KB, about 170 outcomes at d = 20), so that a view the folds overtook by
   fewer outcomes than that (as ``max_stale_rewards`` allows) still catches up
   by the records it lacks. A fold that fails (the worker stopped, Redis away) is
   done by the next one: the records wait meanwhile, counted by every view.

@@ -130,10 +130,16 @@ DEFAULTED = "defaulted"  # decisions that got the default reward
 LATE = "late"  # rewards that arrived after their window (and default)
 DEFAULTS_MISSED = "defaults_missed"  # decisions that expired before the default could be applied
 FOLDED = "folded"  # outcomes (keys.outcomes) added to the sums so far
-# the records the last folds took, up to 32 KB (tail.lua): '<folded> <count> <sizes>\n'
-# and the records
+# The records the last folds took, up to 32 KB (tail.lua): the index '<folded> <count>
+# <slot>:<records>/<bytes>,...' here, each fold's records in folded_tail_field(slot).
 FOLDED_TAIL = "folded_tail"
+TAIL_FOLDS = 16  # the ring of slots: at most this many folds kept
 RECENT = "recent"  # the last hour, minute by minute (recent.lua: 60 slots of 4 uint32)
+
+
+def folded_tail_field(slot: int) -> str:
+    """The stats field of the folded tail's ``slot``: one fold's records."""
+    return f"{FOLDED_TAIL}:{slot}"
 
 
 def model_field(arm_id: str | None) -> str:

@@ -1164,7 +1164,8 @@ class Store:
                     # version's scripts refuse an experiment not upgraded), so
                     # what is there was left by a namesake an earlier version deleted.
                     pipe.set(keys.outcomes(experiment_id), "")
-                    pipe.hdel(stats_key, keys.FOLDED, keys.FOLDED_TAIL)
+                    pipe.hdel(stats_key, keys.FOLDED, keys.FOLDED_TAIL, *map(
+                        keys.folded_tail_field, range(keys.TAIL_FOLDS)))
                     await pipe.execute()
                     return True
                 except WatchError:

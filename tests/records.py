@@ -3,7 +3,9 @@ service/lua/outcomes.lua), read independently of the scripts, for tests that loo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import redis
 from redis.cluster import RedisCluster
@@ -98,3 +100,24 @@ def list_length(client: redis.Redis | RedisCluster, experiment_id: str,
         stream = client.type(name) == b"stream"
         total += int(client.xlen(name) if stream else client.llen(name))  # type: ignore[arg-type]
     return total
+
+
+class FoldedTail(NamedTuple):
+    """The folded tail as tail.lua keeps it: its end and count of outcomes, each fold's (slot,
+    records, bytes) oldest first, and the folds' records one after the other."""
+
+    ends: int
+    outcomes: int
+    folds: list[tuple[int, int, int]]
+    records: bytes
+
+
+def folded_tail(raw: Mapping[bytes, bytes] | Mapping[str, bytes]) -> FoldedTail:
+    """The folded tail of a stats hash (HGETALL's), read from its index and slots."""
+    stats = {k.decode() if isinstance(k, bytes) else k: v for k, v in raw.items()}
+    ends, count, sizes = stats[keys.FOLDED_TAIL].decode().split(" ")
+    folds = [(int(slot), int(n), int(size)) for slot, n, size in
+             (re.fullmatch(r"(\d+):(\d+)/(\d+)", fold).groups()  # type: ignore[union-attr]
+              for fold in sizes.split(","))]
+    records = b"".join(stats[keys.folded_tail_field(slot)] for slot, _, _ in folds)
+    return FoldedTail(int(ends), int(count), folds, records)

@@ -11,6 +11,7 @@ nothing.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -301,26 +302,30 @@ async def test_the_folded_tail_keeps_the_last_records_folds_took(
         await service.drain()  # each fold done before the next reward
     stats, waiting = _raw(redis_db, "tail")
     assert waiting == [] and _counter(stats, keys.FOLDED) == 3 * FOLD_EVERY
-    header, _, body = stats[keys.FOLDED_TAIL].partition(b"\n")
-    kept = split_records(body)[0]
-    ends, count, sizes = header.decode().split(" ")
-    assert (int(ends), int(count), len(kept)) == (3 * FOLD_EVERY, 3 * FOLD_EVERY, 3 * FOLD_EVERY)
-    folds = [tuple(map(int, size.split("/"))) for size in sizes.split(",")]
-    assert [n for n, _ in folds] == [FOLD_EVERY] * 3 and sum(b for _, b in folds) == len(body)
+    tail = records.folded_tail(stats)
+    kept = split_records(tail.records)[0]
+    assert (tail.ends, tail.outcomes, len(kept)) == (3 * FOLD_EVERY, 3 * FOLD_EVERY, 3 * FOLD_EVERY)
+    assert [(slot, n) for slot, n, _ in tail.folds] == [(0, FOLD_EVERY), (1, FOLD_EVERY),
+                                                       (2, FOLD_EVERY)]
+    for slot, _, size in tail.folds:  # each fold's records in its own field
+        assert len(stats[keys.folded_tail_field(slot)]) == size
     # (a record: model field, arm field, decision number, reward, context)
     assert [int(r.split(b"\n")[2]) for r in kept] == numbers
 
 
-@pytest.mark.parametrize("before", ["an earlier version's", "too large to keep",
-                                    "sizes that do not add up", "a space short"])
+@pytest.mark.parametrize("before", ["an earlier version's", "too large to keep", "a full ring",
+                                    "sizes that do not add up", "a space short",
+                                    "a slot beyond the ring"])
 async def test_a_fold_keeps_the_tail_before_it_only_whole_and_sound(
     service: ExperimentService, redis_db: str, before: str
 ) -> None:
-    """The next fold after a tail of ``before``: an earlier version's header (no sizes:
-    one fold, kept); a fold of more than the tail's 32 KB (dropped whole); sizes that
-    do not add up to the records, or a header short of its space (damaged: as if there
-    were none). The new tail holds its own fold's records after whatever it kept, and
-    its header says so."""
+    """The next fold after a tail of ``before``: an earlier version's (the records in the
+    index's field after a newline: as if there were none); a fold of more than the
+    tail's 32 KB (dropped whole); a ring of TAIL_FOLDS folds (the oldest dropped, its
+    slot taken by the new fold); an index whose sizes do not add up to its count, short
+    of its space, or naming a slot beyond the ring (damaged: as if there were none). The
+    new tail holds its own fold's records after whatever it kept, its index says so, and
+    no field of a fold it dropped is left."""
     await service.create(ExperimentSpec(id="kept", setting="covariates", dim=3,
                                         arms=tuple(ArmSpec(a) for a in ARMS)))
     rng = np.random.default_rng(4)
@@ -336,35 +341,61 @@ async def test_a_fold_keeps_the_tail_before_it_only_whole_and_sound(
 
     await fold()
     stats, _ = _raw(redis_db, "kept")
-    header, _, body = stats[keys.FOLDED_TAIL].partition(b"\n")
-    assert header == f"{FOLD_EVERY} {FOLD_EVERY} {FOLD_EVERY}/{len(body)}".encode()
+    body = stats[keys.folded_tail_field(0)]
+    assert stats[keys.FOLDED_TAIL] == f"{FOLD_EVERY} {FOLD_EVERY} 0:{FOLD_EVERY}/{len(body)}" \
+        .encode()
+    first = split_records(body)[0]
     big = b"".join(b"%d:%s" % (1200, b"x" * 1200) for _ in range(FOLD_EVERY))
-    tail = {
-        "an earlier version's": f"{FOLD_EVERY} {FOLD_EVERY}\n".encode() + body,
-        "too large to keep": f"{FOLD_EVERY} {FOLD_EVERY} {FOLD_EVERY}/{len(big)}\n".encode()
-        + big,
-        "sizes that do not add up": f"{FOLD_EVERY} {FOLD_EVERY} {FOLD_EVERY}/{len(body) - 1}\n"
-        .encode() + body,
-        "a space short": f"{FOLD_EVERY} {FOLD_EVERY}{FOLD_EVERY}/{len(body)}\n".encode() + body,
+    # A full ring: the first fold's records two by two in TAIL_FOLDS folds, the slots
+    # from 5 round to 4, so that the ring wraps.
+    pieces = [b"".join(b"%d:%s" % (len(r), r) for r in first[2 * i:2 * i + 2])
+              for i in range(keys.TAIL_FOLDS)]
+    ring = {keys.folded_tail_field((5 + i) % keys.TAIL_FOLDS): piece
+            for i, piece in enumerate(pieces)}
+    sizes = ",".join(f"{(5 + i) % keys.TAIL_FOLDS}:2/{len(p)}" for i, p in enumerate(pieces))
+    tail: dict[str, bytes] = {
+        "an earlier version's": {
+            keys.FOLDED_TAIL: f"{FOLD_EVERY} {FOLD_EVERY} {FOLD_EVERY}/{len(body)}\n".encode()
+            + body},
+        "too large to keep": {keys.FOLDED_TAIL: f"{FOLD_EVERY} {FOLD_EVERY} 0:{FOLD_EVERY}/"
+                              f"{len(big)}".encode(), keys.folded_tail_field(0): big},
+        "a full ring": {keys.FOLDED_TAIL: f"{FOLD_EVERY} {FOLD_EVERY} {sizes}".encode(), **ring},
+        "sizes that do not add up": {
+            keys.FOLDED_TAIL: f"{FOLD_EVERY} {FOLD_EVERY + 1} 0:{FOLD_EVERY}/{len(body)}"
+            .encode()},
+        "a space short": {keys.FOLDED_TAIL: f"{FOLD_EVERY} {FOLD_EVERY}0:{FOLD_EVERY}/"
+                          f"{len(body)}".encode()},
+        "a slot beyond the ring": {
+            keys.FOLDED_TAIL: f"{FOLD_EVERY} {FOLD_EVERY} {keys.TAIL_FOLDS}:{FOLD_EVERY}/"
+            f"{len(body)}".encode()},
     }[before]
     client = redis.Redis.from_url(redis_db)
     try:
-        client.hset(keys.stats("kept"), keys.FOLDED_TAIL, tail)  # type: ignore[arg-type]
+        client.hset(keys.stats("kept"), mapping=tail)
     finally:
         client.close()
     await fold()
 
     stats, _ = _raw(redis_db, "kept")
-    header, _, now = stats[keys.FOLDED_TAIL].partition(b"\n")
-    kept = split_records(now)[0]
-    ends, count, sizes = header.decode().split(" ")
-    folds = [tuple(map(int, size.split("/"))) for size in sizes.split(",")]
-    whole = before == "an earlier version's"
-    assert int(ends) == 2 * FOLD_EVERY and int(count) == len(kept) == sum(n for n, _ in folds)
-    assert sum(b for _, b in folds) == len(now)
-    assert len(folds) == (2 if whole else 1)
+    now = records.folded_tail(stats)
+    kept = split_records(now.records)[0]
+    assert now.ends == 2 * FOLD_EVERY
+    assert now.outcomes == len(kept) == sum(n for _, n, _ in now.folds)
+    assert sum(size for _, _, size in now.folds) == len(now.records)
+    full = before == "a full ring"
+    assert [slot for slot, _, _ in now.folds] == (
+        [(5 + i) % keys.TAIL_FOLDS for i in range(1, keys.TAIL_FOLDS + 1)] if full else
+        [1] if before == "too large to keep" else [0])
+    fields = {name for name in stats if name.startswith(f"{keys.FOLDED_TAIL}:")}
+    assert fields == {keys.folded_tail_field(slot) for slot, _, _ in now.folds}
     # (a record: model field, arm field, decision number, reward, context)
-    assert [int(r.split(b"\n")[2]) for r in kept] == numbers[0 if whole else FOLD_EVERY:]
+    assert [int(r.split(b"\n")[2]) for r in kept] == numbers[2 if full else FOLD_EVERY:]
+
+
+def test_the_scripts_and_the_service_agree_on_the_tail_s_ring() -> None:
+    """tail.lua's TAIL_FOLDS is keys.TAIL_FOLDS (the upgrade drops that many slots)."""
+    script = (Path(keys.__file__).parent / "lua" / "tail.lua").read_text()
+    assert f"local TAIL_FOLDS = {keys.TAIL_FOLDS}\n" in script
 
 
 @pytest.mark.parametrize("kind", SPECS)

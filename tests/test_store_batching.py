@@ -400,14 +400,15 @@ async def test_a_reward_reply_brings_what_a_fold_took_from_the_folded_tail(
 
 
 @pytest.mark.parametrize("lacking", ["beyond the tail", "no tail", "another fold's tail",
-                                     "a damaged tail"])
+                                     "a fold's records of another size", "a damaged tail"])
 async def test_a_reward_reply_that_cannot_bring_what_a_worker_lacks_makes_it_read(
     service: ExperimentService, other_service: ExperimentService,
     monkeypatch: pytest.MonkeyPatch, redis_db: str, lacking: str,
 ) -> None:
     """When a fold took outcomes the worker never added that the folded tail does not
     have (more folds took them than the tail keeps; a fold of a version before it, which
-    wrote none, or which folded after the tail's end; a damaged tail), the reply brings
+    wrote none, or which folded after the tail's end; a fold's records not of the size
+    its index says; a damaged index), the reply brings
     its own record
     only: the view drops its kept records and its next decision reads what it lacks."""
     key = await _experiment(service, "own")
@@ -426,15 +427,17 @@ async def test_a_reward_reply_that_cannot_bring_what_a_worker_lacks_makes_it_rea
     try:
         if lacking == "no tail":
             assert client.hdel(keys.stats("own"), keys.FOLDED_TAIL) == 1
-        tail: bytes = client.hget(keys.stats("own"), keys.FOLDED_TAIL)  # type: ignore[assignment]
+        index: bytes = client.hget(keys.stats("own"), keys.FOLDED_TAIL)  # type: ignore[assignment]
         if lacking == "another fold's tail":  # ending one outcome before the sums' folded
-            header, _, body = tail.partition(b"\n")
-            ends, count, sizes = header.decode().split(" ")
-            tail = f"{int(ends) - 1} {count} {sizes}\n".encode() + body
+            ends, count, sizes = index.decode().split(" ")
+            index = f"{int(ends) - 1} {count} {sizes}".encode()
+        if lacking == "a fold's records of another size":
+            last = index.decode().split(" ")[2].split(",")[-1].partition(":")[0]
+            client.hset(keys.stats("own"), keys.folded_tail_field(int(last)), b"1:x")  # type: ignore[arg-type]
         if lacking == "a damaged tail":
-            tail = b"damaged"
-        if tail is not None:
-            client.hset(keys.stats("own"), keys.FOLDED_TAIL, tail)  # type: ignore[arg-type]
+            index = b"damaged"
+        if index is not None:
+            client.hset(keys.stats("own"), keys.FOLDED_TAIL, index)  # type: ignore[arg-type]
     finally:
         client.close()
     assert (await service.reward("own", [(mine.decision_id, 0.0)], key))[0].status == "applied"
@@ -934,8 +937,8 @@ def _tail_start(url: str, experiment_id: str) -> int:
     """The first outcome the folded tail holds (its end less its count)."""
     client = redis.Redis.from_url(url)
     try:
-        tail: bytes = client.hget(keys.stats(experiment_id), keys.FOLDED_TAIL)  # type: ignore[assignment]
+        index: bytes = client.hget(keys.stats(experiment_id), keys.FOLDED_TAIL)  # type: ignore[assignment]
     finally:
         client.close()
-    ends, count = tail.partition(b"\n")[0].split()[:2]
+    ends, count = index.split()[:2]
     return int(ends) - int(count)

@@ -32,27 +32,41 @@ local cut = tonumber(ARGV[4])
 if redis.call('STRLEN', KEYS[3]) < cut then
   return redis.error_reply('fold.lua: the outcomes are shorter than the records folded')
 end
--- The records folded join the folded tail (tail.lua), after the earlier folds' that
--- still fit in TAIL_BYTES (whole folds, the oldest dropped first).
+-- The records folded join the folded tail (tail.lua) in a field of their own, after the
+-- earlier folds' that still fit in TAIL_BYTES and TAIL_FOLDS (whole folds, the oldest
+-- dropped first); a tail that does not end where these records begin (none, an earlier
+-- version's, damaged) starts anew, every slot an earlier fold may have left dropped.
 local took = redis.call('GETRANGE', KEYS[3], 0, cut - 1)
 local now_folded = tonumber(folded) + tonumber(ARGV[3])
-local count, body, sizes = tonumber(ARGV[3]), took, {}
-local ends, _, kept, folds = folded_tail(KEYS[2])
+local count, slot, sizes, dropped = tonumber(ARGV[3]), 0, {}, {}
+local ends, _, folds = folded_tail(KEYS[2])
 if ends == tonumber(folded) then  -- the tail ends where these records begin
+  slot = (folds[#folds][1] + 1) % TAIL_FOLDS
   local first, bytes = #folds + 1, #took
-  while first > 1 and bytes + folds[first - 1][2] <= TAIL_BYTES do
+  while first > 1 and #folds - first + 3 <= TAIL_FOLDS
+      and bytes + folds[first - 1][3] <= TAIL_BYTES do
     first = first - 1
-    bytes = bytes + folds[first][2]
+    bytes = bytes + folds[first][3]
   end
-  body = string.sub(kept, #kept - (bytes - #took) + 1) .. took
-  for i = first, #folds do
-    count = count + folds[i][1]
-    sizes[#sizes + 1] = folds[i][1] .. '/' .. folds[i][2]
+  for i = 1, #folds do
+    if i < first then
+      dropped[#dropped + 1] = tail_field(folds[i][1])
+    else
+      count = count + folds[i][2]
+      sizes[#sizes + 1] = folds[i][1] .. ':' .. folds[i][2] .. '/' .. folds[i][3]
+    end
+  end
+else
+  for i = 1, TAIL_FOLDS - 1 do  -- (slot 0 is written below)
+    dropped[i] = tail_field(i)
   end
 end
-sizes[#sizes + 1] = ARGV[3] .. '/' .. #took
+if #dropped > 0 then
+  redis.call('HDEL', KEYS[2], unpack(dropped))
+end
+sizes[#sizes + 1] = slot .. ':' .. ARGV[3] .. '/' .. #took
 redis.call('HSET', KEYS[2], 'folded', now_folded,
-           FOLDED_TAIL, string.format('%d %d ', now_folded, count) .. table.concat(sizes, ',')
-             .. '\n' .. body, unpack(ARGV, 5))
+           FOLDED_TAIL, string.format('%d %d ', now_folded, count) .. table.concat(sizes, ','),
+           tail_field(slot), took, unpack(ARGV, 5))
 redis.call('SET', KEYS[3], redis.call('GETRANGE', KEYS[3], cut, -1))
 return 1
