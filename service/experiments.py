@@ -49,7 +49,9 @@ async def _connect(url: str, settings: Settings) -> Store:
     except StoreUnavailable as exc:
         if store is not None:
             await store.close()
-        reason = str(exc.__cause__ or exc).strip().splitlines()[0]
+        cause = exc.__cause__ or exc
+        # (a timeout's text is empty: its class names it)
+        reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
         raise StartupError(
             f"REDIS_URL: Redis at {_public_url(url)} does not answer ({reason}): start it, "
             "or fix REDIS_URL", exit_code=3,

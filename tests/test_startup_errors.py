@@ -94,6 +94,20 @@ def test_a_redis_url_where_another_service_listens_is_one_line(cluster: str | No
     assert len(lines) == 1 and "REDIS_URL" in lines[0] and "protocol" in lines[0], lines
 
 
+def test_a_redis_that_never_answers_is_one_line() -> None:
+    """A listener that accepts connections and never replies (a Redis too slow for
+    LINREBOOT_REDIS_TIMEOUT_SECONDS): the timeout, whose text is empty, was an IndexError
+    traceback instead of the one line."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # the kernel accepts; nobody reads or answers
+        returncode, lines = _serve(REDIS_URL=f"redis://127.0.0.1:{silent.getsockname()[1]}/0",
+                                   LINREBOOT_REDIS_TIMEOUT_SECONDS="0.3")
+    assert returncode == 3, lines
+    assert len(lines) == 1 and "REDIS_URL" in lines[0] and "does not answer" in lines[0], lines
+    assert "()" not in lines[0], lines  # a reason is named
+
+
 def test_serve_names_what_holds_its_port(tmp_path: Path) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
