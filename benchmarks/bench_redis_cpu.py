@@ -338,13 +338,14 @@ _REWARD_CUTS = (
     ("+ the meta read", "local incarnation = meta[1]"),
     ("+ the decision read", "local now = nil"),
     ("+ the record made, the decision marked, its log entry", "finish(KEYS[4])"),
-    ("+ the counters", "  count_recent(KEYS[2], clock(), 'r', applied)"),
-    ("+ the minute's count (recent.lua)", "if duplicates > 0 then"),
+    ("+ the counters", "  mark_minute(KEYS[2], clock(), counters[4], counters[5], rewards"),
+    ("+ the minute's mark (recent.lua: once a minute)", "if duplicates > 0 then"),
 )
 _DECIDE_CUTS = (
     ("+ the meta read", "local existing = redis.pcall('GET', KEYS[3])"),
-    ("+ existence, counters, number, clock", "count_recent(KEYS[2], now, 'd', slots)"),
-    ("+ the minute's count (recent.lua)", "local window = tonumber(ARGV[7])"),
+    ("+ existence, counters, number, clock",
+     "mark_minute(KEYS[2], now, counters[6], counters[4], counters[1], counters[5])"),
+    ("+ the minute's mark (recent.lua: once a minute)", "local window = tonumber(ARGV[7])"),
     ("+ the decision's record", "-- List the decision by the end of its window."),
     ("+ the pending list and its TTL", "local max_entries = tonumber(meta[5] or '0')"),
 )
@@ -401,19 +402,20 @@ def _breakdown(client: redis.Redis, dim: int, blocks: int, calls: int) -> None:
         step = "" if label == "empty script" else f"{min(row) - previous:+.1f}"
         print(f"| {script} | {label} | {statistics.median(row):.1f} ({min(row):.1f}) | {step} |")
         previous = min(row)
-    per_call, grown = _recent_alone(client, blocks)
-    print(f"\nrecent.lua's count alone: {per_call:.2f} µs per call (20,000 calls in one "
-          f"script, median of the blocks: no call's overhead); its field adds {grown} bytes "
-          "to a stats hash (MEMORY USAGE)")
+    per_mark, grown = _recent_alone(client, blocks)
+    print(f"\nrecent.lua's mark of a new minute alone: {per_mark:.2f} µs (20,000 marks in one "
+          "script, median of the blocks: no call's overhead), made once a minute by an "
+          f"experiment's first call that counts; its fields add {grown} bytes to a stats hash "
+          "(MEMORY USAGE)")
 
 
 def _recent_alone(client: redis.Redis, blocks: int) -> tuple[float, int]:
-    """Redis µs of one ``count_recent`` (recent.lua) on a stats hash of 50 fields, timed
-    in a loop inside one script (the cut steps above are too noisy to show a µs); and
-    the bytes its field adds to the hash."""
+    """Redis µs of one ``mark_minute`` of a new minute (recent.lua) on a stats hash of 50
+    fields, timed in a loop inside one script (the cut steps above are too noisy to show
+    a µs); and the bytes its fields add to the hash."""
     loop = (_read(None, "recent") or "") + (
-        "local t = redis.call('TIME')\n"
-        "for i = 1, tonumber(ARGV[1]) do count_recent(KEYS[1], tonumber(t[1]), 'd', 1) end\n"
+        "local t = tonumber(redis.call('TIME')[1])\n"
+        "for i = 1, tonumber(ARGV[1]) do mark_minute(KEYS[1], t + 60 * i, nil, i, i, i) end\n"
         "return 0")
     client.hset("bench:recent", mapping={f"model:{i}": "x" * 100 for i in range(50)})
     before = int(client.memory_usage("bench:recent", samples=0) or 0)  # type: ignore[arg-type]

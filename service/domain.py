@@ -121,7 +121,7 @@ class ArmState:
 
 @dataclass(frozen=True)
 class Minute:
-    """What an experiment did in one minute (by Redis's clock; recent.lua, keys.RECENT)."""
+    """What an experiment did in one minute (by Redis's clock; recent.lua, keys.RECENT_MARKS)."""
 
     start: int  # seconds since the epoch, a multiple of 60
     decisions: int  # a ranking's slots each count, as in ExperimentView.decisions

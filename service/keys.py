@@ -134,7 +134,13 @@ FOLDED = "folded"  # outcomes (keys.outcomes) added to the sums so far
 # <slot>:<records>/<bytes>,...' here, each fold's records in folded_tail_field(slot).
 FOLDED_TAIL = "folded_tail"
 TAIL_FOLDS = 16  # the ring of slots: at most this many folds kept
-RECENT = "recent"  # the last hour, minute by minute (recent.lua: 60 slots of 4 uint32)
+# The last hour, minute by minute (recent.lua): 60 slots of a minute and the counters
+# decisions, rewards and defaulted as that minute began (uint32, 3 float64), and the
+# minute last marked. RECENT_OLD: an earlier version's counts (60 slots of 4 uint32),
+# dropped at the first mark.
+RECENT_MARKS = "recent_marks"
+RECENT_MINUTE = "recent_minute"
+RECENT_OLD = "recent"
 
 
 def folded_tail_field(slot: int) -> str:

@@ -549,23 +549,47 @@ def _view(definition: Definition, members: Sequence[Snapshot]) -> ExperimentView
 
 def recent_minutes(members: Sequence[Mapping[str, bytes]], now: float) -> tuple[Minute, ...]:
     """The minutes of the last hour (up to ``now``'s) with activity, oldest first, summed
-    over the members' stats hashes (recent.lua's ring; a slot an hour old or more, not
-    yet begun afresh, is left out)."""
-    rings = [ring for ring in (stats.get(keys.RECENT) for stats in members)
-             if ring is not None and len(ring) == 16 * RECENT_MINUTES]
-    slots = [slot for ring in rings for slot in struct.iter_unpack("<4I", ring)]
+    over the members' stats hashes (:func:`_member_minutes`; a minute an hour old or
+    more, its mark not yet overwritten, is left out)."""
+    minutes = [minute for stats in members for minute in _member_minutes(stats)]
     # The minutes are Redis's: by its clock, should it run ahead of this one's (by
-    # minutes, not more: a slot stamped far ahead, a clock since set back, would hide
-    # the hour until it came round).
+    # minutes, not more: a mark far ahead, a clock since set back, would hide the
+    # hour until it came round).
     here = int(now // 60)
-    newest = max([here, *(slot[0] for slot in slots if slot[0] <= here + 5)])
+    newest = max([here, *(minute for minute, _ in minutes if minute <= here + 5)])
     sums: dict[int, list[int]] = {}
-    for minute, *counts in slots:
-        if minute > newest - RECENT_MINUTES:
+    for minute, counts in minutes:
+        if minute > newest - RECENT_MINUTES and any(counts):
             total = sums.setdefault(minute, [0, 0, 0])
             for i, count in enumerate(counts):
                 total[i] += count
     return tuple(Minute(60 * m, *counts) for m, counts in sorted(sums.items()))
+
+
+# recent.lua's mark of a minute: the minute, then the counters decisions, rewards and
+# defaulted as it began.
+_MARK = struct.Struct("<I3d")
+
+
+def _member_minutes(stats: Mapping[str, bytes]) -> list[tuple[int, tuple[int, int, int]]]:
+    """Each marked minute of one stats hash and its counts: the counters of the mark made
+    next less its own, the last mark's the counters now. Marks are taken in the
+    counters' order (each counter only grows, and every marked call adds to one), which
+    is the order they were made in whatever Redis's clock did."""
+    ring = stats.get(keys.RECENT_MARKS)
+    if ring is None or len(ring) != _MARK.size * RECENT_MINUTES:
+        return []
+    marks = sorted((tuple(int(c) for c in counters), minute)
+                   for minute, *counters in _MARK.iter_unpack(ring) if minute)
+    now = tuple(int(stats.get(name, b"0")) for name in (keys.DECISIONS, keys.REWARDS,
+                                                         keys.DEFAULTED))
+    ends = [counters for counters, _ in marks[1:]] + [now]
+    counted = []
+    for (counters, minute), end in zip(marks, ends, strict=True):
+        decisions, rewards, defaulted = (max(0, e - c) for e, c in zip(end, counters,
+                                                                       strict=True))
+        counted.append((minute, (decisions, rewards, defaulted)))
+    return counted
 
 
 def _arm_state(arm: ArmRecord, sums: dict[str, np.ndarray], theta: list[float]) -> ArmState:

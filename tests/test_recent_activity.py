@@ -1,7 +1,7 @@
 """An experiment's last hour, minute by minute (recent.lua, ExperimentView.recent): the
-decisions, rewards and default rewards each script counts add up to the experiment's
-counters, on one member or several; a minute's field is begun afresh when it comes
-round an hour later, and one an hour old is never shown. ``/ui``'s list shows them."""
+decisions, rewards and default rewards add up to the experiment's counters, on one
+member or several; a minute is marked once, its mark taking over the slot of the minute
+an hour before, and a minute an hour old is never shown. ``/ui``'s list shows them."""
 
 from __future__ import annotations
 
@@ -56,52 +56,84 @@ async def test_the_minutes_add_up_to_the_counters(
         assert minute["minute"] % 60 == 0 and now - 3600 < minute["minute"] <= now + 60
 
 
+def _marks(*marks: tuple[int, int, int, int]) -> bytes:
+    """recent.lua's field with these marks: (minute, decisions, rewards, defaulted) as it
+    began."""
+    packed = bytearray(28 * 60)
+    for minute, *counters in marks:
+        struct.pack_into("<I3d", packed, 28 * (minute % 60), minute, *counters)
+    return bytes(packed)
+
+
 @pytest.mark.unsharded  # (it writes the home's minute fields)
-async def test_a_minutes_field_is_begun_afresh_and_an_hour_old_one_is_not_shown(
+async def test_a_minute_is_marked_once_and_an_hour_old_one_is_not_shown(
         api: Api, redis_db: str) -> None:
+    """A minute's first decision marks it (the counters before it, over the mark of the
+    minute an hour before, and an earlier version's field dropped), the next decisions of
+    the minute write nothing; a minute's counts are the next mark's counters less its
+    own, and a minute an hour old is not shown."""
     key = await api.create({"id": "act", "setting": "covariates", "dim": 2, "seed": 4,
                             "arms": [{"id": "a"}, {"id": "b"}], "shards": 1})
+    body = {"experiment_id": "act", "context": [0.1, 0.2]}
     client = redis.Redis.from_url(redis_db)
     try:
         minute, into = _minute_of(client)
-        if into > 50:  # not across a minute's end: the fields below are this minute's
+        if into > 50:  # not across a minute's end: the marks below are this minute's
             await asyncio.sleep(61 - into)
-            minute, _ = _minute_of(client)
+        for i in range(3):
+            decision_id = await api.decide(key, body)
+            if i < 2:
+                await api.reward(key, {"experiment_id": "act", "decision_id": decision_id,
+                                       "reward": 1.0})
+        minute, _ = _minute_of(client)
         stats = keys.stats(shards.member("act", 0))
-        def ring(*slots: tuple[int, int, int, int]) -> bytes:
-            """recent.lua's field with these (minute, decisions, rewards, defaults)."""
-            packed = bytearray(16 * 60)
-            for slot in slots:
-                struct.pack_into("<4I", packed, 16 * (slot[0] % 60), *slot)
-            return bytes(packed)
-
-        client.hset(stats, mapping={"recent": ring(
-            (minute - 60, 7, 7, 7),  # this minute's slot, an hour ago
-            (minute - 61, 9, 9, 9),  # an hour and a minute ago
-            (minute - 2, 5, 4, 1))})  # two minutes ago
-        await api.decide(key, {"experiment_id": "act", "context": [0.1, 0.2]})
-        now = client.hget(stats, "recent")
-        assert now == ring((minute, 1, 0, 0), (minute - 61, 9, 9, 9), (minute - 2, 5, 4, 1))
+        assert client.hmget(stats, [keys.DECISIONS, keys.REWARDS, keys.RECENT_MINUTE]) == [
+            b"3", b"2", str(minute).encode()]
+        # As if all that came two minutes ago (one decision before, one an hour
+        # before, whose mark this minute's takes over) and an earlier version counted.
+        client.hset(stats, mapping={
+            keys.RECENT_MARKS: _marks((minute - 61, 0, 0, 0), (minute - 60, 1, 0, 0),
+                                      (minute - 2, 1, 0, 0)),
+            keys.RECENT_MINUTE: minute - 2, keys.RECENT_OLD: b"\0" * 960})
+        await api.decide(key, body)
+        marked = _marks((minute - 61, 0, 0, 0), (minute - 2, 1, 0, 0), (minute, 3, 2, 0))
+        assert client.hget(stats, keys.RECENT_MARKS) == marked
+        assert client.hget(stats, keys.RECENT_MINUTE) == str(minute).encode()
+        assert not client.hexists(stats, keys.RECENT_OLD)
+        await api.decide(key, body)  # the minute's next decision: no mark
+        assert client.hget(stats, keys.RECENT_MARKS) == marked
     finally:
         client.close()
     recent = (await api.http.get("/experiments/act", headers=ADMIN)).json()["recent"]
     assert recent == [
-        {"minute": 60 * (minute - 2), "decisions": 5, "rewards": 4, "defaulted": 1},
-        {"minute": 60 * minute, "decisions": 1, "rewards": 0, "defaulted": 0}]
+        {"minute": 60 * (minute - 2), "decisions": 2, "rewards": 2, "defaulted": 0},
+        {"minute": 60 * minute, "decisions": 2, "rewards": 0, "defaulted": 0}]
 
 
 def test_the_minutes_are_redis_s_should_its_clock_run_ahead() -> None:
     """A ring whose newest minute is ahead of this clock's is read by that minute (none
-    lost), and a member without a ring adds nothing."""
+    lost); the marks are taken in the counters' order, so a clock set back since does not
+    mix the minutes' counts up; a member without a ring adds nothing."""
     from service.lifecycle import recent_minutes
 
-    ring = bytearray(16 * 60)
-    for minute, counts in ((1000, (1, 1, 0)), (1003, (2, 0, 0)), (942, (5, 5, 5))):
-        struct.pack_into("<4I", ring, 16 * (minute % 60), minute, *counts)
-    minutes = recent_minutes([{"recent": bytes(ring)}, {}], now=1001 * 60 + 5)
-    assert [(m.start // 60, m.decisions) for m in minutes] == [(1000, 1), (1003, 2)]
-    # A slot stamped far ahead (a clock since set back) does not hide the hour.
-    struct.pack_into("<4I", ring, 16 * (1030 % 60), 1030, 4, 0, 0)
-    minutes = recent_minutes([{"recent": bytes(ring)}], now=1001 * 60 + 5)
-    assert [m.start // 60 for m in minutes] == [1000, 1003, 1030]
+    def counters(decisions: int) -> dict[str, bytes]:
+        return {keys.DECISIONS: str(decisions).encode(), keys.REWARDS: b"6",
+                keys.DEFAULTED: b"5"}
+
+    marks = [(942, 0, 0, 0), (1000, 5, 5, 5), (1003, 6, 6, 5)]
+    minutes = recent_minutes([{keys.RECENT_MARKS: _marks(*marks), **counters(8)}, {}],
+                             now=1001 * 60 + 5)
+    assert [(m.start // 60, m.decisions, m.rewards, m.defaulted) for m in minutes] == [
+        (1000, 1, 1, 0), (1003, 2, 0, 0)]  # (942: an hour before 1003, not shown)
+    # A mark far ahead (a clock since set back) does not hide the hour.
+    marks.append((1030, 8, 6, 5))
+    minutes = recent_minutes([{keys.RECENT_MARKS: _marks(*marks), **counters(12)}],
+                             now=1001 * 60 + 5)
+    assert [(m.start // 60, m.decisions) for m in minutes] == [(1000, 1), (1003, 2), (1030, 4)]
+    # The clock back: minute 1004 marked after 1030's.
+    marks.append((1004, 12, 6, 5))
+    minutes = recent_minutes([{keys.RECENT_MARKS: _marks(*marks), **counters(13)}],
+                             now=1004 * 60 + 5)
+    assert [(m.start // 60, m.decisions) for m in minutes] == [
+        (1000, 1), (1003, 2), (1004, 1), (1030, 4)]
     assert recent_minutes([{}], now=0.0) == ()

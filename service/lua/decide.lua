@@ -7,7 +7,7 @@
 --                          experiment's shard count, service.shards; else 1)
 -- KEYS[2]  stats hash     lrb:{exp}:stats  (packed sums; counters rewards, defaulted,
 --                          decision_seq, decisions; the sums with KEYS[6]'s outcomes
---                          added are the statistics; the minutes: recent.lua)
+--                          added are the statistics; the minutes' marks: recent.lua)
 -- KEYS[3]  decision record lrb:{exp}:decision:<id>  (a fresh id per request; a string,
 --          whose format outcomes.lua describes)
 -- KEYS[4]  pending list   lrb:{exp}:pending  ("<deadline> <id>" per decision, in deadline order)
@@ -173,7 +173,7 @@ if existing then
 end
 
 local counters = redis.call('HMGET', KEYS[2], 'rewards', 'decision_seq', 'folded', 'decisions',
-                            'defaulted')
+                            'defaulted', RECENT_MINUTE)
 -- Outcomes applied, rewards and default rewards alike: either changes the statistics.
 local rewards = tostring(tonumber(counters[1] or '0') + tonumber(counters[5] or '0'))
 local seq = tonumber(counters[2] or '0')
@@ -224,7 +224,7 @@ else
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) + tonumber(time[2]) / 1e6
-count_recent(KEYS[2], now, 'd', slots)
+mark_minute(KEYS[2], now, counters[6], counters[4], counters[1], counters[5])
 local window = tonumber(ARGV[7])
 local defaulted = meta[4] ~= false  -- the experiment has a default reward
 local ends = now + window

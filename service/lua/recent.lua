@@ -2,31 +2,34 @@
 -- front of each; a function library defines it once).
 --
 -- What happened minute by minute, over the last hour, for GET /experiments/{id}
--- and /ui: the stats hash's field 'recent' holds 60 slots of 16 bytes, slot
--- m % 60 for minute m (Redis's clock in seconds / 60): m, then the minute's
--- decisions, rewards and default rewards, each a little-endian unsigned 32-bit
--- integer; a slot is begun afresh when its minute comes round again an hour later
--- (service.lifecycle.recent_minutes reads them). One field of 960 bytes: 180 small
--- fields would have cost a stats hash 18 KB of Redis's memory.
-local RECENT_SLOT, RECENT_SLOTS = 16, 60
-local function count_recent(stats_key, now, kind, count)
+-- and /ui. The stats hash's counters decisions, rewards and defaulted count
+-- everything; a minute's share of them is marked once, by the minute's first call
+-- that counts: the field RECENT_MARKS holds 60 slots of 28 bytes, slot m % 60 for
+-- minute m (Redis's clock in seconds / 60): m, a little-endian unsigned 32-bit
+-- integer, then the three counters as they were just before that call, each a
+-- little-endian float64 (exact to 2^53). A minute's counts are the counters of the
+-- next mark made (in the counters' order, whatever the clock did) less its own, the
+-- last mark's the counters now (service.lifecycle.recent_minutes). RECENT_MINUTE
+-- holds the minute last marked: the scripts read it with the counters they read
+-- anyway, so a call pays nothing for the minutes unless its minute is a new one.
+-- (An earlier version counted every call into a 960-byte field, read and written
+-- whole each time: 3-4 µs of every decision and reward; its field RECENT_OLD is
+-- dropped at the first mark.)
+local RECENT_SLOT, RECENT_SLOTS = 28, 60
+local RECENT_MARKS, RECENT_MINUTE, RECENT_OLD = 'recent_marks', 'recent_minute', 'recent'
+local function mark_minute(stats_key, now, marked, decisions, rewards, defaulted)
   local minute = math.floor(now / 60)
-  local at = (minute % RECENT_SLOTS) * RECENT_SLOT
-  local ring = redis.call('HGET', stats_key, 'recent') or ''
-  if #ring ~= RECENT_SLOTS * RECENT_SLOT then  -- (the first count, or a damaged field)
+  if tonumber(marked) == minute then
+    return
+  end
+  local ring = redis.call('HGET', stats_key, RECENT_MARKS) or ''
+  if #ring ~= RECENT_SLOTS * RECENT_SLOT then  -- (the first mark, or a damaged field)
     ring = string.rep('\0', RECENT_SLOTS * RECENT_SLOT)
   end
-  local m, d, r, f = struct.unpack('<I4I4I4I4', ring, at + 1)
-  if m ~= minute then
-    m, d, r, f = minute, 0, 0, 0
-  end
-  if kind == 'd' then
-    d = d + count
-  elseif kind == 'r' then
-    r = r + count
-  else
-    f = f + count
-  end
-  redis.call('HSET', stats_key, 'recent', string.sub(ring, 1, at)
-             .. struct.pack('<I4I4I4I4', m, d, r, f) .. string.sub(ring, at + RECENT_SLOT + 1))
+  local at = (minute % RECENT_SLOTS) * RECENT_SLOT
+  local mark = struct.pack('<I4ddd', minute, tonumber(decisions or '0'),
+                           tonumber(rewards or '0'), tonumber(defaulted or '0'))
+  redis.call('HSET', stats_key, RECENT_MARKS, string.sub(ring, 1, at) .. mark
+             .. string.sub(ring, at + RECENT_SLOT + 1), RECENT_MINUTE, minute)
+  redis.call('HDEL', stats_key, RECENT_OLD)
 end

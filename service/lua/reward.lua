@@ -4,7 +4,7 @@
 -- KEYS[1]  meta hash      lrb:{exp}:meta     (incarnation, key_hash, key_hash_old,
 --                          model_recipe, log retention,
 --                          discount, context_bytes, number_step: the shard count)
--- KEYS[2]  stats hash     lrb:{exp}:stats    (counters; the minutes: recent.lua)
+-- KEYS[2]  stats hash     lrb:{exp}:stats    (counters; the minutes' marks: recent.lua)
 -- KEYS[3]  decision log   lrb:{exp}:log      (a stream; written when meta has log_max_entries)
 -- KEYS[4]  outcomes       lrb:{exp}:outcomes (outcomes not yet in the sums: outcomes.lua)
 -- KEYS[5..]  decision records lrb:{exp}:decision:<id>, one per reward (outcomes.lua)
@@ -135,17 +135,18 @@ for k = FIRST, #KEYS do
   end
 end
 finish(KEYS[4])
-local rewards = 0
+local rewards, counters = 0, nil
 if applied > 0 then
   rewards = redis.call('HINCRBY', KEYS[2], 'rewards', applied)
-  count_recent(KEYS[2], clock(), 'r', applied)
+  counters = redis.call('HMGET', KEYS[2], 'defaulted', 'decision_seq', 'folded', RECENT_MINUTE,
+                        'decisions')
+  mark_minute(KEYS[2], clock(), counters[4], counters[5], rewards - applied, counters[1])
 end
 if duplicates > 0 then
   redis.call('HINCRBY', KEYS[2], 'duplicates', duplicates)
 end
 statuses[#statuses + 1] = rewards
 if applied > 0 then
-  local counters = redis.call('HMGET', KEYS[2], 'defaulted', 'decision_seq', 'folded')
   local outcomes = rewards + tonumber(counters[1] or '0')
   local first, sent = outcomes - applied, table.concat(records)
   local held = tonumber(ARGV[2])

@@ -161,7 +161,8 @@ if #KEYS >= FIRST then
   end
   if defaulted > 0 then
     counter = redis.call('HINCRBY', KEYS[2], 'defaulted', defaulted)
-    count_recent(KEYS[2], now, 'f', defaulted)
+    local counters = redis.call('HMGET', KEYS[2], RECENT_MINUTE, 'decisions', 'rewards')
+    mark_minute(KEYS[2], now, counters[1], counters[2], counters[3], counter - defaulted)
   end
   if missed > 0 then
     redis.call('HINCRBY', KEYS[2], 'defaults_missed', missed)
