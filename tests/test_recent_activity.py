@@ -69,9 +69,9 @@ def _marks(*marks: tuple[int, int, int, int]) -> bytes:
 async def test_a_minute_is_marked_once_and_an_hour_old_one_is_not_shown(
         api: Api, redis_db: str) -> None:
     """A minute's first decision marks it (the counters before it, over the mark of the
-    minute an hour before, and an earlier version's field dropped), the next decisions of
-    the minute write nothing; a minute's counts are the next mark's counters less its
-    own, and a minute an hour old is not shown."""
+    minute an hour before; earlier versions' fields of the minute dropped), the
+    minute's next decisions write nothing; a minute's counts are the next mark's
+    counters less its own, and a minute an hour old is not shown."""
     key = await api.create({"id": "act", "setting": "covariates", "dim": 2, "seed": 4,
                             "arms": [{"id": "a"}, {"id": "b"}], "shards": 1})
     body = {"experiment_id": "act", "context": [0.1, 0.2]}
@@ -94,12 +94,16 @@ async def test_a_minute_is_marked_once_and_an_hour_old_one_is_not_shown(
         client.hset(stats, mapping={
             keys.RECENT_MARKS: _marks((minute - 61, 0, 0, 0), (minute - 60, 1, 0, 0),
                                       (minute - 2, 1, 0, 0)),
-            keys.RECENT_MINUTE: minute - 2, keys.RECENT_OLD: b"\0" * 960})
+            keys.RECENT_MINUTE: minute - 2, keys.RECENT_OLD: b"\0" * 960,
+            # (a version before counted in a field a minute: this minute's and another's)
+            f"recent:d:{minute % 60}": 5, f"recent:r:{(minute + 1) % 60}": 5})
         await api.decide(key, body)
         marked = _marks((minute - 61, 0, 0, 0), (minute - 2, 1, 0, 0), (minute, 3, 2, 0))
         assert client.hget(stats, keys.RECENT_MARKS) == marked
         assert client.hget(stats, keys.RECENT_MINUTE) == str(minute).encode()
         assert not client.hexists(stats, keys.RECENT_OLD)
+        assert not client.hexists(stats, f"recent:d:{minute % 60}")
+        assert client.hexists(stats, f"recent:r:{(minute + 1) % 60}")  # (its minute's mark)
         await api.decide(key, body)  # the minute's next decision: no mark
         assert client.hget(stats, keys.RECENT_MARKS) == marked
     finally:

@@ -31,5 +31,9 @@ local function mark_minute(stats_key, now, marked, decisions, rewards, defaulted
                            tonumber(rewards or '0'), tonumber(defaulted or '0'))
   redis.call('HSET', stats_key, RECENT_MARKS, string.sub(ring, 1, at) .. mark
              .. string.sub(ring, at + RECENT_SLOT + 1), RECENT_MINUTE, minute)
-  redis.call('HDEL', stats_key, RECENT_OLD)
+  -- Earlier versions' counts: the ring, and this minute's of the fields before it (all
+  -- gone after an hour of marks).
+  local slot = minute % RECENT_SLOTS
+  redis.call('HDEL', stats_key, RECENT_OLD, 'recent:d:' .. slot, 'recent:r:' .. slot,
+             'recent:f:' .. slot)
 end
