@@ -575,12 +575,15 @@ def _member_minutes(stats: Mapping[str, bytes]) -> list[tuple[int, tuple[int, in
     """Each marked minute of one stats hash and its counts: the counters of the mark made
     next less its own, the last mark's the counters now. Marks are taken in the
     counters' order (each counter only grows, and every marked call adds to one), which
-    is the order they were made in whatever Redis's clock did."""
+    is the order they were made in, should Redis's clock step back. A damaged ring
+    (a counter not a finite count) is read as none."""
     ring = stats.get(keys.RECENT_MARKS)
     if ring is None or len(ring) != _MARK.size * RECENT_MINUTES:
         return []
-    marks = sorted((tuple(int(c) for c in counters), minute)
-                   for minute, *counters in _MARK.iter_unpack(ring) if minute)
+    unpacked = [(minute, counters) for minute, *counters in _MARK.iter_unpack(ring) if minute]
+    if not all(math.isfinite(c) and c >= 0 for _, counters in unpacked for c in counters):
+        return []  # damaged (no script writes such a mark): as if there were none
+    marks = sorted((tuple(int(c) for c in counters), minute) for minute, counters in unpacked)
     now = tuple(int(stats.get(name, b"0")) for name in (keys.DECISIONS, keys.REWARDS,
                                                          keys.DEFAULTED))
     ends = [counters for counters, _ in marks[1:]] + [now]

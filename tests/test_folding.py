@@ -315,7 +315,7 @@ async def test_the_folded_tail_keeps_the_last_records_folds_took(
 
 @pytest.mark.parametrize("before", ["an earlier version's", "too large to keep", "a full ring",
                                     "sizes that do not add up", "a space short",
-                                    "a slot beyond the ring"])
+                                    "a slot beyond the ring", "slots out of turn"])
 async def test_a_fold_keeps_the_tail_before_it_only_whole_and_sound(
     service: ExperimentService, redis_db: str, before: str
 ) -> None:
@@ -323,9 +323,10 @@ async def test_a_fold_keeps_the_tail_before_it_only_whole_and_sound(
     index's field after a newline: as if there were none); a fold of more than the
     tail's 32 KB (dropped whole); a ring of TAIL_FOLDS folds (the oldest dropped, its
     slot taken by the new fold); an index whose sizes do not add up to its count, short
-    of its space, or naming a slot beyond the ring (damaged: as if there were none). The
-    new tail holds its own fold's records after whatever it kept, its index says so, and
-    no field of a fold it dropped is left."""
+    of its space, naming a slot beyond the ring or its slots out of turn (damaged: as if
+    there were none, the slots an earlier fold may have left dropped). The new tail holds
+    its own fold's records after whatever it kept, its index says so, and no field of a
+    fold it dropped is left."""
     await service.create(ExperimentSpec(id="kept", setting="covariates", dim=3,
                                         arms=tuple(ArmSpec(a) for a in ARMS)))
     rng = np.random.default_rng(4)
@@ -353,21 +354,27 @@ async def test_a_fold_keeps_the_tail_before_it_only_whole_and_sound(
     ring = {keys.folded_tail_field((5 + i) % keys.TAIL_FOLDS): piece
             for i, piece in enumerate(pieces)}
     sizes = ",".join(f"{(5 + i) % keys.TAIL_FOLDS}:2/{len(p)}" for i, p in enumerate(pieces))
+    # Slots an earlier fold may have left: a tail that starts anew drops them.
+    stale = {keys.folded_tail_field(3): body, keys.folded_tail_field(15): body}
     tail: dict[str, bytes] = {
         "an earlier version's": {
             keys.FOLDED_TAIL: f"{FOLD_EVERY} {FOLD_EVERY} {FOLD_EVERY}/{len(body)}\n".encode()
-            + body},
+            + body, **stale},
         "too large to keep": {keys.FOLDED_TAIL: f"{FOLD_EVERY} {FOLD_EVERY} 0:{FOLD_EVERY}/"
                               f"{len(big)}".encode(), keys.folded_tail_field(0): big},
         "a full ring": {keys.FOLDED_TAIL: f"{FOLD_EVERY} {FOLD_EVERY} {sizes}".encode(), **ring},
         "sizes that do not add up": {
             keys.FOLDED_TAIL: f"{FOLD_EVERY} {FOLD_EVERY + 1} 0:{FOLD_EVERY}/{len(body)}"
-            .encode()},
+            .encode(), **stale},
         "a space short": {keys.FOLDED_TAIL: f"{FOLD_EVERY} {FOLD_EVERY}0:{FOLD_EVERY}/"
-                          f"{len(body)}".encode()},
+                          f"{len(body)}".encode(), **stale},
         "a slot beyond the ring": {
             keys.FOLDED_TAIL: f"{FOLD_EVERY} {FOLD_EVERY} {keys.TAIL_FOLDS}:{FOLD_EVERY}/"
-            f"{len(body)}".encode()},
+            f"{len(body)}".encode(), **stale},
+        "slots out of turn": {
+            keys.FOLDED_TAIL: f"{FOLD_EVERY} {FOLD_EVERY} 1:2/{len(pieces[0])},"
+            f"0:{FOLD_EVERY - 2}/{len(body) - len(pieces[0])}".encode(),
+            keys.folded_tail_field(1): pieces[0], **stale},
     }[before]
     client = redis.Redis.from_url(redis_db)
     try:

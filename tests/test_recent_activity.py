@@ -6,6 +6,7 @@ an hour before, and a minute an hour old is never shown. ``/ui``'s list shows th
 from __future__ import annotations
 
 import asyncio
+import math
 import struct
 import time
 
@@ -114,6 +115,40 @@ async def test_a_minute_is_marked_once_and_an_hour_old_one_is_not_shown(
         {"minute": 60 * minute, "decisions": 2, "rewards": 0, "defaulted": 0}]
 
 
+@pytest.mark.unsharded  # (it writes the home's minute fields)
+async def test_a_reward_or_a_default_that_marks_a_minute_marks_the_counters_before_it(
+        api: Api, service: ExperimentService, redis_db: str) -> None:
+    """A minute's first call that counts may be a reward (reward.lua) or a default
+    (settle.lua): its mark holds the counters before its own outcomes."""
+    key = await api.create({"id": "act", "setting": "covariates", "dim": 2, "seed": 4,
+                            "arms": [{"id": a} for a in "abc"], "shards": 1,
+                            "reward_window_seconds": WINDOW, "default_reward": 0.0})
+    body = {"experiment_id": "act", "context": [0.3, -0.2]}
+    decided = [await api.decide(key, body) for _ in range(3)]
+    stats = keys.stats(shards.member("act", 0))
+    client = redis.Redis.from_url(redis_db)
+
+    def newest_mark() -> tuple[int, ...]:
+        ring: bytes = client.hget(stats, keys.RECENT_MARKS)  # type: ignore[assignment]
+        marks = [struct.unpack_from("<I3d", ring, 28 * i) for i in range(60)]
+        _, *counters = max(marks)
+        return tuple(int(c) for c in counters)
+
+    try:
+        client.hset(stats, keys.RECENT_MINUTE, "0")  # as if no minute were marked yet
+        await api.reward(key, {"experiment_id": "act", "decision_id": decided[0],
+                               "reward": 1.0})
+        assert newest_mark() == (3, 0, 0)  # (decisions, rewards, defaulted) before it
+        client.hset(stats, keys.RECENT_MINUTE, "0")
+        await asyncio.sleep(WINDOW + 0.1)
+        while await service.sweep():  # the other two get the default
+            pass
+        assert newest_mark() == (3, 1, 0)
+        assert client.hmget(stats, [keys.REWARDS, keys.DEFAULTED]) == [b"1", b"2"]
+    finally:
+        client.close()
+
+
 def test_the_minutes_are_redis_s_should_its_clock_run_ahead() -> None:
     """A ring whose newest minute is ahead of this clock's is read by that minute (none
     lost); the marks are taken in the counters' order, so a clock set back since does not
@@ -141,3 +176,8 @@ def test_the_minutes_are_redis_s_should_its_clock_run_ahead() -> None:
     assert [(m.start // 60, m.decisions) for m in minutes] == [
         (1000, 1), (1003, 2), (1004, 1), (1030, 4)]
     assert recent_minutes([{}], now=0.0) == ()
+    # A damaged ring (a counter not a count) is read as none, not a failure.
+    broken = bytearray(_marks(*marks))
+    struct.pack_into("<I3d", broken, 28 * (1004 % 60), 1004, math.nan, 6, 5)
+    assert recent_minutes([{keys.RECENT_MARKS: bytes(broken), **counters(13)}],
+                          now=1004 * 60 + 5) == ()

@@ -8,10 +8,14 @@
 -- minute m (Redis's clock in seconds / 60): m, a little-endian unsigned 32-bit
 -- integer, then the three counters as they were just before that call, each a
 -- little-endian float64 (exact to 2^53). A minute's counts are the counters of the
--- next mark made (in the counters' order, whatever the clock did) less its own, the
--- last mark's the counters now (service.lifecycle.recent_minutes). RECENT_MINUTE
--- holds the minute last marked: the scripts read it with the counters they read
--- anyway, so a call pays nothing for the minutes unless its minute is a new one.
+-- next mark made (in the counters' order: the order the marks were made in, should
+-- the clock step back) less its own, the last mark's the counters now
+-- (service.lifecycle.recent_minutes). RECENT_MINUTE holds the minute last marked:
+-- decide.lua and reward.lua read it with the counters they read anyway (settle.lua,
+-- which reads no counters, with one HMGET when it applies defaults), so a call pays
+-- next to nothing for the minutes unless its minute is a new one. A mark of a minute
+-- marked before (the clock set back onto it) replaces that mark: the counts still add
+-- up, the earlier activity counted in the minute marked before it.
 -- (An earlier version counted every call into a 960-byte field, read and written
 -- whole each time: 3-4 µs of every decision and reward; its field RECENT_OLD is
 -- dropped at the first mark.)

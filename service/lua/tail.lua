@@ -40,11 +40,13 @@ local function folded_tail(stats_key)
   end
   local folds, counted, written = {}, 0, {}
   for slot, n, size in string.gmatch(sizes, '(%d+):(%d+)/(%d+)') do
+    local previous = folds[#folds]
     folds[#folds + 1] = {tonumber(slot), tonumber(n), tonumber(size)}
     counted = counted + tonumber(n)
     written[#written + 1] = slot .. ':' .. n .. '/' .. size
-    if tonumber(n) == 0 or tonumber(size) == 0 or tonumber(slot) >= TAIL_FOLDS then
-      return nil  -- no fold writes an empty one, nor a slot beyond the ring
+    if tonumber(n) == 0 or tonumber(size) == 0 or tonumber(slot) >= TAIL_FOLDS
+        or (previous and tonumber(slot) ~= (previous[1] + 1) % TAIL_FOLDS) then
+      return nil  -- no fold writes an empty one, a slot beyond the ring or out of turn
     end
   end
   if table.concat(written, ',') ~= sizes or counted ~= tonumber(count) then
