@@ -20,7 +20,8 @@ worker's share of it (about 1 / N when the connections are spread), the script c
 per pair (2 when no decision is made twice; a stale one is a third), the whole
 statistics reads per pair (HGETALL: a view that could not catch up by the outcomes it
 lacked), each master's CPU
-per pair (INFO commandstats) and busy share (its command time over the run), and what
+per pair (INFO cpu, its main thread: commands and clients' I/O, each counted once)
+and busy share (that CPU over the run), and what
 10,000 and 100,000 pairs/s would need by extrapolating the CPU per pair:
 worker cores, and Redis masters kept below 80 % busy. An unsharded experiment
 lives on one master: 1e6 / (its Redis µs per pair) pairs/s is its ceiling
@@ -55,8 +56,8 @@ from benchmarks.bench_service import (
     World,
     _experiment,
     _start,
-    command_usec,
     run_wrk,
+    server_cpu_us,
     tree_cpu_by_process,
 )
 from loadtest.server import free_port
@@ -81,7 +82,7 @@ class Row:
     errors: int
     worker_us_per_pair: float
     redis_us_per_pair: tuple[float, ...]  # per master
-    busy: tuple[float, ...]  # per master: command time / wall time
+    busy: tuple[float, ...]  # per master: main-thread CPU / wall time
     scripts_per_pair: float = 2.0  # decide + reward; more: decisions made again (stale), folds
     # HGETALL calls (a whole statistics hash read: a view that could not catch up by the
     # outcomes it lacked, or a first read, with its meta), per pair: 0 when catching up
@@ -149,11 +150,13 @@ def _measure(store: Store, name: str, workers: int, pid: int, url: str,
     run_wrk("warm-up", f"{url}/choose", 2, connections, script, args, threads=threads)
     for server in store.servers:
         server.config_resetstat()
+    redis_before = [server_cpu_us(server) for server in store.servers]
     before = tree_cpu_by_process(pid)
     result = run_wrk(name, f"{url}/choose", duration, connections, script, args, threads=threads)
     spent_by = {p: cpu - before.get(p, 0.0) for p, cpu in tree_cpu_by_process(pid).items()}
     spent = sum(spent_by.values())
-    usec = [command_usec(server) for server in store.servers]
+    usec = [server_cpu_us(server) - b
+            for server, b in zip(store.servers, redis_before, strict=True)]
     scripts = sum(script_calls(server) for server in store.servers)
     whole_reads = sum(command_calls(server, ("hgetall",)) for server in store.servers)
     count = max(result.requests / 2, 1.0)  # a /choose and a /reward each

@@ -23,8 +23,9 @@ experiment.
 
 ``--cluster`` then measures the same on a local Redis Cluster (3 masters and
 a replica, tests/cluster.py), in the same run: one table per store. The
-experiments live on one master, as any experiment does; "Redis µs/request"
-sums the masters' command time.
+experiments live on one master, as any experiment does. "Redis µs/request" is
+the servers' main-thread CPU (INFO cpu: commands and their clients' I/O, each
+counted once; :func:`server_cpu_us`), summed over the masters.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class WrkResult:
     p99_ms: float
     errors: int
     requests: int = 0
-    redis_us_per_request: float = 0.0  # Redis server CPU (INFO commandstats)
+    redis_us_per_request: float = 0.0  # Redis server CPU (INFO cpu, its main thread)
     worker_us_per_request: float = 0.0  # the serving processes' CPU (user + system)
 
 
@@ -97,18 +98,22 @@ def run_wrk(name: str, url: str, duration: int, connections: int, script: Path,
 
 
 def with_redis_cost(servers: list[redis.Redis], run: Callable[[], WrkResult]) -> WrkResult:
-    """``run()``, with the Redis servers' command time per request during it."""
-    for server in servers:
-        server.config_resetstat()
+    """``run()``, with the Redis servers' CPU per request during it (:func:`server_cpu_us`)."""
+    before = [server_cpu_us(server) for server in servers]
     result = run()
-    busy_us = sum(command_usec(server) for server in servers)
+    busy_us = sum(server_cpu_us(server) - b for server, b in zip(servers, before, strict=True))
     return dataclasses.replace(result, redis_us_per_request=busy_us / max(result.requests, 1))
 
 
-def command_usec(server: redis.Redis) -> float:
-    """The server's command time (µs) since its stats were last reset (INFO commandstats)."""
-    stats: dict[str, dict[str, float]] = server.info("commandstats")  # type: ignore[assignment]
-    return sum(s["usec"] for s in stats.values())
+def server_cpu_us(server: redis.Redis) -> float:
+    """The CPU (µs, user + system) the server's main thread has used (INFO cpu): its
+    commands and its clients' reads and writes. Not INFO commandstats' command time,
+    which counts a script's own commands twice (in the script's time and again as
+    commands) and, as wall time, counts the moments the server waited for a core."""
+    cpu: dict[str, float] = server.info("cpu")  # type: ignore[assignment]
+    main = ("used_cpu_user_main_thread", "used_cpu_sys_main_thread")
+    names = main if all(name in cpu for name in main) else ("used_cpu_user", "used_cpu_sys")
+    return 1e6 * sum(float(cpu[name]) for name in names)
 
 
 def tree_cpu_seconds(pid: int) -> float:
