@@ -28,6 +28,7 @@ from tests.conftest import ADMIN, ADMIN_TOKEN, TEST_SHARDS, Api
 pytestmark = pytest.mark.anyio
 
 ARMS = tuple(ArmSpec(f"arm-{i}") for i in range(5))
+SERVICE_ERROR = 1e-3  # policies.propensity.SERVICE's bound on a propensity's error
 COVARIATES = ExperimentSpec(id="shelf", setting="covariates", dim=2, arms=ARMS, seed=11,
                             log_max_entries=10_000)
 
@@ -225,9 +226,11 @@ async def test_slot_propensities_are_the_frequencies_of_the_placements(
             reported.setdefault((slot.arm_id, j), set()).add(slot.propensity)
     estimate_se = 0.0 if policy == "linreboot" else np.sqrt(0.25 / 1024) + 1 / 1024
     for placement, propensities in reported.items():
-        # The same statistics, the same value: to the integral's rounding, which depends
-        # on the grid the other placed arms share (1e-8 here; SERVICE's error is 1e-3).
-        assert max(propensities) - min(propensities) <= 1e-6, placement
+        # The same statistics, the same value to the integral's error: the grid depends
+        # on the other placed arms (they share it), and each value is within SERVICE's
+        # 1e-3 of the integral (tests/test_ranking.py), so two differ by at most 2e-3.
+        # (Usually far less: 1e-6 was exceeded once, by LinTS-G's widely spread arms.)
+        assert max(propensities) - min(propensities) <= 2 * SERVICE_ERROR, placement
         # The table's, from the second ranking on (sharded: until the members' views are
         # read again, every shards.SYNC_SECONDS, and the merged view with them).
         if setting == "stochastic" and TEST_SHARDS == 1:
