@@ -70,27 +70,30 @@ def rank(ready: Ready, rngs: Sequence[np.random.Generator], k: int) -> Ranking:
     ValueError
         If an experiment has fewer than ``k`` eligible arms, or ``k < 1``.
     """
-    eligible_counts = np.count_nonzero(ready.eligible, axis=1)
+    batch, n_arms = ready.eligible.shape
+    eligible_counts = (np.full(batch, n_arms) if ready.every_arm_eligible
+                       else np.count_nonzero(ready.eligible, axis=1))
     if k < 1 or (eligible_counts < k).any():
         fewest = int(eligible_counts.min())
         raise ValueError(f"k must be between 1 and the eligible arms ({fewest})")
     first = draw(ready, rngs)
-    batch = ready.eligible.shape[0]
     arms = np.empty((batch, k), dtype=np.int64)
     arms[:, 0] = first.arms
     rows = np.arange(batch)
-    left = ready.eligible.copy()
-    left[rows, first.arms] = False
-    if k > 1 and ready.config.epsilon == 0.0 and not ready.unexplored.any():
+    if k > 1 and ready.config.epsilon == 0.0 and not ready.exploring_rows.size:
         # No arm to explore, no epsilon: each next position is the highest score left,
         # drawing nothing unless scores tie (then the loop below, which splits ties
         # with the generators). One sort instead of k - 1 passes; the same arms.
-        masked = np.where(left, first.scores, -np.inf)
+        masked = (first.scores.copy() if ready.every_arm_eligible
+                  else np.where(ready.eligible, first.scores, -np.inf))
+        masked[rows, first.arms] = -np.inf
         order = np.argsort(-masked, axis=1, kind="stable")[:, :k]
-        top = masked[rows[:, None], order]
-        if np.all(top[:, :-1] > top[:, 1:]):  # k - 1 placed and the next: no tie
+        top = np.take_along_axis(masked, order, axis=1)
+        if (top[:, :-1] > top[:, 1:]).all():  # k - 1 placed and the next: no tie
             arms[:, 1:] = order[:, :k - 1]
             return Ranking(arms=arms, scores=first.scores)
+    left = ready.eligible.copy()
+    left[rows, first.arms] = False
     for position in range(1, k):
         arms[:, position] = _next(ready, first.scores, left, rngs)
         left[rows, arms[:, position]] = False

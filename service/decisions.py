@@ -22,7 +22,6 @@ from service import keys, shards
 from service.definition import (
     WRONG_KEY,
     ArmRecord,
-    field_names,
     hash_key,
     index_ranges,
     missing_experiment,
@@ -547,12 +546,12 @@ def _slots(view: View, decision_id: str, arms: Sequence[ArmRecord], contexts: np
     version, rewards, made_at = str(view.version), str(view.rewards), repr(time.time())
     chosen = np.ascontiguousarray(contexts[list(picked)], dtype="<f8")
     texts = [_text_of(p) for p in propensities]
-    records = []
-    for j, (index, text) in enumerate(zip(picked, texts, strict=True)):
-        arm = arms[index]
-        names = field_names(definition.config.shared, arm.id)
-        records.append("\n".join((names["model_field"], names["arm_field"], arm.id, version,
-                                  rewards, made_at, text)).encode() + b"\n" + chosen[j].tobytes())
+    # What the slots' records share, and each arm's head, made once (per definition).
+    shared = f"{version}\n{rewards}\n{made_at}\n".encode()
+    heads, packed, width = definition.record_heads, chosen.tobytes(), chosen.shape[1] * 8
+    records = [b"".join((heads[arms[index].id], shared, text.encode(), b"\n",
+                         packed[j * width:(j + 1) * width]))
+               for j, (index, text) in enumerate(zip(picked, texts, strict=True))]
     eligible = (definition.active_ranges if arms is definition.active_arms
                 else index_ranges([a.index for a in arms]))
     every: dict[str, str | bytes] = {} if not definition.spec.log_all_contexts else {
@@ -560,7 +559,7 @@ def _slots(view: View, decision_id: str, arms: Sequence[ArmRecord], contexts: np
     placed = ",".join(arms[index].id for index in picked)
     logged: dict[str, str | bytes] = {
         "type": "ranking" if ranked else "decision", "id": decision_id,
-        ("arms" if ranked else "arm"): placed, "x": chosen.tobytes(), "version": version,
+        ("arms" if ranked else "arm"): placed, "x": packed, "version": version,
         "rewards_seen": rewards, "eligible": eligible, **every}
     if propensities[0] is not None:
         logged["propensities" if ranked else "propensity"] = ",".join(texts)

@@ -74,6 +74,15 @@ class Definition:
         return {a.id: a for a in self.arms}
 
     @functools.cached_property
+    def record_heads(self) -> dict[str, bytes]:
+        """Each arm's start of a pending decision's record: the stats fields a reward of
+        it adds to (:func:`field_names`) and its id, each ending in a newline (made once
+        per definition, not per decision: ``service.decisions._slots``)."""
+        shared = self.config.shared
+        return {a.id: "".join(f"{name}\n" for name in (*field_names(shared, a.id).values(), a.id)
+                              ).encode() for a in self.arms}
+
+    @functools.cached_property
     def active_ranges(self) -> str:
         """The active arms' indexes as the decision log writes them (:func:`index_ranges`)."""
         return index_ranges(self.active_rows)
