@@ -6,6 +6,8 @@ connects to Redis, or starts the embedded one) and closes it on shutdown.
 ``linreboot serve --workers N`` runs several workers on one Redis; plain
 ``uvicorn --factory app.main:create_app --workers N`` needs ``REDIS_URL``
 (without it each worker would try to own the embedded Redis's directory).
+As such a factory (no settings given: a serving process), the app also
+settles the process's garbage collector once started (:mod:`app.heap`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from threadpoolctl import threadpool_limits
 from app.auth import AdminTokens
 from app.direct_route import DirectLaneAPI
 from app.errors import install_error_handlers
+from app.heap import settle
 from app.logs import configure_logging
 from app.metrics import Metrics
 from app.middleware import AccessLogMiddleware, BodyLimitMiddleware
@@ -45,13 +48,17 @@ experiment's `X-API-Key`. Each reward counts exactly once: repeating it is safe.
 """
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, serving: bool | None = None) -> FastAPI:
     """The app for ``settings`` (read from the environment when not given).
 
     As uvicorn's factory, a wrong setting in the environment is one log line and
     exit code 3, uvicorn's for a failed start (its supervisor then stops rather
-    than restarting the worker).
+    than restarting the worker). ``serving`` (by default: when the settings come
+    from the environment, as uvicorn's factory) settles the garbage collector once
+    the app has started (:func:`app.heap.settle`: a process-wide change, not for an
+    app run inside another program, such as the tests).
     """
+    app_serving = settings is None if serving is None else serving
     settings = settings if settings is not None else _settings_or_exit()
     configure_logging(settings.log_level)
     app = DirectLaneAPI(
@@ -63,6 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.settings = settings
+    app.state.serving = app_serving
     app.state.metrics = Metrics()
     app.state.admin_tokens = AdminTokens(settings)
     install_error_handlers(app)
@@ -115,6 +123,8 @@ async def _service(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
     app.state.service = service
     service.defaults_observer = app.state.metrics.record_defaults
     service.start_sweeper()  # stopped by service.close()
+    if app.state.serving:
+        settle()
     try:
         yield
     finally:
