@@ -364,6 +364,36 @@ async def test_settled_decisions_keep_no_context_and_expire_from_their_list(
         client.close()
 
 
+async def test_a_rewarded_decision_waits_a_week_longer_for_its_settle_only_with_a_default(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """reward.lua gives a rewarded decision of an experiment with a default reward seven
+    days more to live (settle.lua gives back the time it had), so that after an outage
+    longer than the grace period the sweeper finds it rewarded, not gone; without a
+    default reward the record keeps the time it had."""
+    rng = np.random.default_rng(6)
+    week_ms = 7 * 24 * 3600 * 1000
+    client = redis.Redis.from_url(redis_db)
+    try:
+        for experiment_id, default in (("dflt", DEFAULT), ("plain", None)):
+            await service.create(spec(experiment_id, default_reward=default,
+                                      reward_window_seconds=60))
+            decision = await service.choose(experiment_id, context(rng))
+            record_key = records.key(client, experiment_id, decision.decision_id)
+            before: int = client.pttl(record_key)  # type: ignore[assignment]
+            [outcome] = await service.reward(experiment_id, [(decision.decision_id, 1.0)])
+            after: int = client.pttl(record_key)  # type: ignore[assignment]
+            assert outcome.status == "applied"
+            record = records.read(redis_db, experiment_id, decision.decision_id)
+            assert record is not None and record["status"] == "rewarded"
+            longer = week_ms if default is not None else 0
+            # The two reads are moments apart: the record's clock ran on between them.
+            assert before + longer - 5_000 < after <= before + longer, (experiment_id, before,
+                                                                        after)
+    finally:
+        client.close()
+
+
 async def test_a_decision_that_expired_unsettled_is_counted_as_missed(
     service: ExperimentService, redis_db: str
 ) -> None:

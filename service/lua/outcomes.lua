@@ -99,20 +99,26 @@ local function read_decision(key)
 end
 
 -- The record of a decision once it has its reward (`code` 'r', 'd' or 'D'):
--- the time to live it had, its context and statistics dropped.
-local function settle_record(key, decision, code, reward)
-  redis.call('SET', key, code .. decision[INCARNATION] .. '\n' .. (decision[NUMBER] or '') .. '\n'
-             .. reward, 'KEEPTTL')
+-- its context and statistics dropped; the time to live it had, or `ttl_ms` when
+-- given (in the same write: one call fewer than SET, then PEXPIRE).
+local function settle_record(key, decision, code, reward, ttl_ms)
+  local record = code .. decision[INCARNATION] .. '\n' .. (decision[NUMBER] or '') .. '\n' .. reward
+  if ttl_ms then
+    redis.call('SET', key, record, 'PX', ttl_ms)
+  else
+    redis.call('SET', key, record, 'KEEPTTL')
+  end
   decision[STATUS], decision[REWARD] = STATES[code], reward
 end
 
--- Mark a pending decision rewarded.
-local function mark_rewarded(key, decision, reward)
+-- Mark a pending decision rewarded (`ttl_ms`: settle_record's; an earlier
+-- version's hash keeps its own).
+local function mark_rewarded(key, decision, reward, ttl_ms)
   if decision[LEGACY] then
     redis.call('HSET', key, 'status', 'rewarded', 'reward', reward)
     decision[STATUS], decision[REWARD] = 'rewarded', reward
   else
-    settle_record(key, decision, 'r', reward)
+    settle_record(key, decision, 'r', reward, ttl_ms)
   end
 end
 

@@ -120,15 +120,16 @@ for k = FIRST, #KEYS do
     statuses[#statuses + 1] = 'late'
   else
     append(decision, reward)
-    mark_rewarded(KEYS[k], decision, reward)  -- the same decision again is then a repeat
+    local ttl_ms = nil  -- the record keeps its time to live
     if decision[DEADLINE] and not decision[LEGACY] then
       -- On the pending list until settle.lua reaches it, which gives it back the
       -- time to live it had: kept OUTAGE longer meanwhile, so that after a stop of
       -- the service longer than the grace period (up to OUTAGE more) settle.lua finds
       -- it rewarded rather than gone, and does not count it among defaults missed.
       -- Bounded: a record whose experiment's DELETE failed halfway still expires.
-      redis.call('PEXPIRE', KEYS[k], redis.call('PTTL', KEYS[k]) + OUTAGE_MS)
+      ttl_ms = redis.call('PTTL', KEYS[k]) + OUTAGE_MS
     end
+    mark_rewarded(KEYS[k], decision, reward, ttl_ms)  -- the same decision again is then a repeat
     applied = applied + 1
     log_outcome(KEYS[3], meta[4], meta[5], 'reward', decision_id(KEYS[k]), reward)
     statuses[#statuses + 1] = 'applied'
