@@ -60,8 +60,14 @@ outside it an index has probability ``Phi(-6) = 1e-9``."""
 STEP = 0.25
 """Node spacing of the merged rule, in units of an arm's spread (see ``_Window.merged``);
 a quarter of that for Student t indices, whose arms' grids do not nest."""
-SMOOTH = 0.25
-"""The smooth rule serves when no factor is narrower than this times arm a (``_Window``)."""
+SMOOTH = 0.1
+"""The smooth rule serves when no factor is narrower than this times arm a (``_Window``).
+Its nodes are spaced 0.75 of the narrowest factor's spread, so its accuracy does not
+depend on this bound, only its cost: at most 134 nodes here, where the merged rule took
+3-4 times as long (0.1-0.25: 300-360 µs against 70-90 at K = 100, BENCHMARKS.md §21)."""
+RANKED_SMOOTH = 0.25
+"""A ranking's integrals take the widest spacing when no counted arm is narrower than
+this times a placed one (:mod:`policies.ranking`)."""
 SHARED_TARGET_SE = 1e-4
 """Standard error at which :func:`shared_propensity` stops."""
 
@@ -369,7 +375,8 @@ class _Window:
       wide as arm a, no point mass inside the window): the trapezoid rule in
       arm a's standard units (:meth:`trapezoid`), spectrally accurate for
       such an analytic, fast decaying integrand: below ``6e-6`` in 3,000
-      random cases; 15 nodes when no factor is narrower than arm a.
+      random cases, below ``2e-6`` in 4,300 more with the narrowest factor
+      0.1-0.25 times arm a; 15 nodes when no factor is narrower than arm a.
     * **Merged** (anything else: a CDF a million times narrower than arm a's
       density, point masses, Student t): see :meth:`merged`.
     """

@@ -38,7 +38,7 @@ from scipy import special
 
 from policies.authors import index_of
 from policies.policy import Ready, _highest, _uniform, draw
-from policies.propensity import FINE, SMOOTH, Accuracy
+from policies.propensity import FINE, RANKED_SMOOTH, Accuracy
 from policies.ridge import Array
 
 _WIDEST = 0.75  # the smooth rule's spacing with few arms counted (policies.propensity's)
@@ -234,7 +234,7 @@ def _at_positions(mean: Array, spread: Array, placed: NDArray[np.int64],
     (no division). Nodes are :func:`policies.propensity`'s smooth trapezoid rule, spaced
     ``accuracy.ranked_step / sqrt(n)`` (at most 0.75; n the arms counted) of the
     narrowest counted spread, or the finer ``accuracy.step`` where a counted arm is
-    narrower than ``SMOOTH`` times a placed one: the integrand narrows as arms crowd
+    narrower than ``RANKED_SMOOTH`` times a placed one: the integrand narrows as arms crowd
     (K identical arms: tests/test_ranking.py). A group that would take more than
     ``_MAX_NODES`` nodes, or ``_MAX_CELLS`` values at a time (a wide arm among narrow
     ones), is taken arm by arm (with ``split``), each on its own grid; None (the
@@ -317,7 +317,7 @@ def _group_values(mean: Array, spread: Array, low: Array, high: Array,
     # 3e-4), so the nodes close in as sqrt(n) grows, in the narrowest counted spread's
     # units (a crowd of narrow arms narrows it as much; review, session 16).
     crowd = accuracy.ranked_step / math.sqrt(max(counted.size - 1, 1))
-    smooth = narrowest >= SMOOTH * float(spread[members].max())
+    smooth = narrowest >= RANKED_SMOOTH * float(spread[members].max())
     step = (min(_WIDEST, crowd) if smooth else min(accuracy.step, crowd)) * narrowest
     nodes = math.floor((end - start) / step) + 1
     if nodes > _MAX_NODES or members.size * columns * nodes > _MAX_CELLS:

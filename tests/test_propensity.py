@@ -247,6 +247,37 @@ def test_the_integral_against_adaptive_quadrature(
         assert np.abs(p - exact).max() <= tolerance, (mean, spread, p, exact)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_factors_down_to_a_tenth_of_arm_as_spread_take_the_smooth_rule_as_accurately(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The smooth rule's nodes are spaced by the narrowest factor, so it serves factors
+    down to SMOOTH (0.1) times arm a as accurately as wider ones, at a quarter of the
+    merged rule's time (BENCHMARKS.md §21): many arms, the narrowest 0.1-0.25 times
+    the chosen one, against adaptive quadrature, with the merged rule never called."""
+
+    def merged(*args: object, **kwargs: object) -> Array:
+        raise AssertionError("the merged rule ran")
+
+    monkeypatch.setattr(propensity_module._Window, "merged", merged)
+    rng = np.random.default_rng([seed, 21])
+    checked = 0
+    while checked < 12:
+        n_arms = int(rng.integers(3, 40))
+        mean = rng.normal(size=n_arms) * rng.choice([0.1, 0.5, 1.0])
+        spread = np.exp(rng.uniform(math.log(0.1), 0.0, size=n_arms)) * rng.choice(
+            [0.05, 1.0, 3.0])
+        arm = int(np.argmax(mean + spread * rng.normal(size=n_arms)))
+        if not 0.1 <= np.delete(spread, arm).min() / spread[arm] < 0.25:
+            continue
+        exact = reference(mean, spread, arm)
+        for accuracy, tolerance in ((FINE, QUADRATURE), (SERVICE, 1e-3)):
+            p = propensities(ready_for(mean.tolist(), spread.tolist()), np.array([arm]),
+                             accuracy=accuracy)[0]
+            assert abs(p - exact) <= tolerance, (mean, spread, arm, p, exact)
+        checked += 1
+
+
 def t_reference(mean: Array, spread: Array, dof: Array, arm: int) -> float:
     """The Student t integral by adaptive quadrature over arm a's quantiles ``v`` in (0, 1),
     every other mean a breakpoint."""
