@@ -5,6 +5,7 @@ Usage::
     python -m benchmarks.bench_service [--duration 10] [--connections 32] [--workers 1]
                                        [--rounds 3] [--spread paper|default] [--cluster]
                                        [--setting stochastic|covariates] [--arms K] [--dim D]
+                                       [--pin]
 
 Starts one embedded Redis, the service and a floor app (a minimal FastAPI
 endpoint doing one Redis round trip) under the same uvicorn settings, then
@@ -26,6 +27,12 @@ a replica, tests/cluster.py), in the same run: one table per store. The
 experiments live on one master, as any experiment does. "Redis µs/request" is
 the servers' main-thread CPU (INFO cpu: commands and their clients' I/O, each
 counted once; :func:`server_cpu_us`), summed over the masters.
+
+``--pin`` gives the serving workers (the floor's and the service's, one at a
+time under load) the machine's last core and everything else (Redis, wrk,
+this process) the others, as ``bench_scale --pin`` does: on a small machine
+the req/s ratios then compare the workers' own work rather than their
+contention with Redis and wrk for the same cores.
 """
 
 from __future__ import annotations
@@ -235,12 +242,20 @@ def _experiment(url: str, token: str, experiment_id: str = "bench",
 
 def measure(duration: int, connections: int, workers: int, rounds: int,
             cluster: bool = False, spread: str = "paper",
-            world: World = World(), rank: int | None = None) -> list[list[WrkResult]]:
+            world: World = World(), rank: int | None = None,
+            pin: bool = False) -> list[list[WrkResult]]:
     """``rounds`` rounds of floor, /choose, (with ``rank`` k: /rank of k slots),
     /reward, the two mixed runs, floor."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk")
     token = "bench-token"
+    pinned: list[str] = []
+    if pin:  # the serving workers on the last core; Redis, wrk and this process on the others
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) < 2 or shutil.which("taskset") is None:
+            raise SystemExit("--pin needs two cores and taskset")
+        os.sched_setaffinity(0, cores[:-1])  # inherited by Redis and wrk
+        pinned = ["taskset", "-c", str(cores[-1])]
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         url, floor_url, servers = _store(stack, tmp, cluster)
@@ -248,11 +263,12 @@ def measure(duration: int, connections: int, workers: int, rounds: int,
                "LINREBOOT_LOG_LEVEL": "warning"}
         floor_port, service_port = free_port(), free_port()
         uvicorn_opts = ["--workers", str(workers), "--log-level", "warning", "--no-access-log"]
-        floor, floor_pid = _start(stack, [sys.executable, "-m", "uvicorn", "--factory",
+        floor, floor_pid = _start(stack, [*pinned, sys.executable, "-m", "uvicorn", "--factory",
                                "benchmarks.floor_app:create_app", "--port", str(floor_port),
                                *uvicorn_opts], {**env, "LINREBOOT_REDIS_URL": floor_url},
                        floor_port, "/floor")
-        service, service_pid = _start(stack, [sys.executable, "-m", "linreboot", "serve", "--port",
+        service, service_pid = _start(stack, [*pinned, sys.executable, "-m", "linreboot", "serve",
+                                              "--port",
                                  str(service_port), "--workers", str(workers)],
                          env, service_port, "/readyz")
         experiment, key = _experiment(service, token, spread=spread, world=world)
@@ -380,12 +396,15 @@ def main() -> None:
                         help="also /rank of K slots, after /choose in each round")
     parser.add_argument("--cluster", action="store_true",
                         help="then the same on a local Redis Cluster, in the same run")
+    parser.add_argument("--pin", action="store_true",
+                        help="the serving workers on the last core, Redis and wrk on the others")
     args = parser.parse_args()
     stores = [False, True] if args.cluster else [False]
     measured = {}
     for cluster in stores:
         rounds = measure(args.duration, args.connections, args.workers, args.rounds, cluster,
-                         args.spread, World(args.setting, args.arms, args.dim), args.rank)
+                         args.spread, World(args.setting, args.arms, args.dim), args.rank,
+                         args.pin)
         measured["cluster" if cluster else "redis"] = rounds
         print(("On a Redis Cluster (3 masters)" if cluster else "On one Redis") + ":")
         print(report(rounds, args.workers), flush=True)
