@@ -38,6 +38,11 @@ class StoreFull(StoreUnavailable):
     """Redis is out of memory and refuses writes (503 with Retry-After)."""
 
 
+class StoreTimedOut(StoreUnavailable):
+    """Redis did not answer within the call's deadline (503 with Retry-After): the next
+    call would most likely wait out its deadline too."""
+
+
 class StartupError(Exception):
     """The service cannot start. Not a client's error: for the operator.
 

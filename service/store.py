@@ -75,7 +75,7 @@ from redis.exceptions import (
 )
 
 from service import keys
-from service.errors import StartupError, StoreFull, StoreUnavailable
+from service.errors import StartupError, StoreFull, StoreTimedOut, StoreUnavailable
 from service.folding import fields_of, split_records
 
 logger = logging.getLogger("linreboot.store")
@@ -88,6 +88,7 @@ T = TypeVar("T")
 # that ran out of redirections ("TTL exhausted") while slots moved.
 _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, OSError,
                 ClusterError, SlotNotCoveredError)
+_TIMEOUTS = (TimeoutError, RedisTimeoutError)  # the deadline passed (StoreTimedOut)
 _UNAVAILABLE_MESSAGE = "the state store is unavailable; retry shortly"
 _FULL_MESSAGE = "the state store is out of memory and refuses changes; retry later"
 
@@ -203,7 +204,8 @@ def _call(fn: StoreMethod[P, T], *, bounded: bool) -> StoreMethod[P, T]:
             async with asyncio.timeout(self.deadline_seconds if bounded else None):
                 return await fn(self, *args, **kwargs)
         except _UNAVAILABLE as exc:
-            raise StoreUnavailable(_UNAVAILABLE_MESSAGE) from exc
+            unavailable = StoreTimedOut if isinstance(exc, _TIMEOUTS) else StoreUnavailable
+            raise unavailable(_UNAVAILABLE_MESSAGE) from exc
         except AttributeError as exc:
             if _connection_race(exc):
                 raise StoreUnavailable(_UNAVAILABLE_MESSAGE) from exc

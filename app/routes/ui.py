@@ -25,7 +25,7 @@ from app.strict_json import StrictJSONRoute
 from policies.config import POLICIES, PolicyName
 from service import off_policy
 from service.domain import ExperimentView, LogEntry, valid_experiment_id
-from service.errors import NotFound, StoreFull, StoreUnavailable
+from service.errors import NotFound, StoreTimedOut, StoreUnavailable
 from service.experiments import ExperimentService
 
 router = APIRouter(prefix="/ui", include_in_schema=False, route_class=StrictJSONRoute)
@@ -53,7 +53,10 @@ async def experiments(request: Request, service: ServiceDep, session: Session = 
                       after: str | None = None) -> Response:
     if not _signed_in(request, session):
         return _html(ui.login_page())
-    not_ready = await _readiness(service)
+    failure = await _readiness(service)
+    not_ready = "" if failure is None else str(failure)
+    if isinstance(failure, StoreTimedOut):  # listing would wait out a second deadline
+        return _html(ui.experiments_page([], None, time.time(), not_ready), 503)
     try:
         views, next_after = await service.list(limit=100, after=after)
     except StoreUnavailable as exc:  # the page still says why
@@ -61,13 +64,14 @@ async def experiments(request: Request, service: ServiceDep, session: Session = 
     return _html(ui.experiments_page(views, next_after, time.time(), not_ready))
 
 
-async def _readiness(service: ExperimentService) -> str:
-    """As /readyz answers: '' when ready, else why not (the store's own words)."""
+async def _readiness(service: ExperimentService) -> StoreUnavailable | None:
+    """As /readyz answers: None when ready, else why not (the store's own words; a full
+    store or a replica can still be read, a store that timed out most likely not)."""
     try:
         await service.ready()
-    except (StoreFull, StoreUnavailable) as exc:
-        return str(exc)
-    return ""
+    except StoreUnavailable as exc:  # StoreFull and StoreTimedOut among them
+        return exc
+    return None
 
 
 @router.get("/experiments/{experiment_id}")
