@@ -56,6 +56,7 @@ from benchmarks.bench_service import (
     World,
     _experiment,
     _start,
+    pin_serving,
     run_wrk,
     server_cpu_us,
     tree_cpu_by_process,
@@ -189,11 +190,7 @@ def measure(workers: list[int], experiments: int, duration: int, connections: in
         raise SystemExit("wrk is needed: apt-get install wrk")
     serve = [sys.executable, "-m", "linreboot", "serve"]
     if pin:  # the workers on the last core; Redis, wrk and this process on the others
-        cores = sorted(os.sched_getaffinity(0))
-        if len(cores) < 2 or shutil.which("taskset") is None:
-            raise SystemExit("--pin needs two cores and taskset")
-        os.sched_setaffinity(0, cores[:-1])  # inherited by the Redis servers and wrk
-        serve = ["taskset", "-c", str(cores[-1]), *serve]
+        serve = [*pin_serving(), *serve]
     rows = []
     stores = [("one Redis", _single)] + ([("3-master cluster", _cluster)] if cluster else [])
     for label, make in stores:

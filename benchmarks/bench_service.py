@@ -240,6 +240,17 @@ def _experiment(url: str, token: str, experiment_id: str = "bench",
     return experiment_id, r.json()["api_key"]
 
 
+def pin_serving() -> list[str]:
+    """The serving workers on the machine's last core, everything else on the others: this
+    process from now on (Redis and wrk, started after, inherit it); returns the command
+    prefix that starts a server on that last core (``--pin``)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2 or shutil.which("taskset") is None:
+        raise SystemExit("--pin needs two cores and taskset")
+    os.sched_setaffinity(0, cores[:-1])
+    return ["taskset", "-c", str(cores[-1])]
+
+
 def measure(duration: int, connections: int, workers: int, rounds: int,
             cluster: bool = False, spread: str = "paper",
             world: World = World(), rank: int | None = None,
@@ -249,13 +260,7 @@ def measure(duration: int, connections: int, workers: int, rounds: int,
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk")
     token = "bench-token"
-    pinned: list[str] = []
-    if pin:  # the serving workers on the last core; Redis, wrk and this process on the others
-        cores = sorted(os.sched_getaffinity(0))
-        if len(cores) < 2 or shutil.which("taskset") is None:
-            raise SystemExit("--pin needs two cores and taskset")
-        os.sched_setaffinity(0, cores[:-1])  # inherited by Redis and wrk
-        pinned = ["taskset", "-c", str(cores[-1])]
+    pinned = pin_serving() if pin else []
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         url, floor_url, servers = _store(stack, tmp, cluster)
