@@ -45,8 +45,9 @@ SLOT_SEPARATOR = "#"
 
 
 def slot_id(decision_id: str, slot: int) -> str:
-    """The decision id of a ranking's slot (1 the first position): its record's, its
-    reward's and its log entry's."""
+    """The decision id of a ranking's slot (1 the first position): its reward's and its
+    log entry's, and its record's once it has its reward; slot 0 names the ranking's own
+    record, which holds its slots' until then (``service/lua/outcomes.lua``)."""
     return f"{decision_id}{SLOT_SEPARATOR}{slot}"
 
 

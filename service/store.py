@@ -1218,8 +1218,10 @@ class Store:
     async def _delete_listed(self, experiment_id: str, listed: str) -> None:
         """Delete the decisions on a list set aside by ``delete.lua``, then the list."""
         while entries := await self._client.lrange(listed, 0, _DELETE_CHUNK - 1):
-            decision_keys = [keys.decision(experiment_id, _text(e).split(" ", 1)[1])
-                             for e in entries]
+            ids = {_text(e).split(" ", 1)[1] for e in entries}
+            # a ranking's slots: their records, and the ranking's (slot 0)
+            ids |= {keys.slot_id(keys.ranking_of(i), 0) for i in ids if keys.ranking_of(i) != i}
+            decision_keys = [keys.decision(experiment_id, i) for i in sorted(ids)]
             async with self._client.pipeline(transaction=True) as pipe:
                 pipe.delete(*decision_keys)
                 pipe.ltrim(listed, len(entries), -1)  # all keys share the hash tag
@@ -1356,12 +1358,14 @@ class Store:
         answer ("repeat") and another request under the same id is refused
         ("conflict"), as is any request under it once its answer is no longer kept
         while its decision lives ("spent"). ``ranked``: the decision is a ranking,
-        ``record`` its first slot's, ``later_records`` its further slots' (slot j's
-        record is the decision :func:`service.keys.slot_id` names), ``logged`` the
-        ranking's one log entry; all recorded by one script or none. See ``decide.lua``.
+        ``record`` its first slot's end, ``later_records`` its further slots' (slot j is
+        the decision :func:`service.keys.slot_id` names), all kept in one record (slot
+        0's key), ``logged`` the ranking's one log entry. See ``decide.lua``.
         """
         slots = 1 + len(later_records)
-        slot_ids = [keys.slot_id(decision_id, j) for j in range(1, slots + 1)] if ranked else []
+        if ranked:  # one record: the slots' ends' lengths, then the ends (decide.lua)
+            ends = (record, *later_records)
+            record = b"%b\n%b" % (b",".join(b"%d" % len(end) for end in ends), b"".join(ends))
         args: list[str | bytes | int] = [
             "" if key_hash is None else key_hash,
             incarnation,
@@ -1376,22 +1380,21 @@ class Store:
             record,
             *(request or ("", "", "")),
             slots,
-            *later_records,
         ]
         for pair in (logged or {}).items():
             args.extend(pair)
+        ranking = keys.decision(experiment_id, keys.slot_id(decision_id, 0))
+        decision = keys.decision(experiment_id, decision_id)
         keyset = [
             keys.meta(experiment_id),
             keys.stats(experiment_id),
-            keys.decision(experiment_id, slot_ids[0] if ranked else decision_id),
+            ranking if ranked else decision,
             keys.pending(experiment_id),
             keys.log(experiment_id),
             keys.outcomes(experiment_id),
             keys.request(experiment_id, decision_id),
-            *(keys.decision(experiment_id, later) for later in slot_ids[1:]),
             # The caller's id on the other route (decide.lua refuses it while that lives).
-            *([keys.decision(experiment_id, decision_id if ranked
-                             else keys.slot_id(decision_id, 1))] if request else []),
+            *([decision if ranked else ranking] if request else []),
         ]
         # First in its batch: the rewards sent with it then do not make it stale.
         reply = await self._batcher.run(self._decide, keyset, args, first=True)

@@ -48,13 +48,35 @@ def key(client: redis.Redis | RedisCluster, experiment_id: str, decision_id: str
 
 
 def read(url: str, experiment_id: str, decision_id: str) -> dict[str, bytes | str | bool] | None:
-    """The decision's record, None when there is none."""
+    """The decision's record, None when there is none: a ranking's slot's, its own once it
+    has one, else as its ranking's record holds it (:func:`slot_of_ranking`)."""
     client = redis.Redis.from_url(url)
     try:
         raw: bytes | None = client.get(key(client, experiment_id, decision_id))  # type: ignore[assignment]
+        ranking, _, slot = decision_id.partition(keys.SLOT_SEPARATOR)
+        if raw is None and slot:
+            whole: bytes | None = client.get(  # type: ignore[assignment]
+                key(client, experiment_id, keys.slot_id(ranking, 0)))
+            raw = None if whole is None else slot_of_ranking(whole, int(slot))
     finally:
         client.close()
     return None if raw is None else parse(raw)
+
+
+def slot_of_ranking(raw: bytes, slot: int) -> bytes | None:
+    """Slot ``slot``'s record (1 the first) as a ranking's record holds it, None when the
+    slot's is its own (``s``). The format: ``service/lua/outcomes.lua``."""
+    assert raw[:1] == b"R", raw[:20]
+    incarnation, number, deadline, states, *rest = raw[1:].split(b"\n", 5)
+    code = states[slot - 1:slot]
+    if code == b"s":
+        return None
+    if code in b"dD":
+        return code + incarnation + b"\n" + number + b"\n"
+    lengths, parts = rest
+    sizes = [int(n) for n in lengths.split(b",")]
+    start = sum(sizes[:slot - 1])
+    return b"\n".join((code + incarnation, number, deadline, parts[start:start + sizes[slot - 1]]))
 
 
 def make_legacy(

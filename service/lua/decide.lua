@@ -9,19 +9,18 @@
 --                          decision_seq, decisions; the sums with KEYS[6]'s outcomes
 --                          added are the statistics; the minutes' marks: recent.lua)
 -- KEYS[3]  decision record lrb:{exp}:decision:<id>  (a fresh id per request; a string,
---          whose format outcomes.lua describes)
+--          whose format outcomes.lua describes); a ranking's (/rank): its one record,
+--          lrb:{exp}:decision:<id>#0, whose key says it is one (its slots' keys,
+--          <id>#<slot>, hold a slot's record only once it has its reward: outcomes.lua)
 -- KEYS[4]  pending list   lrb:{exp}:pending  ("<deadline> <id>" per decision, in deadline order)
 -- KEYS[5]  decision log   lrb:{exp}:log      (a stream; written when meta has log_max_entries)
 -- KEYS[6]  outcomes       lrb:{exp}:outcomes (outcomes not yet in the sums: outcomes.lua)
 -- KEYS[7]  request lrb:{exp}:request:<id>, read and written only with ARGV[12]: a decision
 --          id the caller chose; a request already answered under it gets the same answer
 --          (idempotent); 'p' incarnation '\n' digest '\n' number '\n' answer
--- KEYS[8 ..] a ranking's further slots' records (lrb:{exp}:decision:<id>#<slot>, slots 2 ..
---          k; KEYS[3] is slot 1's): each slot is a decision of its own to reward.lua and
---          settle.lua, all recorded here or none, under one decision number
--- KEYS[7 + k] with ARGV[12]: the record the caller's id names on the other route (a
---          /choose's id: its ranking's slot 1, <id>#1; a /rank's: the decision <id>):
---          while it lives, the id is taken there ('spent')
+-- KEYS[8]  with ARGV[12]: the record the caller's id names on the other route (a
+--          /choose's id: the ranking's, <id>#0; a /rank's: the decision <id>): while it
+--          lives, the id is taken there ('spent')
 -- ARGV[1]  SHA-256 (hex) of the caller's API key; '' for a trusted in-process caller
 -- ARGV[2]  the incarnation the worker's definition belongs to
 -- ARGV[3]  the meta version the worker's statistics were read at; '' accepts any
@@ -42,15 +41,17 @@
 --          count when read, and the records the worker added); '' for unknown
 -- ARGV[11] the pending record's end, after its deadline: model field '\n' arm
 --          field '\n' arm '\n' version '\n' rewards seen '\n' created at '\n'
---          propensity '\n' context (packed)
+--          propensity '\n' context (packed); a ranking's: its slots' ends' lengths
+--          (comma-separated) '\n' the ends, one after the other
 -- ARGV[12] with KEYS[7]: the digest of the request (what it asked for)
 -- ARGV[13] with KEYS[7]: the answer but its number: arm '\n' propensity '\n' index
 --          ('' while exploring)
 -- ARGV[14] with KEYS[7]: how long (seconds) a retry gets the same answer (at most the
 --          decision's own time to live)
--- ARGV[15] k, the slots recorded (1 for a decision of /choose)
--- ARGV[16 .. 14 + k]  slots 2 .. k's records' ends (ARGV[11]'s format)
--- ARGV[15 + k ..]  field, value, ... of the decision's log entry, but its number (which
+-- ARGV[15] k, the slots recorded (1 for a decision of /choose): each slot is a decision
+--          of its own to reward.lua and settle.lua (<id>#<slot>), all recorded here or
+--          none, under one decision number
+-- ARGV[16 ..]  field, value, ... of the decision's log entry, but its number (which
 --          the script adds): type ('decision'), id, arm, x, version, rewards_seen,
 --          eligible, propensity; a ranking's one entry for all its slots: type
 --          'ranking', arms and propensities comma-separated, x one after the other
@@ -96,12 +97,25 @@ end
 if ARGV[1] ~= '' and meta[2] ~= ARGV[1] and meta[7] ~= ARGV[1] then  -- keys.lua
   return {'forbidden'}
 end
+local ranked = string.sub(KEYS[3], -2) == '#0'
+
 -- How long (s) the reward of the decision at `key` may still come: until its deadline
 -- with a default reward, else its record's time to live (the window); 0 once it has
 -- its reward or default, or is gone (or an earlier version's hash: a repeat of it
--- reports 0 rather than guess).
-local function window_left(key)
+-- reports 0 rather than guess). A ranking's slot `slot` (`key` the ranking's): from its
+-- state in the ranking's record, or its own record once it has one.
+local function window_left(key, slot)
   local raw = redis.pcall('GET', key)
+  if slot then  -- `key` the ranking's
+    local own = string.sub(key, 1, -2) .. slot
+    local record = redis.pcall('GET', own)
+    if type(record) == 'string' or type(raw) ~= 'string' then
+      key, raw = own, record
+    else  -- the ranking's record holds the slot: the slot's state, the ranking's deadline
+      local states = string.match(raw, '^R[^\n]*\n[^\n]*\n[^\n]*\n([^\n]*)') or ''
+      raw = string.sub(states, slot, slot) .. string.sub(raw, 2)
+    end
+  end
   if type(raw) ~= 'string' then
     return 0
   end
@@ -132,9 +146,9 @@ if request then
       if digest ~= ARGV[12] then
         return {'conflict'}
       end
-      local reply = {'repeat', tonumber(number), answer, window_left(KEYS[3])}
-      for slot = 2, slots do  -- a ranking's further slots: each its own
-        reply[#reply + 1] = window_left(KEYS[6 + slot])
+      local reply = {'repeat', tonumber(number), answer}
+      for slot = 1, slots do  -- a ranking's slots: each its own
+        reply[#reply + 1] = window_left(KEYS[3], ranked and slot or nil)
       end
       return reply
     end
@@ -149,7 +163,7 @@ local function incarnation_of(key)
   end
   return raw and string.match(raw, '^.([^\n]*)')
 end
-if request and incarnation_of(KEYS[7 + slots]) == meta[1] then
+if request and incarnation_of(KEYS[8]) == meta[1] then
   return {'spent'}  -- the caller's id names a live decision of the other route
 end
 local existing = redis.pcall('GET', KEYS[3])
@@ -243,11 +257,11 @@ if defaulted then
   ttl = window + tonumber(ARGV[9]) + (later > 0 and math.ceil(later) or 0)
 end
 local deadline = string.format('%.3f', ends)
-local head = table.concat({'p' .. ARGV[2], number, defaulted and deadline or ''}, '\n') .. '\n'
-redis.call('SET', KEYS[3], head .. ARGV[11], 'EX', ttl)
-for slot = 2, slots do
-  redis.call('SET', KEYS[6 + slot], head .. ARGV[14 + slot], 'EX', ttl)
-end
+-- A ranking is one record, its slots' states in it (a key per slot cost Redis more
+-- than the rest of the ranking's recording: BENCHMARKS.md §22).
+local head = {ranked and 'R' .. ARGV[2] or 'p' .. ARGV[2], number, defaulted and deadline or '',
+              ranked and string.rep('p', slots) .. '\n' .. ARGV[11] or ARGV[11]}
+redis.call('SET', KEYS[3], table.concat(head, '\n'), 'EX', ttl)
 if request then
   redis.call('SET', KEYS[7], 'p' .. meta[1] .. '\n' .. ARGV[12] .. '\n' .. number .. '\n'
              .. ARGV[13], 'EX',
@@ -262,10 +276,12 @@ end
 -- expired entries (up to 128) from its head, so it holds the live decisions
 -- and a few more (a window made shorter only delays the drop; the list's TTL
 -- is never shortened).
-local entries = {}
-for slot = 1, slots do
-  local key = slot == 1 and KEYS[3] or KEYS[6 + slot]
-  entries[slot] = deadline .. ' ' .. string.match(key, ':decision:(.*)$')
+local entries = {deadline .. ' ' .. string.match(KEYS[3], ':decision:(.*)$')}
+if ranked then  -- each slot: <id>#<slot>
+  local prefix = string.sub(entries[1], 1, -2)
+  for slot = 1, slots do
+    entries[slot] = prefix .. slot
+  end
 end
 local length = redis.call('RPUSH', KEYS[4], unpack(entries))
 if defaulted then
@@ -300,7 +316,7 @@ local max_entries = tonumber(meta[5] or '0')
 if max_entries > 0 then
   local age = tonumber(meta[6])
   redis.call('XADD', KEYS[5], 'MAXLEN', '~', max_entries, '*', 'number', number,
-             unpack(ARGV, 15 + slots))
+             unpack(ARGV, 16))
   redis.call('EXPIRE', KEYS[5], age)
   if tidy then
     redis.call('XTRIM', KEYS[5], 'MINID', '~', string.format('%.0f', (now - age) * 1000))

@@ -19,6 +19,8 @@ local STATUS, INCARNATION, MODEL_FIELD, ARM_FIELD, DEADLINE, NUMBER, X, REWARD =
 local LATE = 9     -- true once a late reward of the decision was counted
 local LEGACY = 10  -- true for a decision hash of an earlier version
 local SLOT = 11    -- a ranking's slot (1 the first position): its id ends '#<slot>'
+local RANKED = 12  -- a slot whose state its ranking's record holds: {ranking key, where its
+                   -- slots' states start (0-based), how many slots}
 
 -- A decision's record is one string (decide.lua writes it; one GET reads it):
 --   pending:  'p' incarnation '\n' number '\n' deadline '\n' model field '\n'
@@ -53,6 +55,52 @@ local function parse_record(raw)
   else
     decision[INCARNATION], decision[NUMBER], decision[REWARD] = string.match(raw, SETTLED)
   end
+  return decision
+end
+
+-- A ranking (decide.lua, /rank) is one record, at its slots' key with slot 0
+-- (lrb:{exp}:decision:<id>#0: the same hash slot as theirs), not a record per slot:
+--   'R' incarnation '\n' number '\n' deadline '\n' states '\n' lengths '\n' parts
+-- states: a character per slot, a record's code ('p', 'l', 'd', 'D': pending, or
+-- given the default, the capital once a late reward was counted), or 's' once
+-- the slot has a record of its own (rewarded: its reward is kept there; or an
+-- earlier version's); lengths: each slot's part's, comma-separated; parts: each
+-- slot's pending record after its number and deadline (model field ... context).
+-- Once no slot is pending, the parts and lengths go: 'R' ... '\n' states.
+local RANKING = '^R([^\n]*)\n([^\n]*)\n([^\n]*)\n()([^\n]*)'
+local HELD = {p = 'p', l = 'l', d = 'd', D = 'D'}
+
+-- A ranking's slot whose record is its ranking's (`key` its own, absent): {} when
+-- there is none (no ranking, or the slot's own record has gone).
+local function read_ranked(key, slot)
+  local ranking = string.gsub(key, '#%d+$', '#0')
+  local raw = redis.pcall('GET', ranking)
+  if type(raw) ~= 'string' then
+    return {}
+  end
+  local incarnation, number, deadline, at, states = string.match(raw, RANKING)
+  local code = states and HELD[string.sub(states, slot, slot)]
+  if not code then
+    return {}
+  end
+  local decision = {STATES[code], incarnation}  -- a damaged ranking: incomplete() refuses it
+  if code == 'p' or code == 'l' then
+    local lengths, start = string.match(raw, '^\n([^\n]*)\n()', at + #states)
+    local i = 0
+    for length in string.gmatch(lengths or '', '%d+') do
+      i = i + 1
+      if i == slot then
+        decision = parse_record(table.concat({code .. incarnation, number, deadline,
+                                              string.sub(raw, start, start + length - 1)}, '\n'))
+        break
+      end
+      start = start + length
+    end
+  else
+    decision = parse_record(code .. incarnation .. '\n' .. number .. '\n')
+  end
+  decision[LATE] = code == 'l' or code == 'D'
+  decision[RANKED] = {ranking, at - 1, #states}
   return decision
 end
 
@@ -93,22 +141,64 @@ local function read_decision(key)
   if type(raw) == 'table' then
     return read_hash(key)
   end
-  local decision = raw and parse_record(raw) or {}
-  decision[SLOT] = tonumber(string.match(key, '#(%d+)$'))
+  local slot = tonumber(string.match(key, '#(%d+)$'))
+  local decision
+  if raw then
+    decision = parse_record(raw)
+  elseif slot and slot > 0 then
+    decision = read_ranked(key, slot)
+  else
+    decision = {}
+  end
+  decision[SLOT] = slot
   return decision
+end
+
+-- How long (ms) the decision's record has left to live: its ranking's, for a slot
+-- whose record that is.
+local function time_left(key, decision)
+  return redis.call('PTTL', decision[RANKED] and decision[RANKED][1] or key)
+end
+
+-- Set a slot's state in its ranking's record to `code`; once no slot is pending, the
+-- record drops the slots' parts (their contexts).
+local function set_ranked(decision, code)
+  local ranking, at, count = decision[RANKED][1], decision[RANKED][2], decision[RANKED][3]
+  local slot = decision[SLOT]
+  local states = redis.call('GETRANGE', ranking, at, at + count - 1)
+  if #states ~= count then
+    return  -- gone: deleted by settle.lua earlier in this call
+  end
+  states = string.sub(states, 1, slot - 1) .. code .. string.sub(states, slot + 1)
+  if string.find(states, '[pl]') then
+    redis.call('SETRANGE', ranking, at + slot - 1, code)
+  else
+    redis.call('SET', ranking, redis.call('GETRANGE', ranking, 0, at - 1) .. states, 'KEEPTTL')
+  end
 end
 
 -- The record of a decision once it has its reward (`code` 'r', 'd' or 'D'):
 -- its context and statistics dropped; the time to live it had, or `ttl_ms` when
--- given (in the same write: one call fewer than SET, then PEXPIRE).
+-- given (in the same write: one call fewer than SET, then PEXPIRE). A ranking's slot
+-- given the default keeps its state in its ranking's record; rewarded, it has a record
+-- of its own from then on (with its reward), as long-lived as its ranking's.
 local function settle_record(key, decision, code, reward, ttl_ms)
+  decision[STATUS], decision[REWARD] = STATES[code], reward
+  if decision[RANKED] and code ~= 'r' then
+    set_ranked(decision, code)
+    return
+  end
   local record = code .. decision[INCARNATION] .. '\n' .. (decision[NUMBER] or '') .. '\n' .. reward
+  if decision[RANKED] then
+    ttl_ms = ttl_ms or math.max(time_left(key, decision), 1)
+    set_ranked(decision, 's')
+    decision[RANKED] = nil
+  end
   if ttl_ms then
     redis.call('SET', key, record, 'PX', ttl_ms)
   else
     redis.call('SET', key, record, 'KEEPTTL')
   end
-  decision[STATUS], decision[REWARD] = STATES[code], reward
 end
 
 -- Mark a pending decision rewarded (`ttl_ms`: settle_record's; an earlier
@@ -131,7 +221,12 @@ local function mark_late(key, decision, reward)
   if decision[LEGACY] then
     return redis.call('HSETNX', key, 'late_reward', reward) == 1
   end
-  redis.call('SETRANGE', key, 0, decision[STATUS] == 'pending' and 'l' or 'D')
+  local code = decision[STATUS] == 'pending' and 'l' or 'D'
+  if decision[RANKED] then
+    set_ranked(decision, code)
+  else
+    redis.call('SETRANGE', key, 0, code)
+  end
   return true
 end
 

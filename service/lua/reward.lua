@@ -127,7 +127,7 @@ for k = FIRST, #KEYS do
       -- the service longer than the grace period (up to OUTAGE more) settle.lua finds
       -- it rewarded rather than gone, and does not count it among defaults missed.
       -- Bounded: a record whose experiment's DELETE failed halfway still expires.
-      ttl_ms = redis.call('PTTL', KEYS[k]) + OUTAGE_MS
+      ttl_ms = time_left(KEYS[k], decision) + OUTAGE_MS
     end
     mark_rewarded(KEYS[k], decision, reward, ttl_ms)  -- the same decision again is then a repeat
     applied = applied + 1

@@ -104,11 +104,16 @@ local function settle(key, decision, default, entry)
   local left = redis.call('PTTL', key)
   if not decision[LEGACY] then
     left = math.floor((deadline(entry) - now) * 1000 + GRACE_MS)
+    -- A slot its ranking's record holds: that record's time, which its other slots
+    -- share (the same deadline); left to expire, as theirs would have.
+    local holder = decision[RANKED] and decision[RANKED][1] or key
     if left <= 0 then
-      redis.call('DEL', key)
+      if holder == key then
+        redis.call('DEL', key)
+      end
       return 0
     end
-    redis.call('PEXPIRE', key, left)
+    redis.call('PEXPIRE', holder, left)
   end
   -- every decision has a time to live; never make one without
   if left > 0 and decision[LEGACY] then
