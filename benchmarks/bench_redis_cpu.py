@@ -133,7 +133,8 @@ def _version(client: redis.Redis, name: str, rev: str | None) -> Version:
                    "ARGV[11] the pending record" in decide_text,
                    "ARGV[14] with KEYS[7]" in decide_text, reward_held=_HELD_REWARD in reward_text,
                    ranked="ARGV[15] k, the slots recorded" in decide_text,
-                   one_entry="ARGV[15 + k ..]  field, value" in decide_text,
+                   one_entry=("ARGV[15 + k ..]  field, value" in decide_text
+                              or "ARGV[16 ..]  field, value" in decide_text),
                    reward_shards="ARGV[3]  the shard count" in reward_text)
 
 

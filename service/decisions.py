@@ -506,12 +506,11 @@ async def _ranked(view: View, request: ChooseRequest, decision_id: str,
     except ValueError:
         raise InvalidInput(f"k ({request.slots}) is more than the {len(arms)} eligible arms "
                            "of this request") from None
-    placed = [int(a) for a in ranking.arms[0]]
-    scores = [float(ranking.scores[0, a]) for a in placed]
+    placed: list[int] = ranking.arms[0].tolist()
+    scores: list[float] = ranking.scores[0, ranking.arms[0]].tolist()
     propensities: list[float | None] = (
         list(await view.slot_propensities(ready, ranking))
         if view.definition.spec.propensities else [None] * len(placed))
-    ids = [keys.slot_id(decision_id, j) for j in range(1, len(placed) + 1)]
     records, logged = _slots(view, decision_id, arms, contexts, placed, propensities,
                              ranked=True)
 
@@ -521,8 +520,8 @@ async def _ranked(view: View, request: ChooseRequest, decision_id: str,
 
     def finish(number: int, window: int) -> RankedDecision:
         return RankedDecision(decision_id, number, window, tuple(
-            _slot_decision(slot_id, arms[a].id, score, number, window, p)
-            for slot_id, a, p, score in zip(ids, placed, propensities, scores, strict=True)))
+            _slot_decision(keys.slot_id(decision_id, j), arms[a].id, score, number, window, p)
+            for j, (a, p, score) in enumerate(zip(placed, propensities, scores, strict=True), 1)))
     return _Made(records, logged, answer, finish)
 
 

@@ -69,7 +69,7 @@ def slot_of_ranking(raw: bytes, slot: int) -> bytes | None:
     assert raw[:1] == b"R", raw[:20]
     incarnation, number, deadline, states, *rest = raw[1:].split(b"\n", 5)
     code = states[slot - 1:slot]
-    if code == b"s":
+    if not 1 <= slot <= len(states) or code == b"s":
         return None
     if code in b"dD":
         return code + incarnation + b"\n" + number + b"\n"

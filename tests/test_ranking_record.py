@@ -194,3 +194,68 @@ async def test_slots_recorded_one_by_one_by_an_earlier_version_are_rewarded_and_
     record = records.read(redis_db, "dflt", ranking.slots[2].decision_id)
     assert record is not None and record["status"] == "defaulted"
     assert float(record["reward"]) == DEFAULT
+
+
+async def test_a_slot_left_by_a_deleted_experiment_does_not_hide_a_new_rankings_slot(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """A DELETE that stopped halfway leaves records to expire on their own; a ranking made
+    again under the same caller's id is not hidden by them (a slot's own record is read
+    first)."""
+    rng = np.random.default_rng(6)
+    await service.create(spec("again", reward_window_seconds=60))
+    left_over = keys.decision("again", "abc#2")
+    client = redis.Redis.from_url(redis_db)
+    try:
+        client.set(left_over, b"rgone\n7\n1.0", px=60_000)  # another incarnation's, rewarded
+        ranking = await service.rank("again", ranking_request(rng, decision_id="abc"))
+        assert client.get(left_over) is None
+    finally:
+        client.close()
+    outcomes = await service.reward("again", [(s.decision_id, 0.5) for s in ranking.slots])
+    assert [o.status for o in outcomes] == ["applied"] * 3
+
+
+async def test_a_caller_id_whose_slot_outlives_its_ranking_stays_taken(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """A rewarded slot's record outlives its ranking's (a week more, for settle.lua), as do
+    an earlier version's slots' records: while one lives, its id is taken, on /rank and
+    /choose alike, as when the ranking's record lives."""
+    rng = np.random.default_rng(7)
+    await service.create(spec(reward_window_seconds=60))
+    request = ranking_request(rng, decision_id="mine")
+    ranking = await service.rank("dflt", request)
+    await service.reward("dflt", [(ranking.slots[0].decision_id, 1.0)])
+    client = redis.Redis.from_url(redis_db)
+    try:  # the ranking's record and its answer for retries gone, its first slot's not
+        client.delete(keys.decision("dflt", keys.slot_id("mine", 0)), keys.request("dflt", "mine"))
+    finally:
+        client.close()
+    with pytest.raises(Conflict, match="decision_id"):
+        await service.rank("dflt", request)
+    with pytest.raises(Conflict, match="decision_id"):
+        await service.choose("dflt", ChooseRequest(context=request.context, decision_id="mine"))
+    assert (await service.get("dflt")).decisions == 3
+
+
+async def test_a_decision_listed_twice_is_settled_once(
+    service: ExperimentService, redis_db: str
+) -> None:
+    rng = np.random.default_rng(8)
+    await service.create(spec())
+    decision = await service.choose("dflt", context(rng))
+    client = redis.Redis.from_url(redis_db)
+    try:
+        [entry] = client.lrange(keys.pending("dflt"), 0, -1)  # type: ignore[misc]
+        client.rpush(keys.pending("dflt"), entry)
+        await asyncio.sleep(WINDOW + 0.1)
+
+        assert await service.sweep() == 1
+
+        assert client.llen(keys.pending("dflt")) == 0
+    finally:
+        client.close()
+    view = await service.get("dflt")
+    assert (view.decisions, view.defaulted, view.defaults_missed) == (1, 1, 0)
+    await audit(service, redis_db, "dflt", {}, [decision])

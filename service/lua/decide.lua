@@ -163,8 +163,11 @@ local function incarnation_of(key)
   end
   return raw and string.match(raw, '^.([^\n]*)')
 end
-if request and incarnation_of(KEYS[8]) == meta[1] then
-  return {'spent'}  -- the caller's id names a live decision of the other route
+-- The caller's id names a live decision of the other route: for a /choose, a ranking (its
+-- record, or its first slot's own: kept longer once rewarded, or an earlier version's).
+if request and (incarnation_of(KEYS[8]) == meta[1] or (not ranked and
+    incarnation_of(string.sub(KEYS[8], 1, -2) .. '1') == meta[1])) then
+  return {'spent'}
 end
 local existing = redis.pcall('GET', KEYS[3])
 if existing then
@@ -184,6 +187,21 @@ if existing then
     return {'recorded', tonumber(recorded)}  -- by an earlier call whose reply was lost
   end
   -- else a decision of the experiment before a DELETE, left behind: replaced below
+end
+if request and ranked then
+  -- A slot's own record under the caller's id: of this experiment (rewarded, it outlives
+  -- its ranking's; or an earlier version's ranking, a record per slot), the id is taken;
+  -- of the experiment before a DELETE, left behind, it would hide the new slot
+  -- (outcomes.lua reads a slot's own record first): gone.
+  local prefix = string.sub(KEYS[3], 1, -2)
+  for slot = 1, slots do
+    local incarnation = incarnation_of(prefix .. slot)
+    if incarnation == meta[1] then
+      return {'spent'}
+    elseif incarnation then
+      redis.call('DEL', prefix .. slot)
+    end
+  end
 end
 
 local counters = redis.call('HMGET', KEYS[2], 'rewards', 'decision_seq', 'folded', 'decisions',

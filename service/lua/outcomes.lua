@@ -141,7 +141,7 @@ local function read_decision(key)
   if type(raw) == 'table' then
     return read_hash(key)
   end
-  local slot = tonumber(string.match(key, '#(%d+)$'))
+  local slot = tonumber(string.match(key, '#([1-9]%d*)$'))  -- (not '#02': another id)
   local decision
   if raw then
     decision = parse_record(raw)
@@ -167,7 +167,7 @@ local function set_ranked(decision, code)
   local slot = decision[SLOT]
   local states = redis.call('GETRANGE', ranking, at, at + count - 1)
   if #states ~= count then
-    return  -- gone: deleted by settle.lua earlier in this call
+    return  -- (cannot be: read in this call; but never SETRANGE a missing key)
   end
   states = string.sub(states, 1, slot - 1) .. code .. string.sub(states, slot + 1)
   if string.find(states, '[pl]') then

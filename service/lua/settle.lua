@@ -142,9 +142,11 @@ if #KEYS >= FIRST then
     end
   end
   local longest = 0  -- ms the settled list must outlive its newest entry by
+  local seen = {}  -- a decision listed twice (a caller's id used again) settles once
   for i, decision in ipairs(decisions) do
     local key = KEYS[FIRST + i - 1]
-    if not decision[STATUS] then
+    if seen[key] then  -- listed again: settled once, its entry goes with the others
+    elseif not decision[STATUS] then
       missed = missed + 1
     elseif decision[INCARNATION] == meta[1] then
       if decision[STATUS] == 'pending' then
@@ -159,6 +161,7 @@ if #KEYS >= FIRST then
         longest = math.max(longest, left)
       end
     end
+    seen[key] = true
   end
   finish(KEYS[6])
   if #decisions > 0 then
