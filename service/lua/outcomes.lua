@@ -68,7 +68,6 @@ end
 -- slot's pending record after its number and deadline (model field ... context).
 -- Once no slot is pending, the parts and lengths go: 'R' ... '\n' states.
 local RANKING = '^R([^\n]*)\n([^\n]*)\n([^\n]*)\n()([^\n]*)'
-local HELD = {p = 'p', l = 'l', d = 'd', D = 'D'}
 
 -- A ranking's slot whose record is its ranking's (`key` its own, absent): {} when
 -- there is none (no ranking, or the slot's own record has gone).
@@ -79,7 +78,7 @@ local function read_ranked(key, slot)
     return {}
   end
   local incarnation, number, deadline, at, states = string.match(raw, RANKING)
-  local code = states and HELD[string.sub(states, slot, slot)]
+  local code = states and string.match(states, '^[pldD]', slot)
   if not code then
     return {}
   end
