@@ -10,6 +10,7 @@ the API tests' experiments) land on the first, second and third master.
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import socket
 import subprocess
@@ -59,6 +60,16 @@ def _free(port: int) -> bool:
         return True
 
 
+def _up(process: subprocess.Popen[bytes], port: int) -> bool:
+    """The node at ``port`` has exited, or answers (within a second: whatever holds the
+    port may not be a Redis)."""
+    if process.poll() is not None:
+        return True
+    with redis.Redis(host="127.0.0.1", port=port, socket_timeout=1,
+                     socket_connect_timeout=1) as node:
+        return bool(node.ping())
+
+
 def _wait(condition: Callable[[], object], what: str, seconds: float = STARTUP_SECONDS) -> None:
     deadline = time.monotonic() + seconds
     while True:
@@ -91,11 +102,10 @@ class LocalCluster:
         return redis.Redis(port=port, host="127.0.0.1")
 
     def start(self) -> LocalCluster:
-        *self.masters, self.replica = _free_ports(4)
-        for port in (*self.masters, self.replica):
-            self._start_node(port)
-        for port in (*self.masters, self.replica):
-            _wait(self.node(port).ping, f"node {port} does not answer")
+        ports = _free_ports(4)
+        for i, port in enumerate(ports):
+            ports[i] = self._started(port, taken=ports)
+        *self.masters, self.replica = ports
         self._cli("--cluster", "create", *(f"127.0.0.1:{p}" for p in self.masters),
                   "--cluster-yes")
         master_id = self.node_id(self.masters[0])
@@ -104,6 +114,21 @@ class LocalCluster:
                   "--cluster-master-id", master_id)
         _wait(self._settled, "cluster_state is not ok on every node, or the replica not in sync")
         return self
+
+    def _started(self, port: int, taken: Sequence[int], attempts: int = 3) -> int:
+        """A node answering on ``port``, or on another free port (not in ``taken``) when a
+        node could not bind its own (free when chosen, it can be taken meanwhile: any
+        connection on the machine may get it as its local port, and the node then exits
+        at once): the port it answers on."""
+        for _ in range(attempts):
+            self._start_node(port)
+            process = self._processes[-1]
+            _wait(functools.partial(_up, process, port), f"node {port} does not answer")
+            if process.poll() is None:
+                return port
+            self._processes.pop()
+            port = next(p for p in _free_ports(len(taken) + 1) if p not in taken)
+        raise RuntimeError(f"the test cluster did not come up: {attempts} nodes exited at start")
 
     def _start_node(self, port: int) -> None:
         node_dir = self.directory / str(port)
