@@ -11,7 +11,6 @@ Whether vectors have the experiment's dimension is the service's check.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, Self
@@ -517,7 +516,12 @@ class ChooseIn(_Request):
             eligible=tuple(self.eligible) if self.eligible is not None else None,
             excluded=tuple(self.excluded),
             decision_id=self.decision_id,
+            slots=self.slots(),
         )
+
+    def slots(self) -> int | None:
+        """How many arms to place: None for one decision (``/choose``)."""
+        return None
 
 
 class RankIn(ChooseIn):
@@ -535,8 +539,8 @@ class RankIn(ChooseIn):
     k: int = Field(ge=1, le=MAX_SLOTS, description="how many arms to place (at most the "
                    "eligible arms)")
 
-    def to_domain(self, settings: Settings) -> ChooseRequest:
-        return dataclasses.replace(super().to_domain(settings), slots=self.k)
+    def slots(self) -> int | None:
+        return self.k
 
 
 class RewardItemIn(_Request):

@@ -3,6 +3,7 @@
 Usage::
 
     python -m benchmarks.profile_worker [--seconds 12] [--rate 500] [--spread default] [--top N]
+                                        [--inclusive N]
                                         [--load pairs|choose|rank]
 
 Needs wrk (``apt-get install wrk``) and py-spy (``pip install py-spy``; not a
@@ -79,12 +80,28 @@ def innermost(stacks: Path, top: int) -> list[tuple[str, float]]:
     return [(frame, count / total) for frame, count in counts.most_common(top)]
 
 
+def inclusive(stacks: Path, top: int) -> list[tuple[str, float]]:
+    """The ``top`` functions (and file) by their share of samples anywhere on the stack
+    (each counted once a sample, however often it recurs)."""
+    counts: collections.Counter[str] = collections.Counter()
+    for line in stacks.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        frames = {frame.split(":")[0].replace(str(Path.cwd()) + "/", "")
+                  for frame in stack.split(";")[1:]}
+        for frame in frames:
+            counts[frame] += int(n)
+    total = sum(int(line.rpartition(" ")[2]) for line in stacks.read_text().splitlines())
+    return [(frame, count / total) for frame, count in counts.most_common(top)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=int, default=12, help="seconds sampled")
     parser.add_argument("--rate", type=int, default=500, help="samples a second")
     parser.add_argument("--spread", choices=("paper", "default"), default="default")
     parser.add_argument("--top", type=int, default=0, help="also the N top functions (self)")
+    parser.add_argument("--inclusive", type=int, default=0,
+                        help="also the N top functions (anywhere on the stack)")
     parser.add_argument("--load", choices=("pairs", "choose", "rank"), default="pairs",
                         help="every decision rewarded (wrk_pairs.lua), decisions only, or "
                              "rankings of 10 only (/rank)")
@@ -130,6 +147,7 @@ def main() -> None:
             load.wait()
             shares = categorise(stacks)
             functions = innermost(stacks, args.top)
+            enclosing = inclusive(stacks, args.inclusive)
         finally:
             server.terminate()
             server.wait()
@@ -144,6 +162,10 @@ def main() -> None:
     if functions:
         print("\n| function (innermost frame) | share |\n|---|---:|")
         for frame, share in functions:
+            print(f"| `{frame}` | {100 * share:.1f} % |")
+    if enclosing:
+        print("\n| function (anywhere on the stack) | share |\n|---|---:|")
+        for frame, share in enclosing:
             print(f"| `{frame}` | {100 * share:.1f} % |")
 
 

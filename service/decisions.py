@@ -507,7 +507,8 @@ async def _ranked(view: View, request: ChooseRequest, decision_id: str,
         raise InvalidInput(f"k ({request.slots}) is more than the {len(arms)} eligible arms "
                            "of this request") from None
     placed: list[int] = ranking.arms[0].tolist()
-    scores: list[float] = ranking.scores[0, ranking.arms[0]].tolist()
+    every_score: list[float] = ranking.scores[0].tolist()
+    scores = [every_score[arm] for arm in placed]
     propensities: list[float | None] = (
         list(await view.slot_propensities(ready, ranking))
         if view.definition.spec.propensities else [None] * len(placed))

@@ -194,19 +194,20 @@ class View:
         ms). The second ranking from the same statistics computes instead every arm's
         probability at every position (:func:`policies.ranking.placement_table`: a few
         times one ranking's work), which then answers every later one."""
-        first = await self.propensity(ready, int(ranking.arms[0, 0]))
+        arms: list[int] = ranking.arms[0].tolist()
+        first = await self.propensity(ready, arms[0])
         last = self._last
         if last is None or last.ready is not ready:
             last = _Prepared((), self.state)  # nothing kept: compute, keep nothing
-        k = ranking.arms.shape[1]
+        k = len(arms)
         if (last.placements and last.table is None) or (
                 isinstance(last.table, np.ndarray) and last.table.shape[2] < k):
             table = await asyncio.to_thread(placement_table, ready, k, accuracy=SERVICE)
             last.table = False if table is None else table
         if isinstance(last.table, np.ndarray) and last.table.shape[2] >= k:
-            slots = np.arange(1, k)
-            return [first, *(float(p) for p in last.table[0, ranking.arms[0, 1:], slots])]
-        placed = [(int(arm), slot) for slot, arm in enumerate(ranking.arms[0])][1:]
+            table = last.table[0]  # scalar lookups: cheaper than one fancy index at k = 10
+            return [first, *(float(table[arm, slot]) for slot, arm in enumerate(arms[1:], 1))]
+        placed = [(arm, slot) for slot, arm in enumerate(arms)][1:]
         kept = last.placements
         if any(pair not in kept for pair in placed):  # kept, as propensity() keeps its own
             def compute() -> list[float]:
