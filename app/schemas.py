@@ -874,9 +874,11 @@ class RankingOut(BaseModel):
             "decision_id": ranking.decision_id,
             "decision_number": ranking.decision_number,
             "expires_in_seconds": ranking.expires_in_seconds,
-            "slots": [{"slot": j, "decision_id": d.decision_id, "arm_id": d.arm_id,
-                       "index": d.index, "exploring": d.exploring, "propensity": d.propensity}
-                      for j, d in enumerate(ranking.slots, 1)],
+            "slots": [{"slot": j, "decision_id": slot_id, "arm_id": arm_id, "index": index,
+                       "exploring": index is None, "propensity": propensity}
+                      for j, (slot_id, arm_id, index, propensity) in enumerate(zip(
+                          ranking.slot_ids(), ranking.arm_ids, ranking.indices,
+                          ranking.propensities, strict=True), 1)],
         })
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from policies import Ready, draw
 from policies.ranking import rank
-from service import keys, shards
+from service import shards
 from service.definition import (
     WRONG_KEY,
     ArmRecord,
@@ -520,9 +520,9 @@ async def _ranked(view: View, request: ChooseRequest, decision_id: str,
                          for a, p, score in zip(placed, propensities, scores, strict=True))
 
     def finish(number: int, window: int) -> RankedDecision:
-        return RankedDecision(decision_id, number, window, tuple(
-            _slot_decision(keys.slot_id(decision_id, j), arms[a].id, score, number, window, p)
-            for j, (a, p, score) in enumerate(zip(placed, propensities, scores, strict=True), 1)))
+        return RankedDecision(decision_id, number, window, tuple(arms[a].id for a in placed),
+                              tuple(None if math.isinf(s) else s for s in scores),
+                              tuple(propensities), (window,) * len(placed))
     return _Made(records, logged, answer, finish)
 
 
@@ -578,17 +578,16 @@ def _repeated(decision_id: str, slots: int | None, number: int, answer: str,
     got (:class:`_Made`'s answer), with the time each slot's reward may still come in
     (0 once it has come; a ranking's, the longest of its slots')."""
     lines = answer.split("\n")
-    places = list(zip(lines[0::3], lines[1::3], lines[2::3], strict=True))
-    windows = [*windows_left, *[0] * len(places)][:len(places)]
-    decided = [
-        _slot_decision(decision_id if slots is None else keys.slot_id(decision_id, j + 1),
-                       arm_id, float(index) if index else math.inf, number, window,
-                       float(propensity) if propensity else None)
-        for j, ((arm_id, propensity, index), window) in enumerate(
-            zip(places, windows, strict=True))]
+    arm_ids = tuple(lines[0::3])
+    propensities = tuple(float(text) if text else None for text in lines[1::3])
+    indices = tuple(float(text) if text else None for text in lines[2::3])
+    windows = (*windows_left, *[0] * len(arm_ids))[:len(arm_ids)]
     if slots is None:
-        return decided[0]
-    return RankedDecision(decision_id, number, max(windows, default=0), tuple(decided))
+        return _slot_decision(decision_id, arm_ids[0],
+                              math.inf if indices[0] is None else indices[0],
+                              number, windows[0], propensities[0])
+    return RankedDecision(decision_id, number, max(windows, default=0), arm_ids, indices,
+                          propensities, windows)
 
 
 def _slot_decision(decision_id: str, arm_id: str, score: float, number: int, window: int,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from policies import PolicyName, Setting
+from service import keys
 
 ARM_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,64}$"
 # 1-64 of A-Z a-z 0-9 _ . - but not "." or "..", which URLs cannot carry as a
@@ -198,14 +199,32 @@ class Decision:
 @dataclass(frozen=True)
 class RankedDecision:
     """k distinct arms in order (``/rank``), one decision number. Each slot is a
-    :class:`Decision` of its own, whose ``decision_id`` (the ranking's id, ``#`` and
-    the slot, 1 the first position) its reward names; its ``propensity`` is the
-    probability that its arm was placed at its position."""
+    :class:`Decision` of its own (:attr:`slots`), whose ``decision_id`` (the ranking's
+    id, ``#`` and the slot, 1 the first position) its reward names; its ``propensity``
+    is the probability that its arm was placed at its position. Kept by column, slot
+    by slot: a serving worker answers from the columns and makes no Decision."""
 
     decision_id: str
     decision_number: int
-    expires_in_seconds: int
-    slots: tuple[Decision, ...]
+    expires_in_seconds: int  # the longest of the slots' (each slot's: ``windows``)
+    arm_ids: tuple[str, ...]
+    indices: tuple[float | None, ...]  # None while the arm is in its first, exploring pull
+    propensities: tuple[float | None, ...]
+    windows: tuple[int, ...]  # how long each slot's reward may still come in (seconds)
+
+    def slot_ids(self) -> list[str]:
+        """Each slot's decision id, the first position's first."""
+        return keys.slot_ids(self.decision_id, len(self.arm_ids))
+
+    @property
+    def slots(self) -> tuple[Decision, ...]:
+        return tuple(
+            Decision(decision_id=slot_id, arm_id=arm_id, index=index, exploring=index is None,
+                     decision_number=self.decision_number, expires_in_seconds=window,
+                     propensity=propensity)
+            for slot_id, arm_id, index, propensity, window in zip(
+                self.slot_ids(), self.arm_ids, self.indices, self.propensities, self.windows,
+                strict=True))
 
 
 @dataclass(frozen=True)

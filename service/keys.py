@@ -51,6 +51,11 @@ def slot_id(decision_id: str, slot: int) -> str:
     return f"{decision_id}{SLOT_SEPARATOR}{slot}"
 
 
+def slot_ids(decision_id: str, slots: int) -> list[str]:
+    """The decision ids of a ranking's ``slots`` slots, the first position's first."""
+    return [f"{decision_id}{SLOT_SEPARATOR}{slot}" for slot in range(1, slots + 1)]
+
+
 def ranking_of(decision_id: str) -> str:
     """The ranking a slot's decision id belongs to; any other decision id as it is."""
     return decision_id.partition(SLOT_SEPARATOR)[0]
