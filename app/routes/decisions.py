@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from app.deps import ExperimentCallerDep
-from app.direct_route import DirectRoute
+from app.direct_route import DirectRoute, Trusted
 from app.responses import KEY_ERRORS, REWARD_RESPONSES
 from app.schemas import (
     ChooseIn,
@@ -28,30 +28,30 @@ REWARD_HTTP_STATUS: dict[RewardStatus, int] = {
 }
 
 
-@router.post("/choose", summary="Choose an arm")
-async def choose(body: ChooseIn, caller: ExperimentCallerDep) -> DecisionOut:
+@router.post("/choose", summary="Choose an arm", response_model=DecisionOut)
+async def choose(body: ChooseIn, caller: ExperimentCallerDep) -> Trusted:
     caller.names(body.experiment_id)
     request = body.to_domain(caller.settings)
     decision = await caller.service.choose(body.experiment_id, request, caller.key)
     caller.traces([decision.decision_id])
     caller.metrics.record_decision()
-    return DecisionOut.from_domain(decision)
+    return Trusted(DecisionOut.fields_of(decision))
 
 
-@router.post("/rank", summary="Rank k arms, each slot rewarded on its own")
-async def rank(body: RankIn, caller: ExperimentCallerDep) -> RankingOut:
+@router.post("/rank", summary="Rank k arms, each slot rewarded on its own",
+             response_model=RankingOut)
+async def rank(body: RankIn, caller: ExperimentCallerDep) -> Trusted:
     caller.names(body.experiment_id)
     request = body.to_domain(caller.settings)
     ranking = await caller.service.rank(body.experiment_id, request, caller.key)
     caller.traces([ranking.decision_id])
     caller.metrics.record_decision()
-    return RankingOut.from_domain(ranking)
+    return Trusted(RankingOut.fields_of(ranking))
 
 
-@router.post("/reward", summary="Report rewards, exactly once each", responses=REWARD_RESPONSES)
-async def reward(
-    body: RewardIn, response: Response, caller: ExperimentCallerDep
-) -> RewardOut | RewardBatchOut:
+@router.post("/reward", summary="Report rewards, exactly once each", responses=REWARD_RESPONSES,
+             response_model=RewardOut | RewardBatchOut)
+async def reward(body: RewardIn, response: Response, caller: ExperimentCallerDep) -> Trusted:
     caller.names(body.experiment_id)
     items = body.to_domain(caller.settings)
     caller.traces([decision_id for decision_id, _ in items])
@@ -60,10 +60,8 @@ async def reward(
     return _reward_response(body.is_batch, outcomes, response)
 
 
-def _reward_response(
-    batch: bool, outcomes: list[RewardOutcome], response: Response
-) -> RewardOut | RewardBatchOut:
+def _reward_response(batch: bool, outcomes: list[RewardOutcome], response: Response) -> Trusted:
     if batch:
-        return RewardBatchOut.from_domain(outcomes)
+        return Trusted(RewardBatchOut.fields_of(outcomes))
     response.status_code = REWARD_HTTP_STATUS[outcomes[0].status]
-    return RewardOut.from_domain(outcomes[0])
+    return Trusted(RewardOut.fields_of(outcomes[0]))
