@@ -54,6 +54,8 @@ _UNROUTED = frozenset({"missing", "forbidden"})
 # How long a decision waits for its worker's rewards in flight (a batch's round trip is
 # milliseconds; past this Redis is slow, and waiting longer would add to the deadline).
 _REWARDS_WAIT_SECONDS = 0.05
+# How records and the log keep a context: little-endian doubles.
+_PACKED = np.dtype("<f8")
 
 
 class Decisions(Room):
@@ -544,8 +546,9 @@ def _slots(view: View, decision_id: str, arms: Sequence[ArmRecord], contexts: np
     :mod:`service.decision_log` shows each slot as a decision's entry."""
     definition = view.definition
     version, rewards, made_at = str(view.version), str(view.rewards), repr(time.time())
-    chosen = np.ascontiguousarray(contexts[list(picked)], dtype="<f8")
-    texts = [_text_of(p) for p in propensities]
+    # take(): a third of the cost of indexing with a list
+    chosen = np.ascontiguousarray(contexts.take(picked, axis=0), dtype=_PACKED)
+    texts = ["" if p is None else repr(p) for p in propensities]  # as _text_of
     # What the slots' records share, and each arm's head, made once (per definition).
     shared = f"{version}\n{rewards}\n{made_at}\n".encode()
     heads, packed, width = definition.record_heads, chosen.tobytes(), chosen.shape[1] * 8
@@ -555,7 +558,7 @@ def _slots(view: View, decision_id: str, arms: Sequence[ArmRecord], contexts: np
     eligible = (definition.active_ranges if arms is definition.active_arms
                 else index_ranges([a.index for a in arms]))
     every: dict[str, str | bytes] = {} if not definition.spec.log_all_contexts else {
-        "contexts": np.ascontiguousarray(contexts, dtype="<f8").tobytes()}
+        "contexts": np.ascontiguousarray(contexts, dtype=_PACKED).tobytes()}
     placed = ",".join(arms[index].id for index in picked)
     logged: dict[str, str | bytes] = {
         "type": "ranking" if ranked else "decision", "id": decision_id,
