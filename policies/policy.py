@@ -13,7 +13,7 @@ from policies.authors import index_of
 from policies.config import PolicyConfig
 from policies.indices import Prepared
 from policies.ridge import Array, uniform_integers
-from policies.state import State, apply_observations, batch_rows, discounted
+from policies.state import State, apply_observations, discounted
 
 
 @dataclass(frozen=True)
@@ -186,8 +186,8 @@ def _highest(scores: Array, exploring: NDArray[np.int64],
     """Each row's arm with the highest score, equal highest split uniformly (drawn only by
     the rows not in ``exploring``, which choose among their unexplored arms instead)."""
     batch = scores.shape[0]
-    arms = np.argmax(scores, axis=1)
-    best = scores[batch_rows(batch), arms][:, None]  # the highest (a NaN if the row holds one)
+    arms = scores.argmax(axis=1)
+    best = scores.max(axis=1, keepdims=True)  # the highest (a NaN if the row holds one)
     top = scores == best
     # One count over the batch first (per-row counts cost several times more):
     # a row has one top score, none if it holds a NaN, or a tie.

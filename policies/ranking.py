@@ -83,7 +83,7 @@ def rank(ready: Ready, rngs: Sequence[np.random.Generator], k: int) -> Ranking:
         # the loop below, which splits ties with the generators). One sort instead of
         # k - 1 passes; the same arms. Few NumPy calls: in a server each costs several
         # µs more than in a tight loop. (An ineligible arm's score is -inf already.)
-        order = np.argsort(first.scores, axis=1)[:, :-k - 2:-1]  # the k placed and the next
+        order = first.scores.argsort(axis=1)[:, :-k - 2:-1]  # the k placed and the next
         top = first.scores[rows[:, None], order]
         if (top[:, :-1] > top[:, 1:]).all():  # no tie: draw's choice is the first
             return Ranking(arms=order[:, :k], scores=first.scores)
