@@ -79,7 +79,7 @@ class DirectRoute(APIRoute):
             if wants_response:
                 arguments["response"] = status
             result: BaseModel | Trusted = await endpoint(**arguments)
-            content = (to_json(result.fields) if isinstance(result, Trusted)
+            content = (result.json() if isinstance(result, Trusted)
                        else result.model_dump_json())
             return Response(content, status.status_code, media_type="application/json")
 
@@ -90,10 +90,14 @@ class DirectRoute(APIRoute):
 class Trusted:
     """An answer of the fields of the route's response model (``response_model``) as plain
     values (str, int, float, bool, None, lists and dicts of them) that the service made
-    itself: serialised as the model serialises them, without validating them again
-    (each model's ``fields_of`` is checked against the model in tests/test_trusted.py)."""
+    itself: serialised as the model serialises them (a NaN or infinite float as null),
+    without validating them again (each model's ``fields_of`` is checked against the
+    model in tests/test_trusted.py)."""
 
     fields: dict[str, Any]
+
+    def json(self) -> bytes:
+        return to_json(self.fields, inf_nan_mode="null")
 
 
 def _validated(model: type[BaseModel], body: Any) -> BaseModel:

@@ -86,7 +86,8 @@ def rank(ready: Ready, rngs: Sequence[np.random.Generator], k: int) -> Ranking:
         order = first.scores.argsort(axis=1)[:, :-k - 2:-1]  # the k placed and the next
         top = first.scores[rows[:, None], order]
         if (top[:, :-1] > top[:, 1:]).all():  # no tie: draw's choice is the first
-            return Ranking(arms=order[:, :k], scores=first.scores)
+            # A copy: the view would keep the whole argsort (B x K) alive.
+            return Ranking(arms=np.ascontiguousarray(order[:, :k]), scores=first.scores)
     arms = np.empty((batch, k), dtype=np.int64)
     arms[:, 0] = first.arms
     left = ready.eligible.copy()

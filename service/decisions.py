@@ -581,6 +581,8 @@ def _repeated(decision_id: str, slots: int | None, number: int, answer: str,
     got (:class:`_Made`'s answer), with the time each slot's reward may still come in
     (0 once it has come; a ranking's, the longest of its slots')."""
     lines = answer.split("\n")
+    if len(lines) % 3:
+        raise ValueError(f"a kept answer has {len(lines)} lines, not 3 a slot")
     arm_ids = tuple(lines[0::3])
     propensities = tuple(float(text) if text else None for text in lines[1::3])
     indices = tuple(float(text) if text else None for text in lines[2::3])

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from pydantic_core import to_json
 
+from app.direct_route import Trusted
 from app.schemas import DecisionOut, RankingOut, RewardBatchOut, RewardOut
 from service.domain import Decision, RankedDecision, RewardOutcome
 from tests.conftest import Api
@@ -74,16 +74,29 @@ async def test_answers_are_what_their_models_make_of_them(
     assert seen_index
 
 
-@pytest.mark.parametrize("value", [0.1, 1e-7, 5e-324, 1.0, 0.0, 1 / 3, 0.9999999999999999,
-                                   123456789.125, None])
+def serialised(fields: dict[str, Any]) -> bytes:
+    return Trusted(fields).json()
+
+
+@pytest.mark.parametrize("value", [0.1, 1e-7, 5e-324, 1.0, 0.0, -0.0, 1 / 3,
+                                   0.9999999999999999, 123456789.125, -2.5, None])
 def test_fields_serialise_as_their_models(value: float | None) -> None:
-    decision = Decision("d", "arm", value, value is None, 7, 60,
-                        None if value is None else min(abs(value), 1.0))
+    propensity = None if value is None else min(abs(value), 1.0)
+    decision = Decision("d", "arm", value, value is None, 7, 60, propensity)
     fields = DecisionOut.fields_of(decision)
-    assert to_json(fields) == DecisionOut.model_validate(fields).model_dump_json().encode()
-    ranking = RankedDecision("r", 7, 60, ("a", "b"), (value, None), (0.5, value and 0.0), (60, 0))
+    assert serialised(fields) == DecisionOut.model_validate(fields).model_dump_json().encode()
+    ranking = RankedDecision("r", 7, 60, ("a", "b"), (value, None), (0.5, propensity), (60, 0))
     fields = RankingOut.fields_of(ranking)
-    assert to_json(fields) == RankingOut.model_validate(fields).model_dump_json().encode()
+    assert serialised(fields) == RankingOut.model_validate(fields).model_dump_json().encode()
     outcomes = [RewardOutcome("d", "late", "too late"), RewardOutcome("e", "applied", "ok")]
     fields = RewardBatchOut.fields_of(outcomes)
-    assert to_json(fields) == RewardBatchOut.model_validate(fields).model_dump_json().encode()
+    assert serialised(fields) == RewardBatchOut.model_validate(fields).model_dump_json().encode()
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_score_is_null_as_the_model_makes_it(value: float) -> None:
+    """A NaN score (statistics gone wrong) must still give valid JSON: null, as the model
+    serialises it, never the bare NaN a JSON parser refuses."""
+    fields = DecisionOut.fields_of(Decision("d", "arm", value, False, 7, 60, 0.5))
+    assert serialised(fields) == DecisionOut.model_validate(fields).model_dump_json().encode()
+    assert b'"index":null' in serialised(fields)
