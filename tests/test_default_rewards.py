@@ -411,6 +411,45 @@ async def test_a_decision_that_expired_unsettled_is_counted_as_missed(
     assert (view.defaulted, view.defaults_missed) == (2, 1)
 
 
+@pytest.mark.parametrize("both_due", [False, True])
+async def test_a_callers_id_used_again_after_its_decision_expired_unsettled_waits_its_window(
+    service: ExperimentService, redis_db: str, both_due: bool
+) -> None:
+    """The pending list still holds the expired decision's entry (the sweepers stopped for
+    longer than the grace period); the new decision under the same id must not get the
+    default from it, early, which would make its reward within its window late."""
+    rng = np.random.default_rng(9)
+    await service.create(spec())
+    request = dataclasses.replace(context(rng), decision_id="again")
+    old = await service.choose("dflt", request)
+    client = redis.Redis.from_url(redis_db)
+    try:  # its record and its request expired, unsettled
+        member = records.member_of(client, "dflt", old.decision_id)
+        client.delete(records.key(client, "dflt", old.decision_id),
+                      keys.request(member, old.decision_id))
+    finally:
+        client.close()
+    await until_windows_end()
+    new = await service.choose("dflt", dataclasses.replace(context(rng), decision_id="again"))
+    assert new.decision_number != old.decision_number
+    if both_due:  # both entries due in one sweep: the new decision gets its default once
+        await until_windows_end()
+        assert await service.sweep() == 1
+        view = await service.get("dflt")
+        assert (view.defaulted, view.defaults_missed) == (1, 1)
+        return
+    assert await service.sweep() == 0
+    view = await service.get("dflt")
+    assert (view.defaulted, view.defaults_missed) == (0, 1)
+    [outcome] = await service.reward("dflt", [("again", 0.5)])
+    assert outcome.status == "applied"
+    await until_windows_end()
+    assert await service.sweep() == 0  # its own entry: rewarded, nothing to apply
+    view = await service.get("dflt")
+    assert (view.rewards, view.defaulted, view.defaults_missed) == (1, 0, 1)
+    assert view.rewards + view.defaulted + view.defaults_missed == view.decisions
+
+
 async def test_decisions_of_an_outage_longer_than_the_grace_period_are_all_counted_missed(
     app_settings: Settings,
 ) -> None:

@@ -122,6 +122,15 @@ local function settle(key, decision, default, entry)
   return left
 end
 
+-- A pending decision recorded under the entry's id with another deadline: a caller's
+-- id used again once the entry's own decision had expired unsettled (the sweepers
+-- stopped for longer than the grace period). That one is missed; this one has an entry
+-- of its own and must not get the default before its window ends.
+local function another(decision, entry)
+  return decision[STATUS] == 'pending' and not decision[LEGACY] and decision[DEADLINE]
+    and decision[DEADLINE] ~= string.match(entry, '^([^ ]*) ')
+end
+
 local defaulted, missed, counter = 0, 0, 0
 if #KEYS >= FIRST then
   local refused = unusable(meta[3])
@@ -146,22 +155,26 @@ if #KEYS >= FIRST then
   for i, decision in ipairs(decisions) do
     local key = KEYS[FIRST + i - 1]
     if seen[key] then  -- listed again: settled once, its entry goes with the others
-    elseif not decision[STATUS] then
-      missed = missed + 1
-    elseif decision[INCARNATION] == meta[1] then
-      if decision[STATUS] == 'pending' then
-        append(decision, meta[2])
-        log_outcome(KEYS[3], meta[4], meta[5], 'default', decision_id(key), meta[2])
-        defaulted = defaulted + 1
+    elseif another(decision, ARGV[i + 2]) then
+      missed = missed + 1  -- (not seen: the record's own entry may follow in this call)
+    else
+      if not decision[STATUS] then
+        missed = missed + 1
+      elseif decision[INCARNATION] == meta[1] then
+        if decision[STATUS] == 'pending' then
+          append(decision, meta[2])
+          log_outcome(KEYS[3], meta[4], meta[5], 'default', decision_id(key), meta[2])
+          defaulted = defaulted + 1
+        end
+        local left = settle(key, decision, meta[2], ARGV[i + 2])
+        if left > 0 then
+          redis.call('RPUSH', KEYS[5], string.format('%.3f', now + left / 1000) .. ' '
+                     .. decision_id(key))
+          longest = math.max(longest, left)
+        end
       end
-      local left = settle(key, decision, meta[2], ARGV[i + 2])
-      if left > 0 then
-        redis.call('RPUSH', KEYS[5], string.format('%.3f', now + left / 1000) .. ' '
-                   .. decision_id(key))
-        longest = math.max(longest, left)
-      end
+      seen[key] = true
     end
-    seen[key] = true
   end
   finish(KEYS[6])
   if #decisions > 0 then
