@@ -4,7 +4,7 @@ Usage::
 
     python -m benchmarks.profile_worker [--seconds 12] [--rate 500] [--spread default] [--top N]
                                         [--inclusive N]
-                                        [--load pairs|choose|rank]
+                                        [--load pairs|choose|rank|reward]
 
 Needs wrk (``apt-get install wrk``) and py-spy (``pip install py-spy``; not a
 dependency of the service). Starts ``linreboot serve`` with one worker and its
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import math
 import os
 import shutil
 import subprocess
@@ -94,6 +95,28 @@ def inclusive(stacks: Path, top: int) -> list[tuple[str, float]]:
     return [(frame, count / total) for frame, count in counts.most_common(top)]
 
 
+def _load(load: str, url: str, experiment: str, key: str, directory: Path,
+          seconds: int) -> tuple[list[str], list[str], str]:
+    """The warm-up's and the sampled run's wrk script arguments, and the path. Rewards
+    need decisions of their own, unrewarded: made first by /choose runs (at its rate,
+    below /reward's, half as long again as the rewards take), one set for each run."""
+    if load == "pairs":
+        return [experiment, key], [experiment, key], f"{url}/choose"
+    body = World().choose_body(experiment, 10 if load == "rank" else None)
+    if load != "reward":
+        args = [body, key, str(directory)]
+        return args, args, f"{url}/rank" if load == "rank" else f"{url}/choose"
+    runs = []
+    for name, length in (("warm", 5), ("load", math.ceil(1.5 * seconds))):
+        ids = directory / name
+        ids.mkdir()
+        subprocess.run(["wrk", "-t1", "-c32", "-s", str(HERE / "wrk_choose.lua"),
+                        f"-d{length}s", f"{url}/choose", "--", body, key, str(ids)],
+                       check=True, stdout=subprocess.DEVNULL)
+        runs.append([experiment, key, str(ids), "1"])
+    return runs[0], runs[1], f"{url}/reward"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=int, default=12, help="seconds sampled")
@@ -102,9 +125,11 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=0, help="also the N top functions (self)")
     parser.add_argument("--inclusive", type=int, default=0,
                         help="also the N top functions (anywhere on the stack)")
-    parser.add_argument("--load", choices=("pairs", "choose", "rank"), default="pairs",
-                        help="every decision rewarded (wrk_pairs.lua), decisions only, or "
-                             "rankings of 10 only (/rank)")
+    parser.add_argument("--load", choices=("pairs", "choose", "rank", "reward"),
+                        default="pairs",
+                        help="every decision rewarded (wrk_pairs.lua), decisions only, "
+                             "rankings of 10 only (/rank), or rewards only (of decisions "
+                             "made before the sampling)")
     args = parser.parse_args()
     for tool in ("wrk", "py-spy"):
         if shutil.which(tool) is None and not (Path(sys.executable).parent / tool).exists():
@@ -128,16 +153,15 @@ def main() -> None:
                     pass
                 time.sleep(0.25)
             experiment, key = _experiment(url, token, spread=args.spread)
-            body = World().choose_body(experiment, 10 if args.load == "rank" else None)
-            script, script_args = ((HERE / "wrk_pairs.lua", [experiment, key])
-                                   if args.load == "pairs" else
-                                   (HERE / "wrk_choose.lua", [body, key, directory]))
-            path = f"{url}/rank" if args.load == "rank" else f"{url}/choose"
+            warm_args, load_args, path = _load(args.load, url, experiment, key,
+                                               Path(directory), args.seconds + 3)
+            script = HERE / {"pairs": "wrk_pairs.lua", "reward": "wrk_reward.lua"}.get(
+                args.load, "wrk_choose.lua")
             wrk = ["wrk", "-t1", "-c32", "-s", str(script)]
-            subprocess.run([*wrk, "-d3s", path, "--", *script_args],
+            subprocess.run([*wrk, "-d3s", path, "--", *warm_args],
                            check=True, stdout=subprocess.DEVNULL)  # warm-up
             load = subprocess.Popen([*wrk, f"-d{args.seconds + 3}s", path, "--",
-                                     *script_args], stdout=subprocess.DEVNULL)
+                                     *load_args], stdout=subprocess.DEVNULL)
             time.sleep(1)
             stacks = Path(directory) / "stacks.txt"
             subprocess.run([py_spy, "record", "--pid", str(server.pid), "--rate",
@@ -152,7 +176,7 @@ def main() -> None:
             server.terminate()
             server.wait()
     driven = {"pairs": "choose + reward pairs", "choose": "/choose only",
-              "rank": "/rank k = 10 only"}[args.load]
+              "rank": "/rank k = 10 only", "reward": "/reward only"}[args.load]
     print(f"one worker, {driven}, {args.seconds} s at {args.rate} samples/s; "
           f"LinReBoot ({args.spread} spread), K = 100, d = 20")
     print("| where | share of the worker's samples |")
