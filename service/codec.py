@@ -98,18 +98,25 @@ def unpack(config: PolicyConfig, axis: Axis, blob: bytes | None) -> dict[str, np
     return {name: value[0] for name, value in _columns(config, axis, flat[None]).items()}
 
 
-def pack(config: PolicyConfig, axis: Axis, state: State, slot: int) -> bytes:
-    """The blob of one slot of a batch-of-one ``state``: :func:`unpack`'s inverse.
+def pack(config: PolicyConfig, axis: Axis, state: State) -> list[bytes]:
+    """The blob of each slot of a batch-of-one ``state`` on ``axis``: :func:`unpack`'s
+    inverse. One array operation a field for all the slots, not one a slot (a fold packs
+    every arm it touched; in a worker each NumPy call costs several µs).
 
     A Gram matrix is stored as its upper triangle, which loses nothing: its
     additions are exactly symmetric (``x_i x_j == x_j x_i``).
     """
     parts = []
     for f in _fields(config, axis):
-        value = np.asarray(state[f.name][0, slot], dtype=np.float64)
-        parts.append(value[np.triu_indices(value.shape[0])] if f.expand is not None
-                     else value.reshape(-1))
-    return np.concatenate(parts).astype(_FLOAT).tobytes()
+        value = np.asarray(state[f.name][0], dtype=np.float64)  # (slots, *shape)
+        if f.expand is not None:
+            rows, cols = np.triu_indices(value.shape[-1])
+            parts.append(value[:, rows, cols])
+        else:
+            parts.append(value.reshape(value.shape[0], -1))
+    packed = np.concatenate(parts, axis=1).astype(_FLOAT)
+    data, width = packed.tobytes(), packed.shape[1] * _FLOAT.itemsize
+    return [data[slot * width:(slot + 1) * width] for slot in range(packed.shape[0])]
 
 
 def legacy_recipe(config: PolicyConfig, axis: Axis) -> str:

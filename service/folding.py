@@ -141,6 +141,5 @@ def folded_blobs(
     state = assemble_state(config, [stored.get(f) for f in model_fields],
                            [stored.get(f) for f in arm_fields])
     fold_into(config, state, {f: k for k, f in enumerate(arm_fields)}, raw_entries)
-    out = {f: pack(config, "model", state, slot) for slot, f in enumerate(model_fields)}
-    out |= {f: pack(config, "arm", state, slot) for slot, f in enumerate(arm_fields)}
-    return out
+    return {**dict(zip(model_fields, pack(config, "model", state), strict=True)),
+            **dict(zip(arm_fields, pack(config, "arm", state), strict=True))}

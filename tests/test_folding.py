@@ -18,8 +18,10 @@ import numpy as np
 import pytest
 import redis
 
-from policies import PolicyConfig
+from policies import PolicyConfig, paper_config
+from policies.state import Axis
 from service import keys
+from service.codec import assemble_state, blob_size, pack
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.experiments import ExperimentService
 from service.folding import (
@@ -550,3 +552,25 @@ async def test_a_view_after_a_reward_solves_only_the_model_that_changed(
         reg = view.definition.config.reg
         assert np.array_equal(theta, ridge(view.state["xtx"], view.state["xty"], reg)), i
         await service.reward("kept", [(decision.decision_id, float(rng.normal()))], key)
+
+
+@pytest.mark.parametrize("setting", ["stochastic", "contextual", "covariates"])
+@pytest.mark.parametrize("policy", ["linreboot", "lints-g", "lints-ig", "linphe", "lingiro",
+                                    "linucb"])
+def test_pack_gives_back_the_blobs_each_slot_was_assembled_from(
+    policy: str, setting: str
+) -> None:
+    """A fold packs every slot (arm) it touched at once: each slot's blob must be the
+    one it was read from, byte for byte, the slots in order."""
+    config = paper_config(policy, setting, 3)  # type: ignore[arg-type]
+    rng = np.random.default_rng(len(policy) + len(setting))
+
+    def blobs(axis: Axis, count: int) -> list[bytes]:
+        size = blob_size(config, axis) // 8
+        return [rng.normal(size=size).astype("<f8").tobytes() for _ in range(count)]
+
+    arms = blobs("arm", 5)
+    models = blobs("model", 1 if config.shared else 5)
+    state = assemble_state(config, models, arms)
+    assert pack(config, "model", state) == models
+    assert pack(config, "arm", state) == arms
