@@ -54,45 +54,58 @@ CATEGORIES = (
 )
 
 
+def samples(stacks: Path) -> list[tuple[list[str], int]]:
+    """Each sampled stack's frames (outermost first) and its count. A line without a
+    count (a frame's name that held a line break) is skipped."""
+    parsed = []
+    for line in stacks.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if n.isdigit():
+            parsed.append((stack.split(";"), int(n)))
+    return parsed
+
+
+def _where(frame: str) -> str:
+    """A frame as function and file, without its line or this checkout's path."""
+    return frame.split(":")[0].replace(str(Path.cwd()) + "/", "")
+
+
+def _shares(counts: collections.Counter[str], total: int, top: int) -> list[tuple[str, float]]:
+    return [(name, count / total) for name, count in counts.most_common(top)]
+
+
 def categorise(stacks: Path) -> dict[str, float]:
     """Share of samples by the innermost frame that belongs to a known category."""
     counts: collections.Counter[str] = collections.Counter()
-    for line in stacks.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
+    for frames, n in samples(stacks):
         name = "other"
-        for frame in reversed(stack.split(";")[1:]):
+        for frame in reversed(frames[1:]):
             hit = [label for fragment, label in CATEGORIES if fragment in frame]
             if hit:
                 name = hit[0]
                 break
-        counts[name] += int(n)
-    total = sum(counts.values())
-    return {name: count / total for name, count in counts.most_common()}
+        counts[name] += n
+    return dict(_shares(counts, sum(counts.values()), len(counts)))
 
 
 def innermost(stacks: Path, top: int) -> list[tuple[str, float]]:
     """The ``top`` innermost frames (function and file) by their share of samples."""
     counts: collections.Counter[str] = collections.Counter()
-    for line in stacks.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        frame = stack.split(";")[-1]
-        counts[frame.split(":")[0].replace(str(Path.cwd()) + "/", "")] += int(n)
-    total = sum(counts.values())
-    return [(frame, count / total) for frame, count in counts.most_common(top)]
+    for frames, n in samples(stacks):
+        counts[_where(frames[-1])] += n
+    return _shares(counts, sum(counts.values()), top)
 
 
 def inclusive(stacks: Path, top: int) -> list[tuple[str, float]]:
     """The ``top`` functions (and file) by their share of samples anywhere on the stack
     (each counted once a sample, however often it recurs)."""
     counts: collections.Counter[str] = collections.Counter()
-    for line in stacks.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        frames = {frame.split(":")[0].replace(str(Path.cwd()) + "/", "")
-                  for frame in stack.split(";")[1:]}
-        for frame in frames:
-            counts[frame] += int(n)
-    total = sum(int(line.rpartition(" ")[2]) for line in stacks.read_text().splitlines())
-    return [(frame, count / total) for frame, count in counts.most_common(top)]
+    total = 0
+    for frames, n in samples(stacks):
+        total += n
+        for frame in {_where(frame) for frame in frames[1:]}:
+            counts[frame] += n
+    return _shares(counts, total, top)
 
 
 def _load(load: str, url: str, experiment: str, key: str, directory: Path,
