@@ -39,7 +39,7 @@ import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
@@ -477,7 +477,51 @@ class HeldConnection:
             await self._connection.disconnect()
 
 
-_Call = tuple[AsyncScript, list[Any], "asyncio.Future[Any]"]  # script, argv, the reply
+@dataclass(frozen=True)
+class Joining:
+    """How a batch's calls of one script with equal ``key`` go to Redis as one call (a
+    script that takes a batch: :meth:`Store.apply_rewards`): ``join`` makes the call's
+    argv from theirs, ``part`` each call's result from its reply; ``size``, this call's
+    items, bounds what one call holds (:data:`_JOINED_MOST`)."""
+
+    key: tuple[str, ...]
+    size: int
+    join: Callable[[Sequence[list[Any]]], list[Any]]
+    part: Callable[[Any, Sequence[list[Any]]], Sequence[Any]]
+
+
+# What one joined call holds at most: a script's run blocks Redis (about 20 µs an item).
+_JOINED_MOST = 128
+
+
+@dataclass(frozen=True)
+class _Call:
+    script: AsyncScript
+    argv: list[Any]
+    future: asyncio.Future[Any]  # the reply (or, joined, the part's result)
+    joining: Joining | None = None
+
+
+def _joined(calls: Sequence[_Call]) -> list[list[_Call]]:
+    """The calls as they go to Redis, in order: alone, or with those of the same script
+    and joining key (at the place of the first of them), up to :data:`_JOINED_MOST`
+    items a call."""
+    groups: list[list[_Call]] = []
+    joinable: dict[tuple[str, ...], list[_Call]] = {}  # the group a call with this key joins
+    sizes: dict[tuple[str, ...], int] = {}
+    for call in calls:
+        if call.joining is None:
+            groups.append([call])
+            continue
+        key, size = (call.script.sha, *call.joining.key), call.joining.size
+        group = joinable.get(key)
+        if group is not None and sizes[key] + size <= _JOINED_MOST:
+            group.append(call)
+            sizes[key] += size
+        else:
+            joinable[key], sizes[key] = [call], size
+            groups.append(joinable[key])
+    return groups
 
 
 @dataclass
@@ -498,15 +542,32 @@ class _Queue:
             self.tags.add(tag)
 
 
-def _distribute(batch: list[_Call], replies: list[Any]) -> None:
-    """Each caller its reply (an error reply as its exception)."""
-    for (_, _, future), reply in zip(batch, replies, strict=True):
-        if future.done():  # the caller went away (cancelled)
+def _distribute(batch: Sequence[_Call], results: Sequence[Any]) -> None:
+    """Each caller its result (an error reply as its exception)."""
+    for call, result in zip(batch, results, strict=True):
+        if call.future.done():  # the caller went away (cancelled)
             continue
-        if isinstance(reply, Exception):
-            future.set_exception(reply)
+        if isinstance(result, Exception):
+            call.future.set_exception(result)
         else:
-            future.set_result(reply)
+            call.future.set_result(result)
+
+
+def _argv_of(group: list[_Call]) -> list[Any]:
+    """The argv of the call that sends ``group``."""
+    joining = group[0].joining
+    if joining is None or len(group) == 1:
+        return group[0].argv
+    return joining.join([call.argv for call in group])
+
+
+def _part_each(group: list[_Call], reply: Any) -> Sequence[Any]:
+    """Each call's result of the one reply to ``group`` (sent joined, or one call alone)."""
+    joining = group[0].joining
+    assert joining is not None
+    if isinstance(reply, Exception):
+        return [reply] * len(group)
+    return joining.part(reply, [call.argv for call in group])
 
 
 class _ScriptBatcher:
@@ -555,13 +616,15 @@ class _ScriptBatcher:
             else HeldConnection(client.connection_pool, bounded=deadline_seconds is not None))
 
     async def run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any],
-                  first: bool = False, tag: str | None = None) -> Any:
+                  first: bool = False, tag: str | None = None,
+                  joining: Joining | None = None) -> Any:
         """The script's reply, sent with the others of this turn (``first``: ahead of
         those not sent first, in the order called; ``tag``: what
-        :meth:`after_batch_in_flight` asks about)."""
+        :meth:`after_batch_in_flight` asks about; ``joining``: sent as one call with
+        those of the batch it joins, and then its part of the reply)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._queue.add((script, [len(keys), *keys, *args], future), first, tag)
+        self._queue.add(_Call(script, [len(keys), *keys, *args], future, joining), first, tag)
         if len(self._queue.calls) == 1:  # the first of this turn: flush once the turn is over
             flush = loop.create_task(self._flush())
             self._flushes.add(flush)
@@ -604,25 +667,47 @@ class _ScriptBatcher:
                 taken, self._queue = self._queue, _Queue()  # with those queued meanwhile
                 batch, sent = taken.calls, asyncio.Event()
                 self._sending = (frozenset(taken.tags), sent)
-                calls = [(script, argv) for script, argv, _ in batch]
+                groups = _joined(batch)
+                calls = [(group[0].script, _argv_of(group)) for group in groups]
                 replies = await self._execute(calls) if calls else []
+                results = await self._parted(groups, replies)
                 # The replies before the turn passes on: the callers, and those waiting
                 # for this batch (after_batch_in_flight), run (one step of the loop)
                 # before the next batch is taken, so that what they call goes with it.
-                _distribute(batch, replies)
+                _distribute([call for group in groups for call in group], results)
                 sent.set()
                 await asyncio.sleep(0)
         except BaseException as exc:
             if not batch:  # failed waiting for the turn: so do the calls queued
                 batch, self._queue = self._queue.calls, _Queue()
-            for _, _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
+            for call in batch:
+                if not call.future.done():
+                    call.future.set_exception(exc)
         finally:
             if sent is not None:
                 sent.set()
                 if self._sending is not None and self._sending[1] is sent:
                     self._sending = None
+
+    async def _parted(self, groups: list[list[_Call]], replies: list[Any]) -> list[Any]:
+        """Each call's result, in order: its reply, or its part of its joined call's. A
+        joined call that failed (an error reply: one part's damaged record, say) is sent
+        again as its parts, each alone, so that it fails only the part it concerns."""
+        failed = {i for i, group in enumerate(groups)
+                  if len(group) > 1 and isinstance(replies[i], Exception)}
+        again = iter(await self._execute([(call.script, call.argv)
+                                          for i in sorted(failed) for call in groups[i]])
+                     if failed else ())
+        results: list[Any] = []
+        for i, (group, reply) in enumerate(zip(groups, replies, strict=True)):
+            joining = group[0].joining
+            if joining is None:
+                results.append(reply)
+            elif i in failed:
+                results += [result for call in group for result in _part_each([call], next(again))]
+            else:
+                results += _part_each(group, reply)
+        return results
 
     async def close(self) -> None:
         if self._held is not None:
@@ -737,9 +822,88 @@ class Appended:
 class RewardReply:
     """What one ``reward.lua`` call did."""
 
-    statuses: list[str]  # one per reward, or ["missing"] / ["forbidden"] for the whole call
+    # one per reward, or ["missing"] / ["forbidden"] / ["shards", S] for the whole call
+    statuses: list[str]
     counter: int = 0  # the rewards counter after them (0 when none was applied)
     appended: Appended | None = None  # the outcomes it recorded (None when none was applied)
+
+    @classmethod
+    def of(cls, reply: list[Any], rewards: int) -> RewardReply:
+        """From reward.lua's reply to a call of ``rewards`` rewards."""
+        if len(reply) == 1:  # 'missing' or 'forbidden': the script's only reply
+            return cls([_text(reply[0])])
+        if _text(reply[0]) == "shards":
+            return cls(["shards", _text(reply[1])])
+        statuses, counter, appended = reply[:rewards], reply[rewards], reply[rewards + 1:]
+        own = None
+        if appended:  # some were applied: their records, and where they came
+            incarnation, version, outcomes, decision_seq, records, first = appended
+            own = Appended(_text(incarnation), int(version), int(outcomes), int(decision_seq),
+                           tuple(split_records(records)[0]), int(first))
+        return cls([_text(r) for r in statuses], int(counter), own)
+
+    def parts(self, sizes: Sequence[int]) -> list[RewardReply]:
+        """The replies of the calls whose rewards (``sizes`` of them, in turn) this call
+        applied together: as each would have had, made alone in turn (the statuses are:
+        reward.lua reads every decision before it writes, and a decision named twice is
+        a repeat of itself). The records go to the calls that applied them; those of
+        others' outcomes that came before (the reply brings them when the caller held
+        fewer) to the first call that applied any."""
+        if len(sizes) == 1:
+            return [self]
+        if self.statuses[0] not in _PER_REWARD:  # the whole call's answer: each part's
+            return [self] * len(sizes)
+        applied = self.statuses.count("applied")
+        counter = self.counter - applied  # before them
+        appended = self.appended
+        records = appended.records if appended is not None else ()
+        usable = (appended is not None and len(records) >= applied
+                  and appended.first + len(records) == appended.outcomes)
+        at, taken = 0, len(records) - applied  # the first part's: others' outcomes too
+        out, start = [], 0
+        for size in sizes:
+            statuses = self.statuses[start:start + size]
+            start += size
+            mine = statuses.count("applied")
+            if not mine:
+                out.append(RewardReply(statuses))
+                continue
+            counter, taken = counter + mine, taken + mine
+            part = None
+            if usable and appended is not None:
+                first = appended.first + at
+                part = replace(appended, outcomes=first + taken, records=records[at:at + taken],
+                               first=first)
+            out.append(RewardReply(statuses, counter, part))
+            at, taken = at + taken, 0
+        return out
+
+
+_PER_REWARD = frozenset(("applied", "duplicate", "conflict", "late", "not_found"))
+_REWARD_KEYS = 4  # reward.lua's keys before the decisions'
+
+
+def _joined_rewards(argvs: Sequence[list[Any]]) -> list[Any]:
+    """One reward.lua argv for the calls' (one experiment's, with the same key hash and
+    shard count): their decisions and rewards in turn; the first outcomes count held."""
+    decisions: list[Any] = []
+    rewards: list[Any] = []
+    held: Any = ""
+    for argv in argvs:
+        ends = int(argv[0]) + 1  # argv: number of keys, the keys, then the args
+        decisions += argv[1 + _REWARD_KEYS:ends]
+        held = held if held != "" else argv[ends + 1]
+        rewards += argv[ends + 3:]
+    first = argvs[0]
+    ends = int(first[0]) + 1
+    return [_REWARD_KEYS + len(decisions), *first[1:1 + _REWARD_KEYS], *decisions,
+            first[ends], held, first[ends + 2], *rewards]
+
+
+def _reward_parts(reply: Any, argvs: Sequence[list[Any]]) -> list[RewardReply]:
+    """Each call's :class:`RewardReply` of the one reward.lua reply to them."""
+    sizes = [int(argv[0]) - _REWARD_KEYS for argv in argvs]
+    return RewardReply.of(reply, sum(sizes)).parts(sizes)
 
 
 @dataclass(frozen=True)
@@ -1455,18 +1619,13 @@ class Store:
         keyset += [keys.decision(experiment_id, decision_id) for decision_id, _ in items]
         args = ["" if key_hash is None else key_hash, "" if held is None else held, shards,
                 *(reward for _, reward in items)]
-        reply = await self._batcher.run(self._reward, keyset, args, tag=experiment_id)
-        if len(reply) == 1:  # 'missing' or 'forbidden': the script's only reply
-            return RewardReply([_text(reply[0])])
-        if _text(reply[0]) == "shards":
-            return RewardReply(["shards", _text(reply[1])])
-        statuses, counter, appended = reply[:len(items)], reply[len(items)], reply[len(items) + 1:]
-        own = None
-        if appended:  # some were applied: their records, and where they came
-            incarnation, version, outcomes, decision_seq, records, first = appended
-            own = Appended(_text(incarnation), int(version), int(outcomes), int(decision_seq),
-                           tuple(split_records(records)[0]), int(first))
-        return RewardReply([_text(r) for r in statuses], int(counter), own)
+        # The rewards of the requests of one turn go to Redis as one call (a reward in a
+        # call of 16 costs Redis about half a single one's: BENCHMARKS.md §25).
+        joining = Joining((experiment_id, key_hash or "", str(shards)), len(items),
+                          _joined_rewards, _reward_parts)
+        reply: RewardReply = await self._batcher.run(self._reward, keyset, args,
+                                                     tag=experiment_id, joining=joining)
+        return reply
 
     @_translated_batched
     async def settle(

@@ -1,7 +1,8 @@
 """The store's auto-pipelining and its optimistic decisions, against a real Redis.
 
 - decisions and rewards made in the same event-loop turn travel in one
-  pipeline, and each caller gets its own reply;
+  pipeline, and each caller gets its own reply; the rewards of one experiment
+  (with one key) go as one script call, each caller's answered as if alone;
 - a Redis that lost its script cache (SCRIPT FLUSH) is refilled and the
   batch runs, once;
 - a caller that is cancelled while its batch is in flight does not disturb
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import hiredis
@@ -25,12 +26,19 @@ import redis
 
 from policies import PolicyConfig
 from service import keys
-from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
-from service.errors import StoreUnavailable
+from service.domain import ArmSpec, ChooseRequest, ExperimentSpec, RewardOutcome
+from service.errors import Forbidden, StoreUnavailable
 from service.experiments import ExperimentService
 from service.folding import FOLD_EVERY
 from service.settings import Settings
-from service.store import Store, _ScriptBatcher
+from service.store import (
+    _JOINED_MOST,
+    Appended,
+    RewardReply,
+    Store,
+    _joined_rewards,
+    _ScriptBatcher,
+)
 from tests import records
 
 # Its experiments stay unsharded under LINREBOOT_TEST_SHARDS: the tests follow one
@@ -101,7 +109,7 @@ async def test_one_turn_of_decisions_and_rewards_is_one_pipeline_with_a_reply_ea
     rewards = [0.25 * i for i in range(20)]
     outcomes = await asyncio.gather(*(service.reward("sto", [(d.decision_id, r)], key)
                                       for d, r in zip(decisions, rewards, strict=True)))
-    assert pipelines == [20]
+    assert pipelines == [1]  # the rewards of one experiment: one reward.lua call
     assert [o[0].status for o in outcomes] == ["applied"] * 20
     view = await service.get("sto")
     assert (view.decisions, view.rewards) == (21, 20)
@@ -111,6 +119,134 @@ async def test_one_turn_of_decisions_and_rewards_is_one_pipeline_with_a_reply_ea
         mine = [r for d, r in zip(decisions, rewards, strict=True) if d.arm_id == arm_id]
         assert by_arm[arm_id].pulls == len(mine)
         assert by_arm[arm_id].mean_reward == pytest.approx(np.mean(mine), rel=1e-12)
+
+
+def _statuses(outcomes: Sequence[Sequence[RewardOutcome]]) -> list[list[str]]:
+    return [[o.status for o in outcome] for outcome in outcomes]
+
+
+async def test_the_rewards_of_one_turn_are_answered_as_if_each_came_alone_in_turn(
+    service: ExperimentService, redis_db: str, pipelines: list[int]
+) -> None:
+    """The requests' rewards of one experiment go as one reward.lua call; each request
+    gets what it would have got alone, after those before it: the same decision again is
+    a duplicate or a conflict, an unknown one not_found."""
+    def requests(ids: Sequence[str]) -> list[list[tuple[str, float]]]:
+        return [[(ids[0], 1.0)], [(ids[0], 1.0)], [(ids[1], 0.5), (ids[2], 0.0)],
+                [(ids[1], 0.25)], [("0" * 32, 1.0)], [(ids[3], 2.0), (ids[3], 2.0)]]
+
+    made = {}
+    for experiment_id in ("joined", "alone"):
+        key = await _experiment(service, experiment_id)
+        made[experiment_id] = (key, [(await service.choose(experiment_id, ChooseRequest(),
+                                                           key)).decision_id
+                                     for _ in range(4)])
+    key, ids = made["joined"]
+    pipelines.clear()
+    together = await asyncio.gather(*(service.reward("joined", items, key)
+                                      for items in requests(ids)))
+    assert pipelines == [1]
+    key, ids = made["alone"]
+    in_turn = [await service.reward("alone", items, key) for items in requests(ids)]
+
+    assert _statuses(together) == _statuses(in_turn) == [
+        ["applied"], ["duplicate"], ["applied", "applied"], ["conflict"], ["not_found"],
+        ["applied", "duplicate"]]
+    for name in (keys.REWARDS, "duplicates"):
+        assert _counter(redis_db, "joined", name) == _counter(redis_db, "alone", name) > 0
+
+
+async def test_a_damaged_decision_fails_only_its_own_request_when_joined(
+    service: ExperimentService, redis_db: str, pipelines: list[int]
+) -> None:
+    """The joined call is refused whole (nothing written); its requests are then sent
+    again one by one, and only the one that names the damaged decision fails."""
+    _, key = await service.create(ExperimentSpec(id="cov", setting="covariates", dim=2,
+                                                 arms=(ArmSpec("a"), ArmSpec("b"))))
+    made = [await service.choose("cov", ChooseRequest(context=(1.0, 2.0)), key)
+            for _ in range(3)]
+    client = redis.Redis.from_url(redis_db)
+    try:
+        record = keys.decision("cov", made[1].decision_id)
+        client.set(record, _without_context(client.get(record)), keepttl=True)  # type: ignore[arg-type]
+    finally:
+        client.close()
+    pipelines.clear()
+
+    answers = await asyncio.gather(*(service.reward("cov", [(d.decision_id, 1.0)], key)
+                                     for d in made), return_exceptions=True)
+
+    assert pipelines == [1, 3]
+    assert isinstance(answers[1], redis.ResponseError)
+    assert "without its fields or context" in str(answers[1])
+    assert [_statuses([a]) for a in (answers[0], answers[2])] == [[["applied"]]] * 2  # type: ignore[list-item]
+    assert _counter(redis_db, "cov", keys.REWARDS) == 2
+
+
+async def test_rewards_of_another_experiment_or_key_go_in_calls_of_their_own(
+    service: ExperimentService, pipelines: list[int]
+) -> None:
+    keys_by_id = {e: await _experiment(service, e) for e in ("one", "two")}
+    made = {e: [await service.choose(e, ChooseRequest(), keys_by_id[e]) for _ in range(2)]
+            for e in keys_by_id}
+    pipelines.clear()
+
+    answers = await asyncio.gather(
+        service.reward("one", [(made["one"][0].decision_id, 1.0)], keys_by_id["one"]),
+        service.reward("one", [(made["one"][1].decision_id, 1.0)], "not-the-key"),
+        service.reward("two", [(made["two"][0].decision_id, 1.0)], keys_by_id["two"]),
+        return_exceptions=True)
+
+    assert pipelines == [3]
+    assert isinstance(answers[1], Forbidden)
+    assert _statuses([answers[0], answers[2]]) == [["applied"], ["applied"]]  # type: ignore[list-item]
+    again = await service.reward("one", [(made["one"][1].decision_id, 1.0)], keys_by_id["one"])
+    assert _statuses([again]) == [["applied"]]  # the refused one wrote nothing
+
+
+async def test_a_joined_call_holds_at_most_128_rewards(
+    service: ExperimentService, pipelines: list[int]
+) -> None:
+    key = await _experiment(service, "many")
+    made = [await service.choose("many", ChooseRequest(), key) for _ in range(_JOINED_MOST + 3)]
+    pipelines.clear()
+    answers = await asyncio.gather(*(service.reward("many", [(d.decision_id, 1.0)], key)
+                                     for d in made))
+    assert pipelines == [2]  # one pipeline of two calls: 128 rewards, then 3
+    assert _statuses(answers) == [["applied"]] * (_JOINED_MOST + 3)
+
+
+def test_a_joined_reply_is_parted_as_the_calls_would_have_had_it_alone() -> None:
+    """Statuses by request; each request's rewards counter after its own; the records
+    to the requests that applied them, those of others' outcomes before them (sent
+    because the worker held fewer) to the first that applied any."""
+    records = tuple(f"r{i}".encode() for i in range(6))  # two others', then four
+    joined = RewardReply(["applied", "duplicate", "not_found", "applied", "applied",
+                          "applied"], 20, Appended("inc", 3, 30, 41, records, 24))
+    # (the rewards counter 20 of the 30 outcomes: the others ten default rewards)
+    assert joined.parts([2, 1, 1, 2]) == [
+        RewardReply(["applied", "duplicate"], 17, Appended("inc", 3, 27, 41, records[:3], 24)),
+        RewardReply(["not_found"]),
+        RewardReply(["applied"], 18, Appended("inc", 3, 28, 41, records[3:4], 27)),
+        RewardReply(["applied", "applied"], 20, Appended("inc", 3, 30, 41, records[4:], 28)),
+    ]
+    assert joined.parts([6]) == [joined]
+    for whole in (["forbidden"], ["missing"], ["shards", "3"]):
+        assert RewardReply(whole).parts([1, 1]) == [RewardReply(whole)] * 2
+    # Records that do not add up to the counter: no part gets any (each view reads).
+    broken = RewardReply(["applied", "applied"], 2, Appended("inc", 3, 9, 0, records[:2], 0))
+    assert [p.appended for p in broken.parts([1, 1])] == [None, None]
+    assert [p.counter for p in broken.parts([1, 1])] == [1, 2]
+
+
+def test_joined_reward_arguments_are_those_of_one_call_with_every_reward() -> None:
+    def argv(ids: Sequence[str], held: object, rewards: Sequence[str]) -> list[object]:
+        head = [keys.meta("e"), keys.stats("e"), keys.log("e"), keys.outcomes("e")]
+        decision_keys = [keys.decision("e", i) for i in ids]
+        return [len(head) + len(ids), *head, *decision_keys, "hash", held, 1, *rewards]
+
+    parts = [argv(["a"], "", ["1"]), argv(["b", "c"], 7, ["0.5", "0"]), argv(["d"], "", ["2"])]
+    assert _joined_rewards(parts) == argv(["a", "b", "c", "d"], 7, ["1", "0.5", "0", "2"])
 
 
 async def test_a_lost_script_cache_is_refilled_and_each_call_runs_once(
