@@ -17,7 +17,8 @@ members on every master), and on ``--experiments`` experiments (a wrk thread
 each; on a cluster spread evenly over the masters). Each row gives pairs/s,
 p50 and p99, the workers' CPU per pair (user + system, /proc) and the busiest
 worker's share of it (about 1 / N when the connections are spread), the script calls
-per pair (2 when no decision is made twice; a stale one is a third), the whole
+per pair (2 when no decision is made twice and no reward shares a call; a stale
+decision is a third) and the scripts' time per pair (INFO commandstats), the whole
 statistics reads per pair (HGETALL: a view that could not catch up by the outcomes it
 lacked), each master's CPU
 per pair (INFO cpu, its main thread: commands and clients' I/O, each counted once)
@@ -89,6 +90,9 @@ class Row:
     # outcomes it lacked, or a first read, with its meta), per pair: 0 when catching up
     # costs in proportion to the rewards missed (issue 27, target 1)
     whole_reads_per_pair: float = 0.0
+    # the scripts' own time per pair (INFO commandstats, EVALSHA and FCALL usec, their
+    # commands inside counted once; no client I/O): issue 26's target 2 under load
+    script_us_per_pair: float = 0.0
     # the CPU of the busiest process of the serving tree, as a share of the tree's: about
     # 1 / N with N workers sharing the load; near 1 when the kernel gave one worker all
     # of wrk's connections (the row then shows one worker's figures)
@@ -159,12 +163,14 @@ def _measure(store: Store, name: str, workers: int, pid: int, url: str,
     usec = [server_cpu_us(server) - b
             for server, b in zip(store.servers, redis_before, strict=True)]
     scripts = sum(script_calls(server) for server in store.servers)
+    script_usec = sum(command_usec(server, ("evalsha", "fcall")) for server in store.servers)
     whole_reads = sum(command_calls(server, ("hgetall",)) for server in store.servers)
     count = max(result.requests / 2, 1.0)  # a /choose and a /reward each
     return Row(name, workers, len(pairs), shards, result.requests_per_second / 2, result.p50_ms,
                result.p99_ms, result.errors, 1e6 * spent / count,
                tuple(u / count for u in usec), tuple(u / (1e6 * duration) for u in usec),
-               scripts / count, whole_reads / count, max(spent_by.values()) / max(spent, 1e-9))
+               scripts / count, whole_reads / count, max(spent_by.values()) / max(spent, 1e-9),
+               script_usec / count)
 
 
 def script_calls(server: redis.Redis) -> int:
@@ -175,8 +181,17 @@ def script_calls(server: redis.Redis) -> int:
 def command_calls(server: redis.Redis, names: tuple[str, ...]) -> int:
     """Calls of these commands since the server's stats were last reset (a script's own
     calls included)."""
+    return _commandstat(server, names, "calls")
+
+
+def command_usec(server: redis.Redis, names: tuple[str, ...]) -> int:
+    """Time (µs) in these commands since the server's stats were last reset."""
+    return _commandstat(server, names, "usec")
+
+
+def _commandstat(server: redis.Redis, names: tuple[str, ...], field: str) -> int:
     stats: dict[str, dict[str, int]] = server.info("commandstats")  # type: ignore[assignment]
-    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in names)
+    return sum(stats.get(f"cmdstat_{name}", {}).get(field, 0) for name in names)
 
 
 LOADS = ("hot", "sharded", "many")
@@ -271,15 +286,16 @@ def _line(row: Row) -> str:
     return (f"| {row.store} | {row.workers} | {load} | {row.pairs_per_second:,.0f} | "
             f"{row.p50_ms:.1f} | {row.p99_ms:.1f} | {row.worker_us_per_pair:.0f} | "
             f"{row.busiest_share:.0%} | "
-            f"{row.scripts_per_pair:.2f} | {row.whole_reads_per_pair:.3f} | {redis_us} | "
+            f"{row.scripts_per_pair:.2f} | {row.script_us_per_pair:.1f} | "
+            f"{row.whole_reads_per_pair:.3f} | {redis_us} | "
             f"{busy} | {row.needs(TARGETS[0])} | {row.needs(TARGETS[1])} | {row.errors} |")
 
 
 HEADER = ("| store | workers | experiments | pairs/s | p50 ms | p99 ms | worker CPU µs/pair "
           "| busiest worker's share "
-          "| scripts/pair | whole reads/pair | Redis µs/pair, by master | busy, by master "
-          "| for 10k pairs/s | for 100k pairs/s | errors |\n"
-          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|")
+          "| scripts/pair | script µs/pair | whole reads/pair | Redis µs/pair, by master "
+          "| busy, by master | for 10k pairs/s | for 100k pairs/s | errors |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|")
 
 
 def main() -> None:

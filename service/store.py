@@ -482,12 +482,16 @@ class Joining:
     """How a batch's calls of one script with equal ``key`` go to Redis as one call (a
     script that takes a batch: :meth:`Store.apply_rewards`): ``join`` makes the call's
     argv from theirs, ``part`` each call's result from its reply; ``size``, this call's
-    items, bounds what one call holds (:data:`_JOINED_MOST`)."""
+    items, bounds what one call holds (:data:`_JOINED_MOST`). An error reply that
+    ``apart`` accepts is one a call may have caused alone, before the script wrote
+    anything: the calls are then sent again, each alone; any other error is each
+    call's, as it would be of one call with all their items."""
 
     key: tuple[str, ...]
     size: int
     join: Callable[[Sequence[list[Any]]], list[Any]]
     part: Callable[[Any, Sequence[list[Any]]], Sequence[Any]]
+    apart: Callable[[Exception], bool]
 
 
 # What one joined call holds at most: a script's run blocks Redis (about 20 µs an item).
@@ -561,13 +565,25 @@ def _argv_of(group: list[_Call]) -> list[Any]:
     return joining.join([call.argv for call in group])
 
 
-def _part_each(group: list[_Call], reply: Any) -> Sequence[Any]:
-    """Each call's result of the one reply to ``group`` (sent joined, or one call alone)."""
+def _results(group: list[_Call], reply: Any) -> Sequence[Any]:
+    """Each call's result of the one reply to ``group`` (joined, or a call alone): a reply
+    its part cannot read is each call's error, not the batch's."""
     joining = group[0].joining
-    assert joining is not None
+    if joining is None:
+        return [reply]
     if isinstance(reply, Exception):
         return [reply] * len(group)
-    return joining.part(reply, [call.argv for call in group])
+    try:
+        return joining.part(reply, [call.argv for call in group])
+    except Exception as exc:  # (a damaged reply: an outcomes string cut short, say)
+        return [exc] * len(group)
+
+
+def _apart(group: list[_Call], reply: Any) -> bool:
+    """``group``, joined, was refused for what one of its calls may have caused alone."""
+    joining = group[0].joining
+    return (len(group) > 1 and joining is not None and isinstance(reply, Exception)
+            and joining.apart(reply))
 
 
 class _ScriptBatcher:
@@ -670,11 +686,20 @@ class _ScriptBatcher:
                 groups = _joined(batch)
                 calls = [(group[0].script, _argv_of(group)) for group in groups]
                 replies = await self._execute(calls) if calls else []
-                results = await self._parted(groups, replies)
+                apart = [group for group, reply in zip(groups, replies, strict=True)
+                         if _apart(group, reply)]
                 # The replies before the turn passes on: the callers, and those waiting
                 # for this batch (after_batch_in_flight), run (one step of the loop)
                 # before the next batch is taken, so that what they call goes with it.
-                _distribute([call for group in groups for call in group], results)
+                for group, reply in zip(groups, replies, strict=True):
+                    if not _apart(group, reply):
+                        _distribute(group, _results(group, reply))
+                if apart:  # each call of those alone, once the others have run on
+                    await asyncio.sleep(0)
+                    alone = [[call] for group in apart for call in group]
+                    again = await self._execute([(c.script, c.argv) for [c] in alone])
+                    for group, reply in zip(alone, again, strict=True):
+                        _distribute(group, _results(group, reply))
                 sent.set()
                 await asyncio.sleep(0)
         except BaseException as exc:
@@ -688,26 +713,6 @@ class _ScriptBatcher:
                 sent.set()
                 if self._sending is not None and self._sending[1] is sent:
                     self._sending = None
-
-    async def _parted(self, groups: list[list[_Call]], replies: list[Any]) -> list[Any]:
-        """Each call's result, in order: its reply, or its part of its joined call's. A
-        joined call that failed (an error reply: one part's damaged record, say) is sent
-        again as its parts, each alone, so that it fails only the part it concerns."""
-        failed = {i for i, group in enumerate(groups)
-                  if len(group) > 1 and isinstance(replies[i], Exception)}
-        again = iter(await self._execute([(call.script, call.argv)
-                                          for i in sorted(failed) for call in groups[i]])
-                     if failed else ())
-        results: list[Any] = []
-        for i, (group, reply) in enumerate(zip(groups, replies, strict=True)):
-            joining = group[0].joining
-            if joining is None:
-                results.append(reply)
-            elif i in failed:
-                results += [result for call in group for result in _part_each([call], next(again))]
-            else:
-                results += _part_each(group, reply)
-        return results
 
     async def close(self) -> None:
         if self._held is not None:
@@ -898,6 +903,12 @@ def _joined_rewards(argvs: Sequence[list[Any]]) -> list[Any]:
     ends = int(first[0]) + 1
     return [_REWARD_KEYS + len(decisions), *first[1:1 + _REWARD_KEYS], *decisions,
             first[ends], held, first[ends + 2], *rewards]
+
+
+def _damaged(error: Exception) -> bool:
+    """reward.lua refused its call for a damaged decision (outcomes.lua's ``incomplete``),
+    before it wrote anything."""
+    return isinstance(error, ResponseError) and str(error).startswith("DAMAGED ")
 
 
 def _reward_parts(reply: Any, argvs: Sequence[list[Any]]) -> list[RewardReply]:
@@ -1622,7 +1633,7 @@ class Store:
         # The rewards of the requests of one turn go to Redis as one call (a reward in a
         # call of 16 costs Redis about half a single one's: BENCHMARKS.md §25).
         joining = Joining((experiment_id, key_hash or "", str(shards)), len(items),
-                          _joined_rewards, _reward_parts)
+                          _joined_rewards, _reward_parts, _damaged)
         reply: RewardReply = await self._batcher.run(self._reward, keyset, args,
                                                      tag=experiment_id, joining=joining)
         return reply

@@ -330,6 +330,31 @@ async def test_position_weights_scale_what_each_slot_teaches(service: Experiment
     assert (await service.get("shelf")).spec.position_weights == (1.0, 0.5, 0.25)
 
 
+@pytest.mark.unsharded  # (damages the experiment's own meta)
+async def test_a_damaged_position_weight_refuses_the_rewards_before_any_is_written(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """reward.lua divides a slot's reward by its position weight after its first writes:
+    a weight that is not a positive number refuses the call while it reads (DAMAGED),
+    so the decision's reward before it in the call is not written either."""
+    spec = dataclasses.replace(COVARIATES, arms=ARMS[:4], position_weights=(1.0, 0.5))
+    await service.create(spec)
+    decision = await service.choose("shelf", ChooseRequest(context=(1.0, 0.0)))
+    ranking = await service.rank("shelf", ChooseRequest(context=(1.0, 0.0), slots=2))
+    client = redis.Redis.from_url(redis_db)
+    try:
+        client.hset(keys.meta("shelf"), "position_weights", "1,0")
+        with pytest.raises(redis.ResponseError, match=r"^DAMAGED .*position weight"):
+            await service.reward("shelf", [(decision.decision_id, 1.0),
+                                           (ranking.slots[1].decision_id, 1.0)])
+        assert client.hget(keys.stats("shelf"), keys.REWARDS) in (None, b"0")
+        assert client.get(keys.outcomes("shelf")) in (None, b"")
+    finally:
+        client.close()
+    assert [o.status for o in await service.reward("shelf", [(decision.decision_id, 1.0)])] \
+        == ["applied"]  # its slot 1 weight is whole
+
+
 @pytest.mark.parametrize(("weights", "says"), [
     ([0.5, 0.8], "must not increase"),
     ([1.0, 0.0], "greater than 0"),

@@ -34,9 +34,12 @@ from service.settings import Settings
 from service.store import (
     _JOINED_MOST,
     Appended,
+    Joining,
     RewardReply,
     Store,
+    _Call,
     _joined_rewards,
+    _results,
     _ScriptBatcher,
 )
 from tests import records
@@ -125,6 +128,13 @@ def _statuses(outcomes: Sequence[Sequence[RewardOutcome]]) -> list[list[str]]:
     return [[o.status for o in outcome] for outcome in outcomes]
 
 
+async def _load_reward_script(service: ExperimentService, experiment_id: str, key: str) -> None:
+    """reward.lua in Redis's script cache, so that no call of the test is refused first
+    (NOSCRIPT: sent again, a pipeline more)."""
+    unknown = await service.reward(experiment_id, [("0" * 32, 0.0)], key)
+    assert unknown[0].status == "not_found"
+
+
 async def test_the_rewards_of_one_turn_are_answered_as_if_each_came_alone_in_turn(
     service: ExperimentService, redis_db: str, pipelines: list[int]
 ) -> None:
@@ -142,6 +152,7 @@ async def test_the_rewards_of_one_turn_are_answered_as_if_each_came_alone_in_tur
                                                            key)).decision_id
                                      for _ in range(4)])
     key, ids = made["joined"]
+    await _load_reward_script(service, "joined", key)
     pipelines.clear()
     together = await asyncio.gather(*(service.reward("joined", items, key)
                                       for items in requests(ids)))
@@ -157,12 +168,16 @@ async def test_the_rewards_of_one_turn_are_answered_as_if_each_came_alone_in_tur
 
 
 async def test_a_damaged_decision_fails_only_its_own_request_when_joined(
-    service: ExperimentService, redis_db: str, pipelines: list[int]
+    service: ExperimentService, redis_db: str, pipelines: list[int],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The joined call is refused whole (nothing written); its requests are then sent
     again one by one, and only the one that names the damaged decision fails."""
     _, key = await service.create(ExperimentSpec(id="cov", setting="covariates", dim=2,
                                                  arms=(ArmSpec("a"), ArmSpec("b"))))
+    other = await _experiment(service, "other")
+    await service.choose("other", ChooseRequest(), other)  # its view read
+    await _load_reward_script(service, "cov", key)
     made = [await service.choose("cov", ChooseRequest(context=(1.0, 2.0)), key)
             for _ in range(3)]
     client = redis.Redis.from_url(redis_db)
@@ -173,14 +188,98 @@ async def test_a_damaged_decision_fails_only_its_own_request_when_joined(
         client.close()
     pipelines.clear()
 
+    beside = asyncio.ensure_future(service.choose("other", ChooseRequest(), other))
+    answered: list[bool] = []  # at each pipeline: whether the decision beside has its reply
+    send = _ScriptBatcher._pipeline
+
+    async def watched(self: _ScriptBatcher, calls: list[Any]) -> list[Any]:
+        answered.append(beside.done())
+        return await send(self, calls)
+
+    monkeypatch.setattr(_ScriptBatcher, "_pipeline", watched)
     answers = await asyncio.gather(*(service.reward("cov", [(d.decision_id, 1.0)], key)
                                      for d in made), return_exceptions=True)
 
-    assert pipelines == [1, 3]
+    assert pipelines == [2, 3]  # a decision beside the joined call; then its requests alone
+    assert answered == [False, True]  # its reply before the requests went again
+    assert (await beside).decision_number == 2
     assert isinstance(answers[1], redis.ResponseError)
-    assert "without its fields or context" in str(answers[1])
+    assert str(answers[1]).startswith("DAMAGED a pending decision without its fields")
     assert [_statuses([a]) for a in (answers[0], answers[2])] == [[["applied"]]] * 2  # type: ignore[list-item]
     assert _counter(redis_db, "cov", keys.REWARDS) == 2
+
+
+async def test_a_joined_call_refused_for_the_experiment_is_each_requests_error_at_once(
+    service: ExperimentService, redis_db: str, pipelines: list[int]
+) -> None:
+    """An error reply other than a damaged decision's (here: an experiment stored by an
+    earlier version) concerns every request of the call: no request is sent again."""
+    key = await _experiment(service, "old")
+    made = [await service.choose("old", ChooseRequest(), key) for _ in range(2)]
+    await _load_reward_script(service, "old", key)
+    client = redis.Redis.from_url(redis_db)
+    try:
+        client.hset(keys.meta("old"), "model_recipe", "outer_upper,r_x,r2,one,r")
+    finally:
+        client.close()
+    pipelines.clear()
+    answers = await asyncio.gather(*(service.reward("old", [(d.decision_id, 1.0)], key)
+                                     for d in made), return_exceptions=True)
+    assert pipelines == [1]
+    assert all(isinstance(a, redis.ResponseError) and "earlier version" in str(a)
+               for a in answers)
+
+
+async def test_a_cancelled_request_leaves_its_joined_call_alone(
+    service: ExperimentService, redis_db: str, pipelines: list[int]
+) -> None:
+    """Cancelled before its call is sent, a request's reward still goes (as a call of its
+    own would); the others get their replies."""
+    key = await _experiment(service, "gone")
+    made = [await service.choose("gone", ChooseRequest(), key) for _ in range(3)]
+    await _load_reward_script(service, "gone", key)
+    pipelines.clear()
+    tasks = [asyncio.ensure_future(service.reward("gone", [(d.decision_id, 1.0)], key))
+             for d in made]
+    await asyncio.sleep(0)  # each queued its call
+    tasks[1].cancel()
+    answers = await asyncio.gather(*tasks, return_exceptions=True)
+    assert pipelines == [1]
+    assert isinstance(answers[1], asyncio.CancelledError)
+    assert _statuses([answers[0], answers[2]]) == [["applied"], ["applied"]]  # type: ignore[list-item]
+    assert _counter(redis_db, "gone", keys.REWARDS) == 3
+
+
+async def test_a_joined_call_across_a_multiple_of_the_fold_interval_folds_once(
+    service: ExperimentService, redis_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each request's part says the rewards counter after its own rewards, so exactly
+    one request starts the fold a multiple of FOLD_EVERY calls for."""
+    key = await _experiment(service, "fold")
+    made = [await service.choose("fold", ChooseRequest(), key) for _ in range(FOLD_EVERY + 8)]
+    folds: list[str] = []
+    fold = Store.fold
+
+    async def counted(self: Store, experiment_id: str, *args: Any) -> Any:
+        folds.append(experiment_id)
+        return await fold(self, experiment_id, *args)
+
+    monkeypatch.setattr(Store, "fold", counted)
+    await asyncio.gather(*(service.reward("fold", [(d.decision_id, 0.5)], key) for d in made))
+    await service.drain()
+    assert folds == ["fold"]
+    assert _counter(redis_db, "fold", "folded") == FOLD_EVERY + 8
+
+
+def test_a_joined_reply_its_part_cannot_read_fails_its_own_requests_only() -> None:
+    def unreadable(reply: Any, argvs: Sequence[list[Any]]) -> list[Any]:
+        raise ValueError("the outcomes string ends inside a record")
+
+    joining = Joining(("e",), 1, _joined_rewards, unreadable, lambda error: False)
+    group = [_Call(None, [], None, joining), _Call(None, [], None, joining)]  # type: ignore[arg-type]
+    results = _results(group, ["applied", "applied", 2])
+    assert [type(r) for r in results] == [ValueError, ValueError]
+    assert _results([_Call(None, [], None)], "OK") == ["OK"]  # type: ignore[arg-type]
 
 
 async def test_rewards_of_another_experiment_or_key_go_in_calls_of_their_own(
@@ -189,6 +288,7 @@ async def test_rewards_of_another_experiment_or_key_go_in_calls_of_their_own(
     keys_by_id = {e: await _experiment(service, e) for e in ("one", "two")}
     made = {e: [await service.choose(e, ChooseRequest(), keys_by_id[e]) for _ in range(2)]
             for e in keys_by_id}
+    await _load_reward_script(service, "one", keys_by_id["one"])
     pipelines.clear()
 
     answers = await asyncio.gather(
@@ -209,6 +309,7 @@ async def test_a_joined_call_holds_at_most_128_rewards(
 ) -> None:
     key = await _experiment(service, "many")
     made = [await service.choose("many", ChooseRequest(), key) for _ in range(_JOINED_MOST + 3)]
+    await _load_reward_script(service, "many", key)
     pipelines.clear()
     answers = await asyncio.gather(*(service.reward("many", [(d.decision_id, 1.0)], key)
                                      for d in made))

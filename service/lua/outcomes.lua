@@ -242,28 +242,6 @@ local function unusable(model_recipe)
   return nil
 end
 
--- A pending decision's record lacks what its outcome's record needs (its
--- number too when the experiment forgets, a context of the experiment's
--- size: `discount` and `context_bytes` are the meta's): an error reply (a
--- damaged record; the caller checks before it writes), else nil.
-local function incomplete(decision, discount, context_bytes)
-  if not (decision[MODEL_FIELD] and decision[ARM_FIELD] and decision[X]) then
-    return redis.error_reply('a pending decision without its fields or context')
-  end
-  if discount and not tonumber(decision[NUMBER]) then
-    return redis.error_reply('a decision without a number in an experiment that forgets')
-  end
-  -- (a deadline that is not a number would fail the script after its first writes)
-  if (decision[NUMBER] and not tonumber(decision[NUMBER]))
-      or (decision[DEADLINE] and not tonumber(decision[DEADLINE])) then
-    return redis.error_reply('a pending decision whose number or deadline is not a number')
-  end
-  if context_bytes and #decision[X] ~= tonumber(context_bytes) then
-    return redis.error_reply('a pending decision whose context is not of the experiment\'s size')
-  end
-  return nil
-end
-
 -- This call's state: the records appended by finish, and the log written
 -- ({key, max_age} once an outcome is logged). begin() sets it afresh: as a
 -- Redis 7 function library (service.store) this chunk runs once, at load,
@@ -271,6 +249,40 @@ end
 local records, log_written, weights
 local function begin()
   records, log_written, weights = {}, nil, nil
+end
+
+-- A pending decision's record lacks what its outcome's record needs (its
+-- number too when the experiment forgets, a context of the experiment's
+-- size: `discount` and `context_bytes` are the meta's; a ranking's slot, its
+-- position weight: use_weights first): an error reply whose code is DAMAGED (a
+-- damaged record; the caller checks before it writes: service.store sends the
+-- requests of a joined call refused so again one by one), else nil.
+local function damaged(message)
+  return redis.error_reply('DAMAGED ' .. message)
+end
+local function incomplete(decision, discount, context_bytes)
+  if not (decision[MODEL_FIELD] and decision[ARM_FIELD] and decision[X]) then
+    return damaged('a pending decision without its fields or context')
+  end
+  if discount and not tonumber(decision[NUMBER]) then
+    return damaged('a decision without a number in an experiment that forgets')
+  end
+  -- (a deadline that is not a number would fail the script after its first writes)
+  if (decision[NUMBER] and not tonumber(decision[NUMBER]))
+      or (decision[DEADLINE] and not tonumber(decision[DEADLINE])) then
+    return damaged('a pending decision whose number or deadline is not a number')
+  end
+  if context_bytes and #decision[X] ~= tonumber(context_bytes) then
+    return damaged('a pending decision whose context is not of the experiment\'s size')
+  end
+  local slot = decision[SLOT]
+  if slot and weights then  -- (append divides by it, after the first writes)
+    local w = weights[math.min(slot, #weights)]
+    if not (w and w > 0) then
+      return damaged('a ranking\'s slot whose position weight is not a positive number')
+    end
+  end
+  return nil
 end
 
 -- The experiment's position weights (meta's position_weights, 'w1,w2,...'; nil: none).
