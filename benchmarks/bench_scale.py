@@ -169,8 +169,9 @@ def _measure(store: Store, name: str, workers: int, pid: int, url: str,
     return Row(name, workers, len(pairs), shards, result.requests_per_second / 2, result.p50_ms,
                result.p99_ms, result.errors, 1e6 * spent / count,
                tuple(u / count for u in usec), tuple(u / (1e6 * duration) for u in usec),
-               scripts / count, whole_reads / count, max(spent_by.values()) / max(spent, 1e-9),
-               script_usec / count)
+               scripts_per_pair=scripts / count, whole_reads_per_pair=whole_reads / count,
+               script_us_per_pair=script_usec / count,
+               busiest_share=max(spent_by.values()) / max(spent, 1e-9))
 
 
 def script_calls(server: redis.Redis) -> int:
