@@ -13,6 +13,10 @@ LinReBoot, K = 100 arms, the decision log on, no default reward):
   (the path of every /choose whose worker's statistics are current);
 * ``/reward``: ``reward.lua`` with one decision;
 * ``batch of 100``: ``reward.lua`` with 100 decisions, per reward;
+* ``joined call of 16``: ``reward.lua`` with 16 decisions, as the service
+  joins single rewards of one batch under load (``service.store.Joining``:
+  16 or 32 a call under ``bench_service``'s pairs load), per reward with its
+  share of the folds;
 * ``folds, per outcome``: where rewards are recorded as outcomes that the
   workers add to the sums (``service.folding``), what writing the sums back
   costs (``fold_read.lua``, an HMGET and ``fold.lua``, all Redis commands
@@ -67,9 +71,11 @@ from service.folding import (
 DIMS = (5, 10, 20)
 _HELD_REWARD = "ARGV[2]  how many outcomes the caller holds"
 BATCH = 100
+JOINED = 16  # rewards in a joined call (service.store.Joining) under bench_service's load
 _LOG = {"log_max_entries": "100000", "log_max_age_seconds": "604800"}
 KINDS = ("/choose", "/reward", f"batch of {BATCH}, per reward", "folds, per outcome",
-         "/reward + its share of the folds")
+         "/reward + its share of the folds",
+         f"joined call of {JOINED}, per reward + its share of the folds")
 
 
 @dataclass
@@ -239,8 +245,11 @@ def _timed(client: redis.Redis, sha: str, calls: list[list[Any]], command: str =
 
 def _block(client: redis.Redis, version: Version, dim: int, calls: int) -> None:
     experiment = _experiment(version, dim)
-    ids = [secrets.token_hex(16) for _ in range(calls + BATCH * (calls // BATCH))]
-    single, batched = ids[:calls], ids[calls:]
+    joined_count = JOINED * max(1, calls // (2 * JOINED))
+    ids = [secrets.token_hex(16)
+           for _ in range(calls + BATCH * (calls // BATCH) + joined_count)]
+    single, batched = ids[:calls], ids[calls:len(ids) - joined_count]
+    joined_ids = ids[len(ids) - joined_count:]
     choose = _timed(client, version.decide,
                     [_decide_args(version, experiment, dim, i) for i in ids], version.command)
     # As the service calls them: a fold after every FOLD_EVERY single rewards,
@@ -258,8 +267,16 @@ def _block(client: redis.Redis, version: Version, dim: int, calls: int) -> None:
         calls_ = [_reward_args(version, experiment, batched[start: start + BATCH])]
         batch += _timed(client, version.reward, calls_, version.command) + _timed_folds(
             client, version, experiment, dim)[0]
+    joined = 0.0
+    for start in range(0, len(joined_ids), FOLD_EVERY):  # a fold after FOLD_EVERY outcomes
+        group = joined_ids[start: start + FOLD_EVERY]
+        calls_ = [_reward_args(version, experiment, group[at: at + JOINED])
+                  for at in range(0, len(group), JOINED)]
+        joined += (_timed(client, version.reward, calls_, version.command) * len(calls_)
+                   + _timed_folds(client, version, experiment, dim)[0])
     reward, fold = rewards / len(single), folds / max(folded, 1)
-    figures = (choose, reward, batch / len(batched), fold, reward + fold)
+    figures = (choose, reward, batch / len(batched), fold, reward + fold,
+               joined / len(joined_ids))
     for kind, value in zip(KINDS, figures, strict=True):
         version.times.setdefault((dim, kind), []).append(value)
     with client.pipeline(transaction=False) as pipe:  # keep the memory flat over blocks
@@ -323,10 +340,13 @@ def _report(versions: list[Version], blocks: int) -> None:
         single = statistics.median(this.times[(dim, KINDS[4])])
         batch = (statistics.median(this.times[(dim, KINDS[2])])
                  + statistics.median(this.times[(dim, KINDS[3])]))
-        pair = statistics.median(this.times[(dim, KINDS[0])]) + single
+        choose = statistics.median(this.times[(dim, KINDS[0])])
+        joined = statistics.median(this.times[(dim, KINDS[5])])
         print(f"d = {dim}: a reward in a batch of {BATCH} costs {batch / single:.0%} of a "
               f"single one (each with its share of the folds); one shard applies "
-              f"{1e6 / pair:,.0f} choose+reward pairs/s")
+              f"{1e6 / (choose + single):,.0f} choose+reward pairs/s; a pair "
+              f"{choose + single:.1f} µs, {choose + joined:.1f} with its reward in a joined "
+              f"call of {JOINED}")
 
 
 # Where a call's time goes: the script cut short (``do return ... end``)
