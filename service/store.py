@@ -41,7 +41,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
-from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, Literal, ParamSpec, TypeVar
 
 import hiredis
 import redis
@@ -478,19 +478,20 @@ class HeldConnection:
 
 
 @dataclass(frozen=True)
-class Joining:
+class Joining(Generic[T]):
     """How a batch's calls of one script with equal ``key`` go to Redis as one call (a
     script that takes a batch: :meth:`Store.apply_rewards`): ``join`` makes the call's
     argv from theirs, ``part`` each call's result from its reply; ``size``, this call's
-    items, bounds what one call holds (:data:`_JOINED_MOST`). An error reply that
-    ``apart`` accepts is one a call may have caused alone, before the script wrote
-    anything: the calls are then sent again, each alone; any other error is each
-    call's, as it would be of one call with all their items."""
+    items, bounds what one call holds (:data:`_JOINED_MOST`; a call of more goes alone).
+    An error reply that ``apart`` accepts is one a call may have caused alone, before
+    the script wrote anything: the calls then go again, each alone, with the next batch
+    (under its own deadline); any other error is each call's, as it would be of one
+    call with all their items."""
 
     key: tuple[str, ...]
     size: int
     join: Callable[[Sequence[list[Any]]], list[Any]]
-    part: Callable[[Any, Sequence[list[Any]]], Sequence[Any]]
+    part: Callable[[Any, Sequence[list[Any]]], Sequence[T]]
     apart: Callable[[Exception], bool]
 
 
@@ -503,7 +504,9 @@ class _Call:
     script: AsyncScript
     argv: list[Any]
     future: asyncio.Future[Any]  # the reply (or, joined, the part's result)
-    joining: Joining | None = None
+    joining: Joining[Any] | None = None
+    tag: str | None = None
+    alone: bool = False  # sent alone though it has a joining (its joined call was refused)
 
 
 def _joined(calls: Sequence[_Call]) -> list[list[_Call]]:
@@ -514,7 +517,7 @@ def _joined(calls: Sequence[_Call]) -> list[list[_Call]]:
     joinable: dict[tuple[str, ...], list[_Call]] = {}  # the group a call with this key joins
     sizes: dict[tuple[str, ...], int] = {}
     for call in calls:
-        if call.joining is None:
+        if call.joining is None or call.alone:
             groups.append([call])
             continue
         key, size = (call.script.sha, *call.joining.key), call.joining.size
@@ -574,9 +577,13 @@ def _results(group: list[_Call], reply: Any) -> Sequence[Any]:
     if isinstance(reply, Exception):
         return [reply] * len(group)
     try:
-        return joining.part(reply, [call.argv for call in group])
+        results = joining.part(reply, [call.argv for call in group])
     except Exception as exc:  # (a damaged reply: an outcomes string cut short, say)
         return [exc] * len(group)
+    if len(results) != len(group):
+        return [ValueError(f"a joined reply parted in {len(results)}, not {len(group)}")
+                ] * len(group)
+    return results
 
 
 def _apart(group: list[_Call], reply: Any) -> bool:
@@ -632,20 +639,28 @@ class _ScriptBatcher:
             else HeldConnection(client.connection_pool, bounded=deadline_seconds is not None))
 
     async def run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any],
-                  first: bool = False, tag: str | None = None,
-                  joining: Joining | None = None) -> Any:
+                  first: bool = False, tag: str | None = None) -> Any:
         """The script's reply, sent with the others of this turn (``first``: ahead of
         those not sent first, in the order called; ``tag``: what
-        :meth:`after_batch_in_flight` asks about; ``joining``: sent as one call with
-        those of the batch it joins, and then its part of the reply)."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._queue.add(_Call(script, [len(keys), *keys, *args], future, joining), first, tag)
+        :meth:`after_batch_in_flight` asks about)."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._enqueue(_Call(script, [len(keys), *keys, *args], future, tag=tag), first)
+        return await future
+
+    async def run_joined(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any],
+                         joining: Joining[T], tag: str | None = None) -> T:
+        """As :meth:`run`, sent as one call with the batch's others that ``joining``
+        joins: this call's part of the reply."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._enqueue(_Call(script, [len(keys), *keys, *args], future, joining, tag))
+        return await future
+
+    def _enqueue(self, call: _Call, first: bool = False) -> None:
+        self._queue.add(call, first, call.tag)
         if len(self._queue.calls) == 1:  # the first of this turn: flush once the turn is over
-            flush = loop.create_task(self._flush())
+            flush = asyncio.get_running_loop().create_task(self._flush())
             self._flushes.add(flush)
             flush.add_done_callback(self._flushes.discard)
-        return await future
 
     @property
     def batch_in_flight(self) -> bool:
@@ -686,19 +701,14 @@ class _ScriptBatcher:
                 groups = _joined(batch)
                 calls = [(group[0].script, _argv_of(group)) for group in groups]
                 replies = await self._execute(calls) if calls else []
-                apart = [group for group, reply in zip(groups, replies, strict=True)
-                         if _apart(group, reply)]
                 # The replies before the turn passes on: the callers, and those waiting
                 # for this batch (after_batch_in_flight), run (one step of the loop)
                 # before the next batch is taken, so that what they call goes with it.
                 for group, reply in zip(groups, replies, strict=True):
-                    if not _apart(group, reply):
-                        _distribute(group, _results(group, reply))
-                if apart:  # each call of those alone, once the others have run on
-                    await asyncio.sleep(0)
-                    alone = [[call] for group in apart for call in group]
-                    again = await self._execute([(c.script, c.argv) for [c] in alone])
-                    for group, reply in zip(alone, again, strict=True):
+                    if _apart(group, reply):  # each call alone, with the next batch
+                        for call in group:
+                            self._enqueue(replace(call, alone=True))
+                    else:
                         _distribute(group, _results(group, reply))
                 sent.set()
                 await asyncio.sleep(0)
@@ -856,7 +866,7 @@ class RewardReply:
         fewer) to the first call that applied any."""
         if len(sizes) == 1:
             return [self]
-        if self.statuses[0] not in _PER_REWARD:  # the whole call's answer: each part's
+        if self.statuses[0] in _WHOLE_CALL:  # the whole call's answer: each part's
             return [self] * len(sizes)
         applied = self.statuses.count("applied")
         counter = self.counter - applied  # before them
@@ -884,25 +894,45 @@ class RewardReply:
         return out
 
 
-_PER_REWARD = frozenset(("applied", "duplicate", "conflict", "late", "not_found"))
-_REWARD_KEYS = 4  # reward.lua's keys before the decisions'
+# reward.lua's answers for the whole call (a status per reward is none of these)
+_WHOLE_CALL = frozenset(("missing", "forbidden", "shards"))
+
+
+@dataclass(frozen=True)
+class _RewardArgs:
+    """A reward.lua call's argv (:meth:`_ScriptBatcher.run`'s: the number of keys, the
+    keys, the args) by its parts."""
+
+    head: list[Any]  # the experiment's keys: meta, stats, log, outcomes
+    decisions: list[Any]  # a decision key per reward
+    key_hash: Any
+    held: Any  # '' for unknown
+    shards: Any
+    rewards: list[Any]
+
+    @classmethod
+    def of(cls, argv: list[Any]) -> _RewardArgs:
+        ends = int(argv[0]) + 1
+        return cls(argv[1:5], argv[5:ends], argv[ends], argv[ends + 1], argv[ends + 2],
+                   argv[ends + 3:])
+
+    def keys(self) -> list[Any]:
+        return [*self.head, *self.decisions]
+
+    def args(self) -> list[Any]:
+        return [self.key_hash, self.held, self.shards, *self.rewards]
+
+    def argv(self) -> list[Any]:
+        return [len(self.head) + len(self.decisions), *self.keys(), *self.args()]
 
 
 def _joined_rewards(argvs: Sequence[list[Any]]) -> list[Any]:
     """One reward.lua argv for the calls' (one experiment's, with the same key hash and
     shard count): their decisions and rewards in turn; the first outcomes count held."""
-    decisions: list[Any] = []
-    rewards: list[Any] = []
-    held: Any = ""
-    for argv in argvs:
-        ends = int(argv[0]) + 1  # argv: number of keys, the keys, then the args
-        decisions += argv[1 + _REWARD_KEYS:ends]
-        held = held if held != "" else argv[ends + 1]
-        rewards += argv[ends + 3:]
-    first = argvs[0]
-    ends = int(first[0]) + 1
-    return [_REWARD_KEYS + len(decisions), *first[1:1 + _REWARD_KEYS], *decisions,
-            first[ends], held, first[ends + 2], *rewards]
+    calls = [_RewardArgs.of(argv) for argv in argvs]
+    held = next((call.held for call in calls if call.held != ""), "")
+    return replace(calls[0], decisions=[d for call in calls for d in call.decisions],
+                   held=held, rewards=[r for call in calls for r in call.rewards]).argv()
 
 
 def _damaged(error: Exception) -> bool:
@@ -913,7 +943,7 @@ def _damaged(error: Exception) -> bool:
 
 def _reward_parts(reply: Any, argvs: Sequence[list[Any]]) -> list[RewardReply]:
     """Each call's :class:`RewardReply` of the one reward.lua reply to them."""
-    sizes = [int(argv[0]) - _REWARD_KEYS for argv in argvs]
+    sizes = [len(_RewardArgs.of(argv).decisions) for argv in argvs]
     return RewardReply.of(reply, sum(sizes)).parts(sizes)
 
 
@@ -1625,18 +1655,18 @@ class Store:
         ``shards`` (by which the caller routed the rewards to ``experiment_id``: nothing
         was written, service.shards).
         """
-        keyset = [keys.meta(experiment_id), keys.stats(experiment_id), keys.log(experiment_id),
-                  keys.outcomes(experiment_id)]
-        keyset += [keys.decision(experiment_id, decision_id) for decision_id, _ in items]
-        args = ["" if key_hash is None else key_hash, "" if held is None else held, shards,
-                *(reward for _, reward in items)]
+        call = _RewardArgs(
+            [keys.meta(experiment_id), keys.stats(experiment_id), keys.log(experiment_id),
+             keys.outcomes(experiment_id)],
+            [keys.decision(experiment_id, decision_id) for decision_id, _ in items],
+            "" if key_hash is None else key_hash, "" if held is None else held, shards,
+            [reward for _, reward in items])
         # The rewards of the requests of one turn go to Redis as one call (a reward in a
         # call of 16 costs Redis about half a single one's: BENCHMARKS.md §25).
         joining = Joining((experiment_id, key_hash or "", str(shards)), len(items),
                           _joined_rewards, _reward_parts, _damaged)
-        reply: RewardReply = await self._batcher.run(self._reward, keyset, args,
-                                                     tag=experiment_id, joining=joining)
-        return reply
+        return await self._batcher.run_joined(self._reward, call.keys(), call.args(), joining,
+                                              tag=experiment_id)
 
     @_translated_batched
     async def settle(

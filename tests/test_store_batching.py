@@ -200,7 +200,7 @@ async def test_a_damaged_decision_fails_only_its_own_request_when_joined(
     answers = await asyncio.gather(*(service.reward("cov", [(d.decision_id, 1.0)], key)
                                      for d in made), return_exceptions=True)
 
-    assert pipelines == [2, 3]  # a decision beside the joined call; then its requests alone
+    assert pipelines == [2, 3]  # a decision beside the joined call; its requests alone, next
     assert answered == [False, True]  # its reply before the requests went again
     assert (await beside).decision_number == 2
     assert isinstance(answers[1], redis.ResponseError)
@@ -251,7 +251,8 @@ async def test_a_cancelled_request_leaves_its_joined_call_alone(
 
 
 async def test_a_joined_call_across_a_multiple_of_the_fold_interval_folds_once(
-    service: ExperimentService, redis_db: str, monkeypatch: pytest.MonkeyPatch
+    service: ExperimentService, redis_db: str, monkeypatch: pytest.MonkeyPatch,
+    pipelines: list[int],
 ) -> None:
     """Each request's part says the rewards counter after its own rewards, so exactly
     one request starts the fold a multiple of FOLD_EVERY calls for."""
@@ -265,13 +266,17 @@ async def test_a_joined_call_across_a_multiple_of_the_fold_interval_folds_once(
         return await fold(self, experiment_id, *args)
 
     monkeypatch.setattr(Store, "fold", counted)
+    await _load_reward_script(service, "fold", key)
+    pipelines.clear()
     await asyncio.gather(*(service.reward("fold", [(d.decision_id, 0.5)], key) for d in made))
+    assert pipelines == [1]  # one call
     await service.drain()
     assert folds == ["fold"]
     assert _counter(redis_db, "fold", "folded") == FOLD_EVERY + 8
 
 
-def test_a_joined_reply_its_part_cannot_read_fails_its_own_requests_only() -> None:
+def test_a_joined_reply_its_part_cannot_read_or_parts_wrongly_fails_its_own_requests_only(
+) -> None:
     def unreadable(reply: Any, argvs: Sequence[list[Any]]) -> list[Any]:
         raise ValueError("the outcomes string ends inside a record")
 
@@ -280,6 +285,9 @@ def test_a_joined_reply_its_part_cannot_read_fails_its_own_requests_only() -> No
     results = _results(group, ["applied", "applied", 2])
     assert [type(r) for r in results] == [ValueError, ValueError]
     assert _results([_Call(None, [], None)], "OK") == ["OK"]  # type: ignore[arg-type]
+    short = Joining(("e",), 1, _joined_rewards, lambda reply, argvs: [reply], lambda e: False)
+    calls = [_Call(None, [], None, short), _Call(None, [], None, short)]  # type: ignore[arg-type]
+    assert [type(r) for r in _results(calls, "OK")] == [ValueError, ValueError]
 
 
 async def test_rewards_of_another_experiment_or_key_go_in_calls_of_their_own(
