@@ -707,7 +707,8 @@ class ExperimentOut(BaseModel):
         "default reward), not applied")
     defaults_missed: int = Field(
         default=0, description="decisions that expired before their default could be applied "
-        "(the service was stopped for longer than LINREBOOT_DEFAULT_REWARD_GRACE_SECONDS)")
+        "(the service was stopped for longer than LINREBOOT_DEFAULT_REWARD_GRACE_SECONDS), or "
+        "whose stored record was damaged")
     log_max_entries: int = Field(default=0, description="decision log bound; 0: no log")
     log_max_age_seconds: int = Field(default=0, description="decision log age bound")
     log_all_contexts: bool = Field(

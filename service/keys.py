@@ -134,7 +134,7 @@ REWARDS = "rewards"
 DUPLICATES = "duplicates"
 DEFAULTED = "defaulted"  # decisions that got the default reward
 LATE = "late"  # rewards that arrived after their window (and default)
-DEFAULTS_MISSED = "defaults_missed"  # decisions that expired before the default could be applied
+DEFAULTS_MISSED = "defaults_missed"  # decisions the default could not reach: expired, or damaged
 FOLDED = "folded"  # outcomes (keys.outcomes) added to the sums so far
 # The records the last folds took, up to 32 KB (tail.lua): the index '<folded> <count>
 # <slot>:<records>/<bytes>,...' here, each fold's records in folded_tail_field(slot).

@@ -136,7 +136,8 @@ class Sweeper:
                 failing = False
             if swept.missed:
                 logger.warning(
-                    "%d decision(s) expired before their default reward could be applied "
-                    "(the service was stopped for longer than the grace period)", swept.missed,
+                    "%d decision(s) could not get their default reward (expired: the service "
+                    "was stopped for longer than the grace period; or a damaged record)",
+                    swept.missed,
                     extra={"fields": {"defaults_missed": swept.missed}},
                 )

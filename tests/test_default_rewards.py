@@ -411,6 +411,34 @@ async def test_a_decision_that_expired_unsettled_is_counted_as_missed(
     assert (view.defaulted, view.defaults_missed) == (2, 1)
 
 
+async def test_a_damaged_decision_is_counted_missed_and_the_later_ones_get_their_default(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """A pending decision whose record is damaged (here its number) cannot be given the
+    default. settle.lua refused its whole call for it, so every sweep failed for as long
+    as its entry headed the pending list and no later decision got its default; now it
+    is counted missed, its record left as it is, and the others are settled."""
+    rng = np.random.default_rng(7)
+    await service.create(spec())
+    decisions = [await service.choose("dflt", context(rng)) for _ in range(3)]
+    client = redis.Redis.from_url(redis_db)
+    try:
+        key = records.key(client, "dflt", decisions[0].decision_id)
+        raw: bytes = client.get(key)  # type: ignore[assignment]
+        head, _, rest = raw.split(b"\n", 2)
+        damaged = b"\n".join((head, b"seven", rest))
+        client.set(key, damaged, keepttl=True)
+        await until_windows_end()
+        assert await service.sweep() == 2
+        assert client.get(key) == damaged
+    finally:
+        client.close()
+    view = await service.get("dflt")
+    assert (view.defaulted, view.defaults_missed) == (2, 1)
+    assert await service.sweep() == 0  # its entry went with the others'
+    assert (await service.get("dflt")).defaults_missed == 1
+
+
 @pytest.mark.parametrize("both_due", [False, True])
 async def test_a_callers_id_used_again_after_its_decision_expired_unsettled_waits_its_window(
     service: ExperimentService, redis_db: str, both_due: bool

@@ -20,8 +20,9 @@
 -- Returns {'missing'} when the experiment does not exist or has no default
 -- reward (it was deleted and created again without one); else
 -- {defaulted, missed, counter, entry, ...}: how many of the given decisions got
--- the default now, how many had expired before they could (their records
--- gone: the service was stopped for longer than the grace period), the
+-- the default now, how many could not (their records gone: the service was
+-- stopped for longer than the grace period; or damaged, which a default could
+-- not be recorded from: the record is left as it is, its entry goes), the
 -- 'defaulted' counter (0 when no default was applied now), and up to
 -- ARGV[1] entries now due, from the head of the pending list.
 --
@@ -141,13 +142,13 @@ if #KEYS >= FIRST then
   if mismatch then
     return mismatch
   end
-  -- Checked whole before anything is written, as a batch of rewards is.
-  for _, decision in ipairs(decisions) do
+  -- Checked whole before anything is written. A damaged decision is missed, not
+  -- refused as a batch of rewards is: refused, it would hold every later decision of
+  -- the experiment back from its default for as long as its entry heads the list.
+  local damaged = {}
+  for i, decision in ipairs(decisions) do
     if decision[STATUS] == 'pending' and decision[INCARNATION] == meta[1] then
-      refused = incomplete(decision, meta[6], meta[7])
-      if refused then
-        return refused
-      end
+      damaged[i] = incomplete(decision, meta[6], meta[7]) ~= nil
     end
   end
   local longest = 0  -- ms the settled list must outlive its newest entry by
@@ -155,6 +156,9 @@ if #KEYS >= FIRST then
   for i, decision in ipairs(decisions) do
     local key = KEYS[FIRST + i - 1]
     if seen[key] then  -- listed again: settled once, its entry goes with the others
+    elseif damaged[i] then
+      missed = missed + 1
+      seen[key] = true
     elseif another(decision, ARGV[i + 2]) then
       missed = missed + 1  -- (not seen: the record's own entry may follow in this call)
     else
