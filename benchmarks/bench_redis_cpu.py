@@ -17,6 +17,9 @@ LinReBoot, K = 100 arms, the decision log on, no default reward):
   joins single rewards of one batch under load (``service.store.Joining``:
   16 or 32 a call under ``bench_service``'s pairs load), per reward with its
   share of the folds;
+* ``/choose, joined call of 16``: ``decide.lua`` with 16 decisions, as the service
+  joins the decisions of one experiment in a batch, per decision (a revision that
+  does not join: one call each);
 * ``folds, per outcome``: where rewards are recorded as outcomes that the
   workers add to the sums (``service.folding``), what writing the sums back
   costs (``fold_read.lua``, an HMGET and ``fold.lua``, all Redis commands
@@ -75,7 +78,8 @@ JOINED = 16  # rewards in a joined call (service.store.Joining) under bench_serv
 _LOG = {"log_max_entries": "100000", "log_max_age_seconds": "604800"}
 KINDS = ("/choose", "/reward", f"batch of {BATCH}, per reward", "folds, per outcome",
          "/reward + its share of the folds",
-         f"joined call of {JOINED}, per reward + its share of the folds")
+         f"joined call of {JOINED}, per reward + its share of the folds",
+         f"/choose, joined call of {JOINED}, per decision")
 
 
 @dataclass
@@ -94,6 +98,7 @@ class Version:
     ranked: bool = False  # decide.lua takes k (ARGV[15]) and each slot's log field count
     one_entry: bool = False  # ... and, since a ranking is one log entry, no count
     reward_shards: bool = False  # reward.lua takes the caller's shard count (ARGV[3])
+    parts: bool = False  # decide.lua takes decisions as parts (service.store.Joining)
     times: dict[tuple[int, str], list[float]] = field(default_factory=dict)
 
 
@@ -141,7 +146,8 @@ def _version(client: redis.Redis, name: str, rev: str | None) -> Version:
                    ranked="ARGV[15] k, the slots recorded" in decide_text,
                    one_entry=("ARGV[15 + k ..]  field, value" in decide_text
                               or "ARGV[16 ..]  field, value" in decide_text),
-                   reward_shards="ARGV[3]  the shard count" in reward_text)
+                   reward_shards="ARGV[3]  the shard count" in reward_text,
+                   parts="then per part: how many arguments" in decide_text)
 
 
 def _functions(client: redis.Redis, scripts: Version) -> Version:
@@ -200,6 +206,12 @@ def _logged(decision_id: str, dim: int) -> list[str | bytes]:
 
 def _decide_args(version: Version, experiment: str, dim: int, decision_id: str) -> list[Any]:
     e = experiment
+    if version.parts:  # the experiment's keys, then the part's; the key hash, then the part
+        part = ["inc", "", "", "", "0", 3600, 0, 3600, "", _decision_record(dim), "", "", "",
+                1, *_logged(decision_id, dim)]
+        return [8, keys.meta(e), keys.stats(e), keys.pending(e), keys.log(e), keys.outcomes(e),
+                keys.decision(e, decision_id), keys.request(e, decision_id),
+                keys.decision(e, keys.slot_id(decision_id, 0)), "h", len(part), *part]
     # (a version before outcomes were recorded ignores the last key)
     keyset = [keys.meta(e), keys.stats(e), keys.decision(e, decision_id), keys.pending(e),
               keys.log(e), keys.outcomes(e)]
@@ -251,7 +263,14 @@ def _block(client: redis.Redis, version: Version, dim: int, calls: int) -> None:
     single, batched = ids[:calls], ids[calls:len(ids) - joined_count]
     joined_ids = ids[len(ids) - joined_count:]
     choose = _timed(client, version.decide,
-                    [_decide_args(version, experiment, dim, i) for i in ids], version.command)
+                    [_decide_args(version, experiment, dim, i) for i in ids[:calls]],
+                    version.command)
+    # The others' decisions, joined JOINED a call where the version joins them.
+    others = [_decide_args(version, experiment, dim, i) for i in ids[calls:]]
+    together = ([store._joined_decisions(others[at: at + JOINED])
+                 for at in range(0, len(others), JOINED)] if version.parts else others)
+    decided = _timed(client, version.decide, together, version.command) * len(together) / len(
+        others)
     # As the service calls them: a fold after every FOLD_EVERY single rewards,
     # and after each batch (it crosses a multiple of FOLD_EVERY).
     rewards, folds, folded = 0.0, 0.0, 0
@@ -276,7 +295,7 @@ def _block(client: redis.Redis, version: Version, dim: int, calls: int) -> None:
                    + _timed_folds(client, version, experiment, dim)[0])
     reward, fold = rewards / len(single), folds / max(folded, 1)
     figures = (choose, reward, batch / len(batched), fold, reward + fold,
-               joined / len(joined_ids))
+               joined / len(joined_ids), decided)
     for kind, value in zip(KINDS, figures, strict=True):
         version.times.setdefault((dim, kind), []).append(value)
     with client.pipeline(transaction=False) as pipe:  # keep the memory flat over blocks
@@ -342,11 +361,12 @@ def _report(versions: list[Version], blocks: int) -> None:
                  + statistics.median(this.times[(dim, KINDS[3])]))
         choose = statistics.median(this.times[(dim, KINDS[0])])
         joined = statistics.median(this.times[(dim, KINDS[5])])
+        decided = statistics.median(this.times[(dim, KINDS[6])])
         print(f"d = {dim}: a reward in a batch of {BATCH} costs {batch / single:.0%} of a "
               f"single one (each with its share of the folds); one shard applies "
               f"{1e6 / (choose + single):,.0f} choose+reward pairs/s; a pair "
               f"{choose + single:.1f} µs, {choose + joined:.1f} with its reward in a joined "
-              f"call of {JOINED}")
+              f"call of {JOINED}, {decided + joined:.1f} with its decision in one too")
 
 
 # Where a call's time goes: the script cut short (``do return ... end``)
@@ -363,12 +383,12 @@ _REWARD_CUTS = (
     ("+ the minute's mark (recent.lua: once a minute)", "if duplicates > 0 then"),
 )
 _DECIDE_CUTS = (
-    ("+ the meta read", "local existing = redis.pcall('GET', KEYS[3])"),
-    ("+ existence, counters, number, clock",
-     "mark_minute(KEYS[2], now, counters[6], counters[4], counters[1], counters[5])"),
-    ("+ the minute's mark (recent.lua: once a minute)", "local window = tonumber(ARGV[7])"),
-    ("+ the decision's record", "-- List the decision by the end of its window."),
-    ("+ the pending list and its TTL", "local max_entries = tonumber(meta[5] or '0')"),
+    ("+ the meta read, the parts' arguments", "-- What the parts share:"),
+    ("+ the counters read", "local function write_counters()"),
+    ("+ the part: existence, number, clock, record, minute's mark, log entry",
+     "write_counters()"),
+    ("+ the counters written", "if #entries == 0 then"),
+    ("+ the pending list and its TTL", "-- The log expires log_max_age_seconds"),
 )
 
 

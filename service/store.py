@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import itertools
 import logging
 import math
 import os
@@ -648,11 +649,12 @@ class _ScriptBatcher:
         return await future
 
     async def run_joined(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any],
-                         joining: Joining[T], tag: str | None = None) -> T:
+                         joining: Joining[T], first: bool = False, tag: str | None = None
+                         ) -> T:
         """As :meth:`run`, sent as one call with the batch's others that ``joining``
         joins: this call's part of the reply."""
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._enqueue(_Call(script, [len(keys), *keys, *args], future, joining, tag))
+        self._enqueue(_Call(script, [len(keys), *keys, *args], future, joining, tag), first)
         return await future
 
     def _enqueue(self, call: _Call, first: bool = False) -> None:
@@ -971,6 +973,62 @@ class DecideReply:
     snapshot: Snapshot | None = None
     progress: Progress | None = None
     reserved: int | None = None  # with "stale": a decision number set aside for the caller
+
+
+def _experiment_keys(experiment_id: str) -> list[str]:
+    """The keys of ``experiment_id`` every decide.lua call takes, before its parts'."""
+    return [keys.meta(experiment_id), keys.stats(experiment_id), keys.pending(experiment_id),
+            keys.log(experiment_id), keys.outcomes(experiment_id)]
+
+
+_DECIDE_SHARED = 5  # decide.lua's keys before its parts' (three each)
+
+
+def _joined_decisions(argvs: Sequence[list[Any]]) -> list[Any]:
+    """One decide.lua argv for the calls' (each of one decision of the same experiment,
+    with the same key hash): their parts in turn."""
+    first = 1 + _DECIDE_SHARED  # after the number of keys, the experiment's keys
+    parts = [argv[first:first + 3] for argv in argvs]
+    return [_DECIDE_SHARED + 3 * len(argvs), *argvs[0][1:first], *itertools.chain(*parts),
+            argvs[0][first + 3], *itertools.chain(*(argv[first + 4:] for argv in argvs))]
+
+
+def _decide_parts(reply: Any, argvs: Sequence[list[Any]]) -> list[Any]:
+    """Each call's reply of the one decide.lua reply to them: a part whose command failed,
+    its error."""
+    return [ResponseError(_text(part[1])) if _text(part[0]) == "error" else part
+            for part in reply]
+
+
+def _never(error: Exception) -> bool:
+    """decide.lua answers each part, and errors that are not a part's are every part's."""
+    return False
+
+
+def _decide_reply(reply: Any, incarnation: str) -> DecideReply:
+    """A :class:`DecideReply` of decide.lua's reply to one part (of ``incarnation``)."""
+    status = _text(reply[0])
+    if status == "recorded":
+        return DecideReply("recorded", number=int(reply[1]))
+    if status == "repeat":
+        return DecideReply("repeat", number=int(reply[1]), answer=_text(reply[2]),
+                           windows_left=tuple(int(w) for w in reply[3:]))
+    if status in ("conflict", "spent", "missing", "forbidden"):
+        return DecideReply(status)  # type: ignore[arg-type]
+    if status == "stale":
+        version, rewards, reserved_number, outcomes, kind, *rest = reply[1:]
+        text = _text(reserved_number)
+        set_aside = int(text) if text else None
+        unfolded = tuple(split_records(outcomes)[0])
+        if _text(kind) == "partial":
+            folded, seq, skipped = rest
+            progress = Progress(incarnation, int(version), int(rewards), int(seq), int(folded),
+                                unfolded, int(skipped))
+            return DecideReply("stale", progress=progress, reserved=set_aside)
+        stats = {_text(rest[i]): rest[i + 1] for i in range(0, len(rest), 2)}
+        snapshot = Snapshot(int(version), int(rewards), stats, unfolded)
+        return DecideReply("stale", snapshot=snapshot, reserved=set_aside)
+    raise RuntimeError(f"unexpected decide.lua reply {status!r}")
 
 
 class Store:
@@ -1579,8 +1637,7 @@ class Store:
         if ranked:  # one record: the slots' ends' lengths, then the ends (decide.lua)
             ends = (record, *later_records)
             record = b"%b\n%b" % (b",".join(b"%d" % len(end) for end in ends), b"".join(ends))
-        args: list[str | bytes | int] = [
-            "" if key_hash is None else key_hash,
+        part: list[str | bytes | int] = [
             incarnation,
             "" if seen is None else str(seen[0]),
             "" if seen is None else str(seen[1]),
@@ -1595,48 +1652,24 @@ class Store:
             slots,
         ]
         for pair in (logged or {}).items():
-            args.extend(pair)
+            part.extend(pair)
         ranking = keys.decision(experiment_id, keys.slot_id(decision_id, 0))
         decision = keys.decision(experiment_id, decision_id)
         keyset = [
-            keys.meta(experiment_id),
-            keys.stats(experiment_id),
+            *_experiment_keys(experiment_id),
             ranking if ranked else decision,
-            keys.pending(experiment_id),
-            keys.log(experiment_id),
-            keys.outcomes(experiment_id),
             keys.request(experiment_id, decision_id),
             # The caller's id on the other route (decide.lua refuses it while that lives).
-            *([decision if ranked else ranking] if request else []),
+            decision if ranked else ranking,
         ]
-        # First in its batch: the rewards sent with it then do not make it stale.
-        reply = await self._batcher.run(self._decide, keyset, args, first=True)
-        status = _text(reply[0])
-        if status == "recorded":
-            return DecideReply("recorded", number=int(reply[1]))
-        if status == "repeat":
-            return DecideReply("repeat", number=int(reply[1]), answer=_text(reply[2]),
-                               windows_left=tuple(int(w) for w in reply[3:]))
-        if status in ("conflict", "spent"):
-            return DecideReply(status)  # type: ignore[arg-type]
-        if status == "stale":
-            version, rewards, reserved_number, outcomes, kind, *rest = reply[1:]
-            text = _text(reserved_number)
-            set_aside = int(text) if text else None
-            unfolded = tuple(split_records(outcomes)[0])
-            if _text(kind) == "partial":
-                folded, seq, skipped = rest
-                progress = Progress(incarnation, int(version), int(rewards), int(seq), int(folded),
-                                    unfolded, int(skipped))
-                return DecideReply("stale", progress=progress, reserved=set_aside)
-            stats = {_text(rest[i]): rest[i + 1] for i in range(0, len(rest), 2)}
-            snapshot = Snapshot(int(version), int(rewards), stats, unfolded)
-            return DecideReply("stale", snapshot=snapshot, reserved=set_aside)
-        if status == "missing":
-            return DecideReply("missing")
-        if status == "forbidden":
-            return DecideReply("forbidden")
-        raise RuntimeError(f"unexpected decide.lua reply {status!r}")
+        # The decisions of one experiment in a turn go to Redis as one call (BENCHMARKS.md
+        # §26), first in its batch: the rewards sent with them then do not make them stale.
+        joining = Joining((experiment_id, key_hash or ""), slots, _joined_decisions,
+                          _decide_parts, _never)
+        raw = await self._batcher.run_joined(
+            self._decide, keyset, ["" if key_hash is None else key_hash, len(part), *part],
+            joining, first=True)
+        return _decide_reply(raw, incarnation)
 
     @_translated_batched
     async def apply_rewards(

@@ -189,11 +189,19 @@ async def test_out_of_memory_refuses_writes_whole_and_recovers(
     before = _dump(memory_limit)
     _set_maxmemory(memory_limit, 1)  # far below what Redis uses: every write is refused
 
+    async def three_decisions() -> None:  # one joined decide.lua call: each refused
+        made = await asyncio.gather(*(
+            service.choose("mem", ChooseRequest(context=(1.0, 1.0, float(i))))
+            for i in range(3)), return_exceptions=True)
+        assert all(isinstance(m, StoreFull) for m in made), made
+        raise made[0]  # type: ignore[misc]
+
     attempts: dict[str, Callable[[], Awaitable[object]]] = {
         "reward": lambda: service.reward("mem", [(pending.decision_id, 1.5)]),
         "duplicate and new": lambda: service.reward(
             "mem", [(rewarded.decision_id, 0.5), (pending.decision_id, 1.5)]),
         "choose": lambda: service.choose("mem", ChooseRequest(context=(1.0, 1.0, 1.0))),
+        "choose, three in one call": three_decisions,
         "create": lambda: service.create(ExperimentSpec(id="other", setting="covariates", dim=2,
                                                         arms=(ArmSpec("a"),))),
         "ready": service.ready,

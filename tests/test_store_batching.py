@@ -103,7 +103,7 @@ async def test_one_turn_of_decisions_and_rewards_is_one_pipeline_with_a_reply_ea
     decisions = await asyncio.gather(*(service.choose("sto", ChooseRequest(), key)
                                        for _ in range(20)))
 
-    assert pipelines == [20]
+    assert pipelines == [1]  # the decisions of one experiment: one decide.lua call
     numbers = sorted(d.decision_number for d in decisions)
     assert numbers == list(range(2, 22))  # each caller got its own reply
     assert len({d.decision_id for d in decisions}) == 20
@@ -379,9 +379,9 @@ async def test_a_lost_script_cache_is_refilled_and_each_call_runs_once(
     outcome = await service.reward("sto", [(first.decision_id, 1.0)], key)
 
     # Each call is refused (NOSCRIPT, or no such function) once and runs after loading:
-    # 3 decisions, 1 reward. Redis 6.2 loads each script when it is refused; Redis 7
-    # loads the library, reward's function with decide's.
-    assert pipelines == ([3, 3, 1] if functions else [3, 3, 1, 1])
+    # 3 decisions (one joined call), 1 reward. Redis 6.2 loads each script when it is
+    # refused; Redis 7 loads the library, reward's function with decide's.
+    assert pipelines == ([1, 1, 1] if functions else [1, 1, 1, 1])
     assert sorted(d.decision_number for d in decisions) == [2, 3, 4]
     assert outcome[0].status == "applied"
     assert (await service.get("sto")).decisions == 4

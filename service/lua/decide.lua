@@ -1,5 +1,20 @@
--- Record a decision made from the statistics the worker holds, if they are current.
+-- Record decisions made from the statistics the worker holds, if they are current.
 -- store.py puts tail.lua and recent.lua in front of this script.
+--
+-- A call records one or more decisions of one experiment (its parts, in turn: a
+-- worker's batch joins those of one turn, service.store.Joining), each as a call of
+-- its own would, but that the parts share the reads of the experiment's meta and
+-- counters, one clock reading, and one write of the counters, the pending list and
+-- the log's expiry (BENCHMARKS.md §26). The call's
+--   KEYS  the experiment's: meta, stats, pending, log, outcomes; then per part three:
+--         its decision record, request and other route's record (KEYS[3], [7], [8] below)
+--   ARGV  [1] the API key's hash (ARGV[1] below); then per part: how many arguments
+--         it has, then them (ARGV[2 ..] below)
+-- Returns a reply per part, as below; {'error', message} for a part whose command
+-- failed (its own: a key of the wrong type; the experiment's, such as a write refused
+-- for memory, is every later part's too).
+-- What a part's KEYS and ARGV are (as they were of a call of one decision; K and A in
+-- the script):
 --
 -- KEYS[1]  meta hash      lrb:{exp}:meta   (incarnation, key_hash, key_hash_old, version,
 --                          default_reward, log_max_entries, log_max_age_seconds,
@@ -18,7 +33,7 @@
 -- KEYS[7]  request lrb:{exp}:request:<id>, read and written only with ARGV[12]: a decision
 --          id the caller chose; a request already answered under it gets the same answer
 --          (idempotent); 'p' incarnation '\n' digest '\n' number '\n' answer
--- KEYS[8]  with ARGV[12]: the record the caller's id names on the other route (a
+-- KEYS[8]  read only with ARGV[12]: the record the caller's id names on the other route (a
 --          /choose's id: the ranking's, <id>#0; a /rank's: the decision <id>): while it
 --          lives, the id is taken there ('spent')
 -- ARGV[1]  SHA-256 (hex) of the caller's API key; '' for a trusted in-process caller
@@ -91,13 +106,26 @@
 
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'key_hash', 'version', 'default_reward',
                         'log_max_entries', 'log_max_age_seconds', 'key_hash_old', 'number_step')
+-- The parts' arguments: where each starts, and how many.
+local starts, counts = {}, {}
+local at = 2
+while at <= #ARGV do
+  starts[#starts + 1], counts[#counts + 1] = at + 1, tonumber(ARGV[at])
+  at = at + 1 + counts[#counts]
+end
+local function every(reply)  -- the whole call's answer, each part's
+  local replies = {}
+  for p = 1, #starts do
+    replies[p] = reply
+  end
+  return replies
+end
 if not meta[1] then
-  return {'missing'}
+  return every({'missing'})
 end
 if ARGV[1] ~= '' and meta[2] ~= ARGV[1] and meta[7] ~= ARGV[1] then  -- keys.lua
-  return {'forbidden'}
+  return every({'forbidden'})
 end
-local ranked = string.sub(KEYS[3], -2) == '#0'
 
 -- How long (s) the reward of the decision at `key` may still come: until its deadline
 -- with a default reward, else its record's time to live (the window); 0 once it has
@@ -131,29 +159,6 @@ local function window_left(key, slot)
   return math.max(0, redis.call('TTL', key))
 end
 
-local slots = tonumber(ARGV[15])
-local request = ARGV[12] ~= ''
-if request then
-  local earlier = redis.call('GET', KEYS[7])
-  if earlier then
-    local incarnation, digest, number, answer =
-      string.match(earlier, '^p([^\n]*)\n([^\n]*)\n([^\n]*)\n(.*)$')
-    if not incarnation then  -- kept by the version before incarnations (a hex digest first)
-      incarnation = meta[1]
-      digest, number, answer = string.match(earlier, '^([^\n]*)\n([^\n]*)\n(.*)$')
-    end
-    if incarnation == meta[1] then  -- else: the experiment's before a DELETE, not this one's
-      if digest ~= ARGV[12] then
-        return {'conflict'}
-      end
-      local reply = {'repeat', tonumber(number), answer}
-      for slot = 1, slots do  -- a ranking's slots: each its own
-        reply[#reply + 1] = window_left(KEYS[3], ranked and slot or nil)
-      end
-      return reply
-    end
-  end
-end
 -- The record's incarnation, if any (any state; an earlier version's hash: the
 -- experiment's, as it holds no other).
 local function incarnation_of(key)
@@ -163,181 +168,262 @@ local function incarnation_of(key)
   end
   return raw and string.match(raw, '^.([^\n]*)')
 end
--- The caller's id names a live decision of the other route: for a /choose, a ranking (its
--- record, or its first slot's own: kept longer once rewarded, or an earlier version's).
-if request and (incarnation_of(KEYS[8]) == meta[1] or (not ranked and
-    incarnation_of(string.sub(KEYS[8], 1, -2) .. '1') == meta[1])) then
-  return {'spent'}
-end
-local existing = redis.pcall('GET', KEYS[3])
-if existing then
-  local incarnation, recorded
-  if type(existing) == 'table' then  -- an earlier version's decision hash
-    local fields = redis.call('HMGET', KEYS[3], 'incarnation', 'number')
-    incarnation, recorded = fields[1] or meta[1], fields[2]
-  else
-    incarnation, recorded = string.match(existing, '^.([^\n]*)\n([^\n]*)')  -- any state
-  end
-  if incarnation == meta[1] then
-    if request then
-      -- The caller's id, answered longer ago than its request is kept (ARGV[14]):
-      -- the answer is gone, and a fresh one under the same id would contradict it.
-      return {'spent'}
-    end
-    return {'recorded', tonumber(recorded)}  -- by an earlier call whose reply was lost
-  end
-  -- else a decision of the experiment before a DELETE, left behind: replaced below
-end
-if request and ranked then
-  -- A slot's own record under the caller's id: of this experiment (rewarded, it outlives
-  -- its ranking's; or an earlier version's ranking, a record per slot), the id is taken;
-  -- of the experiment before a DELETE, left behind, it would hide the new slot
-  -- (outcomes.lua reads a slot's own record first): gone.
-  local prefix = string.sub(KEYS[3], 1, -2)
-  for slot = 1, slots do
-    local incarnation = incarnation_of(prefix .. slot)
-    if incarnation == meta[1] then
-      return {'spent'}
-    elseif incarnation then
-      redis.call('DEL', prefix .. slot)
-    end
-  end
-end
 
+-- What the parts share: the counters (read once; the parts' changes written once, before
+-- a stale part's reply reads the stats hash and at the end), the outcomes string (no
+-- part writes it), the clock, the last listed deadline, and what the parts list.
 local counters = redis.call('HMGET', KEYS[2], 'rewards', 'decision_seq', 'folded', 'decisions',
                             'defaulted', RECENT_MINUTE)
 -- Outcomes applied, rewards and default rewards alike: either changes the statistics.
 local rewards = tostring(tonumber(counters[1] or '0') + tonumber(counters[5] or '0'))
 local seq = tonumber(counters[2] or '0')
+local decisions = tonumber(counters[4] or '0')
+local marked = counters[6]
+local changed = false  -- seq or decisions since they were read or written
 local step = tonumber(meta[8] or '1')
-local number = ARGV[5]
--- Another incarnation (deleted and created again meanwhile) is always stale.
-local redefined = meta[1] ~= ARGV[2] or (ARGV[3] ~= '' and ARGV[3] ~= meta[3])
-local stale = redefined
-  or (ARGV[4] ~= '' and (tonumber(rewards) < tonumber(ARGV[4])
-                         or tonumber(rewards) - tonumber(ARGV[4]) > tonumber(ARGV[8])))
-  or (number ~= '' and ARGV[6] == '0' and tonumber(number) ~= seq + step)
-if stale then
-  local reserved = ''
-  if number ~= '' and not redefined then
-    reserved = redis.call('HINCRBY', KEYS[2], 'decision_seq', step)
+local defaulted = meta[4] ~= false  -- the experiment has a default reward
+local max_entries = tonumber(meta[5] or '0')
+local outcomes, now, listed  -- read when first needed
+local entries, longest, logged = {}, 0, false
+
+local function write_counters()
+  if changed then
+    redis.call('HSET', KEYS[2], 'decision_seq', seq, 'decisions', decisions)
+    changed = false
   end
-  local reply = {'stale', meta[3], rewards, reserved, redis.call('GET', KEYS[6]) or ''}
-  if not redefined and ARGV[10] ~= '' then
-    -- Only the outcomes the worker lacks; decision_seq as HGETALL would give it:
-    -- after the reservation, if any.
-    local records, based, skipped = lacked(KEYS[2], reply[5], tonumber(ARGV[10]),
-                                           tonumber(counters[3] or '0'))
-    if records then
-      reply[5], reply[6], reply[7] = records, 'partial', string.format('%d', based)
-      reply[8], reply[9] = tostring(reserved ~= '' and reserved or seq), skipped
-      return reply
+end
+
+-- One part: K and A its KEYS and ARGV as a call of one decision had them.
+local function decide(K, A)
+  local ranked = string.sub(K[3], -2) == '#0'
+  local slots = tonumber(A[15])
+  local request = A[12] ~= ''
+  if request then
+    local earlier = redis.call('GET', K[7])
+    if earlier then
+      local incarnation, digest, number, answer =
+        string.match(earlier, '^p([^\n]*)\n([^\n]*)\n([^\n]*)\n(.*)$')
+      if not incarnation then  -- kept by the version before incarnations (a hex digest first)
+        incarnation = meta[1]
+        digest, number, answer = string.match(earlier, '^([^\n]*)\n([^\n]*)\n(.*)$')
+      end
+      if incarnation == meta[1] then  -- else: the experiment's before a DELETE, not this one's
+        if digest ~= A[12] then
+          return {'conflict'}
+        end
+        local reply = {'repeat', tonumber(number), answer}
+        for slot = 1, slots do  -- a ranking's slots: each its own
+          reply[#reply + 1] = window_left(K[3], ranked and slot or nil)
+        end
+        return reply
+      end
     end
   end
-  reply[6] = 'full'
-  local stats = redis.call('HGETALL', KEYS[2])
-  for i = 1, #stats do
-    reply[#reply + 1] = stats[i]
+  -- The caller's id names a live decision of the other route: for a /choose, a ranking
+  -- (its record, or its first slot's own: kept longer once rewarded, or an earlier
+  -- version's).
+  if request and (incarnation_of(K[8]) == meta[1] or (not ranked and
+      incarnation_of(string.sub(K[8], 1, -2) .. '1') == meta[1])) then
+    return {'spent'}
   end
-  return reply
+  local existing = redis.pcall('GET', K[3])
+  if existing then
+    local incarnation, recorded
+    if type(existing) == 'table' then  -- an earlier version's decision hash
+      local fields = redis.call('HMGET', K[3], 'incarnation', 'number')
+      incarnation, recorded = fields[1] or meta[1], fields[2]
+    else
+      incarnation, recorded = string.match(existing, '^.([^\n]*)\n([^\n]*)')  -- any state
+    end
+    if incarnation == meta[1] then
+      if request then
+        -- The caller's id, answered longer ago than its request is kept (A[14]):
+        -- the answer is gone, and a fresh one under the same id would contradict it.
+        return {'spent'}
+      end
+      return {'recorded', tonumber(recorded)}  -- by an earlier call whose reply was lost
+    end
+    -- else a decision of the experiment before a DELETE, left behind: replaced below
+  end
+  if request and ranked then
+    -- A slot's own record under the caller's id: of this experiment (rewarded, it
+    -- outlives its ranking's; or an earlier version's ranking, a record per slot), the
+    -- id is taken; of the experiment before a DELETE, left behind, it would hide the new
+    -- slot (outcomes.lua reads a slot's own record first): gone.
+    local prefix = string.sub(K[3], 1, -2)
+    for slot = 1, slots do
+      local incarnation = incarnation_of(prefix .. slot)
+      if incarnation == meta[1] then
+        return {'spent'}
+      elseif incarnation then
+        redis.call('DEL', prefix .. slot)
+      end
+    end
+  end
+
+  local number = A[5]
+  -- Another incarnation (deleted and created again meanwhile) is always stale.
+  local redefined = meta[1] ~= A[2] or (A[3] ~= '' and A[3] ~= meta[3])
+  local stale = redefined
+    or (A[4] ~= '' and (tonumber(rewards) < tonumber(A[4])
+                        or tonumber(rewards) - tonumber(A[4]) > tonumber(A[8])))
+    or (number ~= '' and A[6] == '0' and tonumber(number) ~= seq + step)
+  if stale then
+    local reserved = ''
+    if number ~= '' and not redefined then
+      seq, changed = seq + step, true
+      reserved = seq
+    end
+    if outcomes == nil then
+      outcomes = redis.call('GET', K[6]) or ''
+    end
+    local reply = {'stale', meta[3], rewards, reserved, outcomes}
+    if not redefined and A[10] ~= '' then
+      -- Only the outcomes the worker lacks; decision_seq as HGETALL would give it:
+      -- after the reservation, if any.
+      local records, based, skipped = lacked(K[2], outcomes, tonumber(A[10]),
+                                             tonumber(counters[3] or '0'))
+      if records then
+        reply[5], reply[6], reply[7] = records, 'partial', string.format('%d', based)
+        reply[8], reply[9] = string.format('%d', seq), skipped
+        return reply
+      end
+    end
+    reply[6] = 'full'
+    write_counters()
+    local stats = redis.call('HGETALL', K[2])
+    for i = 1, #stats do
+      reply[#reply + 1] = stats[i]
+    end
+    return reply
+  end
+
+  if now == nil then
+    local time = redis.call('TIME')
+    now = tonumber(time[1]) + tonumber(time[2]) / 1e6
+  end
+  local window = tonumber(A[7])
+  local ends = now + window
+  local ttl = window
+  if defaulted then
+    -- Never before the last listed deadline: settle.lua reads the list in order,
+    -- and a worker's window (A[7]) may lag a PATCH that made it longer when it
+    -- retries without the version (A[3] ''). Such a decision waits a little
+    -- longer for its default instead of hiding a due one behind it.
+    if listed == nil then
+      local last = redis.call('LINDEX', K[4], -1)
+      listed = last and tonumber(string.match(last, '^[%d.]+')) or false
+    end
+    local later = listed and listed - ends or 0
+    if later > 0 then
+      ends = listed
+    end
+    ttl = window + tonumber(A[9]) + (later > 0 and math.ceil(later) or 0)
+  end
+  local deadline = string.format('%.3f', ends)
+  if number == '' then
+    number = seq + step
+  end
+  -- A ranking is one record, its slots' states in it (a key per slot cost Redis more
+  -- than the rest of the ranking's recording: BENCHMARKS.md §22).
+  local head = {ranked and 'R' .. A[2] or 'p' .. A[2], number, defaulted and deadline or '',
+                ranked and string.rep('p', slots) .. '\n' .. A[11] or A[11]}
+  redis.call('SET', K[3], table.concat(head, '\n'), 'EX', ttl)
+
+  -- Recorded: the number taken (unless a stale reply set it aside), the decision
+  -- counted (a ranking's slots each), the minute marked with the counters before it.
+  mark_minute(K[2], now, marked, decisions, counters[1], counters[5])
+  marked = math.floor(now / 60)
+  if A[5] == '' or A[6] == '0' then
+    seq = tonumber(number)
+  end
+  decisions, changed = decisions + slots, true
+  if request then
+    redis.call('SET', K[7], 'p' .. meta[1] .. '\n' .. A[12] .. '\n' .. number .. '\n' .. A[13],
+               'EX', math.min(ttl, tonumber(A[14])))
+  end
+  -- Listed by the end of its window, after the parts before it (see below).
+  local entry = deadline .. ' ' .. string.match(K[3], ':decision:(.*)$')
+  if ranked then  -- each slot: <id>#<slot>
+    local prefix = string.sub(entry, 1, -2)
+    for slot = 1, slots do
+      entries[#entries + 1] = prefix .. slot
+    end
+  else
+    entries[#entries + 1] = entry
+  end
+  if defaulted then
+    listed = tonumber(deadline)
+  end
+  longest = math.max(longest, ttl)
+
+  -- The decision log: the decision as it was made, as the caller wrote its
+  -- entry (building it here, from the record's fields, doubled the script's
+  -- time), with its number. Its entry id is its time (Redis's clock, ms); the
+  -- oldest entries go beyond log_max_entries (whole nodes of the stream at a
+  -- time: '~'); the log's age and expiry are kept below, once for the call.
+  if max_entries > 0 then
+    redis.call('XADD', K[5], 'MAXLEN', '~', max_entries, '*', 'number', number,
+               unpack(A, 16))
+    logged = true
+  end
+  return {'recorded', tonumber(number)}
 end
 
--- Both counters in one write: the number taken (unless a stale reply set it
--- aside), and the decision counted.
-local decisions = tonumber(counters[4] or '0') + slots  -- a ranking's slots each count
-local taken = number == '' or ARGV[6] == '0'
-if number == '' then
-  number = seq + step
-end
-if taken then
-  redis.call('HSET', KEYS[2], 'decision_seq', number, 'decisions', decisions)
-else
-  redis.call('HSET', KEYS[2], 'decisions', decisions)
-end
-local time = redis.call('TIME')
-local now = tonumber(time[1]) + tonumber(time[2]) / 1e6
-mark_minute(KEYS[2], now, counters[6], counters[4], counters[1], counters[5])
-local window = tonumber(ARGV[7])
-local defaulted = meta[4] ~= false  -- the experiment has a default reward
-local ends = now + window
-local ttl = window
-if defaulted then
-  -- Never before the last listed deadline: settle.lua reads the list in order,
-  -- and a worker's window (ARGV[7]) may lag a PATCH that made it longer when it
-  -- retries without the version (ARGV[3] ''). Such a decision waits a little
-  -- longer for its default instead of hiding a due one behind it.
-  local last = redis.call('LINDEX', KEYS[4], -1)
-  local listed = last and tonumber(string.match(last, '^[%d.]+'))
-  local later = listed and listed - ends or 0
-  if later > 0 then
-    ends = listed
+local replies = {}
+for p = 1, #starts do
+  local K = {KEYS[1], KEYS[2], KEYS[3 + 3 * p], KEYS[3], KEYS[4], KEYS[5], KEYS[4 + 3 * p],
+             KEYS[5 + 3 * p]}
+  local A = {ARGV[1], unpack(ARGV, starts[p], starts[p] + counts[p] - 1)}
+  local ok, reply = pcall(decide, K, A)
+  if ok then
+    replies[p] = reply
+  else  -- (Redis 7 raises a table with the message; 6.2 the message)
+    replies[p] = {'error', type(reply) == 'table' and (reply.err or '') or tostring(reply)}
   end
-  ttl = window + tonumber(ARGV[9]) + (later > 0 and math.ceil(later) or 0)
 end
-local deadline = string.format('%.3f', ends)
--- A ranking is one record, its slots' states in it (a key per slot cost Redis more
--- than the rest of the ranking's recording: BENCHMARKS.md §22).
-local head = {ranked and 'R' .. ARGV[2] or 'p' .. ARGV[2], number, defaulted and deadline or '',
-              ranked and string.rep('p', slots) .. '\n' .. ARGV[11] or ARGV[11]}
-redis.call('SET', KEYS[3], table.concat(head, '\n'), 'EX', ttl)
-if request then
-  redis.call('SET', KEYS[7], 'p' .. meta[1] .. '\n' .. ARGV[12] .. '\n' .. number .. '\n'
-             .. ARGV[13], 'EX',
-             math.min(ttl, tonumber(ARGV[14])))
+write_counters()
+if #entries == 0 then
+  return replies
 end
 
--- List the decision by the end of its window. With a default reward the
+-- List the decisions by the end of their windows. With a default reward the
 -- window may grow but never shrink (service.lifecycle, Lifecycle._changed), so the list
 -- is in deadline order, and settle.lua takes the entries whose window has
 -- ended from its head. Without, the list only lets DELETE find the decisions:
--- it expires with its newest decision, and every 64th decision drops the
--- expired entries (up to 128) from its head, so it holds the live decisions
+-- it expires with its newest decision, and each time the list crosses a multiple of
+-- 64 the expired entries (up to 128) go from its head, so it holds the live decisions
 -- and a few more (a window made shorter only delays the drop; the list's TTL
 -- is never shortened).
-local entries = {deadline .. ' ' .. string.match(KEYS[3], ':decision:(.*)$')}
-if ranked then  -- each slot: <id>#<slot>
-  local prefix = string.sub(entries[1], 1, -2)
-  for slot = 1, slots do
-    entries[slot] = prefix .. slot
-  end
-end
-local length = redis.call('RPUSH', KEYS[4], unpack(entries))
+local length = redis.call('RPUSH', KEYS[3], unpack(entries))
 if defaulted then
   -- Never expires: settle.lua must find every entry, even after an outage
   -- longer than the grace period (it then counts the decision as missed).
-  redis.call('PERSIST', KEYS[4])
-elseif redis.call('TTL', KEYS[4]) < ttl + 1 then
+  redis.call('PERSIST', KEYS[3])
+elseif redis.call('TTL', KEYS[3]) < longest + 1 then
   -- Never shortened: after a shorter window the older decisions outlive the new.
-  redis.call('EXPIRE', KEYS[4], ttl + 1)
+  redis.call('EXPIRE', KEYS[3], longest + 1)
 end
-local tidy = length % 64 < slots  -- the list crossed a multiple of 64
+local tidy = length % 64 < #entries  -- the list crossed a multiple of 64
 if tidy and not defaulted then
   local expired = 0
-  for _, head in ipairs(redis.call('LRANGE', KEYS[4], 0, 127)) do
+  for _, head in ipairs(redis.call('LRANGE', KEYS[3], 0, 127)) do
     if tonumber(string.match(head, '^[%d.]+')) + 1 > now then
       break
     end
     expired = expired + 1
   end
   if expired > 0 then
-    redis.call('LTRIM', KEYS[4], expired, -1)
+    redis.call('LTRIM', KEYS[3], expired, -1)
   end
 end
-
--- The decision log: the decision as it was made, as the caller wrote its
--- entry (building it here, from the record's fields, doubled the script's
--- time), with its number. Its entry id is its time (Redis's clock, ms); the
--- oldest entries go beyond log_max_entries (whole nodes of the stream at a
--- time: '~'), and, every 64th decision, those older than
--- log_max_age_seconds; the log expires that long after its last entry.
-local max_entries = tonumber(meta[5] or '0')
-if max_entries > 0 then
+-- The log expires log_max_age_seconds after its last entry, and, as the list crosses a
+-- multiple of 64, its entries older than that go.
+if logged then
   local age = tonumber(meta[6])
-  redis.call('XADD', KEYS[5], 'MAXLEN', '~', max_entries, '*', 'number', number,
-             unpack(ARGV, 16))
-  redis.call('EXPIRE', KEYS[5], age)
+  redis.call('EXPIRE', KEYS[4], age)
   if tidy then
-    redis.call('XTRIM', KEYS[5], 'MINID', '~', string.format('%.0f', (now - age) * 1000))
+    redis.call('XTRIM', KEYS[4], 'MINID', '~', string.format('%.0f', (now - age) * 1000))
   end
 end
-return {'recorded', tonumber(number)}
+return replies
