@@ -47,6 +47,7 @@ from typing import Any, Concatenate, Generic, Literal, ParamSpec, TypeVar
 import hiredis
 import redis
 import redis.asyncio as aioredis
+from redis._parsers import BaseParser
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import AbstractConnection, Connection
 from redis.asyncio.retry import Retry
@@ -995,8 +996,8 @@ def _joined_decisions(argvs: Sequence[list[Any]]) -> list[Any]:
 
 def _decide_parts(reply: Any, argvs: Sequence[list[Any]]) -> list[Any]:
     """Each call's reply of the one decide.lua reply to them: a part whose command failed,
-    its error."""
-    return [ResponseError(_text(part[1])) if _text(part[0]) == "error" else part
+    its error, of the class redis-py gives that error's reply (OutOfMemoryError, ...)."""
+    return [BaseParser.parse_error(_text(part[1])) if _text(part[0]) == "error" else part
             for part in reply]
 
 

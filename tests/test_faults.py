@@ -219,6 +219,34 @@ async def test_out_of_memory_refuses_writes_whole_and_recovers(
     assert [e.spec.id for e in (await service.list())[0]] == ["mem"]
 
 
+@pytest.mark.unsharded  # (its calls name the experiment's own keys)
+async def test_out_of_memory_a_joined_call_answers_what_needs_no_write(
+    service_on: ExperimentService, memory_limit: RedisProcess
+) -> None:
+    """One decide.lua call of three decisions, out of memory: a decision recorded before
+    (a resent call) is answered; one whose predicted number was taken (a number set aside
+    for it) and a new one are refused; nothing is written."""
+    service = service_on
+    await service.create(SPEC)
+    made = await service.choose("mem", ChooseRequest(context=(1.0, 2.0, 3.0)))
+    with memory_limit.client() as client:
+        incarnation = client.hget(keys.meta("mem"), "incarnation").decode()
+    before = _dump(memory_limit)
+    _set_maxmemory(memory_limit, 1)
+    common = {"key_hash": None, "incarnation": incarnation, "seen": None, "reserved": False,
+              "ttl_seconds": 60, "max_lag": 0, "grace_seconds": 30,
+              "record": b"model:a\narm:a\na\n1\n0\n0.0\n0.5\n" + b"\0" * 24}
+    again, predicted, new = await asyncio.gather(
+        service._store.decide("mem", made.decision_id, number=None, **common),
+        service._store.decide("mem", "p" * 32, number=made.decision_number, **common),
+        service._store.decide("mem", "n" * 32, number=None, **common),
+        return_exceptions=True)
+    assert not isinstance(again, BaseException)
+    assert (again.status, again.number) == ("recorded", made.decision_number)
+    assert isinstance(predicted, StoreFull) and isinstance(new, StoreFull)
+    assert _dump(memory_limit) == before
+
+
 def _experiment_keys(experiment_id: str, decision_ids: Sequence[str] = ()) -> list[str]:
     return [keys.meta(experiment_id), keys.arms(experiment_id), keys.stats(experiment_id),
             *(keys.decision(experiment_id, d) for d in decision_ids)]

@@ -92,6 +92,9 @@ def _turn(incarnation: str, seen: tuple[int, int]) -> list[dict[str, Any]]:
         call("q1", request=("digest", "a\n\n", 60)),  # its retry: the same answer
         call("q1", request=("other", "b\n\n", 60)),  # another request under its id
         call("d9", number=7, reserved=True, seen=None),  # a number set aside earlier
+        call("x1"),  # a decision, then a ranking under its id: spent
+        call("x1", request=("ranked", "a\n\n\nb\n\n", 60), ranked=True,
+             later_records=(RECORD,), logged={"type": "ranking", "id": "x1", "arms": "a,b"}),
     ]
 
 
@@ -123,8 +126,10 @@ def _state(url: str, experiment_id: str) -> tuple[Any, ...]:
             if client.exists(keys.decision(experiment_id, i))}
         # In deadline order (with a default reward: a window that lags a longer one waits)
         ordered = deadlines == sorted(deadlines)
-        expires = client.ttl(keys.pending(experiment_id)) > 0
-        return stats, listed, log, numbers, expires, ordered
+        # (in 100 s: r1's window and a second, or -1: none)
+        expires = client.ttl(keys.pending(experiment_id)) // 100
+        log_expires = client.ttl(keys.log(experiment_id)) > 0
+        return stats, listed, log, numbers, expires, ordered, log_expires
     finally:
         client.close()
 
@@ -139,6 +144,9 @@ async def test_a_turn_of_decisions_is_one_call_answered_as_each_alone_in_turn(
         incarnation, seen = await _experiment(service, redis_db, name, default_reward)
         calls = _turn(incarnation, seen)
         store: Store = service._store
+        client = _client(redis_db)
+        client.persist(keys.log(name))  # the turn's calls give it its expiry again
+        client.close()
         sent.clear()
         if name == "joined":
             replies = await asyncio.gather(*(store.decide(name, **c) for c in calls))
@@ -152,21 +160,25 @@ async def test_a_turn_of_decisions_is_one_call_answered_as_each_alone_in_turn(
     assert joined == alone
     statuses = [r[0] for r in joined["replies"]]
     assert statuses == ["recorded", "stale", "recorded", "recorded", "stale", "recorded",
-                        "repeat", "conflict", "recorded"]
+                        "repeat", "conflict", "recorded", "recorded", "spent"]
     numbers = [r[1] for r in joined["replies"]]
-    assert (numbers[0], numbers[2], numbers[3], numbers[5], numbers[6], numbers[8]) == (
-        2, 2, 4, 5, 5, 7)
+    assert (numbers[0], numbers[2], numbers[3], numbers[5], numbers[6], numbers[8],
+            numbers[9]) == (2, 2, 4, 5, 5, 7, 6)
     assert joined["replies"][1][3] == 3  # d2: 3 set aside for it
     assert joined["replies"][1][5][1] == 3  # its progress's decision_seq: after that
     assert joined["replies"][4][6] == (1, b"4", b"5")  # d5: the statistics after r1
-    stats, listed, log, _, expires, ordered = joined["state"]
+    stats, listed, log, _, expires, ordered, log_expires = joined["state"]
     # (windows longer than the first decision's 3,600 s, r1's longer than those after it)
     assert ordered == (default_reward is not None)
-    assert expires == (default_reward is None)  # else settle.lua must find every entry
-    assert stats == [b"5", b"7"]  # d9's number was set aside; a ranking's slots count
-    assert listed == [b"d1", b"r1#1", b"r1#2", b"r1#3", b"q1", b"d9"]
+    # Without a default reward, with the longest window (r1's); with, never (settle.lua
+    # must find every entry).
+    assert expires == (-1 if default_reward is not None else 41)
+    assert log_expires
+    assert stats == [b"6", b"8"]  # d9's number was set aside; a ranking's slots count
+    assert listed == [b"d1", b"r1#1", b"r1#2", b"r1#3", b"q1", b"d9", b"x1"]
     assert log == [(b"decision", b"2", b"d1"), (b"ranking", b"4", b"r1"),
-                   (b"decision", b"5", b"q1"), (b"decision", b"7", b"d9")]
+                   (b"decision", b"5", b"q1"), (b"decision", b"7", b"d9"),
+                   (b"decision", b"6", b"x1")]
 
 
 async def test_a_part_whose_own_command_fails_fails_alone(

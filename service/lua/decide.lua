@@ -271,7 +271,10 @@ local function decide(K, A)
   if stale then
     local reserved = ''
     if number ~= '' and not redefined then
-      seq, changed = seq + step, true
+      -- Set aside now, as a call of its own did: a write refused (out of memory) fails
+      -- this part alone, and leaves nothing for the call's last write.
+      redis.call('HSET', K[2], 'decision_seq', seq + step, 'decisions', decisions)
+      seq, changed = seq + step, false
       reserved = seq
     end
     if outcomes == nil then
@@ -378,21 +381,30 @@ for p = 1, #starts do
   local ok, reply = pcall(decide, K, A)
   if ok then
     replies[p] = reply
-  else  -- (Redis 7 raises a table with the message; 6.2 the message)
-    replies[p] = {'error', type(reply) == 'table' and (reply.err or '') or tostring(reply)}
+  else  -- (a table with the message, or the message)
+    local message = type(reply) == 'table' and (reply.err or '') or tostring(reply)
+    if string.find(message, 'Script killed', 1, true) then
+      error(reply)  -- SCRIPT KILL (Redis 6.2 raises it in the script): the whole call stops
+    end
+    replies[p] = {'error', message}
   end
 end
 write_counters()
 if #entries == 0 then
   return replies
 end
+-- The log expires log_max_age_seconds after its last entry.
+local age = tonumber(meta[6])
+if logged then
+  redis.call('EXPIRE', KEYS[4], age)
+end
 
 -- List the decisions by the end of their windows. With a default reward the
 -- window may grow but never shrink (service.lifecycle, Lifecycle._changed), so the list
 -- is in deadline order, and settle.lua takes the entries whose window has
 -- ended from its head. Without, the list only lets DELETE find the decisions:
--- it expires with its newest decision, and each time the list crosses a multiple of
--- 64 the expired entries (up to 128) go from its head, so it holds the live decisions
+-- it expires with its newest decision, and for each multiple of 64 the list crosses
+-- the expired entries (up to 128) go from its head, so it holds the live decisions
 -- and a few more (a window made shorter only delays the drop; the list's TTL
 -- is never shortened).
 local length = redis.call('RPUSH', KEYS[3], unpack(entries))
@@ -404,10 +416,10 @@ elseif redis.call('TTL', KEYS[3]) < longest + 1 then
   -- Never shortened: after a shorter window the older decisions outlive the new.
   redis.call('EXPIRE', KEYS[3], longest + 1)
 end
-local tidy = length % 64 < #entries  -- the list crossed a multiple of 64
-if tidy and not defaulted then
+local crossed = math.floor(length / 64) - math.floor((length - #entries) / 64)
+if crossed > 0 and not defaulted then
   local expired = 0
-  for _, head in ipairs(redis.call('LRANGE', KEYS[3], 0, 127)) do
+  for _, head in ipairs(redis.call('LRANGE', KEYS[3], 0, 128 * crossed - 1)) do
     if tonumber(string.match(head, '^[%d.]+')) + 1 > now then
       break
     end
@@ -417,13 +429,8 @@ if tidy and not defaulted then
     redis.call('LTRIM', KEYS[3], expired, -1)
   end
 end
--- The log expires log_max_age_seconds after its last entry, and, as the list crosses a
--- multiple of 64, its entries older than that go.
-if logged then
-  local age = tonumber(meta[6])
-  redis.call('EXPIRE', KEYS[4], age)
-  if tidy then
-    redis.call('XTRIM', KEYS[4], 'MINID', '~', string.format('%.0f', (now - age) * 1000))
-  end
+-- As the list crosses a multiple of 64, the log's entries older than its age go.
+if logged and crossed > 0 then
+  redis.call('XTRIM', KEYS[4], 'MINID', '~', string.format('%.0f', (now - age) * 1000))
 end
 return replies
