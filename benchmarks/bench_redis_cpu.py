@@ -147,7 +147,7 @@ def _version(client: redis.Redis, name: str, rev: str | None) -> Version:
                    one_entry=("ARGV[15 + k ..]  field, value" in decide_text
                               or "ARGV[16 ..]  field, value" in decide_text),
                    reward_shards="ARGV[3]  the shard count" in reward_text,
-                   parts="then per part: how many arguments" in decide_text)
+                   parts="ARGV ends: count 1, ..., count n, n" in decide_text)
 
 
 def _functions(client: redis.Redis, scripts: Version) -> Version:
@@ -206,12 +206,12 @@ def _logged(decision_id: str, dim: int) -> list[str | bytes]:
 
 def _decide_args(version: Version, experiment: str, dim: int, decision_id: str) -> list[Any]:
     e = experiment
-    if version.parts:  # the experiment's keys, then the part's; the key hash, then the part
+    if version.parts:  # a call of one part: its arguments' count and 1 at the end
         part = ["inc", "", "", "", "0", 3600, 0, 3600, "", _decision_record(dim), "", "", "",
                 1, *_logged(decision_id, dim)]
-        return [8, keys.meta(e), keys.stats(e), keys.pending(e), keys.log(e), keys.outcomes(e),
-                keys.decision(e, decision_id), keys.request(e, decision_id),
-                keys.decision(e, keys.slot_id(decision_id, 0)), "h", len(part), *part]
+        return [8, keys.meta(e), keys.stats(e), keys.decision(e, decision_id), keys.pending(e),
+                keys.log(e), keys.outcomes(e), keys.request(e, decision_id),
+                keys.decision(e, keys.slot_id(decision_id, 0)), "h", *part, len(part), 1]
     # (a version before outcomes were recorded ignores the last key)
     keyset = [keys.meta(e), keys.stats(e), keys.decision(e, decision_id), keys.pending(e),
               keys.log(e), keys.outcomes(e)]

@@ -976,22 +976,17 @@ class DecideReply:
     reserved: int | None = None  # with "stale": a decision number set aside for the caller
 
 
-def _experiment_keys(experiment_id: str) -> list[str]:
-    """The keys of ``experiment_id`` every decide.lua call takes, before its parts'."""
-    return [keys.meta(experiment_id), keys.stats(experiment_id), keys.pending(experiment_id),
-            keys.log(experiment_id), keys.outcomes(experiment_id)]
-
-
-_DECIDE_SHARED = 5  # decide.lua's keys before its parts' (three each)
-
-
 def _joined_decisions(argvs: Sequence[list[Any]]) -> list[Any]:
     """One decide.lua argv for the calls' (each of one decision of the same experiment,
-    with the same key hash): their parts in turn."""
-    first = 1 + _DECIDE_SHARED  # after the number of keys, the experiment's keys
-    parts = [argv[first:first + 3] for argv in argvs]
-    return [_DECIDE_SHARED + 3 * len(argvs), *argvs[0][1:first], *itertools.chain(*parts),
-            argvs[0][first + 3], *itertools.chain(*(argv[first + 4:] for argv in argvs))]
+    with the same key hash): the first's keys and arguments, then each further one's
+    three keys (its record, request and other route's record) and arguments, then
+    every part's argument count and the number of parts."""
+    # A call's argv: 8, its keys (KEYS[3], [7], [8] its own), the key's hash, its
+    # arguments, their count, 1.
+    first, *further = argvs
+    keyset = [*first[1:9], *itertools.chain(*((a[3], a[7], a[8]) for a in further))]
+    return [len(keyset), *keyset, first[9], *itertools.chain(*(a[10:-2] for a in argvs)),
+            *(a[-2] for a in argvs), len(argvs)]
 
 
 def _decide_parts(reply: Any, argvs: Sequence[list[Any]]) -> list[Any]:
@@ -1657,8 +1652,12 @@ class Store:
         ranking = keys.decision(experiment_id, keys.slot_id(decision_id, 0))
         decision = keys.decision(experiment_id, decision_id)
         keyset = [
-            *_experiment_keys(experiment_id),
+            keys.meta(experiment_id),
+            keys.stats(experiment_id),
             ranking if ranked else decision,
+            keys.pending(experiment_id),
+            keys.log(experiment_id),
+            keys.outcomes(experiment_id),
             keys.request(experiment_id, decision_id),
             # The caller's id on the other route (decide.lua refuses it while that lives).
             decision if ranked else ranking,
@@ -1668,7 +1667,7 @@ class Store:
         joining = Joining((experiment_id, key_hash or ""), slots, _joined_decisions,
                           _decide_parts, _never)
         raw = await self._batcher.run_joined(
-            self._decide, keyset, ["" if key_hash is None else key_hash, len(part), *part],
+            self._decide, keyset, ["" if key_hash is None else key_hash, *part, len(part), 1],
             joining, first=True)
         return _decide_reply(raw, incarnation)
 

@@ -247,13 +247,13 @@ async def test_a_joined_call_that_crosses_64_listed_drops_the_expired(
         client.close()
 
 
-def test_joined_arguments_are_the_experiments_keys_then_each_parts() -> None:
+def test_joined_arguments_are_the_first_call_then_each_further_parts() -> None:
     def argv(part: str, count: int) -> list[Any]:
         args = [f"{part}-arg{i}" for i in range(count)]
-        return [8, "meta", "stats", "pending", "log", "outcomes", f"{part}-record",
-                f"{part}-request", f"{part}-other", "hash", count, *args]
+        return [8, "meta", "stats", f"{part}-record", "pending", "log", "outcomes",
+                f"{part}-request", f"{part}-other", "hash", *args, count, 1]
 
-    assert _joined_decisions([argv("a", 2), argv("b", 3)]) == [
-        11, "meta", "stats", "pending", "log", "outcomes", "a-record", "a-request", "a-other",
-        "b-record", "b-request", "b-other", "hash", 2, "a-arg0", "a-arg1", 3, "b-arg0",
-        "b-arg1", "b-arg2"]
+    assert _joined_decisions([argv("a", 2), argv("b", 3), argv("c", 1)]) == [
+        14, "meta", "stats", "a-record", "pending", "log", "outcomes", "a-request", "a-other",
+        "b-record", "b-request", "b-other", "c-record", "c-request", "c-other",
+        "hash", "a-arg0", "a-arg1", "b-arg0", "b-arg1", "b-arg2", "c-arg0", 2, 3, 1, 3]

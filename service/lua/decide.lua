@@ -5,16 +5,15 @@
 -- worker's batch joins those of one turn, service.store.Joining), each as a call of
 -- its own would, but that the parts share the reads of the experiment's meta and
 -- counters, one clock reading, and one write of the counters, the pending list and
--- the log's expiry (BENCHMARKS.md §26). The call's
---   KEYS  the experiment's: meta, stats, pending, log, outcomes; then per part three:
---         its decision record, request and other route's record (KEYS[3], [7], [8] below)
---   ARGV  [1] the API key's hash (ARGV[1] below); then per part: how many arguments
---         it has, then them (ARGV[2 ..] below)
+-- the log's expiry (BENCHMARKS.md §26). The first part's KEYS and ARGV are as below,
+-- as they were of a call of one decision (so that such a call costs what it did);
+-- each further part's three keys (its KEYS[3], [7] and [8] below) and its arguments
+-- (its ARGV[2 ..] below) follow; then come the parts' argument counts, and the number
+-- of parts, so that ARGV ends: count 1, ..., count n, n.
 -- Returns a reply per part, as below; {'error', message} for a part whose command
 -- failed (its own: a key of the wrong type; the experiment's, such as a write refused
 -- for memory, is every later part's too).
--- What a part's KEYS and ARGV are (as they were of a call of one decision; K and A in
--- the script):
+-- What a part's KEYS and ARGV are (K and A in the script):
 --
 -- KEYS[1]  meta hash      lrb:{exp}:meta   (incarnation, key_hash, key_hash_old, version,
 --                          default_reward, log_max_entries, log_max_age_seconds,
@@ -106,16 +105,17 @@
 
 local meta = redis.call('HMGET', KEYS[1], 'incarnation', 'key_hash', 'version', 'default_reward',
                         'log_max_entries', 'log_max_age_seconds', 'key_hash_old', 'number_step')
--- The parts' arguments: where each starts, and how many.
-local starts, counts = {}, {}
+-- The parts' arguments: where each starts and ends.
+local parts = tonumber(ARGV[#ARGV])
+local firsts, lasts = {}, {}
 local at = 2
-while at <= #ARGV do
-  starts[#starts + 1], counts[#counts + 1] = at + 1, tonumber(ARGV[at])
-  at = at + 1 + counts[#counts]
+for p = 1, parts do
+  firsts[p], lasts[p] = at, at + tonumber(ARGV[#ARGV - parts + p - 1]) - 1
+  at = lasts[p] + 1
 end
 local function every(reply)  -- the whole call's answer, each part's
   local replies = {}
-  for p = 1, #starts do
+  for p = 1, parts do
     replies[p] = reply
   end
   return replies
@@ -193,8 +193,9 @@ local function write_counters()
   end
 end
 
--- One part: K and A its KEYS and ARGV as a call of one decision had them.
-local function decide(K, A)
+-- One part: K and A its KEYS and ARGV as a call of one decision had them (its log
+-- entry's fields A[16 .. last]).
+local function decide(K, A, last)
   local ranked = string.sub(K[3], -2) == '#0'
   local slots = tonumber(A[15])
   local request = A[12] ~= ''
@@ -367,18 +368,22 @@ local function decide(K, A)
   -- time: '~'); the log's age and expiry are kept below, once for the call.
   if max_entries > 0 then
     redis.call('XADD', K[5], 'MAXLEN', '~', max_entries, '*', 'number', number,
-               unpack(A, 16))
+               unpack(A, 16, last))
     logged = true
   end
   return {'recorded', tonumber(number)}
 end
 
 local replies = {}
-for p = 1, #starts do
-  local K = {KEYS[1], KEYS[2], KEYS[3 + 3 * p], KEYS[3], KEYS[4], KEYS[5], KEYS[4 + 3 * p],
-             KEYS[5 + 3 * p]}
-  local A = {ARGV[1], unpack(ARGV, starts[p], starts[p] + counts[p] - 1)}
-  local ok, reply = pcall(decide, K, A)
+for p = 1, parts do
+  local K, A, last = KEYS, ARGV, lasts[1]
+  if p > 1 then
+    K = {KEYS[1], KEYS[2], KEYS[3 * p + 3], KEYS[4], KEYS[5], KEYS[6], KEYS[3 * p + 4],
+         KEYS[3 * p + 5]}
+    A = {ARGV[1], unpack(ARGV, firsts[p], lasts[p])}
+    last = #A
+  end
+  local ok, reply = pcall(decide, K, A, last)
   if ok then
     replies[p] = reply
   else  -- (a table with the message, or the message)
@@ -396,7 +401,7 @@ end
 -- The log expires log_max_age_seconds after its last entry.
 local age = tonumber(meta[6])
 if logged then
-  redis.call('EXPIRE', KEYS[4], age)
+  redis.call('EXPIRE', KEYS[5], age)
 end
 
 -- List the decisions by the end of their windows. With a default reward the
@@ -407,30 +412,30 @@ end
 -- the expired entries (up to 128) go from its head, so it holds the live decisions
 -- and a few more (a window made shorter only delays the drop; the list's TTL
 -- is never shortened).
-local length = redis.call('RPUSH', KEYS[3], unpack(entries))
+local length = redis.call('RPUSH', KEYS[4], unpack(entries))
 if defaulted then
   -- Never expires: settle.lua must find every entry, even after an outage
   -- longer than the grace period (it then counts the decision as missed).
-  redis.call('PERSIST', KEYS[3])
-elseif redis.call('TTL', KEYS[3]) < longest + 1 then
+  redis.call('PERSIST', KEYS[4])
+elseif redis.call('TTL', KEYS[4]) < longest + 1 then
   -- Never shortened: after a shorter window the older decisions outlive the new.
-  redis.call('EXPIRE', KEYS[3], longest + 1)
+  redis.call('EXPIRE', KEYS[4], longest + 1)
 end
 local crossed = math.floor(length / 64) - math.floor((length - #entries) / 64)
 if crossed > 0 and not defaulted then
   local expired = 0
-  for _, head in ipairs(redis.call('LRANGE', KEYS[3], 0, 128 * crossed - 1)) do
+  for _, head in ipairs(redis.call('LRANGE', KEYS[4], 0, 128 * crossed - 1)) do
     if tonumber(string.match(head, '^[%d.]+')) + 1 > now then
       break
     end
     expired = expired + 1
   end
   if expired > 0 then
-    redis.call('LTRIM', KEYS[3], expired, -1)
+    redis.call('LTRIM', KEYS[4], expired, -1)
   end
 end
 -- As the list crosses a multiple of 64, the log's entries older than its age go.
 if logged and crossed > 0 then
-  redis.call('XTRIM', KEYS[4], 'MINID', '~', string.format('%.0f', (now - age) * 1000))
+  redis.call('XTRIM', KEYS[5], 'MINID', '~', string.format('%.0f', (now - age) * 1000))
 end
 return replies
