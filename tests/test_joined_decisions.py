@@ -229,20 +229,29 @@ async def test_caller_ids_met_in_one_turn(service: ExperimentService) -> None:
     assert (await service.get("ids")).decisions == 2
 
 
+@pytest.mark.parametrize(("expired", "ranked"), [(61, 0), (189, 63)],
+                         ids=["one multiple", "two multiples"])
 async def test_a_joined_call_that_crosses_64_listed_drops_the_expired(
-    service: ExperimentService, redis_db: str,
+    service: ExperimentService, redis_db: str, expired: int, ranked: int,
 ) -> None:
+    """Up to 128 expired entries go for each multiple of 64 the call's entries cross."""
     incarnation, seen = await _experiment(service, redis_db, "tidy", None)
     client = _client(redis_db)
     try:
-        client.lpush(keys.pending("tidy"), *(f"{1_000 + i} expired{i}" for i in range(61)))
-        assert client.llen(keys.pending("tidy")) == 62  # with the first decision's
+        client.lpush(keys.pending("tidy"), *(f"{1_000 + i} expired{i}" for i in range(expired)))
+        before = client.llen(keys.pending("tidy"))  # with the first decision's
         common = _common(incarnation, seen)
-        replies = await asyncio.gather(*(service._store.decide("tidy", f"t{i}", **common)
-                                         for i in range(3)))  # 62 + 3 crosses 64
-        assert [r.status for r in replies] == ["recorded"] * 3
+        calls = [service._store.decide("tidy", f"t{i}", **common) for i in range(3)]
+        if ranked:  # a ranking of 64 slots among them: 67 entries in all
+            calls.append(service._store.decide("tidy", "r", ranked=True,
+                                               later_records=(RECORD,) * ranked, **common))
+        replies = await asyncio.gather(*calls)
+        assert [r.status for r in replies] == ["recorded"] * len(calls)
+        added = 3 + (1 + ranked if ranked else 0)
+        crossed = (before + added) // 64 - before // 64
+        assert crossed == (2 if ranked else 1) and expired <= 128 * crossed
         listed: list[bytes] = client.lrange(keys.pending("tidy"), 0, -1)
-        assert not any(b"expired" in e for e in listed) and len(listed) == 4
+        assert not any(b"expired" in e for e in listed) and len(listed) == 1 + added
     finally:
         client.close()
 
