@@ -35,6 +35,7 @@ from service import keys, lifecycle, shards
 from service.domain import ExperimentSpec
 from service.experiments import ExperimentService
 from service.settings import Settings
+from service.store import _ScriptBatcher
 
 TEST_REDIS_ENV = "LINREBOOT_TEST_REDIS_URL"
 TEST_SHARDS_ENV = "LINREBOOT_TEST_SHARDS"
@@ -87,6 +88,20 @@ def _sharded_experiments(request: pytest.FixtureRequest, monkeypatch: pytest.Mon
         return dataclasses.replace(spec, shards=count)
 
     monkeypatch.setattr(lifecycle, "with_service_defaults", sharded)
+
+
+@pytest.fixture
+def pipelines(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every pipeline the batcher sends (the real one still runs)."""
+    sizes: list[int] = []
+    send = _ScriptBatcher._pipeline
+
+    async def counted(self: _ScriptBatcher, calls: list[Any]) -> list[Any]:
+        sizes.append(len(calls))
+        return await send(self, calls)
+
+    monkeypatch.setattr(_ScriptBatcher, "_pipeline", counted)
+    return sizes
 
 
 @pytest.fixture

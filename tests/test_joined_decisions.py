@@ -17,7 +17,7 @@ from service import keys
 from service.domain import ArmSpec, ChooseRequest, Decision, ExperimentSpec
 from service.errors import Conflict
 from service.experiments import ExperimentService
-from service.store import DecideReply, Store, _joined_decisions, _ScriptBatcher
+from service.store import DecideReply, Store, _joined_decisions
 
 # The store's calls on one member's keys: its experiments stay unsharded.
 pytestmark = [pytest.mark.anyio, pytest.mark.unsharded]
@@ -28,20 +28,6 @@ RECORD = b"model:a\narm:a\na\n1\n0\n0.0\n0.5\n" + b"\0" * 16  # a record's end, 
 def _client(url: str) -> Any:
     """A Redis client (its commands' replies as untyped as redis-py's annotations allow)."""
     return redis.Redis.from_url(url)
-
-
-@pytest.fixture
-def sent(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many script calls each pipeline the batcher sends holds (the real one runs)."""
-    sizes: list[int] = []
-    send = _ScriptBatcher._pipeline
-
-    async def counted(self: _ScriptBatcher, calls: list[Any]) -> list[Any]:
-        sizes.append(len(calls))
-        return await send(self, calls)
-
-    monkeypatch.setattr(_ScriptBatcher, "_pipeline", counted)
-    return sizes
 
 
 async def _experiment(service: ExperimentService, url: str, experiment_id: str,
@@ -136,7 +122,7 @@ def _state(url: str, experiment_id: str) -> tuple[Any, ...]:
 
 @pytest.mark.parametrize("default_reward", [None, 0.0], ids=["no default", "default"])
 async def test_a_turn_of_decisions_is_one_call_answered_as_each_alone_in_turn(
-    service: ExperimentService, redis_db: str, sent: list[int], default_reward: float | None,
+    service: ExperimentService, redis_db: str, pipelines: list[int], default_reward: float | None,
 ) -> None:
     joined: dict[str, Any] = {}
     alone: dict[str, Any] = {}
@@ -147,13 +133,13 @@ async def test_a_turn_of_decisions_is_one_call_answered_as_each_alone_in_turn(
         client = _client(redis_db)
         client.persist(keys.log(name))  # the turn's calls give it its expiry again
         client.close()
-        sent.clear()
+        pipelines.clear()
         if name == "joined":
             replies = await asyncio.gather(*(store.decide(name, **c) for c in calls))
-            assert sent == [1]  # one pipeline of one call
+            assert pipelines == [1]  # one pipeline of one call
         else:
             replies = [await store.decide(name, **c) for c in calls]
-            assert sent == [1] * len(calls)
+            assert pipelines == [1] * len(calls)
         answers["replies"] = [_answer(r) for r in replies]
         answers["state"] = _state(redis_db, name)
 
@@ -182,19 +168,19 @@ async def test_a_turn_of_decisions_is_one_call_answered_as_each_alone_in_turn(
 
 
 async def test_a_part_whose_own_command_fails_fails_alone(
-    service: ExperimentService, redis_db: str, sent: list[int],
+    service: ExperimentService, redis_db: str, pipelines: list[int],
 ) -> None:
     incarnation, seen = await _experiment(service, redis_db, "broken", 0.0)
     client = _client(redis_db)
     try:
         client.hset(keys.request("broken", "q2"), "not", "a string")  # GET: WRONGTYPE
         common = _common(incarnation, seen)
-        sent.clear()
+        pipelines.clear()
         replies = await asyncio.gather(
             service._store.decide("broken", "d1", **common),
             service._store.decide("broken", "q2", request=("digest", "a\n\n", 60), **common),
             service._store.decide("broken", "d3", **common), return_exceptions=True)
-        assert sent == [1]
+        assert pipelines == [1]
         first, broken, third = replies
         assert isinstance(broken, ResponseError) and "WRONGTYPE" in str(broken)
         assert isinstance(first, DecideReply) and isinstance(third, DecideReply)

@@ -52,20 +52,6 @@ FEATURES = ((1.0, 0.0), (0.0, 1.0), (0.6, 0.8))
 
 
 @pytest.fixture
-def pipelines(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The size of every pipeline the batcher sends (the real one still runs)."""
-    sizes: list[int] = []
-    send = _ScriptBatcher._pipeline
-
-    async def counted(self: _ScriptBatcher, calls: list[Any]) -> list[Any]:
-        sizes.append(len(calls))
-        return await send(self, calls)
-
-    monkeypatch.setattr(_ScriptBatcher, "_pipeline", counted)
-    return sizes
-
-
-@pytest.fixture
 def attempts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int] | None]:
     """The ``seen`` of every decide call (None: a second attempt, recorded whatever the
     statistics are now); the real store still runs."""
