@@ -4,7 +4,7 @@ Usage::
 
     python -m benchmarks.profile_worker [--seconds 12] [--rate 500] [--spread default] [--top N]
                                         [--inclusive N]
-                                        [--load pairs|choose|rank|reward]
+                                        [--load pairs|choose|rank|reward] [--workers N]
 
 Needs wrk (``apt-get install wrk``) and py-spy (``pip install py-spy``; not a
 dependency of the service). Starts ``linreboot serve`` with one worker and its
@@ -14,7 +14,10 @@ rewarded) and samples the worker with py-spy meanwhile. Prints the share of
 samples by where the innermost frame of a known package is (the policy math,
 the service, redis-py, the HTTP stack, the event loop), one table, for
 BENCHMARKS.md; ``--top N`` adds the N functions most often innermost (self
-time). Redis's own time is ``bench_service``'s "Redis µs/request".
+time). Redis's own time is ``bench_service``'s "Redis µs/request". With ``--workers N``
+the N workers share one experiment and are sampled together (py-spy's
+``--subprocesses``): what more workers on one hot experiment cost shows as the shares
+that grow against one worker's.
 """
 
 from __future__ import annotations
@@ -143,6 +146,8 @@ def main() -> None:
                         help="every decision rewarded (wrk_pairs.lua), decisions only, "
                              "rankings of 10 only (/rank), or rewards only (of decisions "
                              "made before the sampling)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="serving workers on the one experiment, sampled together")
     args = parser.parse_args()
     for tool in ("wrk", "py-spy"):
         if shutil.which(tool) is None and not (Path(sys.executable).parent / tool).exists():
@@ -154,7 +159,7 @@ def main() -> None:
                "LINREBOOT_DATA_DIR": directory}
         env.pop("LINREBOOT_REDIS_URL", None)
         server = subprocess.Popen([sys.executable, "-m", "linreboot", "serve", "--port",
-                                   str(port), "--workers", "1"], env=env,
+                                   str(port), "--workers", str(args.workers)], env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
         try:
@@ -179,7 +184,8 @@ def main() -> None:
             stacks = Path(directory) / "stacks.txt"
             subprocess.run([py_spy, "record", "--pid", str(server.pid), "--rate",
                             str(args.rate), "-d", str(args.seconds), "--format", "raw",
-                            "--nonblocking", "-o", str(stacks)],
+                            "--nonblocking", "-o", str(stacks),
+                            *(["--subprocesses"] if args.workers > 1 else [])],
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             load.wait()
             shares = categorise(stacks)
@@ -190,7 +196,8 @@ def main() -> None:
             server.wait()
     driven = {"pairs": "choose + reward pairs", "choose": "/choose only",
               "rank": "/rank k = 10 only", "reward": "/reward only"}[args.load]
-    print(f"one worker, {driven}, {args.seconds} s at {args.rate} samples/s; "
+    workers = "one worker" if args.workers == 1 else f"{args.workers} workers"
+    print(f"{workers}, {driven}, {args.seconds} s at {args.rate} samples/s; "
           f"LinReBoot ({args.spread} spread), K = 100, d = 20")
     print("| where | share of the worker's samples |")
     print("|---|---:|")

@@ -54,6 +54,10 @@ _UNROUTED = frozenset({"missing", "forbidden"})
 # How long a decision waits for its worker's rewards in flight (a batch's round trip is
 # milliseconds; past this Redis is slow, and waiting longer would add to the deadline).
 _REWARDS_WAIT_SECONDS = 0.05
+# How long (s) after a decision of an experiment (member) found its view stale, or a probe
+# found outcomes it lacked, its decisions read what they lack first (_probed).
+_CONTENDED_SECONDS = 1.0
+_CONTENDED_MOST = 4096  # experiments (members) remembered so before those long over go
 # How records and the log keep a context: little-endian doubles.
 _PACKED = np.dtype("<f8")
 
@@ -68,6 +72,9 @@ class Decisions(Room):
         self._rewarding: Counter[str] = Counter()  # rewards in flight, by experiment (member)
         # Shard counts of experiments this worker rewards without a view of them.
         self._shard_counts: dict[str, int] = {}
+        # Until when (time.monotonic()) decisions of an experiment (member) probe first.
+        self._contended: dict[str, float] = {}
+
     async def choose(
         self, experiment_id: str, request: ChooseRequest, api_key: str | None = None
     ) -> Decision:
@@ -142,6 +149,9 @@ class Decisions(Room):
         # rather than prepare, draw and compute a propensity twice.
         view = await self.views.current(member_id, view, member_key,
                                         view.definition.spec.max_stale_rewards)
+        probed = self._contended.get(member_id, 0.0) > time.monotonic()
+        if probed:
+            view = await self._probed(experiment_id, member_id, view, member_key, api_key)
         self._check_routing(experiment_id, member_id, view, step)
         basis = await self.views.merged(experiment_id, view, member_id)
         bound = self._settings.feature_bound
@@ -154,7 +164,9 @@ class Decisions(Room):
             candidates = basis.ready(request, bound)
         synced = False
         seeded = view.definition.spec.seed is not None
-        seen: tuple[int, int] | None = (view.version, view.rewards)
+        # Probed, the view holds every outcome applied before a read made after the request
+        # arrived: whatever is applied since, the decision is as current as it must be.
+        seen: tuple[int, int | None] | None = (view.version, None if probed else view.rewards)
         number, reserved = (view.last_number + step if seeded else None), False
         for attempt in range(_DECIDE_ATTEMPTS):
             if attempt:
@@ -205,6 +217,7 @@ class Decisions(Room):
                 await shards.sync_members(self._store, experiment_id)
                 synced = True
                 continue
+            self._contend(member_id)
             if reply.progress is not None:  # what this view lacks: catch up
                 view = await self.views.caught_up(member_id, view, member_key, reply.progress)
             else:
@@ -222,6 +235,32 @@ class Decisions(Room):
                 seen, reserved = (view.version, view.rewards), False
                 number = view.last_number + step
         raise StoreUnavailable("the experiment changed while deciding; retry")
+
+    async def _probed(self, experiment_id: str, member_id: str, view: View,
+                      key_hash: str | None, api_key: str | None) -> View:
+        """``view`` caught up by a read sent after the request arrived (with this worker's
+        next batch: one read for the batch's decisions of the member).
+
+        Other workers' rewards, applied while a decision is made from a view, make it
+        stale: then it is made twice (prepared, drawn, its propensity computed). While
+        that happens to an experiment's decisions (``_contended``), they read first what
+        their view lacks, and are recorded whatever is applied after that read: a round
+        trip instead of a second decision (BENCHMARKS.md §27)."""
+        progress = await self._store.probe_progress(member_id, held=view.folded + view.applied)
+        if progress is None:
+            self.views.forget(experiment_id)
+            self.views.forget(member_id)
+            raise missing_experiment(api_key)
+        if progress.rewards > view.rewards:  # others' outcomes came: contended still
+            self._contend(member_id)
+        return await self.views.caught_up(member_id, view, key_hash, progress)
+
+    def _contend(self, member_id: str) -> None:
+        """The member's decisions read first for the next ``_CONTENDED_SECONDS``."""
+        now = time.monotonic()
+        if len(self._contended) >= _CONTENDED_MOST:
+            self._contended = {m: until for m, until in self._contended.items() if until > now}
+        self._contended[member_id] = now + _CONTENDED_SECONDS
 
     def _check_routing(self, experiment_id: str, member_id: str, view: View, step: int) -> None:
         """The member's view is of an incarnation with the shard count the decision was

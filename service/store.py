@@ -290,7 +290,7 @@ class _Library:
 # The scripts of every request, and the shared chunks each is put after.
 _BATCHED: dict[str, tuple[str, ...]] = {
     "decide": ("tail", "recent"), "reward": ("outcomes", "tail", "recent"),
-    "settle": ("outcomes", "recent")}
+    "settle": ("outcomes", "recent"), "progress": ("tail",)}
 
 
 def library() -> _Library:
@@ -1001,6 +1001,25 @@ def _never(error: Exception) -> bool:
     return False
 
 
+def _first_call(argvs: Sequence[list[Any]]) -> list[Any]:
+    """Calls that are the same call (a read): the first's argv serves them all."""
+    return argvs[0]
+
+
+def _every_call(reply: Any, argvs: Sequence[list[Any]]) -> list[Any]:
+    """The reply to calls that are the same call: each one's."""
+    return [reply] * len(argvs)
+
+
+def _progress_of(reply: Any) -> Progress | None:
+    """A :class:`Progress` of progress.lua's reply; None if the experiment does not exist."""
+    if not reply:
+        return None
+    incarnation, version, rewards, seq, folded, outcomes, skipped = reply
+    return Progress(_text(incarnation), int(version), int(rewards), int(seq), int(folded),
+                    tuple(split_records(outcomes)[0]), int(skipped))
+
+
 def _decide_reply(reply: Any, incarnation: str) -> DecideReply:
     """A :class:`DecideReply` of decide.lua's reply to one part (of ``incarnation``)."""
     status = _text(reply[0])
@@ -1039,7 +1058,7 @@ class Store:
         self._settle = client.register_script(_script("settle", _BATCHED["settle"]))
         self._fold_read = client.register_script(_script("fold_read"))
         self._fold = client.register_script(_script("fold", uses=["tail"]))
-        self._progress = client.register_script(_script("progress", uses=["tail"]))
+        self._progress = client.register_script(_script("progress", _BATCHED["progress"]))
         self._create = client.register_script(_script("create"))
         self._add_arms = client.register_script(_script("add_arms"))
         self._retire_arms = client.register_script(_script("retire_arms"))
@@ -1581,11 +1600,19 @@ class Store:
         keyset = [keys.meta(experiment_id), keys.stats(experiment_id),
                   keys.outcomes(experiment_id)]
         reply = await self._progress(keys=keyset, args=[] if held is None else [held])
-        if not reply:
-            return None
-        incarnation, version, rewards, seq, folded, outcomes, skipped = reply
-        return Progress(_text(incarnation), int(version), int(rewards), int(seq), int(folded),
-                        tuple(split_records(outcomes)[0]), int(skipped))
+        return _progress_of(reply)
+
+    @_translated_batched
+    async def probe_progress(self, experiment_id: str, held: int) -> Progress | None:
+        """:meth:`read_progress` with ``held``, sent with this worker's next batch: one call
+        for every probe of the experiment from the same ``held`` in it, each made before
+        the batch was sent (what the decisions of requests that arrived before then need
+        to reflect every outcome applied before them)."""
+        keyset = [keys.meta(experiment_id), keys.stats(experiment_id),
+                  keys.outcomes(experiment_id)]
+        joining = Joining((experiment_id, str(held)), 1, _first_call, _every_call, _never)
+        return _progress_of(await self._batcher.run_joined(self._progress, keyset, [held],
+                                                           joining))
 
     @_translated_batched
     async def decide(
@@ -1595,7 +1622,7 @@ class Store:
         *,
         key_hash: str | None,
         incarnation: str,
-        seen: tuple[int, int] | None,
+        seen: tuple[int, int | None] | None,
         number: int | None,
         reserved: bool,
         ttl_seconds: int,
@@ -1611,7 +1638,8 @@ class Store:
         """Record a pending decision if the statistics it was made from are current.
 
         ``seen`` is the (version, outcomes counter) the decision was made at; None
-        records it whatever they are now; ``max_lag`` outcomes applied since ``seen`` are
+        records it whatever they are now, and an outcomes counter None whatever outcomes
+        were applied since; ``max_lag`` outcomes applied since ``seen`` are
         tolerated. ``number`` is the decision number its random
         draw used (None: the script assigns one); ``reserved`` says an earlier
         stale reply set it aside. ``key_hash`` None skips the key check (trusted
@@ -1636,7 +1664,7 @@ class Store:
         part: list[str | bytes | int] = [
             incarnation,
             "" if seen is None else str(seen[0]),
-            "" if seen is None else str(seen[1]),
+            "" if seen is None or seen[1] is None else str(seen[1]),
             "" if number is None else str(number),
             "1" if reserved else "0",
             ttl_seconds,

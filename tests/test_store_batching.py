@@ -25,7 +25,7 @@ import pytest
 import redis
 
 from policies import PolicyConfig
-from service import keys
+from service import decisions, keys
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec, RewardOutcome
 from service.errors import Forbidden, StoreUnavailable
 from service.experiments import ExperimentService
@@ -52,10 +52,11 @@ FEATURES = ((1.0, 0.0), (0.0, 1.0), (0.6, 0.8))
 
 
 @pytest.fixture
-def attempts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int] | None]:
+def attempts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int | None] | None]:
     """The ``seen`` of every decide call (None: a second attempt, recorded whatever the
-    statistics are now); the real store still runs."""
-    seen: list[tuple[int, int] | None] = []
+    statistics are now; an outcomes counter None: read first, recorded whatever outcomes
+    came since); the real store still runs."""
+    seen: list[tuple[int, int | None] | None] = []
     decide = Store.decide
 
     async def counted(self: Store, *args: Any, **kwargs: Any) -> Any:
@@ -684,7 +685,7 @@ async def test_a_reward_reply_that_cannot_bring_what_a_worker_lacks_makes_it_rea
 
 @pytest.mark.parametrize("max_stale_rewards", [0, 1])
 async def test_a_worker_that_applied_a_reward_decides_from_it(
-    service: ExperimentService, attempts: list[tuple[int, int] | None], redis_db: str,
+    service: ExperimentService, attempts: list[tuple[int, int | None] | None], redis_db: str,
     max_stale_rewards: int,
 ) -> None:
     key = await _experiment(service, "own", max_stale_rewards=max_stale_rewards)
@@ -705,7 +706,7 @@ async def test_a_worker_that_applied_a_reward_decides_from_it(
 
 async def test_a_decision_is_made_once_beside_its_workers_rewards(
     service: ExperimentService, other_service: ExperimentService,
-    attempts: list[tuple[int, int] | None], redis_db: str,
+    attempts: list[tuple[int, int | None] | None], redis_db: str,
 ) -> None:
     """A decision sent in the same batch as rewards goes first (so they do not make its
     view stale); one made while this worker's rewards are in flight waits for their
@@ -751,8 +752,86 @@ async def test_a_decision_is_made_once_beside_its_workers_rewards(
     assert _seen(redis_db, "fly", during.decision_id) >= 4
 
 
+async def test_after_a_stale_decision_decisions_read_first_and_are_made_once(
+    service: ExperimentService, other_service: ExperimentService,
+    attempts: list[tuple[int, int | None] | None], pipelines: list[int], redis_db: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once another worker's rewards made a decision stale, this worker's decisions of
+    the experiment read what their view lacks first (one read for a turn's decisions),
+    and are recorded at their first attempt, whatever is applied after that read: each
+    reflects every reward acknowledged before its request. When the other worker's
+    rewards stop, so do the reads."""
+    key = await _experiment(service, "probe")
+    made = [await service.choose("probe", ChooseRequest(), key) for _ in range(6)]
+    assert (await other_service.reward("probe", [(made[0].decision_id, 1.0)], key))[0].status \
+        == "applied"
+    attempts.clear()
+    stale = await service.choose("probe", ChooseRequest(), key)
+    assert len(attempts) == 2 and attempts[1] is None  # stale, then made again: contended
+    assert _seen(redis_db, "probe", stale.decision_id) == 1
+
+    # Another reward through the other worker, then three decisions in one turn: one
+    # read for the three, then one decide call, each recorded at its first attempt.
+    assert (await other_service.reward("probe", [(made[1].decision_id, 1.0)], key))[0].status \
+        == "applied"
+    attempts.clear()
+    pipelines.clear()
+    three = await asyncio.gather(*(service.choose("probe", ChooseRequest(), key)
+                                   for _ in range(3)))
+    assert pipelines == [1, 1]  # the joined read, then the joined decisions
+    assert len(attempts) == 3 and all(seen is not None and seen[1] is None for seen in attempts)
+    assert [_seen(redis_db, "probe", d.decision_id) for d in three] == [2, 2, 2]
+
+    # A reward applied after the read, before the decision is recorded: it need not
+    # count, and the decision is recorded at once (it counted, it was made again).
+    probe = Store.probe_progress
+
+    async def then_a_reward(self: Store, *args: Any, **kwargs: Any) -> Any:
+        progress = await probe(self, *args, **kwargs)
+        statuses = await other_service.reward("probe", [(made[2].decision_id, 1.0)], key)
+        assert statuses[0].status == "applied"
+        return progress
+
+    monkeypatch.setattr(Store, "probe_progress", then_a_reward)
+    attempts.clear()
+    during = await service.choose("probe", ChooseRequest(), key)
+    assert len(attempts) == 1 and attempts[0] is not None and attempts[0][1] is None
+    assert _seen(redis_db, "probe", during.decision_id) == 2
+    monkeypatch.setattr(Store, "probe_progress", probe)
+
+    # No one else's outcomes for longer than the contention lasts: no read first, and
+    # the decision is made from what the view holds, checked as before.
+    assert (await service.choose("probe", ChooseRequest(), key)).decision_id  # catches up
+    await asyncio.sleep(decisions._CONTENDED_SECONDS + 0.1)
+    attempts.clear()
+    pipelines.clear()
+    quiet = await service.choose("probe", ChooseRequest(), key)
+    assert pipelines == [1] and len(attempts) == 1
+    assert attempts[0] is not None and attempts[0][1] == 3
+    assert _seen(redis_db, "probe", quiet.decision_id) == 3
+
+
+async def test_a_read_first_of_an_experiment_deleted_meanwhile_is_refused(
+    service: ExperimentService, other_service: ExperimentService,
+    attempts: list[tuple[int, int | None] | None],
+) -> None:
+    """A decision that reads first finds the experiment gone: refused as a decision of
+    a missing experiment is (a wrong key's 403), with nothing recorded."""
+    key = await _experiment(service, "gone")
+    made = [await service.choose("gone", ChooseRequest(), key) for _ in range(2)]
+    assert (await other_service.reward("gone", [(made[0].decision_id, 1.0)], key))[0].status \
+        == "applied"
+    await service.choose("gone", ChooseRequest(), key)  # stale: contended
+    await other_service.delete("gone")
+    attempts.clear()
+    with pytest.raises(Forbidden):
+        await service.choose("gone", ChooseRequest(), key)
+    assert attempts == []  # refused by the read, before any decision was made
+
+
 async def test_a_decision_right_after_its_rewards_reply_reflects_its_batch(
-    service: ExperimentService, attempts: list[tuple[int, int] | None], redis_db: str,
+    service: ExperimentService, attempts: list[tuple[int, int | None] | None], redis_db: str,
 ) -> None:
     """A caller that decides as soon as its reward is answered runs before the same
     batch's other callers have added their outcomes to the view: it lets them run first,
@@ -1074,6 +1153,7 @@ async def test_catching_up_brings_only_the_outcomes_a_worker_lacks(
     """A stale reply (decide.lua) and a progress read carry the outcomes after those the
     worker's view holds, not every outcome not yet folded: catching up costs in
     proportion to what it missed. The view it makes is the one a full read gives."""
+    monkeypatch.setattr(decisions, "_CONTENDED_SECONDS", 0.0)  # stale replies, no reads first
     key = await _experiment(service, "tail")
     await other_service.choose("tail", ChooseRequest(), key)  # the other worker's view: 0 held
     first = [await service.choose("tail", ChooseRequest(), key) for _ in range(5)]
