@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import redis
 
+from benchmarks.bench_contention import counting, run
 from policies import PolicyConfig
 from service import decisions, keys
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec, RewardOutcome
@@ -775,6 +776,7 @@ async def test_after_a_stale_decision_decisions_read_first_and_are_made_once(
     # read for the three, then one decide call, each recorded at its first attempt.
     assert (await other_service.reward("probe", [(made[1].decision_id, 1.0)], key))[0].status \
         == "applied"
+    await service._store.read_progress("probe")  # its script loaded (else sent twice)
     attempts.clear()
     pipelines.clear()
     three = await asyncio.gather(*(service.choose("probe", ChooseRequest(), key)
@@ -810,6 +812,22 @@ async def test_after_a_stale_decision_decisions_read_first_and_are_made_once(
     assert pipelines == [1] and len(attempts) == 1
     assert attempts[0] is not None and attempts[0][1] == 3
     assert _seen(redis_db, "probe", quiet.decision_id) == 3
+
+
+async def test_workers_on_one_hot_experiment_seldom_make_a_decision_twice(
+    redis_db: str,
+) -> None:
+    """``benchmarks.bench_contention``'s load, small: two workers' loops each choose on one
+    and reward on the other, at max_stale_rewards 0. Each worker's decisions made before
+    it first met the other's rewards may be made again, at most a turn of them (the loops
+    in flight); after that every decision is made once, with a read first for a batch of
+    them. (Without the reads first, half to all of them were made twice.)"""
+    loops, pairs = 16, 300
+    with counting() as counts:
+        row = await run(redis_db, 2, loops, pairs, 0, counts)
+    assert counts.decides - counts.again >= pairs
+    assert counts.again <= loops
+    assert 0 < row["reads first"] < 1  # joined: fewer reads than decisions
 
 
 async def test_a_read_first_of_an_experiment_deleted_meanwhile_is_refused(
