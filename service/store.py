@@ -281,8 +281,11 @@ class _Library:
         functions = {}
         for name, (sha, _) in scripts.items():
             function = f"linreboot_{name}_{digest}"
-            parts.append(f"redis.register_function('{function}', function(KEYS, ARGV)\n"
-                         f"{bodies[name]}\nend)\n")
+            # A function that writes nothing says so: Redis 7 then runs it out of memory
+            # too (as EVALSHA runs such a script), where it refuses the others unrun.
+            flags = ", flags={'no-writes'}" if name in _READ_ONLY else ""
+            parts.append(f"redis.register_function{{function_name='{function}', "
+                         f"callback=function(KEYS, ARGV)\n{bodies[name]}\nend{flags}}}\n")
             functions[sha] = function
         return cls("".join(parts), functions)
 
@@ -291,6 +294,7 @@ class _Library:
 _BATCHED: dict[str, tuple[str, ...]] = {
     "decide": ("tail", "recent"), "reward": ("outcomes", "tail", "recent"),
     "settle": ("outcomes", "recent"), "progress": ("tail",)}
+_READ_ONLY = frozenset({"progress"})
 
 
 def library() -> _Library:

@@ -247,6 +247,25 @@ async def test_out_of_memory_a_joined_call_answers_what_needs_no_write(
     assert _dump(memory_limit) == before
 
 
+@pytest.mark.unsharded  # (its call names the experiment's own keys)
+async def test_out_of_memory_a_read_first_is_answered(
+    service_on: ExperimentService, memory_limit: RedisProcess
+) -> None:
+    """progress.lua writes nothing, and says so (a Redis 7 function flagged no-writes):
+    out of memory, a worker's read first (Store.probe_progress) is still answered, as
+    EVALSHA answers it on 6.2; nothing is written."""
+    service = service_on
+    await service.create(SPEC)
+    made = await service.choose("mem", ChooseRequest(context=(1.0, 2.0, 3.0)))
+    assert (await service.reward("mem", [(made.decision_id, 1.0)]))[0].status == "applied"
+    before = _dump(memory_limit)
+    _set_maxmemory(memory_limit, 1)
+    progress = await service._store.probe_progress("mem", held=0)
+    assert progress is not None
+    assert (progress.rewards, len(progress.unfolded)) == (1, 1)
+    assert _dump(memory_limit) == before
+
+
 def _experiment_keys(experiment_id: str, decision_ids: Sequence[str] = ()) -> list[str]:
     return [keys.meta(experiment_id), keys.arms(experiment_id), keys.stats(experiment_id),
             *(keys.decision(experiment_id, d) for d in decision_ids)]

