@@ -72,12 +72,12 @@ def counting() -> Iterator[Counts]:
         counts.again += kwargs["seen"] is None
         return await decide(self, *args, **kwargs)
 
-    async def sent_counted(self: _ScriptBatcher, calls: list[Any]) -> list[Any]:
+    async def sent_counted(self: _ScriptBatcher, calls: list[Any], *args: Any) -> list[Any]:
         counts.probes += sum(script.script == reads for script, _ in calls)
-        return await send(self, calls)
+        return await send(self, calls, *args)
 
     Store.decide = decide_counted  # type: ignore[method-assign]
-    _ScriptBatcher._pipeline = sent_counted  # type: ignore[method-assign]
+    _ScriptBatcher._pipeline = sent_counted  # type: ignore[method-assign,assignment]
     try:
         yield counts
     finally:

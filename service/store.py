@@ -755,16 +755,29 @@ class _ScriptBatcher:
             if missing:
                 self._functions = False
                 await self._resend(calls, replies, missing)
+        # Out of memory, Redis 7 refuses a function that may write before it runs: it
+        # has no EVAL's compatible mode, where a script runs and only a write is
+        # refused. Sent again by EVALSHA, the call answers what needs no write (a
+        # retried decision's answer), as on 6.2, and its writes are refused there.
+        scripted = [i for i, r in enumerate(replies) if self._functions
+                    and isinstance(r, ResponseError) and _out_of_memory(r)]
+        await self._resend(calls, replies, scripted, by_script=True)
         unknown = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
         if unknown:
             for script in {calls[i][0] for i in unknown}:
                 await self._client.script_load(script.script)
-            await self._resend(calls, replies, unknown)
+            await self._resend(calls, replies, [i for i in unknown if i not in scripted])
+            await self._resend(calls, replies, [i for i in unknown if i in scripted],
+                               by_script=True)
         return replies
 
     async def _resend(self, calls: list[tuple[AsyncScript, list[Any]]], replies: list[Any],
-                      indexes: list[int]) -> None:
-        again = await self._pipeline([calls[i] for i in indexes])
+                      indexes: list[int], by_script: bool = False) -> None:
+        """The calls at ``indexes`` sent again (``by_script``: by EVALSHA, whatever the
+        server has), their replies in place of the first ones."""
+        if not indexes:
+            return
+        again = await self._pipeline([calls[i] for i in indexes], by_script)
         for i, reply in zip(indexes, again, strict=True):
             replies[i] = reply
 
@@ -786,8 +799,10 @@ class _ScriptBatcher:
             return False
         return True
 
-    async def _pipeline(self, calls: list[tuple[AsyncScript, list[Any]]]) -> list[Any]:
-        functions = self._library.functions if self._functions and self._library else {}
+    async def _pipeline(self, calls: list[tuple[AsyncScript, list[Any]]],
+                        by_script: bool = False) -> list[Any]:
+        functions = (self._library.functions
+                     if self._functions and self._library and not by_script else {})
         commands = [("FCALL", functions[s.sha], *argv) if s.sha in functions
                     else ("EVALSHA", s.sha, *argv) for s, argv in calls]
         if self._held is not None:

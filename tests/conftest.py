@@ -96,9 +96,9 @@ def pipelines(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     sizes: list[int] = []
     send = _ScriptBatcher._pipeline
 
-    async def counted(self: _ScriptBatcher, calls: list[Any]) -> list[Any]:
+    async def counted(self: _ScriptBatcher, calls: list[Any], *args: Any) -> list[Any]:
         sizes.append(len(calls))
-        return await send(self, calls)
+        return await send(self, calls, *args)
 
     monkeypatch.setattr(_ScriptBatcher, "_pipeline", counted)
     return sizes

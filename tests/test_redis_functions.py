@@ -7,7 +7,8 @@ start Debian's ``redis-server`` 7 (``./dev test`` installs the package where it
 can) and check: the API tests pass on it, calling functions; a seeded
 experiment decides the same on both; functions lost (FUNCTION FLUSH) or a
 server without them in its place are recovered from; a function is refused
-whole when Redis is out of memory; a Redis 7 cluster keeps EVALSHA.
+whole when Redis is out of memory, and sent again by EVALSHA answers what needs
+no write; a Redis 7 cluster keeps EVALSHA.
 """
 
 from __future__ import annotations
@@ -185,6 +186,37 @@ async def test_out_of_memory_refuses_a_function_whole_and_changes_nothing(
         assert await api.state("fn") == before
         assert (await _reward(api, key, "d", 1.0)).status_code == 200
         assert (await api.state("fn"))["rewards"] == 1
+
+
+@needs_redis_7
+async def test_out_of_memory_a_function_refused_unrun_answers_by_evalsha(
+    redis_7: RedisProcess, redis_7_url: str
+) -> None:
+    """Out of memory, Redis 7 refuses a function that may write before it runs. Sent
+    again by EVALSHA (as on 6.2, where a script runs and only a write is refused), a
+    retried decision gets its answer; a new one is refused (503); nothing changes."""
+    async with _api(redis_7_url) as api:
+        key = await api.create(SPEC)
+        first = await _choose(api, key, "d")
+        assert first.status_code == 200, first.text
+        before = await api.state("fn")
+        _reset(redis_7_url)
+        with redis_7.client() as client:
+            client.config_set("maxmemory", 1)  # far below the use: every write refused
+            try:
+                again = await _choose(api, key, "d")
+                new = await _choose(api, key, "e")
+            finally:
+                client.config_set("maxmemory", 0)
+        assert again.status_code == 200, again.text
+        assert again.json() == first.json()
+        assert new.status_code == 503, new.text
+        assert await api.state("fn") == before
+        with redis_7.client() as client:
+            stats = client.info("commandstats")
+        # Each refused unrun (a rejected call), then run as a script.
+        assert int(stats["cmdstat_fcall"]["rejected_calls"]) >= 2
+        assert int(stats["cmdstat_evalsha"]["calls"]) >= 2
 
 
 async def test_on_redis_6_2_the_scripts_run_by_evalsha(redis_db: str) -> None:
