@@ -1025,9 +1025,10 @@ def _first_call(argvs: Sequence[list[Any]]) -> list[Any]:
     return argvs[0]
 
 
-def _every_call(reply: Any, argvs: Sequence[list[Any]]) -> list[Any]:
-    """The reply to calls that are the same call: each one's."""
-    return [reply] * len(argvs)
+def _progress_of_every(reply: Any, argvs: Sequence[list[Any]]) -> list[Progress | None]:
+    """progress.lua's reply to calls that are the same call: each one's, read once (its
+    records split once, not once a caller)."""
+    return [_progress_of(reply)] * len(argvs)
 
 
 def _progress_of(reply: Any) -> Progress | None:
@@ -1629,9 +1630,11 @@ class Store:
         to reflect every outcome applied before them)."""
         keyset = [keys.meta(experiment_id), keys.stats(experiment_id),
                   keys.outcomes(experiment_id)]
-        joining = Joining((experiment_id, str(held)), 1, _first_call, _every_call, _never)
-        return _progress_of(await self._batcher.run_joined(self._progress, keyset, [held],
-                                                           joining))
+        joining = Joining((experiment_id, str(held)), 1, _first_call, _progress_of_every,
+                          _never)
+        progress: Progress | None = await self._batcher.run_joined(self._progress, keyset,
+                                                                   [held], joining)
+        return progress
 
     @_translated_batched
     async def decide(
