@@ -39,7 +39,7 @@ from service.domain import (
 from service.errors import Conflict, Forbidden, InvalidInput, NotFound, StoreUnavailable
 from service.folding import FOLD_EVERY, FOLD_LIMIT, folded_blobs
 from service.settings import Settings
-from service.store import Store
+from service.store import DecideReply, Store
 from service.views import Room, UnknownArm, View, Views
 
 logger = logging.getLogger("linreboot.service")
@@ -57,7 +57,7 @@ _REWARDS_WAIT_SECONDS = 0.05
 # How long (s) after a decision of an experiment (member) found its view stale, or a probe
 # found outcomes it lacked, its decisions read what they lack first (_probed).
 _CONTENDED_SECONDS = 1.0
-_CONTENDED_MOST = 4096  # experiments (members) remembered so before those long over go
+_CONTENDED_MOST = 4096  # experiments (members) remembered so before those over go
 # How records and the log keep a context: little-endian doubles.
 _PACKED = np.dtype("<f8")
 
@@ -74,6 +74,7 @@ class Decisions(Room):
         self._shard_counts: dict[str, int] = {}
         # Until when (time.monotonic()) decisions of an experiment (member) probe first.
         self._contended: dict[str, float] = {}
+        self._contended_most = _CONTENDED_MOST
 
     async def choose(
         self, experiment_id: str, request: ChooseRequest, api_key: str | None = None
@@ -145,13 +146,14 @@ class Decisions(Room):
             # their replies, which bring their outcomes, and decides from those, rather
             # than prepare, draw and compute a propensity twice.
             view = self.views.get(member_id) or view  # perhaps caught up meanwhile
-        # decide.lua would refuse a decision from a view further behind: catch up first,
-        # rather than prepare, draw and compute a propensity twice.
-        view = await self.views.current(member_id, view, member_key,
-                                        view.definition.spec.max_stale_rewards)
         probed = self._contended.get(member_id, 0.0) > time.monotonic()
-        if probed:
+        if probed:  # the read brings this worker's own outcomes too
             view = await self._probed(experiment_id, member_id, view, member_key, api_key)
+        else:
+            # decide.lua would refuse a decision from a view further behind: catch up
+            # first, rather than prepare, draw and compute a propensity twice.
+            view = await self.views.current(member_id, view, member_key,
+                                            view.definition.spec.max_stale_rewards)
         self._check_routing(experiment_id, member_id, view, step)
         basis = await self.views.merged(experiment_id, view, member_id)
         bound = self._settings.feature_bound
@@ -217,7 +219,9 @@ class Decisions(Room):
                 await shards.sync_members(self._store, experiment_id)
                 synced = True
                 continue
-            self._contend(member_id)
+            if seen is not None and seen[1] is not None and _lagged(reply) - seen[1] > \
+                    definition.spec.max_stale_rewards:  # (not a number or version changed)
+                self._contend(member_id)
             if reply.progress is not None:  # what this view lacks: catch up
                 view = await self.views.caught_up(member_id, view, member_key, reply.progress)
             else:
@@ -251,15 +255,16 @@ class Decisions(Room):
             self.views.forget(experiment_id)
             self.views.forget(member_id)
             raise missing_experiment(api_key)
-        if progress.rewards > view.rewards:  # others' outcomes came: contended still
-            self._contend(member_id)
+        if progress.rewards - view.rewards > view.definition.spec.max_stale_rewards:
+            self._contend(member_id)  # unread, they would have made the decision stale
         return await self.views.caught_up(member_id, view, key_hash, progress)
 
     def _contend(self, member_id: str) -> None:
         """The member's decisions read first for the next ``_CONTENDED_SECONDS``."""
         now = time.monotonic()
-        if len(self._contended) >= _CONTENDED_MOST:
+        if len(self._contended) >= self._contended_most:  # those over go, now and then
             self._contended = {m: until for m, until in self._contended.items() if until > now}
+            self._contended_most = max(_CONTENDED_MOST, 2 * len(self._contended))
         self._contended[member_id] = now + _CONTENDED_SECONDS
 
     def _check_routing(self, experiment_id: str, member_id: str, view: View, step: int) -> None:
@@ -514,6 +519,14 @@ class _Made:
 # prepared policy, the generator) -> the decision to record.
 _Maker = Callable[[View, ChooseRequest, str, Sequence[ArmRecord], np.ndarray, Ready,
                    np.random.Generator], Awaitable[_Made]]
+
+
+def _lagged(reply: DecideReply) -> int:
+    """A stale reply's outcomes counter."""
+    if reply.progress is not None:
+        return reply.progress.rewards
+    assert reply.snapshot is not None
+    return reply.snapshot.rewards
 
 
 async def _one_arm(view: View, request: ChooseRequest, decision_id: str,

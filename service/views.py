@@ -446,8 +446,9 @@ class Views:
         fold took outcomes it never added, or the definition changed."""
         latest = self._newer(experiment_id, view, progress.incarnation, progress.version,
                              progress.rewards)
-        if latest is not None:
-            return latest  # another request caught up meanwhile
+        if latest is not None:  # another request caught up meanwhile
+            latest.last_number = max(latest.last_number, progress.decision_seq)
+            return latest
         # The first outcome it lacks, among those progress brought.
         start = view.folded + view.applied - progress.folded - progress.skipped
         if not (progress.incarnation == view.definition.incarnation

@@ -251,9 +251,9 @@ async def test_out_of_memory_a_joined_call_answers_what_needs_no_write(
 async def test_out_of_memory_a_read_first_is_answered(
     service_on: ExperimentService, memory_limit: RedisProcess
 ) -> None:
-    """progress.lua writes nothing, and says so (a Redis 7 function flagged no-writes):
-    out of memory, a worker's read first (Store.probe_progress) is still answered, as
-    EVALSHA answers it on 6.2; nothing is written."""
+    """progress.lua writes nothing: out of memory, a worker's read first
+    (Store.probe_progress) is still answered, by EVALSHA on this 6.2 (on Redis 7, a
+    function flagged no-writes: tests/test_redis_functions.py); nothing is written."""
     service = service_on
     await service.create(SPEC)
     made = await service.choose("mem", ChooseRequest(context=(1.0, 2.0, 3.0)))

@@ -219,6 +219,37 @@ async def test_out_of_memory_a_function_refused_unrun_answers_by_evalsha(
         assert int(stats["cmdstat_evalsha"]["calls"]) >= 2
 
 
+@needs_redis_7
+async def test_out_of_memory_a_read_first_runs_as_a_function(
+    redis_7: RedisProcess, redis_7_url: str
+) -> None:
+    """progress.lua is flagged no-writes: out of memory, Redis 7 runs it as a function
+    (FCALL, not refused, no EVALSHA), and a worker's read first is answered."""
+    from service.experiments import ExperimentService
+
+    async with _api(redis_7_url) as api:
+        key = await api.create(SPEC)
+        assert (await _choose(api, key, "d")).status_code == 200
+    service = await ExperimentService.open(Settings(redis_url=redis_7_url,
+                                                    admin_token=SecretStr(ADMIN_TOKEN)))
+    try:
+        await service._store.probe_progress("fn", held=0)  # the library loaded
+        _reset(redis_7_url)
+        with redis_7.client() as client:
+            client.config_set("maxmemory", 1)  # far below the use: every write refused
+            try:
+                progress = await service._store.probe_progress("fn", held=0)
+            finally:
+                client.config_set("maxmemory", 0)
+            stats = client.info("commandstats")
+    finally:
+        await service.close()
+    assert progress is not None and progress.rewards == 0
+    assert int(stats["cmdstat_fcall"]["calls"]) == 1
+    assert int(stats["cmdstat_fcall"].get("rejected_calls", 0)) == 0
+    assert "cmdstat_evalsha" not in stats
+
+
 async def test_on_redis_6_2_the_scripts_run_by_evalsha(redis_db: str) -> None:
     _reset(redis_db)
     async with _api(redis_db) as api:
