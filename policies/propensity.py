@@ -519,7 +519,18 @@ def _nodes(
     count = round(2 * z / family.step)
     if family.dof is None:
         # A step of at least STEP / 2 spreads: 2 * count intervals cover a window.
-        step = np.ldexp(family.step, np.frexp(spread[row_of, arm_of])[1] - 1)[:, None]
+        # Every source's nodes begin at its pair's start (an alive arm's window
+        # begins at or below the floor, arm a's at or below its start), so a pair's
+        # sources of one step share their nodes, up to the highest of their ends: one
+        # grid per pair and step, not per arm (90 arms of one spread were 90 grids).
+        exponent = np.frexp(spread[row_of, arm_of])[1]
+        shift = int(exponent.min())
+        group = pair_of * (int(exponent.max()) - shift + 1) + (exponent - shift)
+        groups, first, member = np.unique(group, return_index=True, return_inverse=True)
+        top = np.full(groups.size, -np.inf)
+        np.maximum.at(top, member, hi)
+        pair_of, lo, hi = pair_of[first], lo[first], top
+        step = np.ldexp(family.step, exponent[first] - 1)[:, None]
         index = np.ceil(lo / step[:, 0])[:, None] + np.arange(2 * count + 1)
         t = index * step
         coarse = index % 2 == 0
