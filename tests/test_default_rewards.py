@@ -439,6 +439,39 @@ async def test_a_damaged_decision_is_counted_missed_and_the_later_ones_get_their
     assert (await service.get("dflt")).defaults_missed == 1
 
 
+async def test_an_experiment_key_of_another_type_holds_the_defaults_back_losing_none(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """The outcomes string left holding another type (by hand): settle.lua refuses before
+    it writes (a write there failed it after the decisions were marked defaulted, their
+    outcomes lost), so no default is applied; once the key is mended, every decision
+    gets its default, once."""
+    rng = np.random.default_rng(8)
+    await service.create(spec())
+    decisions = [await service.choose("dflt", context(rng)) for _ in range(3)]
+    client = redis.Redis.from_url(redis_db)
+    try:
+        names = [keys.outcomes(member) for member in records.member_ids(client, "dflt")]
+        kept: list[bytes | None] = [client.dump(name) for name in names]  # type: ignore[misc]
+        for name in names:  # (each member's, when the tests shard every experiment)
+            client.delete(name)
+            client.sadd(name, "x")
+        await until_windows_end()
+        assert await service.sweep() == 0  # refused: logged, the other experiments go on
+        for decision in decisions:
+            record = records.read(redis_db, "dflt", decision.decision_id)
+            assert record is not None and record["status"] == "pending"
+        for name, dumped in zip(names, kept, strict=True):
+            client.delete(name)
+            if dumped is not None:
+                client.restore(name, 0, dumped)
+    finally:
+        client.close()
+    assert await service.sweep() == 3
+    view = await service.get("dflt")
+    assert (view.defaulted, view.defaults_missed) == (3, 0)
+
+
 @pytest.mark.parametrize("both_due", [False, True])
 async def test_a_callers_id_used_again_after_its_decision_expired_unsettled_waits_its_window(
     service: ExperimentService, redis_db: str, both_due: bool

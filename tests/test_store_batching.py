@@ -1073,6 +1073,43 @@ async def test_a_batch_meeting_a_damaged_decision_writes_nothing(
         client.close()
 
 
+@pytest.mark.parametrize(("key_of", "kind"), [
+    (keys.stats, "hash"), (keys.log, "stream"), (keys.outcomes, "string")])
+async def test_a_reward_meeting_an_experiment_key_of_another_type_writes_nothing(
+    service: ExperimentService, redis_db: str, key_of: Callable[[str], str], kind: str
+) -> None:
+    """A key of the experiment that holds another type (left there by hand): the rewards
+    are refused before any write, saying which key; once it is mended, the same rewards
+    are applied, not ``duplicate``: no outcome was lost. (A write to it failed the script
+    after the decision was marked rewarded.)"""
+    spec = ExperimentSpec(id="typed", setting="covariates", dim=2, log_max_entries=100,
+                          arms=(ArmSpec("a"), ArmSpec("b")))
+    _, key = await service.create(spec)
+    made = await service.choose("typed", ChooseRequest(context=(1.0, 2.0)), key)
+    earlier = await service.choose("typed", ChooseRequest(context=(2.0, 1.0)), key)
+    assert (await service.reward("typed", [(earlier.decision_id, 0.5)], key))[0].status \
+        == "applied"  # the log and the outcomes exist
+    client = redis.Redis.from_url(redis_db)
+    name = key_of("typed")
+    try:
+        assert client.type(name) == kind.encode()
+        kept: bytes = client.dump(name)  # type: ignore[assignment]
+        assert kept is not None
+        client.delete(name)
+        client.sadd(name, "x")
+        with pytest.raises(redis.ResponseError, match=f"holds a set, not a {kind}"):
+            await service.reward("typed", [(made.decision_id, 1.0)], key)
+        pending = records.read(redis_db, "typed", made.decision_id)
+        assert pending is not None and pending["status"] == "pending"
+        client.delete(name)
+        client.restore(name, 0, kept)
+    finally:
+        client.close()
+    outcome = await service.reward("typed", [(made.decision_id, 1.0)], key)
+    assert outcome[0].status == "applied"
+    assert (await service.get("typed")).rewards == 2
+
+
 async def test_an_arm_added_through_another_worker_can_be_named_at_once(
     service: ExperimentService, other_service: ExperimentService
 ) -> None:

@@ -260,6 +260,23 @@ end
 local function damaged(message)
   return redis.error_reply('DAMAGED ' .. message)
 end
+-- The experiment's keys a call writes after its first write are of the types they
+-- must be (none yet will do), else an error reply whose code is DAMAGED, before
+-- anything is written: a write to a key of another type (left there by hand) failed
+-- the script after its first writes, a decision marked rewarded with its outcome lost.
+local function mistyped(stats_key, log_key, outcomes_key, logging)
+  local expected = {{stats_key, 'hash'}, {outcomes_key, 'string'}}
+  if logging then
+    expected[3] = {log_key, 'stream'}
+  end
+  for _, key_type in ipairs(expected) do
+    local kind = redis.call('TYPE', key_type[1])['ok']
+    if kind ~= key_type[2] and kind ~= 'none' then
+      return damaged(key_type[1] .. ' holds a ' .. kind .. ', not a ' .. key_type[2])
+    end
+  end
+  return nil
+end
 local function incomplete(decision, discount, context_bytes)
   if not (decision[MODEL_FIELD] and decision[ARM_FIELD] and decision[X]) then
     return damaged('a pending decision without its fields or context')

@@ -64,7 +64,11 @@ local FIRST = 5  -- KEYS[FIRST..] are the decisions; ARGV[k - FIRST + 4] is KEYS
 
 -- Every decision is read and checked before anything is written (Redis does
 -- not undo a script's writes when it fails), each once: a decision named
--- twice in a batch is then a repeat of itself.
+-- twice in a batch is then a repeat of itself; and the keys written after them.
+refused = mistyped(KEYS[2], KEYS[3], KEYS[4], tonumber(meta[4] or '0') > 0)
+if refused then
+  return refused
+end
 local read = {}  -- decision key -> its fields
 for k = FIRST, #KEYS do
   if not read[KEYS[k]] then

@@ -134,7 +134,8 @@ end
 
 local defaulted, missed, counter = 0, 0, 0
 if #KEYS >= FIRST then
-  local refused = unusable(meta[3])
+  local refused = unusable(meta[3]) or mistyped(KEYS[2], KEYS[3], KEYS[6],
+                                                tonumber(meta[4] or '0') > 0)
   if refused then
     return refused
   end
