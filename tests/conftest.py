@@ -36,6 +36,7 @@ from service.domain import ExperimentSpec
 from service.experiments import ExperimentService
 from service.settings import Settings
 from service.store import _ScriptBatcher
+from tests import reruns
 
 TEST_REDIS_ENV = "LINREBOOT_TEST_REDIS_URL"
 TEST_SHARDS_ENV = "LINREBOOT_TEST_SHARDS"
@@ -65,6 +66,22 @@ def key_pattern(experiment_id: str) -> str:
     """A SCAN pattern of every key of the experiment, its members' too."""
     return f"lrb:{{{experiment_id}[}}~]*"
 ADMIN_TOKEN = "test-admin-token"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the collected tests' re-runs (tests/reruns.py) beside the suite."""
+    if not session.config.option.collectonly:
+        reruns.start(session.items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    reruns.stop()
+
+
+@pytest.fixture
+def rerun(request: pytest.FixtureRequest) -> reruns.Finished:
+    """This test's re-run (its ``rerun`` marker), once it has finished."""
+    return reruns.result(request.node)
 
 
 @pytest.fixture(autouse=True)

@@ -13,10 +13,7 @@ no write; a Redis 7 cluster keeps EVALSHA.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,8 +26,9 @@ from pydantic import SecretStr
 from loadtest.faults import RedisProcess, redis_7_binary, redis_process
 from loadtest.server import free_port
 from service.settings import Settings
+from tests import reruns
 from tests.cluster import LocalCluster, id_on, local_cluster
-from tests.conftest import ADMIN_TOKEN, TEST_REDIS_ENV, TEST_SHARDS_ENV, Api
+from tests.conftest import ADMIN_TOKEN, TEST_SHARDS_ENV, Api
 
 pytestmark = pytest.mark.anyio
 
@@ -38,7 +36,6 @@ REDIS_7 = redis_7_binary()
 needs_redis_7 = pytest.mark.skipif(
     REDIS_7 is None, reason="no redis-server 7 on PATH: install Debian's redis-server package "
                             "(./dev test does, as root)")
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -262,23 +259,19 @@ async def test_on_redis_6_2_the_scripts_run_by_evalsha(redis_db: str) -> None:
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestWarning")  # anyio marks a sync test
 @needs_redis_7
-def test_the_api_tests_pass_on_redis_7_calling_functions(redis_7: RedisProcess) -> None:
-    """The API, default-reward and idempotency tests, run again with Redis 7 as the
-    test Redis (a subprocess, so that the session's Redis stays the embedded 6.2)."""
-    with redis_7.client() as client:
-        client.flushall()
-        client.config_resetstat()
-    modules = ["tests/test_app_api.py", "tests/test_default_rewards.py",
-               "tests/test_idempotent_choose.py", "tests/test_recent_activity.py"]
-    # (unsharded, whatever this run's experiments are: one test skips when sharded)
-    env = {**{k: v for k, v in os.environ.items() if k != TEST_SHARDS_ENV},
-           TEST_REDIS_ENV: redis_7.url}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
-                          *modules], cwd=ROOT, env=env, capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    summary = run.stdout.strip().splitlines()[-1]
-    assert re.search(r"\b\d+ passed\b", summary) and "skipped" not in summary, summary
-    calls = _calls(redis_7.url)
+# (unsharded, whatever this run's experiments are: one test skips when sharded)
+@pytest.mark.rerun("tests/test_app_api.py", "tests/test_default_rewards.py",
+                   "tests/test_idempotent_choose.py", "tests/test_recent_activity.py",
+                   unset=[TEST_SHARDS_ENV], server=REDIS_7)
+def test_the_api_tests_pass_on_redis_7_calling_functions(rerun: reruns.Finished) -> None:
+    """The API, default-reward and idempotency tests, run again with a Redis 7 of their
+    own as the test Redis (a subprocess, tests/reruns.py, so that the session's Redis
+    stays the embedded 6.2)."""
+    assert rerun.returncode == 0, rerun.tail()
+    assert re.search(r"\b\d+ passed\b", rerun.summary) and "skipped" not in rerun.summary, \
+        rerun.summary
+    assert rerun.redis_url is not None
+    calls = _calls(rerun.redis_url)
     assert calls["fcall"] > 500, calls  # decisions and rewards ran as functions
 
 

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -27,7 +23,7 @@ from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.errors import Forbidden, InvalidInput, NotFound, StoreUnavailable
 from service.experiments import ExperimentService
 from service.settings import Settings
-from tests import records
+from tests import records, reruns
 from tests.cluster import LocalCluster, local_cluster
 from tests.conftest import (
     ADMIN,
@@ -41,7 +37,6 @@ from tests.conftest import (
 )
 
 pytestmark = pytest.mark.anyio
-ROOT = Path(__file__).resolve().parents[1]
 S = 3
 def _one_on_each_member(prefix: str) -> list[str]:
     """Decision ids a caller may choose, one on each member of an experiment of S shards."""
@@ -74,23 +69,20 @@ def _keys(url: str, experiment_id: str) -> list[bytes]:
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestWarning")  # anyio marks a sync test
-def test_the_api_tests_pass_on_sharded_experiments() -> None:
+@pytest.mark.rerun("tests/test_app_api.py", "tests/test_idempotent_choose.py",
+                   "tests/test_live_settings.py", "tests/test_key_rotation.py",
+                   "tests/test_rank.py", "tests/test_default_rewards.py",
+                   "tests/test_decision_log.py", env={TEST_SHARDS_ENV: str(S)},
+                   unset=[TEST_REDIS_ENV])
+def test_the_api_tests_pass_on_sharded_experiments(rerun: reruns.Finished) -> None:
     """The API, idempotency, live-settings, key-rotation, ranking, default-reward and
     decision-log tests again, every experiment they create with three shards (a
-    subprocess: the shard count is read at start, tests/conftest.py; on a Redis of its
-    own)."""
-    env = {k: v for k, v in os.environ.items() if k != TEST_REDIS_ENV}
-    env[TEST_SHARDS_ENV] = str(S)
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
-                          "tests/test_app_api.py", "tests/test_idempotent_choose.py",
-                          "tests/test_live_settings.py", "tests/test_key_rotation.py",
-                          "tests/test_rank.py", "tests/test_default_rewards.py",
-                          "tests/test_decision_log.py"],
-                         cwd=ROOT, env=env, capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    passed = re.search(r"\b(\d+) passed\b", run.stdout)
+    subprocess, tests/reruns.py: the shard count is read at start, tests/conftest.py; on
+    a Redis of its own)."""
+    assert rerun.returncode == 0, rerun.tail()
+    passed = re.search(r"\b(\d+) passed\b", rerun.stdout)
     # (of 178: a few do not apply to a sharded experiment and skip)
-    assert passed and int(passed.group(1)) >= 170, run.stdout[-1000:]
+    assert passed and int(passed.group(1)) >= 170, rerun.stdout[-1000:]
 
 
 async def test_decisions_and_their_keys_spread_over_the_members(
