@@ -292,8 +292,8 @@ class _Library:
 
 # The scripts of every request, and the shared chunks each is put after.
 _BATCHED: dict[str, tuple[str, ...]] = {
-    "decide": ("tail", "recent"), "reward": ("outcomes", "tail", "recent"),
-    "settle": ("outcomes", "recent"), "progress": ("tail",)}
+    "decide": ("damaged", "tail", "recent"), "reward": ("damaged", "outcomes", "tail", "recent"),
+    "settle": ("damaged", "outcomes", "recent"), "progress": ("tail",)}
 _READ_ONLY = frozenset({"progress"})
 
 

@@ -44,6 +44,7 @@ from service.store import (
     _ScriptBatcher,
 )
 from tests import records
+from tests.conftest import key_pattern
 
 # Its experiments stay unsharded under LINREBOOT_TEST_SHARDS: the tests follow one
 # member's views, script calls and keys (the sharded paths: tests/test_shards.py).
@@ -1108,6 +1109,46 @@ async def test_a_reward_meeting_an_experiment_key_of_another_type_writes_nothing
     outcome = await service.reward("typed", [(made.decision_id, 1.0)], key)
     assert outcome[0].status == "applied"
     assert (await service.get("typed")).rewards == 2
+
+
+@pytest.mark.parametrize(("key_of", "kind"), [(keys.pending, "list"), (keys.log, "stream")])
+async def test_decisions_meeting_an_experiment_key_of_another_type_record_nothing(
+    service: ExperimentService, redis_db: str, key_of: Callable[[str], str], kind: str
+) -> None:
+    """The pending list or the log left holding another type (by hand): a turn of
+    decisions is refused whole, saying which key, before any write (the list's push or a
+    log entry failed the call after the decisions were recorded, counted and, but for
+    the last, listed, while their callers got the error); once it is mended they are
+    made and recorded."""
+    spec = ExperimentSpec(id="typed", setting="covariates", dim=2, log_max_entries=100,
+                          default_reward=0.0, arms=(ArmSpec("a"), ArmSpec("b")))
+    _, key = await service.create(spec)
+    await service.choose("typed", ChooseRequest(context=(1.0, 2.0)), key)  # both keys exist
+    client = redis.Redis.from_url(redis_db)
+    name = key_of("typed")
+    try:
+        assert client.type(name) == kind.encode()
+        kept: bytes = client.dump(name)  # type: ignore[assignment]
+        client.delete(name)
+        client.sadd(name, "x")
+        before = {k: client.dump(k) for k in client.scan_iter(match=key_pattern("typed"))}
+        turn = [service.choose("typed", ChooseRequest(context=(1.0, float(i))), key)
+                for i in range(3)]
+        answers = await asyncio.gather(*turn, return_exceptions=True)
+        for answer in answers:
+            assert isinstance(answer, redis.ResponseError), answer
+            assert str(answer) == f"DAMAGED {name} holds a set, not a {kind}"
+        assert {k: client.dump(k) for k in client.scan_iter(match=key_pattern("typed"))} \
+            == before  # nothing written: no record, count, number or list entry
+        client.delete(name)
+        client.restore(name, 0, kept)
+    finally:
+        client.close()
+    made = await asyncio.gather(*(service.choose("typed", ChooseRequest(context=(1.0, 0.0)),
+                                                 key) for _ in range(3)))
+    view = await service.get("typed")
+    assert view.decisions == 4
+    assert sorted(d.decision_number for d in made) == [2, 3, 4]
 
 
 async def test_an_arm_added_through_another_worker_can_be_named_at_once(

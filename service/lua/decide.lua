@@ -1,5 +1,5 @@
 -- Record decisions made from the statistics the worker holds, if they are current.
--- store.py puts tail.lua and recent.lua in front of this script.
+-- store.py puts damaged.lua, tail.lua and recent.lua in front of this script.
 --
 -- A call records one or more decisions of one experiment (its parts, in turn: a
 -- worker's batch joins those of one turn, service.store.Joining), each as a call of
@@ -125,6 +125,14 @@ if not meta[1] then
 end
 if ARGV[1] ~= '' and meta[2] ~= ARGV[1] and meta[7] ~= ARGV[1] then  -- keys.lua
   return every({'forbidden'})
+end
+-- The experiment's keys every part writes, checked before any write (damaged.lua): a
+-- pending list or log of another type failed the call after its decisions were recorded.
+-- (The stats hash's type fails the counters' read below, before any write.)
+local refused = mistyped({{KEYS[4], 'list'},
+                          tonumber(meta[5] or '0') > 0 and {KEYS[5], 'stream'} or nil})
+if refused then
+  return refused
 end
 
 -- How long (s) the reward of the decision at `key` may still come: until its deadline

@@ -1,5 +1,5 @@
 -- Shared by reward.lua and settle.lua: store.py puts this chunk in front of
--- each, so a reward and a default reward are recorded by the same code.
+-- each (after damaged.lua, whose `damaged` it uses), so a reward and a default reward are recorded by the same code.
 --
 -- An outcome is not added to the sums here: it is appended to the
 -- experiment's outcomes string (keys.outcomes) as one record,
@@ -257,26 +257,6 @@ end
 -- position weight: use_weights first): an error reply whose code is DAMAGED (a
 -- damaged record; the caller checks before it writes: service.store sends the
 -- requests of a joined call refused so again one by one), else nil.
-local function damaged(message)
-  return redis.error_reply('DAMAGED ' .. message)
-end
--- The experiment's keys a call writes after its first write are of the types they
--- must be (none yet will do), else an error reply whose code is DAMAGED, before
--- anything is written: a write to a key of another type (left there by hand) failed
--- the script after its first writes, a decision marked rewarded with its outcome lost.
-local function mistyped(stats_key, log_key, outcomes_key, logging)
-  local expected = {{stats_key, 'hash'}, {outcomes_key, 'string'}}
-  if logging then
-    expected[3] = {log_key, 'stream'}
-  end
-  for _, key_type in ipairs(expected) do
-    local kind = redis.call('TYPE', key_type[1])['ok']
-    if kind ~= key_type[2] and kind ~= 'none' then
-      return damaged(key_type[1] .. ' holds a ' .. kind .. ', not a ' .. key_type[2])
-    end
-  end
-  return nil
-end
 local function incomplete(decision, discount, context_bytes)
   if not (decision[MODEL_FIELD] and decision[ARM_FIELD] and decision[X]) then
     return damaged('a pending decision without its fields or context')

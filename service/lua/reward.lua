@@ -1,5 +1,5 @@
 -- Apply a batch of rewards, each exactly once.
--- store.py puts outcomes.lua, tail.lua and recent.lua in front of this script.
+-- store.py puts damaged.lua, outcomes.lua, tail.lua and recent.lua in front of this script.
 --
 -- KEYS[1]  meta hash      lrb:{exp}:meta     (incarnation, key_hash, key_hash_old,
 --                          model_recipe, log retention,
@@ -65,7 +65,8 @@ local FIRST = 5  -- KEYS[FIRST..] are the decisions; ARGV[k - FIRST + 4] is KEYS
 -- Every decision is read and checked before anything is written (Redis does
 -- not undo a script's writes when it fails), each once: a decision named
 -- twice in a batch is then a repeat of itself; and the keys written after them.
-refused = mistyped(KEYS[2], KEYS[3], KEYS[4], tonumber(meta[4] or '0') > 0)
+refused = mistyped({{KEYS[2], 'hash'}, {KEYS[4], 'string'},
+                    tonumber(meta[4] or '0') > 0 and {KEYS[3], 'stream'} or nil})
 if refused then
   return refused
 end

@@ -1,6 +1,6 @@
 -- Settle decisions whose reward window has ended: apply the experiment's
 -- default reward, exactly once, to each one that got no reward. store.py puts
--- outcomes.lua and recent.lua in front of this script, so the default is recorded as
+-- damaged.lua, outcomes.lua and recent.lua in front of this script, so the default is recorded as
 -- reward.lua records a reward.
 --
 -- KEYS[1]  meta hash      lrb:{exp}:meta     (incarnation, default_reward, model_recipe,
@@ -134,8 +134,8 @@ end
 
 local defaulted, missed, counter = 0, 0, 0
 if #KEYS >= FIRST then
-  local refused = unusable(meta[3]) or mistyped(KEYS[2], KEYS[3], KEYS[6],
-                                                tonumber(meta[4] or '0') > 0)
+  local refused = unusable(meta[3]) or mistyped({{KEYS[2], 'hash'}, {KEYS[6], 'string'},
+    tonumber(meta[4] or '0') > 0 and {KEYS[3], 'stream'} or nil})
   if refused then
     return refused
   end
