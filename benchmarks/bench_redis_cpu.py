@@ -113,21 +113,23 @@ def _read(rev: str | None, name: str) -> str | None:
 
 
 def _reward_script(rev: str | None) -> str:
-    """reward.lua after its shared chunks (outcomes.lua, sums.lua before it; tail.lua
-    since it sends a worker the records it lacks)."""
+    """reward.lua after its shared chunks (damaged.lua where the revision has it;
+    outcomes.lua, sums.lua before it; tail.lua since it sends a worker the records it
+    lacks)."""
     shared = _read(rev, "outcomes") or _read(rev, "sums")
     reward = _read(rev, "reward")
     assert shared and reward, f"no reward.lua at {rev}"
     tail = _read(rev, "tail") if _HELD_REWARD in reward else ""
-    return shared + (tail or "") + (_read(rev, "recent") or "") + reward
+    return ((_read(rev, "damaged") or "") + shared + (tail or "") + (_read(rev, "recent") or "")
+            + reward)
 
 
 def _decide_script(rev: str | None) -> str:
-    """decide.lua after its shared chunks (tail.lua, recent.lua, where the revision has
-    them)."""
+    """decide.lua after its shared chunks (damaged.lua, tail.lua, recent.lua, where the
+    revision has them)."""
     decide = _read(rev, "decide")
     assert decide, f"no decide.lua at {rev}"
-    return (_read(rev, "tail") or "") + (_read(rev, "recent") or "") + decide
+    return "".join(_read(rev, chunk) or "" for chunk in ("damaged", "tail", "recent")) + decide
 
 
 def _version(client: redis.Redis, name: str, rev: str | None) -> Version:

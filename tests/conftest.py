@@ -68,8 +68,8 @@ def key_pattern(experiment_id: str) -> str:
 ADMIN_TOKEN = "test-admin-token"
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the collected tests' re-runs (tests/reruns.py) beside the suite."""
+def pytest_runtestloop(session: pytest.Session) -> None:
+    """Start the selected tests' re-runs (tests/reruns.py) beside the suite."""
     if not session.config.option.collectonly:
         reruns.start(session.items)
 

