@@ -112,13 +112,13 @@ def inclusive(stacks: Path, top: int) -> list[tuple[str, float]]:
 
 
 def _load(load: str, url: str, experiment: str, key: str, directory: Path,
-          seconds: int) -> tuple[list[str], list[str], str]:
+          seconds: int, world: World) -> tuple[list[str], list[str], str]:
     """The warm-up's and the sampled run's wrk script arguments, and the path. Rewards
     need decisions of their own, unrewarded: made first by /choose runs (at its rate,
     below /reward's, half as long again as the rewards take), one set for each run."""
+    body = world.choose_body(experiment, 10 if load == "rank" else None)
     if load == "pairs":
-        return [experiment, key], [experiment, key], f"{url}/choose"
-    body = World().choose_body(experiment, 10 if load == "rank" else None)
+        return [experiment, key, body], [experiment, key, body], f"{url}/choose"
     if load != "reward":
         args = [body, key, str(directory)]
         return args, args, f"{url}/rank" if load == "rank" else f"{url}/choose"
@@ -146,6 +146,9 @@ def main() -> None:
                         help="every decision rewarded (wrk_pairs.lua), decisions only, "
                              "rankings of 10 only (/rank), or rewards only (of decisions "
                              "made before the sampling)")
+    parser.add_argument("--setting", choices=("stochastic", "covariates"),
+                        default="stochastic")
+    parser.add_argument("--arms", type=int, default=100, help="K")
     parser.add_argument("--workers", type=int, default=1,
                         help="serving workers on the one experiment, sampled together")
     args = parser.parse_args()
@@ -170,9 +173,10 @@ def main() -> None:
                 except httpx.TransportError:
                     pass
                 time.sleep(0.25)
-            experiment, key = _experiment(url, token, spread=args.spread)
+            world = World(setting=args.setting, arms=args.arms)
+            experiment, key = _experiment(url, token, spread=args.spread, world=world)
             warm_args, load_args, path = _load(args.load, url, experiment, key,
-                                               Path(directory), args.seconds + 3)
+                                               Path(directory), args.seconds + 3, world)
             script = HERE / {"pairs": "wrk_pairs.lua", "reward": "wrk_reward.lua"}.get(
                 args.load, "wrk_choose.lua")
             wrk = ["wrk", "-t1", "-c32", "-s", str(script)]
@@ -198,7 +202,7 @@ def main() -> None:
               "rank": "/rank k = 10 only", "reward": "/reward only"}[args.load]
     workers = "one worker" if args.workers == 1 else f"{args.workers} workers"
     print(f"{workers}, {driven}, {args.seconds} s at {args.rate} samples/s; "
-          f"LinReBoot ({args.spread} spread), K = 100, d = 20")
+          f"LinReBoot ({args.spread} spread), {args.setting}, K = {args.arms}, d = 20")
     print("| where | share of the worker's samples |")
     print("|---|---:|")
     for name, share in shares.items():
