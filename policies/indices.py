@@ -21,6 +21,7 @@ Gaussian form), appendix "Other Linear Bandit Algorithms" (baselines).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from policies.ridge import (
 )
 from policies.state import (
     State,
+    derived,
     kept_draw_basis,
     kept_ridge_and_inverse,
     kept_theta,
@@ -194,15 +196,25 @@ def pooled_scale(state: State, rss: Array, leverage: Array) -> Array:
     every reward so far was the same (its weight in ``v`` falls as
     ``1 / n^2``). No arm needs a first pull.
     """
+    # (Its terms of the sums alone are kept with a frozen state: a request's context
+    # changes the rest, policies.state.derived.)
+    prior, pulls_total, pulls_next = derived(state, "pooled scale",
+                                             functools.partial(_pooled_terms, state))
+    pooled = (rss.sum(axis=1) + prior) / pulls_total
+    own = rss + pooled[:, None]
+    by_arm = np.sqrt(own) / pulls_next
+    by_model = np.sqrt(own / pulls_next * leverage)
+    return np.minimum(by_arm, by_model)
+
+
+def _pooled_terms(state: State) -> tuple[Array, Array, Array]:
+    """:func:`pooled_scale`'s terms that the statistics alone give: ``v_0``, and
+    ``sum_k s_k + 1`` and ``s_k + 1``."""
     n, deviations, squares = state["n"], state["sum_dy"], state["sum_dy2"]
     within = squares - deviations**2 / np.where(n > 0, n, np.inf)  # 0 where n is 0
     prior = (np.maximum(within, 0.0).sum(axis=1) + 1.0) / (n.sum(axis=1) + 1.0)
     pulls = state["pulls"]
-    pooled = (rss.sum(axis=1) + prior) / (pulls.sum(axis=1) + 1.0)
-    own = rss + pooled[:, None]
-    by_arm = np.sqrt(own) / (pulls + 1.0)
-    by_model = np.sqrt(own / (pulls + 1.0) * leverage)
-    return np.minimum(by_arm, by_model)
+    return prior, pulls.sum(axis=1) + 1.0, pulls + 1.0
 
 
 def draw_linreboot(config: PolicyConfig, prepared: Prepared, rngs: Rngs) -> Array:

@@ -72,7 +72,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -82,6 +82,7 @@ from policies.ridge import Equilibrated, perturbed_systems, ridge, solve
 
 Array = NDArray[np.floating[Any]]
 State = dict[str, Array]
+T = TypeVar("T")
 Axis = Literal["model", "arm"]
 # What one observation (context x, reward r) does to a field: add x x', r x or 1;
 # hold the slot's first reward c ("first_r", set when the slot's count is 0);
@@ -188,6 +189,13 @@ def _authors_fields(config: PolicyConfig) -> dict[str, FieldSpec]:
 # of a stack alone, so a kept solution has the bits a fresh one would. A
 # plain dict keeps nothing (each call solves), nor does a state with
 # forgetting, where every model changes with the clock.
+#
+# A *frozen* Sums is its maker's promise that its arrays never change (the
+# service's views are copied, never written): its solutions are then compared
+# with the sums once, not on every call, a shared model's are kept too, and
+# what is computed from the sums alone (``derived``) is kept while it lives.
+# With contexts that come with each decision (a request's context) nothing else
+# of a decision's preparation can be kept from one to the next.
 
 
 class Sums(dict[str, Array]):
@@ -195,12 +203,17 @@ class Sums(dict[str, Array]):
 
     What it keeps is an attribute, not an item: iterating over the state,
     copying it (``dict(state)``: the copy keeps nothing) or storing it sees
-    the sums only.
+    the sums only. ``frozen``: the arrays never change (see the notes above).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, frozen: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.kept: dict[str, Array] = {}
+        self.frozen = frozen
+        # Of a frozen state: the kept solutions found current, and what was computed
+        # from its sums alone (:func:`derived`). Neither is inherited (inherit_kept).
+        self.checked: set[str] = set()
+        self.derived: dict[str, Any] = {}
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A copy or a pickle carries the sums only.
@@ -215,6 +228,18 @@ def inherit_kept(target: State, source: State) -> None:
     kept = getattr(source, "kept", None)
     if kept and isinstance(target, Sums):
         target.kept = {name: value.copy() for name, value in kept.items()}
+
+
+def derived(state: State, name: str, fresh: Callable[[], T]) -> T:
+    """``fresh()``, a value computed from ``state``'s sums alone: kept under ``name`` while
+    ``state`` is a frozen :class:`Sums` (the same bits), else computed on every call."""
+    if not getattr(state, "frozen", False):
+        return fresh()
+    store = state.derived  # type: ignore[attr-defined]
+    if name not in store:
+        store[name] = fresh()
+    value: T = store[name]
+    return value
 
 
 def kept_theta(state: State, reg: float) -> Array:
@@ -300,15 +325,23 @@ def _kept_solution(state: State, reg: float, names: tuple[str, str, str, str],
     it was solved from) and redone for the models whose sums moved (module notes)."""
     xtx, xty = state["xtx"], state["xty"]
     store = getattr(state, "kept", None)
-    # Nothing to keep in; forgetting; or one model per row, which every reward changes.
-    if not keep or store is None or "model_at" in state or xtx.shape[1] == 1:
+    frozen = getattr(state, "frozen", False)
+    # Nothing to keep in; forgetting; or one model per row, which every reward changes
+    # (but not while the sums are frozen).
+    if (not keep or store is None or "model_at" in state
+            or (xtx.shape[1] == 1 and not frozen)):
         return fresh(xtx, xty, reg)
     solution_name, reg_name, xtx_name, xty_name = names
+    checked: set[str] = getattr(state, "checked", set())
     solution = store.get(solution_name)
     if solution is None or store[reg_name][()] != reg or store[xtx_name].shape != xtx.shape:
         solution = store[solution_name] = fresh(xtx, xty, reg)
         store[reg_name] = np.array(reg)
         store[xtx_name], store[xty_name] = xtx.copy(), xty.copy()
+        if frozen:
+            checked.add(solution_name)
+        return _read_only(solution)
+    if solution_name in checked:  # frozen sums, compared already
         return _read_only(solution)
     seen_xtx, seen_xty = store[xtx_name], store[xty_name]
     # Models whose sums moved since they were solved (a NaN never equals itself: solved again).
@@ -318,6 +351,8 @@ def _kept_solution(state: State, reg: float, names: tuple[str, str, str, str],
     if where is not None:
         solution[where] = fresh(xtx[where], xty[where], reg)
         seen_xtx[where], seen_xty[where] = xtx[where], xty[where]
+    if frozen:
+        checked.add(solution_name)
     return _read_only(solution)
 
 

@@ -100,17 +100,15 @@ class View:
     @functools.cached_property
     def nbytes(self) -> int:
         """Memory it may hold: the statistics (and the sums before they were aged, for an
-        experiment that forgets), as much again for a request's subset, and with a model
-        per arm the solutions the subset keeps (``policies.state.kept_theta``)."""
+        experiment that forgets), as much again for a request's subset, and the
+        solutions the subset keeps (``policies.state.kept_theta``)."""
         sums = sum(a.nbytes for a in self.state.values())
         raw = 0 if self.raw is None else sum(a.nbytes for a in self.raw.values())
-        if self.definition.config.shared:
-            return 2 * sums + raw
-        # One kept solution per model: theta, with the inverse of X'X + reg I (LinUCB,
-        # the pooled spread) or the draw basis W (the samplers, LinPHE and LinGIRO), and
-        # the X'X and X'y it was solved from (policies.state.kept_theta,
-        # kept_ridge_and_inverse, kept_draw_basis): at most 2 X'X and 2 X'y; counted
-        # with room to spare.
+        # One kept solution per model (a shared model's too: the subset is frozen):
+        # theta, with the inverse of X'X + reg I (LinUCB, the pooled spread) or the
+        # draw basis W (the samplers, LinPHE and LinGIRO), and the X'X and X'y it was
+        # solved from (policies.state.kept_theta, kept_ridge_and_inverse,
+        # kept_draw_basis): at most 2 X'X and 2 X'y; counted with room to spare.
         return 2 * sums + raw + 5 * self.state["xtx"].nbytes + 2 * self.state["xty"].nbytes
 
     @property
@@ -135,13 +133,15 @@ class View:
 
     def _sliced(self, rows: tuple[int, ...]) -> Sums:
         """The statistics of the arms at ``rows``: a Sums, so that the requests on this
-        view keep its solutions (``policies.state.kept_theta``)."""
+        view keep its solutions (``policies.state.kept_theta``); frozen, as a view's
+        statistics never change (``Views.added`` copies them), so that a request with a
+        context of its own compares no sums and solves no shared model again."""
         config = self.definition.config
         take = np.array(rows)
         return Sums({
             name: self.state[name][:, take] if spec.per_arm(config) else self.state[name]
             for name, spec in layout(config).items()
-        })
+        }, frozen=True)
 
     def ready(
         self, request: ChooseRequest, bound: float

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from policies import PolicyConfig, State, init_state, layout, update
+from policies import PolicyConfig, State, init_state, layout, paper_config, prepare, update
 from policies.config import PolicyName, Residuals, Setting
 from policies.explicit import (
     Weights,
@@ -734,6 +734,55 @@ def test_what_is_kept_is_not_part_of_the_sums() -> None:
     state["xty"][0, 0] -= 1.0
     np.testing.assert_array_equal(kept_theta(state, config.reg),
                                   ridge(state["xtx"], state["xty"], config.reg))
+
+
+@pytest.mark.parametrize(("policy", "setting"), [
+    ("linreboot", "covariates"), ("linreboot", "contextual"), ("linucb", "contextual"),
+    ("lints-g", "covariates")])
+def test_frozen_sums_prepare_each_context_with_the_bits_of_fresh_ones(
+    policy: PolicyName, setting: Setting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A frozen Sums (the service's view of a request's arms) keeps its solutions, a shared
+    # model's too, and the pooled spread's terms of the sums alone: decisions from a new
+    # context each time have the bits of a plain dict's, which keeps nothing. Then each
+    # is computed once: the sums are not compared again, nor a shared model solved again.
+    from policies.state import Sums, inherit_kept
+
+    monkeypatch.setattr("policies.state.KEEP_INVERSES_FROM", 0)  # so small a state keeps
+    config = paper_config(policy, setting, 3, **({"spread": "pooled"} if policy == "linreboot"
+                                                  else {}))
+    rng = np.random.default_rng(5)
+    grown = init_state(config, 4)
+    for _ in range(30):
+        update(config, grown, rng.integers(0, 4, size=1), rng.normal(size=(1, 3)),
+               rng.normal(size=1))
+    frozen = Sums(dict(grown), frozen=True)
+    for _ in range(3):
+        contexts = rng.normal(size=(1, 4, 3))
+        fresh = prepare(config, dict(grown), contexts).prepared
+        kept = prepare(config, frozen, contexts).prepared
+        assert fresh.keys() == kept.keys()
+        for name in fresh:
+            np.testing.assert_array_equal(kept[name], fresh[name])
+    assert frozen.kept and frozen.checked
+    # Computed once: sums written behind its back (a frozen state's maker promises none)
+    # do not reach what it keeps (the solutions; LinReBoot's terms of the counts).
+    before = prepare(config, frozen, contexts).prepared
+    frozen["xtx"] += 5.0 * np.eye(3)
+    frozen["xty"] += 1.0
+    if policy == "linreboot":
+        frozen["n"] += 3.0
+    after = prepare(config, frozen, contexts).prepared
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name])
+    # A new frozen state inherits the solutions, compared once with its own sums, but
+    # neither that comparison nor the terms of the sums alone.
+    successor = Sums(dict(frozen), frozen=True)
+    inherit_kept(successor, frozen)
+    assert not successor.checked and not successor.derived
+    fresh = prepare(config, dict(frozen), contexts).prepared
+    for name, value in prepare(config, successor, contexts).prepared.items():
+        np.testing.assert_array_equal(value, fresh[name])
 
 
 @pytest.mark.parametrize("setting", ["contextual", "covariates"])
