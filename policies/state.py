@@ -228,6 +228,7 @@ def inherit_kept(target: State, source: State) -> None:
     kept = getattr(source, "kept", None)
     if kept and isinstance(target, Sums):
         target.kept = {name: value.copy() for name, value in kept.items()}
+        target.checked.clear()  # compared with the target's own sums first, if frozen
 
 
 def derived(state: State, name: str, fresh: Callable[[], T]) -> T:

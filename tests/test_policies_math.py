@@ -783,6 +783,9 @@ def test_frozen_sums_prepare_each_context_with_the_bits_of_fresh_ones(
     fresh = prepare(config, dict(frozen), contexts).prepared
     for name, value in prepare(config, successor, contexts).prepared.items():
         np.testing.assert_array_equal(value, fresh[name])
+    assert successor.checked
+    inherit_kept(successor, frozen)  # solutions inherited again are compared again
+    assert not successor.checked
 
 
 @pytest.mark.parametrize("setting", ["contextual", "covariates"])
