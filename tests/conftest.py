@@ -68,10 +68,16 @@ def key_pattern(experiment_id: str) -> str:
 ADMIN_TOKEN = "test-admin-token"
 
 
-def pytest_runtestloop(session: pytest.Session) -> None:
-    """Start the selected tests' re-runs (tests/reruns.py) beside the suite."""
-    if not session.config.option.collectonly:
-        reruns.start(session.items)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked ``alone`` first (in their order), before the re-runs start."""
+    items.sort(key=lambda item: item.get_closest_marker("alone") is None)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Start the session's re-runs (tests/reruns.py) beside the suite once the tests
+    that run alone are done."""
+    if item.get_closest_marker("alone") is None:
+        reruns.start(item.session.items)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

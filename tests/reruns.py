@@ -4,8 +4,9 @@ A test marked ``rerun(*modules, env=..., unset=..., server=...)`` passes when th
 modules pass in a subprocess (``pytest``) whose environment has ``env`` set and
 ``unset`` removed, and, with ``server`` (a ``redis-server`` binary), a Redis of its
 own started from it as the test Redis. The subprocesses start as the session starts
-running its tests, one after the other in a thread, niced, so that they run while the
-suite does rather than after it (the sharded and Redis 7 re-runs were a fifth of
+running its tests (after those marked ``alone``, which run first: a Redis Cluster
+failover whose replica must keep up), one after the other in a thread, niced, so that
+they run while the suite does rather than after it (the sharded and Redis 7 re-runs were a fifth of
 the suite's time), and the suite's own, timing-sensitive tests keep the CPU first.
 The test waits for its re-run (the ``rerun`` fixture) and checks what it printed.
 """
@@ -86,6 +87,7 @@ class Reruns:
     _servers: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _running: subprocess.Popen[str] | None = None  # under _lock
+    started: bool = False  # start() was called
     _stopping: bool = False  # under _lock
 
     def start(self, nodeid: str, plan: Plan) -> None:
@@ -161,8 +163,10 @@ def marked(items: Sequence[pytest.Item]) -> Iterator[tuple[str, Plan]]:
 
 
 def start(items: Sequence[pytest.Item]) -> None:
-    if os.environ.get(_INSIDE_ENV):
+    """Start the re-runs ``items`` ask for, once (later calls start nothing)."""
+    if os.environ.get(_INSIDE_ENV) or _SESSION.started:
         return
+    _SESSION.started = True
     for nodeid, plan in marked(items):
         if plan.runnable:
             _SESSION.start(nodeid, plan)
