@@ -238,9 +238,14 @@ def derived(state: State, name: str, fresh: Callable[[], T]) -> T:
         return fresh()
     store = state.derived  # type: ignore[attr-defined]
     if name not in store:
-        store[name] = fresh()
-    value: T = store[name]
-    return value
+        value = store[name] = fresh()
+        # Read-only, as kept solutions are: a caller writing into one would change every
+        # later decision made from this state.
+        for array in value if isinstance(value, tuple) else (value,):
+            if isinstance(array, np.ndarray):
+                array.flags.writeable = False
+    kept: T = store[name]
+    return kept
 
 
 def kept_theta(state: State, reg: float) -> Array:

@@ -765,6 +765,7 @@ def test_frozen_sums_prepare_each_context_with_the_bits_of_fresh_ones(
         for name in fresh:
             np.testing.assert_array_equal(kept[name], fresh[name])
     assert frozen.kept and frozen.checked
+    assert not any(array.flags.writeable for array in frozen.derived.get("pooled scale", ()))
     # Computed once: sums written behind its back (a frozen state's maker promises none)
     # do not reach what it keeps (the solutions; LinReBoot's terms of the counts).
     before = prepare(config, frozen, contexts).prepared

@@ -1,5 +1,6 @@
 -- Shared by reward.lua and settle.lua: store.py puts this chunk in front of
--- each (after damaged.lua, whose `damaged` it uses), so a reward and a default reward are recorded by the same code.
+-- each (after damaged.lua, whose `damaged` it uses), so a reward and a default
+-- reward are recorded by the same code.
 --
 -- An outcome is not added to the sums here: it is appended to the
 -- experiment's outcomes string (keys.outcomes) as one record,

@@ -1,7 +1,7 @@
 -- Settle decisions whose reward window has ended: apply the experiment's
 -- default reward, exactly once, to each one that got no reward. store.py puts
--- damaged.lua, outcomes.lua and recent.lua in front of this script, so the default is recorded as
--- reward.lua records a reward.
+-- damaged.lua, outcomes.lua and recent.lua in front of this script, so the default is
+-- recorded as reward.lua records a reward.
 --
 -- KEYS[1]  meta hash      lrb:{exp}:meta     (incarnation, default_reward, model_recipe,
 --                          log retention, discount, context_bytes)
