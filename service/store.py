@@ -79,6 +79,7 @@ from redis.exceptions import (
 from service import keys
 from service.errors import StartupError, StoreFull, StoreTimedOut, StoreUnavailable
 from service.folding import fields_of, split_records
+from service.replicas import ReplicaAcks
 
 logger = logging.getLogger("linreboot.store")
 
@@ -617,8 +618,14 @@ class _ScriptBatcher:
     """
 
     def __init__(self, client: Client, deadline_seconds: float | None = None,
-                 library: _Library | None = None) -> None:
+                 library: _Library | None = None, reads: frozenset[str] = frozenset()
+                 ) -> None:
         self._client = client
+        # On a cluster, a write is answered once a replica of its master holds it (when
+        # the master has one online): ``reads``, the scripts that write nothing.
+        self._reads = reads
+        self._acks = (ReplicaAcks(client, _replica_wait_ms(deadline_seconds))
+                      if isinstance(client, RedisCluster) else None)
         # Its scripts are called as functions (FCALL) where the server has them
         # (Redis 7): None until the first batch tries to load them. Not on a
         # cluster: redis-py finds FCALL's slot by asking a node for its keys
@@ -807,10 +814,37 @@ class _ScriptBatcher:
                     else ("EVALSHA", s.sha, *argv) for s, argv in calls]
         if self._held is not None:
             return await self._held.pipeline(commands)
+        acks, plan = self._acks, None
+        if acks is not None:
+            plan = acks.plan([(i, argv[1]) for i, (script, argv) in enumerate(calls)
+                              if script.sha not in self._reads])
         async with self._client.pipeline(transaction=False) as pipe:
             for command in commands:
                 pipe.execute_command(*command)
-            return list(await pipe.execute(raise_on_error=False))
+            extras = plan.commands(acks.timeout_ms) if acks and plan else []
+            for extra, node in extras:
+                pipe.execute_command(*extra, target_nodes=node)
+            try:
+                replies = list(await pipe.execute(raise_on_error=False))
+            except RedisClusterException as exc:
+                if type(exc) is not RedisClusterException or not extras:
+                    raise
+                # redis-py retried the pipeline after a dropped connection (its targets
+                # dropped with the first attempt): whatever that attempt wrote, no WAIT
+                # on its connection can vouch for it now.
+                raise RedisConnectionError("a connection dropped under a pipeline") from exc
+        if acks is None or plan is None:
+            return replies
+        replies, extra_replies = replies[:len(commands)], replies[len(commands):]
+        for index, error in acks.unacknowledged(plan, replies, extra_replies).items():
+            replies[index] = error
+        return replies
+
+
+def _replica_wait_ms(deadline_seconds: float | None) -> int:
+    """How long a batch waits for a replica's acknowledgement: half the store's deadline,
+    so that a replica that does not answer gets its callers a 503 of its own."""
+    return max(1, round(1000 * (deadline_seconds or 2.0) / 2))
 
 
 @dataclass(frozen=True)
@@ -1090,7 +1124,8 @@ class Store:
         self._settings = client.register_script(_script("settings"))
         self._sync_member = client.register_script(_script("sync_member"))
         self._release = client.register_script(_script("release"))
-        self._batcher = _ScriptBatcher(client, deadline_seconds, library())
+        self._batcher = _ScriptBatcher(client, deadline_seconds, library(),
+                                       reads=frozenset({self._progress.sha}))
 
     @property
     def cluster(self) -> bool:
@@ -1168,6 +1203,14 @@ class Store:
         pool = client.connection_pool
         pool.connection_class = _packing_in_c(pool.connection_class)
         return cls(client, timeout_seconds)
+
+    async def _write(self, script: AsyncScript, keyset: Sequence[str], args: Sequence[Any] = ()
+                     ) -> Any:
+        """A script whose writes a caller is told of: on a cluster through the batcher,
+        which answers once a replica holds them (:mod:`service.replicas`)."""
+        if isinstance(self._client, RedisCluster):
+            return await self._batcher.run(script, keyset, args)
+        return await script(keys=keyset, args=args)
 
     async def _primaries(self) -> list[ClusterNode | None]:
         """The nodes to ask about the whole store: every primary of a cluster,
@@ -1317,7 +1360,7 @@ class Store:
         # stale in between.
         await self._index(experiment_id, default_reward, listed)
         try:
-            created = await self._create(keys=keyset, args=args)
+            created = await self._write(self._create, keyset, args)
         except ResponseError as exc:
             # Refused (out of memory, say): take back the entries written for it,
             # unless the experiment exists (a resent creation that had landed).
@@ -1393,13 +1436,13 @@ class Store:
     async def rotate_key(self, experiment_id: str, new_hash: str) -> bool:
         """The new key becomes the experiment's, the current one its previous (still
         valid until revoked); False if the experiment does not exist (``keys.lua``)."""
-        return int(await self._keys(keys=[keys.meta(experiment_id)],
-                                    args=["rotate", new_hash])) == 1
+        return int(await self._write(self._keys, [keys.meta(experiment_id)],
+                                     ["rotate", new_hash])) == 1
 
     @_translated
     async def revoke_previous_key(self, experiment_id: str) -> int:
         """0: no such experiment; 1: the previous key revoked; 2: there was none."""
-        return int(await self._keys(keys=[keys.meta(experiment_id)], args=["revoke"]))
+        return int(await self._write(self._keys, [keys.meta(experiment_id)], ["revoke"]))
 
     @_translated
     async def key_hashes(self, experiment_id: str) -> tuple[str, ...] | None:
@@ -1514,7 +1557,7 @@ class Store:
                   keys.stats(experiment_id), keys.log(experiment_id),
                   keys.pending(experiment_id), keys.settled(experiment_id), *aside,
                   keys.outcomes(experiment_id)]
-        removed = await self._delete(keys=keyset)
+        removed = await self._write(self._delete, keyset)
         await self._client.srem(keys.EXPERIMENT_INDEX, experiment_id)
         await self._client.srem(keys.DEFAULT_REWARD_INDEX, experiment_id)
         for listed in aside:
@@ -1551,7 +1594,7 @@ class Store:
         -2 if it would have more than ``max_arms``."""
         args = [str(max_arms), *(item for pair in arms.items() for item in pair)]
         keyset = [keys.meta(experiment_id), keys.arms(experiment_id)]
-        return int(await self._add_arms(keys=keyset, args=args))
+        return int(await self._write(self._add_arms, keyset, args))
 
     @_translated
     async def update_settings(
@@ -1563,8 +1606,8 @@ class Store:
         is gone, -1 if its definition changed since ``version`` was read."""
         args = [str(version), spec, config, default_reward or "", str(log_max_entries),
                 str(log_max_age_seconds), change]
-        return int(await self._settings(keys=[keys.meta(experiment_id), keys.log(experiment_id)],
-                                        args=args))
+        return int(await self._write(
+            self._settings, [keys.meta(experiment_id), keys.log(experiment_id)], args))
 
     @_translated
     async def sync_member(
@@ -1575,15 +1618,15 @@ class Store:
         such member, -1 a member of another incarnation."""
         args = [incarnation, str(len(meta)), *(item for pair in meta.items() for item in pair),
                 str(len(absent)), *absent, *(item for pair in arms.items() for item in pair)]
-        return int(await self._sync_member(keys=[keys.meta(member_id), keys.arms(member_id)],
-                                           args=args))
+        return int(await self._write(
+            self._sync_member, [keys.meta(member_id), keys.arms(member_id)], args))
 
     @_translated
     async def retire_arms(self, experiment_id: str, arm_ids: Sequence[str]) -> int:
         """Returns the new version, 0 if the experiment is gone, -1 if an arm is unknown,
         -2 if no active arm would be left."""
         keyset = [keys.meta(experiment_id), keys.arms(experiment_id)]
-        return int(await self._retire_arms(keys=keyset, args=list(arm_ids)))
+        return int(await self._write(self._retire_arms, keyset, list(arm_ids)))
 
     # -- statistics and decisions ----------------------------------------
 

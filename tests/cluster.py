@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -170,6 +171,14 @@ class LocalCluster:
         process = self._processes[[*self.masters, self.replica].index(port)]
         process.kill()
         process.wait()
+
+    def pause(self, port: int) -> None:
+        """SIGSTOP the node at ``port``: its connections stay open, it answers nothing (a
+        replica that lags: online to its master, acknowledging nothing)."""
+        self._processes[[*self.masters, self.replica].index(port)].send_signal(signal.SIGSTOP)
+
+    def resume(self, port: int) -> None:
+        self._processes[[*self.masters, self.replica].index(port)].send_signal(signal.SIGCONT)
 
     def node_id(self, port: int) -> str:
         return str(self.node(port).execute_command("CLUSTER MYID").decode())

@@ -123,6 +123,76 @@ async def _failover(cluster: LocalCluster, log: IO[bytes]) -> None:
                 assert last and set(last) == {200}, (name, last)
 
 
+async def test_a_write_is_answered_once_a_replica_holds_it(tmp_path: Path) -> None:
+    """Redis replicates asynchronously: a reward answered before the master's replica held
+    it would be lost if the master died then (the replica, promoted, lacks it). With the
+    replica paused (online to its master, acknowledging nothing), the master's writes are
+    answered 503 after the replica wait (half the store's 2 s deadline), applied or not
+    (an experiment's creation too), and their retries, once it acknowledges again, are
+    counted once; the other masters (no replica) answer as ever. A replica that goes away
+    holds nothing up for long."""
+    with local_cluster(tmp_path / "cluster") as cluster:
+        paired, alone = cluster.masters[0], cluster.masters[1]
+        ids = {"paired": id_on(cluster, paired, "p"), "alone": id_on(cluster, alone, "a")}
+        env = {"LINREBOOT_REDIS_URL": cluster.url, "LINREBOOT_REDIS_CLUSTER": "true",
+               "LINREBOOT_ADMIN_TOKEN": ADMIN_TOKEN, "LINREBOOT_LOG_LEVEL": "warning"}
+        with server_process(env) as url:
+            async with httpx.AsyncClient(base_url=url, timeout=30.0) as http:
+                api_keys = {name: await _create(http, experiment)
+                            for name, experiment in ids.items()}
+
+                async def post(name: str, path: str, body: dict[str, Any]) -> httpx.Response:
+                    return await http.post(path, json={"experiment_id": ids[name], **body},
+                                           headers={"X-API-Key": api_keys[name]})
+
+                async def choose(name: str) -> str:
+                    chosen = await post(name, "/choose", {"context": [1.0, 0.5]})
+                    assert chosen.status_code == 200, chosen.text
+                    decision_id: str = chosen.json()["decision_id"]
+                    return decision_id
+
+                decisions = {name: [await choose(name) for _ in range(3)] for name in ids}
+                for name in ids:  # (the master loads its script cache: a round trip more)
+                    first = await post(name, "/reward",
+                                       {"decision_id": decisions[name].pop(), "reward": 1.0})
+                    assert first.status_code == 200, first.text
+                cluster.pause(cluster.replica)
+                try:
+                    started = time.monotonic()
+                    refused = await post("paired", "/reward", {
+                        "decision_id": decisions["paired"][0], "reward": 1.0})
+                    waited = time.monotonic() - started
+                    assert refused.status_code == 503, refused.text
+                    assert refused.headers["Retry-After"]
+                    assert 0.9 <= waited < 2.0, waited  # the replica wait, then the answer
+                    assert (await post("paired", "/choose", {"context": [1.0, 0.5]})
+                            ).status_code == 503
+                    creation = await http.post("/experiments", headers=ADMIN, json={
+                        "id": id_on(cluster, paired, "q"), "setting": "covariates", "dim": 2,
+                        "arms": [{"id": "a"}]})
+                    assert creation.status_code == 503, creation.text  # (written, unsaid)
+                    for decision in decisions["alone"]:
+                        applied = await post("alone", "/reward",
+                                             {"decision_id": decision, "reward": 1.0})
+                        assert applied.status_code == 200, applied.text
+                finally:
+                    cluster.resume(cluster.replica)
+                retried = await post("paired", "/reward", {
+                    "decision_id": decisions["paired"][0], "reward": 1.0})
+                assert retried.status_code == 200, retried.text
+                assert retried.json()["status"] == "duplicate"  # applied by the first
+                cluster.kill(cluster.replica)
+                started = time.monotonic()
+                late = await post("paired", "/reward", {
+                    "decision_id": decisions["paired"][1], "reward": 1.0})
+                assert late.status_code == 200, late.text
+                assert time.monotonic() - started < 1.5
+                for name, experiment in ids.items():
+                    counted = (await http.get(f"/experiments/{experiment}", headers=ADMIN)
+                               ).json()
+                    assert counted["rewards"] == 3, (name, counted["rewards"])
+
+
 def _on_every_master(cluster: LocalCluster, prefix: str) -> str:
     """An experiment id whose SHARDS members live on the cluster's three masters."""
     for n in range(10_000):
