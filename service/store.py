@@ -621,11 +621,10 @@ class _ScriptBatcher:
                  library: _Library | None = None, reads: frozenset[str] = frozenset()
                  ) -> None:
         self._client = client
-        # On a cluster, a write is answered once a replica of its master holds it (when
-        # the master has one online): ``reads``, the scripts that write nothing.
+        # A write is answered once a replica of its master holds it (when the master has
+        # one online: service.replicas): ``reads``, the scripts that write nothing.
         self._reads = reads
-        self._acks = (ReplicaAcks(client, _replica_wait_ms(deadline_seconds))
-                      if isinstance(client, RedisCluster) else None)
+        self._acks = ReplicaAcks(client, _replica_wait_ms(deadline_seconds))
         # Its scripts are called as functions (FCALL) where the server has them
         # (Redis 7): None until the first batch tries to load them. Not on a
         # cluster: redis-py finds FCALL's slot by asking a node for its keys
@@ -675,6 +674,11 @@ class _ScriptBatcher:
             flush = asyncio.get_running_loop().create_task(self._flush())
             self._flushes.add(flush)
             flush.add_done_callback(self._flushes.discard)
+
+    @property
+    def replicated(self) -> bool:
+        """The single Redis had a replica online when last asked."""
+        return self._acks.replicated
 
     @property
     def batch_in_flight(self) -> bool:
@@ -812,20 +816,31 @@ class _ScriptBatcher:
                      if self._functions and self._library and not by_script else {})
         commands = [("FCALL", functions[s.sha], *argv) if s.sha in functions
                     else ("EVALSHA", s.sha, *argv) for s, argv in calls]
+        acks = self._acks
+        if self._held is not None and acks.unasked:  # (once: whether it has replicas)
+            acks.learn_server((await self._held.pipeline([("ROLE",)]))[0])
+        plan = acks.plan([(i, argv[1]) for i, (script, argv) in enumerate(calls)
+                          if script.sha not in self._reads])
+        extras = plan.commands(acks.timeout_ms)
         if self._held is not None:
-            return await self._held.pipeline(commands)
-        acks, plan = self._acks, None
-        if acks is not None:
-            plan = acks.plan([(i, argv[1]) for i, (script, argv) in enumerate(calls)
-                              if script.sha not in self._reads])
+            replies = await self._held.pipeline([*commands, *(extra for extra, _ in extras)])
+        else:
+            replies = await self._cluster_pipeline(commands, extras)
+        replies, extra_replies = replies[:len(commands)], replies[len(commands):]
+        for index, error in acks.unacknowledged(plan, replies, extra_replies).items():
+            replies[index] = error
+        return replies
+
+    async def _cluster_pipeline(self, commands: list[tuple[Any, ...]],
+                                extras: list[tuple[tuple[Any, ...], ClusterNode | None]]
+                                ) -> list[Any]:
         async with self._client.pipeline(transaction=False) as pipe:
             for command in commands:
                 pipe.execute_command(*command)
-            extras = plan.commands(acks.timeout_ms) if acks and plan else []
             for extra, node in extras:
                 pipe.execute_command(*extra, target_nodes=node)
             try:
-                replies = list(await pipe.execute(raise_on_error=False))
+                return list(await pipe.execute(raise_on_error=False))
             except RedisClusterException as exc:
                 if type(exc) is not RedisClusterException or not extras:
                     raise
@@ -833,12 +848,6 @@ class _ScriptBatcher:
                 # dropped with the first attempt): whatever that attempt wrote, no WAIT
                 # on its connection can vouch for it now.
                 raise RedisConnectionError("a connection dropped under a pipeline") from exc
-        if acks is None or plan is None:
-            return replies
-        replies, extra_replies = replies[:len(commands)], replies[len(commands):]
-        for index, error in acks.unacknowledged(plan, replies, extra_replies).items():
-            replies[index] = error
-        return replies
 
 
 def _replica_wait_ms(deadline_seconds: float | None) -> int:
@@ -1206,9 +1215,10 @@ class Store:
 
     async def _write(self, script: AsyncScript, keyset: Sequence[str], args: Sequence[Any] = ()
                      ) -> Any:
-        """A script whose writes a caller is told of: on a cluster through the batcher,
-        which answers once a replica holds them (:mod:`service.replicas`)."""
-        if isinstance(self._client, RedisCluster):
+        """A script whose writes a caller is told of: through the batcher, which answers
+        once a replica holds them (:mod:`service.replicas`), on a cluster or a Redis
+        with a replica online (as the batcher last heard)."""
+        if isinstance(self._client, RedisCluster) or self._batcher.replicated:
             return await self._batcher.run(script, keyset, args)
         return await script(keys=keyset, args=args)
 

@@ -68,9 +68,10 @@ def test_policies_import_no_redis_or_web() -> None:
 
 
 def test_only_the_store_imports_redis() -> None:
+    # service/replicas.py is the store's own: which writes a replica holds, for its batcher.
     for package in ("service", "app"):
         for path in (ROOT / package).rglob("*.py"):
-            if path.name in ("store.py", "embedded.py"):
+            if path.name in ("store.py", "replicas.py", "embedded.py"):
                 continue
             assert "redis" not in _imported_packages(path), path
 
