@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,19 +102,19 @@ class ReplicaAcks:
         self._masters[SERVER] = _Master(0, time.monotonic())
         self._learn(SERVER, role)
 
-    def plan(self, writes: Sequence[tuple[int, str]]) -> AckPlan:
+    def plan(self, writes: Iterable[tuple[int, str]]) -> AckPlan:
         """The plan for calls that write (``writes``: each call's index and first key)."""
         plan, now = AckPlan(), time.monotonic()
         if self._refused:
             return plan
+        if self._cluster is None:
+            return self._server_plan(writes, now)
         for index, key in writes:
-            slot, node, name = 0, None, SERVER
-            if self._cluster is not None:
-                slot = self._cluster.keyslot(key)
-                node = self._master_of(slot)
-                if node is None:  # a slot not covered: the call itself fails
-                    continue
-                name = node.name
+            slot = self._cluster.keyslot(key)
+            node = self._master_of(slot)
+            if node is None:  # a slot not covered: the call itself fails
+                continue
+            name = node.name
             plan.masters[index] = (slot, name)
             if name in plan.nodes:
                 continue
@@ -125,6 +125,23 @@ class ReplicaAcks:
                 plan.roles.append(name)
             elif now - known.asked_at >= REFRESH_SECONDS:
                 plan.roles.append(name)
+        return plan
+
+    def _server_plan(self, writes: Iterable[tuple[int, str]], now: float) -> AckPlan:
+        """:meth:`plan` on a single Redis: every call's master is the server, and
+        without a replica online (the embedded Redis) no call needs a look."""
+        plan, known = AckPlan(), self._masters.get(SERVER)
+        if known is None:  # not asked (the batcher asks first)
+            return plan
+        if known.online > 0:
+            plan.masters = {index: (0, SERVER) for index, _ in writes}
+            if plan.masters:
+                plan.nodes[SERVER] = None
+                plan.waits.append(SERVER)
+                plan.roles.append(SERVER)
+        elif now - known.asked_at >= REFRESH_SECONDS and any(True for _ in writes):
+            plan.nodes[SERVER] = None
+            plan.roles.append(SERVER)
         return plan
 
     def unacknowledged(self, plan: AckPlan, replies: Sequence[Any], extra: Sequence[Any]

@@ -819,10 +819,12 @@ class _ScriptBatcher:
         acks = self._acks
         if self._held is not None and acks.unasked:  # (once: whether it has replicas)
             acks.learn_server((await self._held.pipeline([("ROLE",)]))[0])
-        plan = acks.plan([(i, argv[1]) for i, (script, argv) in enumerate(calls)
-                          if script.sha not in self._reads])
+        plan = acks.plan((i, argv[1]) for i, (script, argv) in enumerate(calls)
+                         if script.sha not in self._reads)
         extras = plan.commands(acks.timeout_ms)
         if self._held is not None:
+            if not extras:  # (a Redis without a replica, as every batch but one a second)
+                return await self._held.pipeline(commands)
             replies = await self._held.pipeline([*commands, *(extra for extra, _ in extras)])
         else:
             replies = await self._cluster_pipeline(commands, extras)
