@@ -156,6 +156,12 @@ def draw(ready: Ready, rngs: Sequence[np.random.Generator]) -> Choice:
     Generators are used in that order (scores, tie, unexplored arm, epsilon),
     and only when needed, so seeded runs stay reproducible.
     """
+    return chosen(ready, scores_of(ready, rngs), rngs)
+
+
+def scores_of(ready: Ready, rngs: Sequence[np.random.Generator]) -> Array:
+    """The first part of :func:`draw`: each arm's randomised (or optimistic) index, shape
+    (B, K), an ineligible arm's -inf and an unexplored one's +inf."""
     batch = ready.eligible.shape[0]
     if len(rngs) != batch:
         raise ValueError(
@@ -167,6 +173,13 @@ def draw(ready: Ready, rngs: Sequence[np.random.Generator]) -> Choice:
         if not ready.every_arm_eligible:
             scores = np.where(ready.eligible, scores, -np.inf)
         scores = np.where(ready.unexplored, np.inf, scores)
+    return scores
+
+
+def chosen(ready: Ready, scores: Array, rngs: Sequence[np.random.Generator]) -> Choice:
+    """The rest of :func:`draw`: the arm each experiment takes from its ``scores``."""
+    batch = scores.shape[0]
+    config = ready.config
     exploring = ready.exploring_rows
     if exploring.size < batch:
         arms = _highest(scores, exploring, rngs)

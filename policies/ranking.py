@@ -37,7 +37,7 @@ from numpy.typing import NDArray
 from scipy import special
 
 from policies.authors import index_of
-from policies.policy import Ready, _highest, _uniform, draw
+from policies.policy import Ready, _highest, _uniform, chosen, scores_of
 from policies.propensity import FINE, RANKED_SMOOTH, Accuracy
 from policies.ridge import Array
 
@@ -75,19 +75,21 @@ def rank(ready: Ready, rngs: Sequence[np.random.Generator], k: int) -> Ranking:
         np.count_nonzero(ready.eligible, axis=1).min())
     if k < 1 or fewest < k:
         raise ValueError(f"k must be between 1 and the eligible arms ({fewest})")
-    first = draw(ready, rngs)
+    scores = scores_of(ready, rngs)
     rows = np.arange(batch)
     if k > 1 and ready.config.epsilon == 0.0 and not ready.exploring_rows.size:
-        # No arm to explore, no epsilon: draw took the highest score, and each next
+        # No arm to explore, no epsilon: draw takes the highest score, and each next
         # position is the highest score left, drawing nothing unless scores tie (then
-        # the loop below, which splits ties with the generators). One sort instead of
-        # k - 1 passes; the same arms. Few NumPy calls: in a server each costs several
-        # µs more than in a tight loop. (An ineligible arm's score is -inf already.)
-        order = first.scores.argsort(axis=1)[:, :-k - 2:-1]  # the k placed and the next
-        top = first.scores[rows[:, None], order]
-        if (top[:, :-1] > top[:, 1:]).all():  # no tie: draw's choice is the first
+        # draw's split and the loop below, which split ties with the generators). One
+        # sort instead of draw's choice and k - 1 passes; the same arms. Few NumPy calls:
+        # in a server each costs several µs more than in a tight loop. (An ineligible
+        # arm's score is -inf already; a NaN sorts first here, and fails the check.)
+        order = scores.argsort(axis=1)[:, :-k - 2:-1]  # the k placed and the next
+        top = scores[rows[:, None], order]
+        if (top[:, :-1] > top[:, 1:]).all():  # no tie: draw would have taken the first
             # A copy: the view would keep the whole argsort (B x K) alive.
-            return Ranking(arms=np.ascontiguousarray(order[:, :k]), scores=first.scores)
+            return Ranking(arms=np.ascontiguousarray(order[:, :k]), scores=scores)
+    first = chosen(ready, scores, rngs)
     arms = np.empty((batch, k), dtype=np.int64)
     arms[:, 0] = first.arms
     left = ready.eligible.copy()

@@ -538,8 +538,8 @@ async def _one_arm(view: View, request: ChooseRequest, decision_id: str,
     score = float(choice.scores[0, picked])
     propensity = (await view.propensity(ready, picked)
                   if view.definition.spec.propensities else None)
-    records, logged = _slots(view, decision_id, arms, contexts, [picked], [propensity],
-                             ranked=False)
+    records, logged = _slots(view, decision_id, arms, contexts, [picked], [arms[picked].id],
+                             [propensity], ranked=False)
 
     def answer() -> str:
         return _answer_line(arms[picked].id, propensity, score)
@@ -561,28 +561,28 @@ async def _ranked(view: View, request: ChooseRequest, decision_id: str,
         raise InvalidInput(f"k ({request.slots}) is more than the {len(arms)} eligible arms "
                            "of this request") from None
     placed: list[int] = ranking.arms[0].tolist()
-    every_score: list[float] = ranking.scores[0].tolist()
-    scores = [every_score[arm] for arm in placed]
+    scores: list[float] = ranking.scores[0].take(ranking.arms[0]).tolist()
+    ids = [arms[a].id for a in placed]
     propensities: list[float | None] = (
         list(await view.slot_propensities(ready, ranking))
         if view.definition.spec.propensities else [None] * len(placed))
-    records, logged = _slots(view, decision_id, arms, contexts, placed, propensities,
+    records, logged = _slots(view, decision_id, arms, contexts, placed, ids, propensities,
                              ranked=True)
 
     def answer() -> str:
-        return "\n".join(_answer_line(arms[a].id, p, score)
-                         for a, p, score in zip(placed, propensities, scores, strict=True))
+        return "\n".join(_answer_line(arm_id, p, score)
+                         for arm_id, p, score in zip(ids, propensities, scores, strict=True))
 
     def finish(number: int, window: int) -> RankedDecision:
-        return RankedDecision(decision_id, number, window, tuple(arms[a].id for a in placed),
+        return RankedDecision(decision_id, number, window, tuple(ids),
                               tuple(None if math.isinf(s) else s for s in scores),
                               tuple(propensities), (window,) * len(placed))
     return _Made(records, logged, answer, finish)
 
 
 def _slots(view: View, decision_id: str, arms: Sequence[ArmRecord], contexts: np.ndarray,
-           picked: Sequence[int], propensities: Sequence[float | None], *, ranked: bool
-           ) -> tuple[list[bytes], dict[str, str | bytes]]:
+           picked: Sequence[int], ids: Sequence[str], propensities: Sequence[float | None],
+           *, ranked: bool) -> tuple[list[bytes], dict[str, str | bytes]]:
     """Each slot's record (one for ``/choose``) and the decision's log entry, what the
     slots share made once.
 
@@ -604,14 +604,14 @@ def _slots(view: View, decision_id: str, arms: Sequence[ArmRecord], contexts: np
     # What the slots' records share, and each arm's head, made once (per definition).
     shared = f"{version}\n{rewards}\n{made_at}\n".encode()
     heads, packed, width = definition.record_heads, chosen.tobytes(), chosen.shape[1] * 8
-    records = [b"".join((heads[arms[index].id], shared, text.encode(), b"\n",
-                         packed[j * width:(j + 1) * width]))
-               for j, (index, text) in enumerate(zip(picked, texts, strict=True))]
+    records = [heads[arm_id] + shared + f"{text}\n".encode() + packed[at:at + width]
+               for at, arm_id, text in zip(range(0, len(packed), width), ids, texts,
+                                           strict=True)]
     eligible = (definition.active_ranges if arms is definition.active_arms
                 else index_ranges([a.index for a in arms]))
     every: dict[str, str | bytes] = {} if not definition.spec.log_all_contexts else {
         "contexts": np.ascontiguousarray(contexts, dtype=_PACKED).tobytes()}
-    placed = ",".join(arms[index].id for index in picked)
+    placed = ",".join(ids)
     logged: dict[str, str | bytes] = {
         "type": "ranking" if ranked else "decision", "id": decision_id,
         ("arms" if ranked else "arm"): placed, "x": packed, "version": version,

@@ -23,7 +23,6 @@ import numpy as np
 from policies import Ready, State, discounted, layout, prepare
 from policies.propensity import SERVICE, off_the_loop, propensities
 from policies.ranking import Ranking, placement_table, position_propensities
-from policies.ridge import Array
 from policies.state import Sums, inherit_kept, merge_sums
 from service import keys, shards
 from service.definition import (
@@ -60,7 +59,9 @@ class _Prepared:
     ready: Ready | None = None
     propensities: dict[int, float] = field(default_factory=dict)
     placements: dict[tuple[int, int], float] = field(default_factory=dict)
-    table: Array | Literal[False] | None = None
+    # The first experiment's table as lists ([arm][position]): a lookup per slot without
+    # a NumPy call.
+    table: list[list[float]] | Literal[False] | None = None
 
 
 @dataclass
@@ -201,12 +202,14 @@ class View:
             last = _Prepared((), self.state)  # nothing kept: compute, keep nothing
         k = len(arms)
         if (last.placements and last.table is None) or (
-                isinstance(last.table, np.ndarray) and last.table.shape[2] < k):
-            table = await asyncio.to_thread(placement_table, ready, k, accuracy=SERVICE)
-            last.table = False if table is None else table
-        if isinstance(last.table, np.ndarray) and last.table.shape[2] >= k:
-            table = last.table[0]  # scalar lookups: cheaper than one fancy index at k = 10
-            return [first, *(float(table[arm, slot]) for slot, arm in enumerate(arms[1:], 1))]
+                isinstance(last.table, list) and len(last.table[0]) < k):
+            def table_of() -> list[list[float]] | Literal[False]:
+                table = placement_table(ready, k, accuracy=SERVICE)
+                return False if table is None else table[0].tolist()
+            last.table = await asyncio.to_thread(table_of)
+        if isinstance(last.table, list) and len(last.table[0]) >= k:
+            table = last.table
+            return [first, *(table[arm][slot] for slot, arm in enumerate(arms[1:], 1))]
         placed = [(arm, slot) for slot, arm in enumerate(arms)][1:]
         kept = last.placements
         if any(pair not in kept for pair in placed):  # kept, as propensity() keeps its own
