@@ -231,6 +231,28 @@ def test_the_one_sort_places_the_arms_the_position_by_position_loop_does(
         assert fast_rng.random() == loop_rng.random()
 
 
+def test_tied_scores_split_as_draw_splits_them() -> None:
+    """LinUCB with no observation: every arm's index the same (a tie among all). The one
+    sort does not serve; the first position is draw's split of the tie, the positions are
+    distinct arms, and a row of the batch without a tie draws nothing from its
+    generator."""
+    config = paper_config("linucb", "covariates", D)
+    contexts = np.ones((2, K, D))
+    contexts[1] = np.random.default_rng(5).normal(size=(K, D))  # row 1: no tie
+    ready = prepare(config, init_state(config, K, batch=2), contexts)
+    firsts = set()
+    for seed in range(30):
+        ranked = [np.random.default_rng([seed, row]) for row in range(2)]
+        drawn = [np.random.default_rng([seed, row]) for row in range(2)]
+        ranking = rank(ready, ranked, 4)
+        choice = draw(ready, drawn)
+        np.testing.assert_array_equal(ranking.arms[:, 0], choice.arms)
+        assert [len(set(row)) for row in ranking.arms.tolist()] == [4, 4]
+        assert ranked[1].random() == drawn[1].random()  # the row without a tie drew nothing
+        firsts.add(int(ranking.arms[0, 0]))
+    assert len(firsts) > 1  # the tie was split at random, not by the sort
+
+
 def _random_cases(count: int = 300, seed: int = 17
                   ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Means, spreads and placed arms: 3-40 arms, spreads up to two orders apart, up to

@@ -259,3 +259,22 @@ async def test_a_decision_listed_twice_is_settled_once(
     view = await service.get("dflt")
     assert (view.decisions, view.defaulted, view.defaults_missed) == (1, 1, 0)
     await audit(service, redis_db, "dflt", {}, [decision])
+
+
+def test_a_propensitys_text_is_its_repr_made_once_and_the_memo_bounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The slots' propensity texts (records, log) are repr's, '' for none, whether made or
+    remembered; past its bound the memo starts again rather than grow."""
+    from service import decisions
+
+    monkeypatch.setattr(decisions, "_TEXTS", {None: ""})
+    monkeypatch.setattr(decisions, "_TEXTS_MOST", 8)
+    values = [0.1, None, 1 / 3, 0.1, 2.5e-7, None]
+    expected = ["" if p is None else repr(p) for p in values]
+    assert decisions._texts_of(values) == expected
+    assert decisions._texts_of(values) == expected  # remembered
+    assert decisions._TEXTS[1 / 3] == repr(1 / 3)
+    many = [j / 7 for j in range(20)]
+    assert decisions._texts_of(many) == [repr(p) for p in many]
+    assert decisions._texts_of(values) == expected  # emptied past the bound, made again
+    assert len(decisions._TEXTS) <= 8 + 1 + len(values)
