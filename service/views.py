@@ -61,7 +61,14 @@ class _Prepared:
     placements: dict[tuple[int, int], float] = field(default_factory=dict)
     # The first experiment's table as lists ([arm][position]): a lookup per slot without
     # a NumPy call.
-    table: list[list[float]] | Literal[False] | None = None
+    table: _Table | None = None
+    rankings: int = 0  # rankings asked of ``ready``, counted as they arrive
+    # The table being computed (for rankings of up to its k): the rankings that arrive
+    # meanwhile await it rather than each compute their own (BENCHMARKS.md §32).
+    tabling: tuple[int, asyncio.Future[_Table]] | None = None
+
+
+_Table = list[list[float]] | Literal[False]
 
 
 @dataclass
@@ -194,19 +201,18 @@ class View:
         (an integral over the placed arms, or rankings drawn again: 0.3 ms to tens of
         ms). The second ranking from the same statistics computes instead every arm's
         probability at every position (:func:`policies.ranking.placement_table`: a few
-        times one ranking's work), which then answers every later one."""
-        arms: list[int] = ranking.arms[0].tolist()
-        first = await self.propensity(ready, arms[0])
+        times one ranking's work), which then answers every later one; rankings that
+        arrive while it is computed wait for it (:meth:`_table`)."""
         last = self._last
         if last is None or last.ready is not ready:
             last = _Prepared((), self.state)  # nothing kept: compute, keep nothing
+        last.rankings += 1  # before any wait: rankings that arrive meanwhile see it
+        arms: list[int] = ranking.arms[0].tolist()
+        first = await self.propensity(ready, arms[0])
         k = len(arms)
-        if (last.placements and last.table is None) or (
-                isinstance(last.table, list) and len(last.table[0]) < k):
-            def table_of() -> list[list[float]] | Literal[False]:
-                table = placement_table(ready, k, accuracy=SERVICE)
-                return False if table is None else table[0].tolist()
-            last.table = await asyncio.to_thread(table_of)
+        if last.rankings > 1 and (last.table is None or (
+                isinstance(last.table, list) and len(last.table[0]) < k)):
+            last.table = await _table(last, ready, k)
         if isinstance(last.table, list) and len(last.table[0]) >= k:
             table = last.table
             return [first, *(table[arm][slot] for slot, arm in enumerate(arms[1:], 1))]
@@ -218,6 +224,26 @@ class View:
                     ready, ranking, draws=SLATE_DRAWS, accuracy=SERVICE)[0, 1:]]
             kept.update(zip(placed, await asyncio.to_thread(compute), strict=True))
         return [first, *(kept[pair] for pair in placed)]
+
+
+async def _table(last: _Prepared, ready: Ready, k: int) -> _Table:
+    """``last``'s placement table for rankings of ``k`` (as
+    :func:`policies.ranking.placement_table`), computed once in a thread however many
+    rankings ask for it at once: 25 concurrent rankings after a reward each computed
+    it (BENCHMARKS.md §32). A failure is each waiter's, and the next asks again."""
+    if last.tabling is None or last.tabling[0] < k:
+        def table_of() -> _Table:
+            table = placement_table(ready, k, accuracy=SERVICE)
+            return False if table is None else table[0].tolist()
+        last.tabling = (k, asyncio.ensure_future(asyncio.to_thread(table_of)))
+    tabling = last.tabling
+    try:
+        # shield: a waiter cancelled (its client gone) leaves the others theirs
+        return await asyncio.shield(tabling[1])
+    except Exception:
+        if last.tabling is tabling:
+            last.tabling = None
+        raise
 
 
 # Rankings drawn again for a slot's propensity where no integral serves (a shared
@@ -457,6 +483,14 @@ class Views:
         if not (progress.incarnation == view.definition.incarnation
                 and progress.version == view.version and 0 <= start <= len(progress.unfolded)):
             return None
+        if start == len(progress.unfolded) and progress.rewards == view.rewards \
+                and not view.behind:
+            # Nothing it lacks (a probe that found it current): the view itself, with the
+            # policy prepared from it and the propensities computed, which a copy would
+            # compute again (25 placement tables a second: BENCHMARKS.md §32).
+            view.last_number = max(view.last_number, progress.decision_seq)
+            view.read_at = max(view.read_at, progress.read_at)
+            return view
         return self.added(experiment_id, view, progress.unfolded[start:], progress.rewards,
                           progress.folded, max(view.last_number, progress.decision_seq),
                           read_at=progress.read_at)

@@ -108,6 +108,41 @@ async def test_k_distinct_eligible_arms_each_slot_a_decision_of_its_own(
     assert all(e.context == (0.5, -0.5) and "arm-1" not in (e.eligible or ()) for e in entries)
 
 
+async def test_rankings_that_arrive_together_compute_one_placement_table(
+    service: ExperimentService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second ranking from a view's statistics computes every arm's placements (a
+    table) in a thread; the rankings that arrive while it does wait for that table
+    rather than each compute their own (25 did, BENCHMARKS.md §32), and take their
+    propensities from it."""
+    from service import views
+
+    features = np.random.default_rng(2).normal(size=(6, 2))
+    spec = ExperimentSpec(id="aisle", setting="stochastic", dim=2,  # kept from one to the next
+                          arms=tuple(ArmSpec(f"arm-{i}", tuple(f)) for i, f in enumerate(features)))
+    await _trained(service, spec)
+    tables: list[Any] = []  # what each table was computed from
+    real = views.placement_table
+
+    def counted(ready: Any, *args: Any, **kwargs: Any) -> Any:
+        tables.append(ready)
+        return real(ready, *args, **kwargs)
+
+    monkeypatch.setattr(views, "placement_table", counted)
+    request = ChooseRequest(slots=3)
+    await service.rank("aisle", request)  # the first: its own placements
+    together = await asyncio.gather(*(service.rank("aisle", request) for _ in range(8)))
+    assert len(tables) == 1
+    by_placement = {(slot.arm_id, j): slot.propensity
+                    for ranking in together for j, slot in enumerate(ranking.slots)}
+    table = real(tables[0], 3, accuracy=views.SERVICE)
+    assert table is not None
+    arm_ids = [a.id for a in spec.arms]
+    for (arm_id, j), propensity in by_placement.items():
+        if j:  # (the first slot's is the decision's own: policies.propensity)
+            assert propensity == table[0, arm_ids.index(arm_id), j]
+
+
 async def test_each_slot_is_rewarded_exactly_once(service: ExperimentService) -> None:
     await _trained(service, COVARIATES)
     ranking = await service.rank("shelf", ChooseRequest(context=(0.1, 0.2), slots=3))

@@ -816,6 +816,34 @@ async def test_after_a_stale_decision_decisions_read_first_and_are_made_once(
     assert _seen(redis_db, "probe", quiet.decision_id) == 3
 
 
+async def test_a_read_first_that_finds_nothing_new_keeps_the_view(
+    service: ExperimentService, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A contended experiment's decisions read first; a read that brings nothing the view
+    lacks keeps the view itself, with the policy prepared from it and the propensities
+    computed on it. (A copy of the view computed them again after every read: after a
+    ranking's rewards, a placement table per turn of rankings, BENCHMARKS.md §32.)"""
+    monkeypatch.setattr(decisions, "_CONTENDED_SECONDS", 30.0)  # a slow host's pauses
+    key = await _experiment(service, "still")
+    for _ in range(4):  # past the first pass, so that decisions keep their propensities
+        await service.choose("still", ChooseRequest(), key)
+    probe = Store.probe_progress
+    reads: list[int] = []
+
+    async def counted(self: Store, *args: Any, **kwargs: Any) -> Any:
+        reads.append(1)
+        return await probe(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "probe_progress", counted)
+    held = dict(service.views.held)
+    for member_id in held:
+        service.decisions._contend(member_id)
+    for _ in range(3):
+        await service.choose("still", ChooseRequest(), key)
+    assert len(reads) == 3  # each read first
+    assert all(service.views.held[m] is view for m, view in held.items())
+
+
 async def test_workers_on_one_hot_experiment_seldom_make_a_decision_twice(
     redis_db: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
