@@ -705,3 +705,26 @@ async def test_an_unknown_hyperparameter_is_named_with_the_valid_ones(
     assert body["details"][0]["loc"] == ["body", "hyperparameters", shown]
     if shown == "<key>":
         assert key not in response.text
+
+
+
+@pytest.mark.parametrize(("document", "refused"), [
+    (b'{"experiment_id": "e", "reward": 0.5, "k": 3}', False),
+    (b'\xef\xbb\xbf{"a": [1, 2.5e-3]}', False),  # a UTF-8 BOM
+    ('{"a": "\u00e9"}'.encode("utf-16"), False), ('{"a": -0.0}'.encode("utf-32-le"), False),
+    ('{"a": null}', False),
+    (b'{"a": 1} x', True), ("\ufeff{}", True), (b"\xff\xfe\x00", True), (b"", True),
+    (b'{"a": 1e999}', True), (b"[NaN]", True), (b"-Infinity", True), (b"1" * 5000, True)])
+def test_bodies_parse_as_json_loads_parses_them_but_for_what_is_not_finite(
+        document: bytes | str, refused: bool) -> None:
+    """``loads_strict`` (one decoder for every body) takes what :func:`json.loads` takes,
+    with the same values (BOMs, UTF-16 and 32 bytes), and refuses as a JSONDecodeError
+    what it refuses (trailing data, a BOM in a str, bytes that are not text), and
+    non-finite numbers and integers longer than Python reads."""
+    from app.strict_json import loads_strict
+
+    if refused:
+        with pytest.raises(json.JSONDecodeError):
+            loads_strict(document)
+    else:
+        assert loads_strict(document) == json.loads(document)
