@@ -210,11 +210,11 @@ class View:
         arms: list[int] = ranking.arms[0].tolist()
         first = await self.propensity(ready, arms[0])
         k = len(arms)
-        if last.rankings > 1 and (last.table is None or (
-                isinstance(last.table, list) and len(last.table[0]) < k)):
-            last.table = await _table(last, ready, k)
-        if isinstance(last.table, list) and len(last.table[0]) >= k:
-            table = last.table
+        table = last.table
+        if k > 1 and last.rankings > 1 and (table is None or (
+                isinstance(table, list) and len(table[0]) < k)):
+            table = await _table(last, ready, k)
+        if isinstance(table, list) and len(table[0]) >= k:
             return [first, *(table[arm][slot] for slot, arm in enumerate(arms[1:], 1))]
         placed = [(arm, slot) for slot, arm in enumerate(arms)][1:]
         kept = last.placements
@@ -230,20 +230,29 @@ async def _table(last: _Prepared, ready: Ready, k: int) -> _Table:
     """``last``'s placement table for rankings of ``k`` (as
     :func:`policies.ranking.placement_table`), computed once in a thread however many
     rankings ask for it at once: 25 concurrent rankings after a reward each computed
-    it (BENCHMARKS.md §32). A failure is each waiter's, and the next asks again."""
+    it (BENCHMARKS.md §32). Kept in ``last`` once made, unless a table for more
+    positions is on its way; a failure is each waiter's, and the next asks again."""
     if last.tabling is None or last.tabling[0] < k:
         def table_of() -> _Table:
             table = placement_table(ready, k, accuracy=SERVICE)
             return False if table is None else table[0].tolist()
-        last.tabling = (k, asyncio.ensure_future(asyncio.to_thread(table_of)))
+        computing = asyncio.ensure_future(asyncio.to_thread(table_of))
+        computing.add_done_callback(functools.partial(_tabled, last))
+        last.tabling = (k, computing)
     tabling = last.tabling
-    try:
-        # shield: a waiter cancelled (its client gone) leaves the others theirs
-        return await asyncio.shield(tabling[1])
-    except Exception:
-        if last.tabling is tabling:
-            last.tabling = None
-        raise
+    # shield: a waiter cancelled (its client gone) leaves the others theirs
+    table = await asyncio.shield(tabling[1])
+    if last.tabling is tabling:
+        last.table = table
+    return table
+
+
+def _tabled(last: _Prepared, done: asyncio.Future[_Table]) -> None:
+    """A table computed: if it failed (or was cancelled, as at shutdown), the next ranking
+    computes it again, whether a waiter saw the failure or all had gone."""
+    failed = done.cancelled() or done.exception() is not None  # (retrieved: no warning)
+    if failed and last.tabling is not None and last.tabling[1] is done:
+        last.tabling = None
 
 
 # Rankings drawn again for a slot's propensity where no integral serves (a shared
@@ -484,10 +493,10 @@ class Views:
                 and progress.version == view.version and 0 <= start <= len(progress.unfolded)):
             return None
         if start == len(progress.unfolded) and progress.rewards == view.rewards \
-                and not view.behind:
-            # Nothing it lacks (a probe that found it current): the view itself, with the
-            # policy prepared from it and the propensities computed, which a copy would
-            # compute again (25 placement tables a second: BENCHMARKS.md §32).
+                and not view.behind and self._held.get(experiment_id) is view:
+            # Nothing it lacks (a probe that found it current): the view itself, still
+            # this worker's, with the policy prepared from it and the propensities
+            # computed, which a copy would compute again (BENCHMARKS.md §32).
             view.last_number = max(view.last_number, progress.decision_seq)
             view.read_at = max(view.read_at, progress.read_at)
             return view

@@ -143,6 +143,39 @@ async def test_rankings_that_arrive_together_compute_one_placement_table(
             assert propensity == table[0, arm_ids.index(arm_id), j]
 
 
+async def test_a_failed_placement_table_is_computed_again_and_rankings_of_one_need_none(
+    service: ExperimentService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table whose computation failed is not kept: that ranking fails, the next computes
+    the table again. A ranking of one (its slot /choose's) computes no table."""
+    from service import views
+
+    features = np.random.default_rng(4).normal(size=(5, 2))
+    spec = ExperimentSpec(id="bay", setting="stochastic", dim=2,
+                          arms=tuple(ArmSpec(f"arm-{i}", tuple(f)) for i, f in enumerate(features)))
+    await _trained(service, spec)
+    real = views.placement_table
+    asked: list[int] = []
+
+    def failing_once(ready: Any, k: int, **kwargs: Any) -> Any:
+        asked.append(k)
+        if len(asked) == 1:
+            raise RuntimeError("the first table fails")
+        return real(ready, k, **kwargs)
+
+    monkeypatch.setattr(views, "placement_table", failing_once)
+    for _ in range(3):
+        await service.rank("bay", ChooseRequest(slots=1))
+    assert asked == []
+    # (after those, a ranking of 3 is not the first from these statistics: the table)
+    with pytest.raises(RuntimeError, match="the first table fails"):
+        await service.rank("bay", ChooseRequest(slots=3))
+    ranking = await service.rank("bay", ChooseRequest(slots=3))
+    assert asked == [3, 3]
+    assert all(slot.propensity is not None and 0 < slot.propensity <= 1
+               for slot in ranking.slots)
+
+
 async def test_each_slot_is_rewarded_exactly_once(service: ExperimentService) -> None:
     await _trained(service, COVARIATES)
     ranking = await service.rank("shelf", ChooseRequest(context=(0.1, 0.2), slots=3))
