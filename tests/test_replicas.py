@@ -64,6 +64,10 @@ def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pair]:
         processes.append(_server(binary, tmp_path / "replica", replica_port,
                                  "--replicaof", "127.0.0.1", str(primary_port)))
         _wait(lambda: _in_sync(replica_port), "the replica is not in sync")
+        # The replica may say it is in sync before its primary lists it online (ROLE): a
+        # store that asked ROLE in between would not wait for the replica for a second
+        # (RELIABILITY.md, "Not covered"), and the tests' writes would not be waited for.
+        _wait(lambda: _listed(primary_port), "the primary does not list its replica online")
         yield Pair(f"redis://127.0.0.1:{primary_port}/0", processes[1])
     finally:
         for process in processes:
@@ -85,6 +89,12 @@ def _in_sync(port: int) -> bool:
     except redis.ConnectionError:
         return False
     return bool(info.get("master_link_status") == "up")
+
+
+def _listed(port: int) -> bool:
+    """The primary lists a replica online."""
+    role = redis.Redis(port=port).execute_command("ROLE")
+    return bool(role[2])
 
 
 def _acknowledged_all(url: str) -> bool:
