@@ -152,7 +152,10 @@ class LocalCluster:
             if info["cluster_state"] != "ok" or int(info["cluster_known_nodes"]) != 4:
                 return False
         replication: dict[str, Any] = self.node(self.replica).info("replication")  # type: ignore[assignment]
-        return bool(replication.get("master_link_status") == "up")
+        # ... and its master lists it online (ROLE: what the service asks; with a diskless
+        # sync a master lists it only at its first acknowledgement, after the link is up)
+        return bool(replication.get("master_link_status") == "up"
+                    and self.node(self.masters[0]).execute_command("ROLE")[2])
 
     def stop(self) -> None:
         for process in self._processes:
