@@ -202,7 +202,7 @@ class View:
         ms). The second ranking from the same statistics computes instead every arm's
         probability at every position (:func:`policies.ranking.placement_table`: a few
         times one ranking's work), which then answers every later one; rankings that
-        arrive while it is computed wait for it (:meth:`_table`)."""
+        arrive while it is computed wait for it (:func:`_table`)."""
         last = self._last
         if last is None or last.ready is not ready:
             last = _Prepared((), self.state)  # nothing kept: compute, keep nothing
