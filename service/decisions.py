@@ -139,12 +139,15 @@ class Decisions(Room):
         member_key = key_hash if member_id == experiment_id else None
         if member_id != experiment_id:
             view = await self.views.view_for(member_id, None)
-        if self._rewarding[member_id] and await self._store.after_rewards_in_flight(
-                member_id, _REWARDS_WAIT_SECONDS):
-            # This worker's rewards were on their way: the decision would have gone after
-            # them (one batch in flight at a time) and found its view stale. It waited for
-            # their replies, which bring their outcomes, and decides from those, rather
-            # than prepare, draw and compute a propensity twice.
+        rewarding = self._rewarding[member_id]
+        if (rewarding and view.behind + rewarding > view.definition.spec.max_stale_rewards
+                and await self._store.after_rewards_in_flight(member_id,
+                                                              _REWARDS_WAIT_SECONDS)):
+            # This worker's rewards were on their way, more than the view may lag: the
+            # decision would have gone after them (one batch in flight at a time) and
+            # found its view stale. It waited for their replies, which bring their
+            # outcomes, and decides from those, rather than prepare, draw and compute a
+            # propensity twice. (Fewer it may lag: it decides now, as stale as allowed.)
             view = self.views.get(member_id) or view  # perhaps caught up meanwhile
         probed = self._contended.get(member_id, 0.0) > time.monotonic()
         if probed:  # the read brings this worker's own outcomes too
@@ -397,11 +400,11 @@ class Decisions(Room):
         # would bring the earlier ones again, each, as outcomes it lacks.
         view = self.views.get(member_id)
         held = view.reach if view is not None and not self._rewarding[member_id] else None
-        self._rewarding[member_id] += 1
+        self._rewarding[member_id] += len(texts)
         try:
             reply = await self._store.apply_rewards(member_id, key_hash, texts, held, count)
         finally:
-            self._rewarding[member_id] -= 1
+            self._rewarding[member_id] -= len(texts)
             if not self._rewarding[member_id]:
                 del self._rewarding[member_id]
         applied = reply.statuses.count("applied")

@@ -986,6 +986,40 @@ async def test_a_decision_waits_for_its_workers_rewards_only_a_moment(
         await opened.close()
 
 
+async def test_a_decision_that_may_lag_does_not_wait_for_its_workers_rewards(
+    service: ExperimentService, attempts: list[tuple[int, int | None] | None],
+    redis_db: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Decisions that may lag two rewards: one made while a reward of this worker is in
+    flight (Redis paused) is made at once, from the view without it, and recorded at its
+    first attempt, behind the reward; it does not wait for the reward's reply, as a
+    decision that may not lag does."""
+    monkeypatch.setattr(decisions, "_REWARDS_WAIT_SECONDS", 5.0)  # waiting would show
+    key = await _experiment(service, "lagging", max_stale_rewards=2)
+    made = await service.choose("lagging", ChooseRequest(), key)
+    unknown = await service.reward("lagging", [("0" * 32, 0.0)], key)  # loads the script
+    assert unknown[0].status == "not_found"
+    attempts.clear()
+    client = redis.Redis.from_url(redis_db)
+    try:
+        client.execute_command("CLIENT", "PAUSE", "500", "ALL")
+        paused = time.monotonic()
+        rewarding = asyncio.ensure_future(
+            service.reward("lagging", [(made.decision_id, 1.0)], key))
+        await _until_sent(service)
+        deciding = asyncio.ensure_future(service.choose("lagging", ChooseRequest(), key))
+        while not attempts and time.monotonic() - paused < 0.25:
+            await asyncio.sleep(0.005)
+        assert attempts and not rewarding.done()  # made while the reward was in flight
+        assert (await rewarding)[0].status == "applied"
+        decision = await deciding
+    finally:
+        client.execute_command("CLIENT", "UNPAUSE")
+        client.close()
+    assert len(attempts) == 1 and attempts[0] is not None  # recorded at its first attempt
+    assert _seen(redis_db, "lagging", decision.decision_id) == 0  # without that reward
+
+
 async def _until_sent(service: ExperimentService) -> None:
     """Until the batch just queued is on its way to Redis."""
     for _ in range(100):
