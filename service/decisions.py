@@ -107,7 +107,7 @@ class Decisions(Room):
         statistics, read after the request arrived, and the decision is made again
         from them. So a decision reflects every reward acknowledged before its
         request arrived (but the latest ``max_stale_rewards``, and as many others'
-        as this worker's rewards then unanswered that were not applied: a
+        as this worker's rewards then unanswered that were not applied before it: a
         duplicate, say); rewards that arrive while it is being made may or may not
         count. ``api_key`` is checked before the
         request is (403 first) and again by ``decide.lua``; a missing
@@ -180,8 +180,10 @@ class Decisions(Room):
             # decision (one batch at a time over the held connection) but were not
             # acknowledged when its request arrived: it need not reflect them, and does
             # not wait for them (nothing awaited between here and the call's queueing).
+            # Not those sent before the view's last read: it may hold them already.
             max_lag = definition.spec.max_stale_rewards + (
-                self._store.rewards_unanswered(member_id) if seen is not None else 0)
+                self._store.rewards_unanswered(member_id, view.read_at)
+                if seen is not None else 0)
             reply = await self._store.decide(
                 member_id, decision_id, key_hash=key_hash,
                 incarnation=definition.incarnation, seen=seen, number=number,

@@ -639,9 +639,9 @@ class _ScriptBatcher:
         self._deadline = deadline_seconds
         self._queue = _Queue()  # the next batch's calls
         # The batch in flight (one at a time over the held connection; on a cluster the
-        # latest of those in flight): its tags' items, and an Event set once it has given
-        # each of its callers its reply.
-        self._sending: tuple[Counter[str], asyncio.Event] | None = None
+        # latest of those in flight): its tags' items, an Event set once it has given
+        # each of its callers its reply, and when it was taken (time.monotonic()).
+        self._sending: tuple[Counter[str], asyncio.Event, float] | None = None
         self._flushes: set[asyncio.Task[None]] = set()  # held until done (no early GC)
         # On a single Redis the batches go over one connection of the pool's
         # kind, held by the batcher: a pooled pipeline's checkout, release and
@@ -687,12 +687,16 @@ class _ScriptBatcher:
         where batches overlap, the latest one sent)."""
         return self._sending is not None
 
-    def unanswered(self, tag: str) -> int:
-        """The items of the calls tagged ``tag`` in the batch in flight, not yet answered:
-        over the held connection a call queued now goes after them, so what they write
-        comes first in Redis. 0 where batches do not wait for each other (a cluster)."""
+    def unanswered(self, tag: str, known_since: float) -> int:
+        """The items of the calls tagged ``tag`` in the batch in flight, not yet answered,
+        for a caller that knows what Redis held at ``known_since`` (time.monotonic(), at
+        a reply: what a read over another connection brought may hold their writes):
+        over the held connection a call queued now goes after them. 0 when the batch
+        was taken before ``known_since``, and where batches do not wait for each other
+        (a cluster)."""
         sending = self._sending
-        if self._held is None or sending is None or sending[1].is_set():
+        if (self._held is None or sending is None or sending[1].is_set()
+                or known_since >= sending[2]):
             return 0
         return sending[0][tag]
 
@@ -717,7 +721,7 @@ class _ScriptBatcher:
             async with asyncio.timeout(self._deadline), turn:
                 taken, self._queue = self._queue, _Queue()  # with those queued meanwhile
                 batch, sent = taken.calls, asyncio.Event()
-                self._sending = (taken.tagged, sent)
+                self._sending = (taken.tagged, sent, time.monotonic())
                 groups = _joined(batch)
                 calls = [(group[0].script, _argv_of(group)) for group in groups]
                 replies = await self._execute(calls) if calls else []
@@ -1251,11 +1255,11 @@ class Store:
         """A batch of script calls is sent and not yet answered."""
         return self._batcher.batch_in_flight
 
-    def rewards_unanswered(self, experiment_id: str) -> int:
-        """This store's rewards of the experiment in the batch in flight, not yet answered:
-        a decision queued now goes to Redis after them
+    def rewards_unanswered(self, experiment_id: str, known_since: float) -> int:
+        """This store's rewards of the experiment in the batch in flight, not yet answered,
+        sent after ``known_since``: a decision queued now goes to Redis after them
         (:meth:`_ScriptBatcher.unanswered`)."""
-        return self._batcher.unanswered(experiment_id)
+        return self._batcher.unanswered(experiment_id, known_since)
 
     async def after_answered_rewards(self, experiment_id: str) -> bool:
         """When the batch in flight carried rewards of ``experiment_id`` and has been

@@ -1024,7 +1024,7 @@ async def test_a_decision_does_not_wait_for_its_workers_rewards_in_flight(
 @pytest.mark.parametrize("others", [1, 2])
 async def test_what_a_decision_need_not_reflect_is_bounded_by_its_workers_rewards_in_flight(
     service: ExperimentService, other_service: ExperimentService,
-    attempts: list[tuple[int, int | None] | None], others: int,
+    attempts: list[tuple[int, int | None] | None], redis_db: str, others: int,
 ) -> None:
     """A decision need not reflect as many rewards as its worker has in flight: when one
     of those is a duplicate (applies nothing), one reward of another worker, acknowledged
@@ -1046,6 +1046,53 @@ async def test_what_a_decision_need_not_reflect_is_bounded_by_its_workers_reward
     assert (await duplicate)[0].status == "duplicate"
     assert len(attempts) == (1 if others == 1 else 2)
     assert attempts[0] is not None
+    # One other reward unreflected (the bound), or the decision made again from all.
+    assert _seen(redis_db, experiment, decision.decision_id) == (1 if others == 1 else 3)
+
+
+async def test_a_view_read_while_its_workers_rewards_are_unanswered_excuses_none(
+    service: ExperimentService, other_service: ExperimentService,
+    attempts: list[tuple[int, int | None] | None], redis_db: str,
+) -> None:
+    """A read over another connection (a catch-up) may reach Redis after the rewards in
+    flight were applied and before their reply (a WAIT for a replica, a busy loop): the
+    view it makes may hold them, so a decision from it excuses none of them, and another
+    worker's reward acknowledged before its request still makes it stale."""
+    key = await _experiment(service, "race")
+    made = [await service.choose("race", ChooseRequest(), key) for _ in range(2)]
+    unknown = await service.reward("race", [("0" * 32, 0.0)], key)  # loads the script
+    assert unknown[0].status == "not_found"
+    held = service._store._batcher._held
+    assert held is not None
+    pipeline, gate, gating = held.pipeline, asyncio.Event(), [True]
+
+    async def answered_late(commands: Any) -> list[Any]:
+        replies = await pipeline(commands)
+        if gating[0]:  # executed in Redis; the reply reaches its callers late
+            gating[0] = False
+            await gate.wait()
+        return replies
+
+    held.pipeline = answered_late  # type: ignore[method-assign]
+    attempts.clear()
+    rewarding = asyncio.ensure_future(service.reward("race", [(made[0].decision_id, 1.0)], key))
+    await _until_sent(service)
+    started = time.monotonic()
+    while gating[0] and time.monotonic() - started < 5.0:  # until Redis has replied
+        await asyncio.sleep(0.001)
+    view = service.views.get("race")
+    assert view is not None
+    await service.views.caught_up("race", view, None)  # holds the reward in flight
+    assert (await other_service.reward("race", [(made[1].decision_id, 0.5)], key))[0].status \
+        == "applied"
+    choosing = asyncio.ensure_future(service.choose("race", ChooseRequest(), key))
+    while not attempts and time.monotonic() - started < 5.0:  # queued behind the reward
+        await asyncio.sleep(0.001)
+    gate.set()
+    assert (await rewarding)[0].status == "applied"
+    decision = await choosing
+    assert len(attempts) == 2  # stale, then made again
+    assert _seen(redis_db, "race", decision.decision_id) == 2  # both rewards
 
 
 async def _until_sent(service: ExperimentService) -> None:
