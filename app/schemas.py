@@ -296,10 +296,8 @@ class CreateExperimentIn(_Request):
         default=0, ge=0, le=MAX_STALE_REWARDS,
         description="how many of the latest outcomes (rewards and default rewards applied) "
         "a decision may not yet reflect: 0 (the default) makes every decision reflect every "
-        "reward acknowledged and default applied before its request arrived (but, where "
-        "its worker's own rewards then on their way to Redis apply nothing, as many "
-        "others'); more lets a worker keep its copy of the statistics longer (faster "
-        "under heavy reward traffic)",
+        "reward acknowledged and default applied before its request arrived; more lets a "
+        "worker keep its copy of the statistics longer (faster under heavy reward traffic)",
     )
     default_reward: Feature | None = Field(
         default=None, description="applied once to every decision whose reward window ends "

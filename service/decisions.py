@@ -51,6 +51,9 @@ _DECIDE_ATTEMPTS = 3
 _SHARD_COUNTS_KEPT = 10_000
 # Why a member applied no reward of a batch (besides 'shards:<count>'): routed again.
 _UNROUTED = frozenset({"missing", "forbidden"})
+# How long a decision waits for its worker's rewards in flight (a batch's round trip is
+# milliseconds; past this Redis is slow, and waiting longer would add to the deadline).
+_REWARDS_WAIT_SECONDS = 0.05
 # How long (s) after a decision of an experiment (member) found its view stale, or a probe
 # found outcomes it lacked, its decisions read what they lack first (_probed).
 _CONTENDED_SECONDS = 1.0
@@ -101,15 +104,12 @@ class Decisions(Room):
         ranking), and record the decision.
 
         The decision is recorded only if that view is still current, or at most
-        the experiment's ``max_stale_rewards`` behind, not counting this worker's
-        rewards on their way to Redis (unanswered, so unacknowledged) when it was
-        queued (one round trip then); otherwise the store replies with the current
-        statistics, read after the request arrived, and the decision is made again
-        from them. So a decision reflects every reward acknowledged before its
-        request arrived (but the latest ``max_stale_rewards``, and as many others'
-        as this worker's rewards then unanswered that were not applied before it: a
-        duplicate, say); rewards that arrive while it is being made may or may not
-        count. ``api_key`` is checked before the
+        the experiment's ``max_stale_rewards`` behind (one round trip then);
+        otherwise the store replies with the current statistics, read after
+        the request arrived, and the decision is made again from them. So a
+        decision reflects every reward acknowledged before its request arrived
+        (but the latest ``max_stale_rewards``); rewards that arrive while it is
+        being made may or may not count. ``api_key`` is checked before the
         request is (403 first) and again by ``decide.lua``; a missing
         experiment is the same 403 (:func:`service.definition.missing_experiment`).
         None is for trusted in-process callers only (a missing experiment is then 404).
@@ -139,10 +139,16 @@ class Decisions(Room):
         member_key = key_hash if member_id == experiment_id else None
         if member_id != experiment_id:
             view = await self.views.view_for(member_id, None)
-        if self._rewarding[member_id] and await self._store.after_answered_rewards(member_id):
-            # The replies to this worker's rewards have come, but not all their callers
-            # have added the outcomes they bring: they have now.
-            view = self.views.get(member_id) or view
+        rewarding = self._rewarding[member_id]
+        if (rewarding and view.behind + rewarding > view.definition.spec.max_stale_rewards
+                and await self._store.after_rewards_in_flight(member_id,
+                                                              _REWARDS_WAIT_SECONDS)):
+            # This worker's rewards were on their way, more than the view may lag: the
+            # decision would have gone after them (one batch in flight at a time) and
+            # found its view stale. It waited for their replies, which bring their
+            # outcomes, and decides from those, rather than prepare, draw and compute a
+            # propensity twice. (Fewer it may lag: it decides now, as stale as allowed.)
+            view = self.views.get(member_id) or view  # perhaps caught up meanwhile
         probed = self._contended.get(member_id, 0.0) > time.monotonic()
         if probed:  # the read brings this worker's own outcomes too
             view = await self._probed(experiment_id, member_id, view, member_key, api_key)
@@ -176,19 +182,11 @@ class Decisions(Room):
             rng = self._rng if number is None else _decision_rng(definition.spec.seed, number)
             made = await make(basis, request, decision_id, arms, contexts, ready, rng)
             first, *later = made.records
-            # This worker's rewards on their way to Redis, unanswered, go before the
-            # decision (one batch at a time over the held connection) but were not
-            # acknowledged when its request arrived: it need not reflect them, and does
-            # not wait for them (nothing awaited between here and the call's queueing).
-            # Not those sent before the view's last read: it may hold them already.
-            max_lag = definition.spec.max_stale_rewards + (
-                self._store.rewards_unanswered(member_id, view.read_at)
-                if seen is not None else 0)
             reply = await self._store.decide(
                 member_id, decision_id, key_hash=key_hash,
                 incarnation=definition.incarnation, seen=seen, number=number,
                 reserved=reserved, ttl_seconds=definition.spec.reward_window_seconds,
-                max_lag=max_lag,
+                max_lag=definition.spec.max_stale_rewards,
                 grace_seconds=self._settings.default_reward_grace_seconds,
                 record=first, logged=made.logged, ranked=request.slots is not None,
                 later_records=later,
@@ -225,7 +223,7 @@ class Decisions(Room):
                 synced = True
                 continue
             if seen is not None and seen[1] is not None and _lagged(reply) - seen[1] > \
-                    max_lag:  # (not a number or version changed)
+                    definition.spec.max_stale_rewards:  # (not a number or version changed)
                 self._contend(member_id)
             if reply.progress is not None:  # what this view lacks: catch up
                 view = await self.views.caught_up(member_id, view, member_key, reply.progress)

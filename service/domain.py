@@ -55,8 +55,7 @@ class ExperimentSpec:
     (e.g. ``sigma_omega``, ``reg``); unknown names are rejected.
     ``max_stale_rewards``: a worker may decide from statistics that miss up to
     this many of the latest rewards (0: a decision reflects every reward
-    acknowledged before its request arrived, within the bound that
-    ``Decisions._decide`` states).
+    acknowledged before its request arrived).
     ``default_reward``: applied, once, to every decision whose reward window
     ends without a reward (None: such decisions just expire).
     ``log_max_entries`` and ``log_max_age_seconds`` bound the decision log

@@ -39,7 +39,6 @@ import os
 import re
 import secrets
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -541,20 +540,20 @@ def _joined(calls: Sequence[_Call]) -> list[list[_Call]]:
 
 @dataclass
 class _Queue:
-    """The calls of the next batch, those sent first at its head, and their tags' items."""
+    """The calls of the next batch, those sent first at its head, and their tags."""
 
     calls: list[_Call] = field(default_factory=list)
     leading: int = 0  # how many at the head are sent first
-    tagged: Counter[str] = field(default_factory=Counter)  # a tag's calls' items
+    tags: set[str] = field(default_factory=set)
 
-    def add(self, call: _Call, first: bool) -> None:
+    def add(self, call: _Call, first: bool, tag: str | None) -> None:
         if first:
             self.calls.insert(self.leading, call)
             self.leading += 1
         else:
             self.calls.append(call)
-        if call.tag is not None:
-            self.tagged[call.tag] += call.joining.size if call.joining is not None else 1
+        if tag is not None:
+            self.tags.add(tag)
 
 
 def _distribute(batch: Sequence[_Call], results: Sequence[Any]) -> None:
@@ -639,9 +638,9 @@ class _ScriptBatcher:
         self._deadline = deadline_seconds
         self._queue = _Queue()  # the next batch's calls
         # The batch in flight (one at a time over the held connection; on a cluster the
-        # latest of those in flight): its tags' items, an Event set once it has given
-        # each of its callers its reply, and when it was taken (time.monotonic()).
-        self._sending: tuple[Counter[str], asyncio.Event, float] | None = None
+        # latest of those in flight): the tags of its calls, and an Event set once it
+        # has given each of its callers its reply.
+        self._sending: tuple[frozenset[str], asyncio.Event] | None = None
         self._flushes: set[asyncio.Task[None]] = set()  # held until done (no early GC)
         # On a single Redis the batches go over one connection of the pool's
         # kind, held by the batcher: a pooled pipeline's checkout, release and
@@ -654,8 +653,8 @@ class _ScriptBatcher:
     async def run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any],
                   first: bool = False, tag: str | None = None) -> Any:
         """The script's reply, sent with the others of this turn (``first``: ahead of
-        those not sent first, in the order called; ``tag``: what :meth:`unanswered` and
-        :meth:`after_answered_batch` ask about)."""
+        those not sent first, in the order called; ``tag``: what
+        :meth:`after_batch_in_flight` asks about)."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._enqueue(_Call(script, [len(keys), *keys, *args], future, tag=tag), first)
         return await future
@@ -670,7 +669,7 @@ class _ScriptBatcher:
         return await future
 
     def _enqueue(self, call: _Call, first: bool = False) -> None:
-        self._queue.add(call, first)
+        self._queue.add(call, first, call.tag)
         if len(self._queue.calls) == 1:  # the first of this turn: flush once the turn is over
             flush = asyncio.get_running_loop().create_task(self._flush())
             self._flushes.add(flush)
@@ -687,28 +686,23 @@ class _ScriptBatcher:
         where batches overlap, the latest one sent)."""
         return self._sending is not None
 
-    def unanswered(self, tag: str, known_since: float) -> int:
-        """The items of the calls tagged ``tag`` in the batch in flight, not yet answered,
-        for a caller that knows what Redis held at ``known_since`` (time.monotonic(), at
-        a reply: what a read over another connection brought may hold their writes):
-        over the held connection a call queued now goes after them. 0 when the batch
-        was taken before ``known_since``, and where batches do not wait for each other
-        (a cluster)."""
+    async def after_batch_in_flight(self, tag: str, at_most: float) -> bool:
+        """When the batch in flight carries a call tagged ``tag``: return once it has given
+        its callers their replies and they have run on (True), or after ``at_most``
+        seconds (a stalled Redis: the batch's deadline bounds a call's wait, not twice
+        that); else (and where batches do not wait for each other: a cluster) at once,
+        False. A call made then goes with the next batch, as it would have anyway,
+        knowing what that batch's replies said."""
         sending = self._sending
-        if (self._held is None or sending is None or sending[1].is_set()
-                or known_since >= sending[2]):
-            return 0
-        return sending[0][tag]
-
-    async def after_answered_batch(self, tag: str) -> bool:
-        """When the batch in flight carries a call tagged ``tag`` and has given its callers
-        their replies, but they have not all run on yet: one step of the loop, so that
-        they do (they add their outcomes first), and True. Else at once, False: a call
-        made now goes with the next batch."""
-        sending = self._sending
-        if (self._held is None or sending is None or not sending[1].is_set()
-                or not sending[0][tag]):
+        if self._held is None or sending is None or tag not in sending[0]:
             return False
+        # (an Event: each waiter is woken directly, before the next batch is taken)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(at_most):
+                await sending[1].wait()
+        # One step of the loop: the batch's other callers, woken with the replies (a
+        # caller of this batch that decides at once, before them, is here already),
+        # run on and add their outcomes first.
         await asyncio.sleep(0)
         return True
 
@@ -721,13 +715,13 @@ class _ScriptBatcher:
             async with asyncio.timeout(self._deadline), turn:
                 taken, self._queue = self._queue, _Queue()  # with those queued meanwhile
                 batch, sent = taken.calls, asyncio.Event()
-                self._sending = (taken.tagged, sent, time.monotonic())
+                self._sending = (frozenset(taken.tags), sent)
                 groups = _joined(batch)
                 calls = [(group[0].script, _argv_of(group)) for group in groups]
                 replies = await self._execute(calls) if calls else []
-                # The replies before the turn passes on: the callers, and those that came
-                # meanwhile (after_answered_batch), run (one step of the loop) before the
-                # next batch is taken, so that what they call goes with it.
+                # The replies before the turn passes on: the callers, and those waiting
+                # for this batch (after_batch_in_flight), run (one step of the loop)
+                # before the next batch is taken, so that what they call goes with it.
                 for group, reply in zip(groups, replies, strict=True):
                     if _apart(group, reply):  # each call alone, with the next batch
                         for call in group:
@@ -1255,17 +1249,12 @@ class Store:
         """A batch of script calls is sent and not yet answered."""
         return self._batcher.batch_in_flight
 
-    def rewards_unanswered(self, experiment_id: str, known_since: float) -> int:
-        """This store's rewards of the experiment in the batch in flight, not yet answered,
-        sent after ``known_since``: a decision queued now goes to Redis after them
-        (:meth:`_ScriptBatcher.unanswered`)."""
-        return self._batcher.unanswered(experiment_id, known_since)
-
-    async def after_answered_rewards(self, experiment_id: str) -> bool:
-        """When the batch in flight carried rewards of ``experiment_id`` and has been
-        answered, but its callers have not all run on: True once they have; else at
-        once, False (:meth:`_ScriptBatcher.after_answered_batch`)."""
-        return await self._batcher.after_answered_batch(experiment_id)
+    async def after_rewards_in_flight(self, experiment_id: str, at_most: float) -> bool:
+        """When the batch of script calls in flight carries rewards of ``experiment_id``:
+        return once it has been answered and its callers have run on, or after
+        ``at_most`` seconds, True; else at once, False
+        (:meth:`_ScriptBatcher.after_batch_in_flight`)."""
+        return await self._batcher.after_batch_in_flight(experiment_id, at_most)
 
     async def close(self) -> None:
         if self._notices is not None:

@@ -711,10 +711,9 @@ async def test_a_decision_is_made_once_beside_its_workers_rewards(
     attempts: list[tuple[int, int | None] | None], redis_db: str,
 ) -> None:
     """A decision sent in the same batch as rewards goes first (so they do not make its
-    view stale); one made while this worker's rewards are in flight, unanswered, need not
-    reflect them (they were not acknowledged when it came) and does not wait for them.
-    Either way it is made once. Another worker's reward, acknowledged before, still makes
-    it stale: it is made again."""
+    view stale); one made while this worker's rewards are in flight waits for their
+    replies and decides from their outcomes. Either way it is made once. Another
+    worker's reward, acknowledged before, still makes it stale: it is made again."""
     key = await _experiment(service, "fly")
     made = [await service.choose("fly", ChooseRequest(), key) for _ in range(5)]
     unknown = await service.reward("fly", [("0" * 32, 0.0)], key)  # loads the script
@@ -730,8 +729,8 @@ async def test_a_decision_is_made_once_beside_its_workers_rewards(
     assert _seen(redis_db, "fly", during.decision_id) == 0  # before that reward
 
     # A decision while the reward's batch is in flight, another reward queued behind
-    # it: the decision is made at once, without the reward in flight, and goes ahead of
-    # the reward queued.
+    # it: the decision waits for the first reply, decides from it, and goes ahead of the
+    # reward queued.
     attempts.clear()
     rewarding = asyncio.ensure_future(service.reward("fly", [(made[1].decision_id, 1.0)], key))
     await _until_sent(service)
@@ -740,7 +739,7 @@ async def test_a_decision_is_made_once_beside_its_workers_rewards(
     after = await service.choose("fly", ChooseRequest(), key)
     assert [(await r)[0].status for r in (rewarding, queued)] == ["applied", "applied"]
     assert len(attempts) == 1  # made once
-    assert _seen(redis_db, "fly", after.decision_id) == 1  # without the one in flight
+    assert _seen(redis_db, "fly", after.decision_id) == 2  # from both rewards sent before
 
     # Another worker's reward, acknowledged before the decision's request: stale, and
     # made again from it.
@@ -952,12 +951,12 @@ async def test_a_decision_right_after_its_rewards_reply_reflects_its_batch(
     assert _seen(redis_db, "turn", chooser.result()) == 4  # from the batch's four rewards
 
 
-async def test_a_decision_behind_its_workers_stalled_rewards_is_refused_at_its_deadline(
+async def test_a_decision_waits_for_its_workers_rewards_only_a_moment(
     app_settings: Settings, redis_db: str
 ) -> None:
     """With Redis paused a reward's batch takes the whole deadline: a decision made
-    meanwhile does not wait for it, so it is refused about a deadline after it arrived,
-    not after the reward's deadline and then its own."""
+    meanwhile waits for it only a moment, so it is refused about a deadline after it
+    arrived, not after the reward's deadline and then its own."""
     deadline = 0.4
     opened = await ExperimentService.open(
         app_settings.model_copy(update={"redis_timeout_seconds": deadline}))
@@ -987,16 +986,16 @@ async def test_a_decision_behind_its_workers_stalled_rewards_is_refused_at_its_d
         await opened.close()
 
 
-@pytest.mark.parametrize("lag", [0, 2])
-async def test_a_decision_does_not_wait_for_its_workers_rewards_in_flight(
+async def test_a_decision_that_may_lag_does_not_wait_for_its_workers_rewards(
     service: ExperimentService, attempts: list[tuple[int, int | None] | None],
-    redis_db: str, lag: int,
+    redis_db: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A decision made while a reward of this worker is in flight (Redis paused) is made
-    at once, from the view without it, and recorded at its first attempt, behind the
-    reward, whatever the experiment's max_stale_rewards: the reward was not acknowledged
-    when the decision came."""
-    key = await _experiment(service, "lagging", max_stale_rewards=lag)
+    """Decisions that may lag two rewards: one made while a reward of this worker is in
+    flight (Redis paused) is made at once, from the view without it, and recorded at its
+    first attempt, behind the reward; it does not wait for the reward's reply, as a
+    decision that may not lag does."""
+    monkeypatch.setattr(decisions, "_REWARDS_WAIT_SECONDS", 5.0)  # waiting would show
+    key = await _experiment(service, "lagging", max_stale_rewards=2)
     made = await service.choose("lagging", ChooseRequest(), key)
     unknown = await service.reward("lagging", [("0" * 32, 0.0)], key)  # loads the script
     assert unknown[0].status == "not_found"
@@ -1019,80 +1018,6 @@ async def test_a_decision_does_not_wait_for_its_workers_rewards_in_flight(
         client.close()
     assert len(attempts) == 1 and attempts[0] is not None  # recorded at its first attempt
     assert _seen(redis_db, "lagging", decision.decision_id) == 0  # without that reward
-
-
-@pytest.mark.parametrize("others", [1, 2])
-async def test_what_a_decision_need_not_reflect_is_bounded_by_its_workers_rewards_in_flight(
-    service: ExperimentService, other_service: ExperimentService,
-    attempts: list[tuple[int, int | None] | None], redis_db: str, others: int,
-) -> None:
-    """A decision need not reflect as many rewards as its worker has in flight: when one
-    of those is a duplicate (applies nothing), one reward of another worker, acknowledged
-    before, may go unreflected (the stated bound); two make the decision stale, and it is
-    made again."""
-    key = await _experiment(service, f"bound{others}")
-    experiment = f"bound{others}"
-    made = [await service.choose(experiment, ChooseRequest(), key) for _ in range(3)]
-    assert (await service.reward(experiment, [(made[0].decision_id, 1.0)], key))[0].status \
-        == "applied"
-    for decision in made[1:1 + others]:
-        assert (await other_service.reward(experiment, [(decision.decision_id, 0.5)], key)
-                )[0].status == "applied"
-    attempts.clear()
-    duplicate = asyncio.ensure_future(
-        service.reward(experiment, [(made[0].decision_id, 1.0)], key))
-    await _until_sent(service)
-    decision = await service.choose(experiment, ChooseRequest(), key)
-    assert (await duplicate)[0].status == "duplicate"
-    assert len(attempts) == (1 if others == 1 else 2)
-    assert attempts[0] is not None
-    # One other reward unreflected (the bound), or the decision made again from all.
-    assert _seen(redis_db, experiment, decision.decision_id) == (1 if others == 1 else 3)
-
-
-async def test_a_view_read_while_its_workers_rewards_are_unanswered_excuses_none(
-    service: ExperimentService, other_service: ExperimentService,
-    attempts: list[tuple[int, int | None] | None], redis_db: str,
-) -> None:
-    """A read over another connection (a catch-up) may reach Redis after the rewards in
-    flight were applied and before their reply (a WAIT for a replica, a busy loop): the
-    view it makes may hold them, so a decision from it excuses none of them, and another
-    worker's reward acknowledged before its request still makes it stale."""
-    key = await _experiment(service, "race")
-    made = [await service.choose("race", ChooseRequest(), key) for _ in range(2)]
-    unknown = await service.reward("race", [("0" * 32, 0.0)], key)  # loads the script
-    assert unknown[0].status == "not_found"
-    held = service._store._batcher._held
-    assert held is not None
-    pipeline, gate, gating = held.pipeline, asyncio.Event(), [True]
-
-    async def answered_late(commands: Any) -> list[Any]:
-        replies = await pipeline(commands)
-        if gating[0]:  # executed in Redis; the reply reaches its callers late
-            gating[0] = False
-            await gate.wait()
-        return replies
-
-    held.pipeline = answered_late  # type: ignore[method-assign]
-    attempts.clear()
-    rewarding = asyncio.ensure_future(service.reward("race", [(made[0].decision_id, 1.0)], key))
-    await _until_sent(service)
-    started = time.monotonic()
-    while gating[0] and time.monotonic() - started < 5.0:  # until Redis has replied
-        await asyncio.sleep(0.001)
-    view = service.views.get("race")
-    assert view is not None
-    await service.views.caught_up("race", view, None)  # holds the reward in flight
-    assert (await other_service.reward("race", [(made[1].decision_id, 0.5)], key))[0].status \
-        == "applied"
-    choosing = asyncio.ensure_future(service.choose("race", ChooseRequest(), key))
-    while not attempts and time.monotonic() - started < 5.0:  # queued behind the reward
-        await asyncio.sleep(0.001)
-    gate.set()
-    assert (await rewarding)[0].status == "applied"
-    decision = await choosing
-    assert len(attempts) == 2  # stale, then made again
-    assert _seen(redis_db, "race", decision.decision_id) == 2  # both rewards
 
 
 async def _until_sent(service: ExperimentService) -> None:

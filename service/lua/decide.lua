@@ -46,8 +46,7 @@
 --          last one plus number_step)
 -- ARGV[7]  the reward window in seconds
 -- ARGV[8]  how many outcomes (rewards or default rewards) the statistics may lag
---          behind (the experiment's max_stale_rewards, plus the worker's rewards
---          sent ahead of this call and not yet answered; 0: none)
+--          behind (the experiment's max_stale_rewards; 0: none)
 -- ARGV[9]  the grace period in seconds: with a default reward a decision lives
 --          this much longer than its window, so that settle.lua can still
 --          apply the default after a pause of the service, and then recognise
