@@ -600,6 +600,21 @@ def _apart(group: list[_Call], reply: Any) -> bool:
             and joining.apart(reply))
 
 
+@dataclass
+class _Lane:
+    """The calls bound for one server, sent one batch at a time: the next batch's calls,
+    and the batch in flight (the tags of its calls, and an Event set once it has given
+    each of its callers its reply)."""
+
+    turn: asyncio.Lock  # held while a batch is taken and sent
+    queue: _Queue = field(default_factory=_Queue)
+    sending: tuple[frozenset[str], asyncio.Event] | None = None
+
+
+# Lanes of a cluster's masters kept before those with nothing queued or in flight go.
+_LANES_KEPT = 64
+
+
 class _ScriptBatcher:
     """Sends the scripts called during one event-loop turn as one pipeline.
 
@@ -615,6 +630,12 @@ class _ScriptBatcher:
     reward is marked, so its repeat answers "recorded" or "duplicate" (a
     reward whose first reply was lost is then reported as a duplicate, and
     counted once); a repeated stale decide only skips a decision number.
+
+    One batch at a time to a server (a *lane*): the calls that arrive meanwhile make
+    the next, so that under load a batch carries many calls of an experiment, sent as
+    one script call (:class:`Joining`). On a cluster each master has its lane (by the
+    slot of a call's first key, as the client last mapped it: a lane only paces its
+    calls, the client routes them), so a stalled master holds back only its own.
     """
 
     def __init__(self, client: Client, deadline_seconds: float | None = None,
@@ -636,11 +657,6 @@ class _ScriptBatcher:
         # A batch that outlives its callers' deadlines is abandoned: its
         # connection is dropped rather than held through Redis's stall.
         self._deadline = deadline_seconds
-        self._queue = _Queue()  # the next batch's calls
-        # The batch in flight (one at a time over the held connection; on a cluster the
-        # latest of those in flight): the tags of its calls, and an Event set once it
-        # has given each of its callers its reply.
-        self._sending: tuple[frozenset[str], asyncio.Event] | None = None
         self._flushes: set[asyncio.Task[None]] = set()  # held until done (no early GC)
         # On a single Redis the batches go over one connection of the pool's
         # kind, held by the batcher: a pooled pipeline's checkout, release and
@@ -649,6 +665,9 @@ class _ScriptBatcher:
         self._held: HeldConnection | None = (
             None if isinstance(client, RedisCluster)
             else HeldConnection(client.connection_pool, bounded=deadline_seconds is not None))
+        # A single Redis's one lane (its turn the held connection's); a cluster's, by master.
+        self._single = _Lane(self._held.turn()) if self._held is not None else None
+        self._lanes: dict[str, _Lane] = {}
 
     async def run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any],
                   first: bool = False, tag: str | None = None) -> Any:
@@ -669,11 +688,29 @@ class _ScriptBatcher:
         return await future
 
     def _enqueue(self, call: _Call, first: bool = False) -> None:
-        self._queue.add(call, first, call.tag)
-        if len(self._queue.calls) == 1:  # the first of this turn: flush once the turn is over
-            flush = asyncio.get_running_loop().create_task(self._flush())
+        lane = self._lane_of(call)
+        lane.queue.add(call, first, call.tag)
+        if len(lane.queue.calls) == 1:  # the first of this turn: flush once the turn is over
+            flush = asyncio.get_running_loop().create_task(self._flush(lane))
             self._flushes.add(flush)
             flush.add_done_callback(self._flushes.discard)
+
+    def _lane_of(self, call: _Call) -> _Lane:
+        if self._single is not None:
+            return self._single
+        assert isinstance(self._client, RedisCluster)
+        try:  # (a script's first key names its slot: every script has keys)
+            node = self._client.get_node_from_key(call.argv[1])
+        except SlotNotCoveredError:  # (no slot map yet, or a hole in it: one lane)
+            node = None
+        name = node.name if node is not None else ""
+        lane = self._lanes.get(name)
+        if lane is None:
+            if len(self._lanes) >= _LANES_KEPT:  # masters gone (failovers): their lanes go
+                self._lanes = {n: kept for n, kept in self._lanes.items()
+                               if kept.queue.calls or kept.sending is not None}
+            lane = self._lanes[name] = _Lane(asyncio.Lock())
+        return lane
 
     @property
     def replicated(self) -> bool:
@@ -682,19 +719,19 @@ class _ScriptBatcher:
 
     @property
     def batch_in_flight(self) -> bool:
-        """A batch is sent and not yet answered (over the held connection; on a cluster,
-        where batches overlap, the latest one sent)."""
-        return self._sending is not None
+        """A batch is sent and not yet answered (to any server)."""
+        lanes = [self._single] if self._single is not None else self._lanes.values()
+        return any(lane.sending is not None for lane in lanes)
 
     async def after_batch_in_flight(self, tag: str, at_most: float) -> bool:
         """When the batch in flight carries a call tagged ``tag``: return once it has given
         its callers their replies and they have run on (True), or after ``at_most``
         seconds (a stalled Redis: the batch's deadline bounds a call's wait, not twice
-        that); else (and where batches do not wait for each other: a cluster) at once,
-        False. A call made then goes with the next batch, as it would have anyway,
-        knowing what that batch's replies said."""
-        sending = self._sending
-        if self._held is None or sending is None or tag not in sending[0]:
+        that); else (and on a cluster, where a read of the experiment may overtake its
+        lane's batch) at once, False. A call made then goes with the next batch, as it
+        would have anyway, knowing what that batch's replies said."""
+        sending = self._single.sending if self._single is not None else None
+        if sending is None or tag not in sending[0]:
             return False
         # (an Event: each waiter is woken directly, before the next batch is taken)
         with contextlib.suppress(TimeoutError):
@@ -706,16 +743,14 @@ class _ScriptBatcher:
         await asyncio.sleep(0)
         return True
 
-    async def _flush(self) -> None:
+    async def _flush(self, lane: _Lane) -> None:
         batch: list[_Call] = []
         sent: asyncio.Event | None = None
-        turn: contextlib.AbstractAsyncContextManager[Any] = (
-            self._held.turn() if self._held is not None else contextlib.nullcontext())
         try:
-            async with asyncio.timeout(self._deadline), turn:
-                taken, self._queue = self._queue, _Queue()  # with those queued meanwhile
+            async with asyncio.timeout(self._deadline), lane.turn:
+                taken, lane.queue = lane.queue, _Queue()  # with those queued meanwhile
                 batch, sent = taken.calls, asyncio.Event()
-                self._sending = (frozenset(taken.tags), sent)
+                lane.sending = (frozenset(taken.tags), sent)
                 groups = _joined(batch)
                 calls = [(group[0].script, _argv_of(group)) for group in groups]
                 replies = await self._execute(calls) if calls else []
@@ -732,15 +767,15 @@ class _ScriptBatcher:
                 await asyncio.sleep(0)
         except BaseException as exc:
             if not batch:  # failed waiting for the turn: so do the calls queued
-                batch, self._queue = self._queue.calls, _Queue()
+                batch, lane.queue = lane.queue.calls, _Queue()
             for call in batch:
                 if not call.future.done():
                     call.future.set_exception(exc)
         finally:
             if sent is not None:
                 sent.set()
-                if self._sending is not None and self._sending[1] is sent:
-                    self._sending = None
+                if lane.sending is not None and lane.sending[1] is sent:
+                    lane.sending = None
 
     async def close(self) -> None:
         if self._held is not None:

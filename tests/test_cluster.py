@@ -103,6 +103,48 @@ async def test_the_service_starts_against_any_node_and_serves_every_experiment(
     assert cluster.keys() == 0
 
 
+async def test_a_masters_calls_wait_for_its_batch_in_flight_and_only_for_it(
+    cluster: LocalCluster, redis_db: str
+) -> None:
+    """Each master has its lane, one batch in flight at a time: rewards made turn after
+    turn while their master's batch is stalled go after it as one script call (not one
+    call each), and a decision on another master is answered meanwhile."""
+    slow, quick = cluster.masters[1], cluster.masters[2]
+    slow_id = id_on(cluster, slow, "slow")
+    quick_id = id_on(cluster, quick, "quick", [slow_id])
+    service = await ExperimentService.open(_settings(cluster.url))
+    node = cluster.node(slow)
+    try:
+        api_keys = {}
+        for experiment_id in (slow_id, quick_id):
+            _, api_keys[experiment_id] = await service.create(ExperimentSpec(
+                id=experiment_id, setting="stochastic", dim=2,
+                arms=(ArmSpec("a", (1.0, 0.0)), ArmSpec("b", (0.0, 1.0)))))
+        key = api_keys[slow_id]
+        made = [await service.choose(slow_id, ChooseRequest(), key) for _ in range(9)]
+        await service.choose(quick_id, ChooseRequest(), api_keys[quick_id])
+        unknown = await service.reward(slow_id, [("0" * 32, 0.0)], key)  # loads the script
+        assert unknown[0].status == "not_found"
+        node.config_resetstat()
+        node.execute_command("CLIENT", "PAUSE", 500, "ALL")
+        rewards = []
+        for decision in made:  # a turn each: the first sent and stalled, the others queued
+            rewards.append(asyncio.ensure_future(
+                service.reward(slow_id, [(decision.decision_id, 1.0)], key)))
+            await asyncio.sleep(0.005)
+        started = asyncio.get_running_loop().time()
+        await service.choose(quick_id, ChooseRequest(), api_keys[quick_id])
+        assert asyncio.get_running_loop().time() - started < 0.3  # not behind the pause
+        assert not any(reward.done() for reward in rewards)
+        outcomes = await asyncio.gather(*rewards)
+        assert [outcome[0].status for outcome in outcomes] == ["applied"] * 9
+        stats: dict[str, Any] = node.info("commandstats")  # type: ignore[assignment]
+        assert stats["cmdstat_evalsha"]["calls"] == 2  # the stalled one, then the rest
+    finally:
+        node.execute_command("CLIENT", "UNPAUSE")
+        await service.close()
+
+
 async def _use_every_route(api: Api, experiment_id: str) -> None:
     key = await api.create({**COVARIATES, "id": experiment_id})
     again = await api.http.post("/experiments", json={**COVARIATES, "id": experiment_id},
