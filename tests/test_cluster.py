@@ -121,23 +121,27 @@ async def test_a_masters_calls_wait_for_its_batch_in_flight_and_only_for_it(
                 id=experiment_id, setting="stochastic", dim=2,
                 arms=(ArmSpec("a", (1.0, 0.0)), ArmSpec("b", (0.0, 1.0)))))
         key = api_keys[slow_id]
-        made = [await service.choose(slow_id, ChooseRequest(), key) for _ in range(9)]
+        made = [await service.choose(slow_id, ChooseRequest(), key) for _ in range(10)]
         await service.choose(quick_id, ChooseRequest(), api_keys[quick_id])
         unknown = await service.reward(slow_id, [("0" * 32, 0.0)], key)  # loads the script
         assert unknown[0].status == "not_found"
         node.config_resetstat()
         node.execute_command("CLIENT", "PAUSE", 500, "ALL")
         rewards = []
-        for decision in made:  # a turn each: the first sent and stalled, the others queued
+        for decision in made[:9]:  # a turn each: the first sent and stalled, the rest queued
             rewards.append(asyncio.ensure_future(
                 service.reward(slow_id, [(decision.decision_id, 1.0)], key)))
             await asyncio.sleep(0.005)
+        # A decision on the other master in the same turn as one more reward of the
+        # stalled one: answered at once, not with the stalled master's batch.
         started = asyncio.get_running_loop().time()
+        rewards.append(asyncio.ensure_future(
+            service.reward(slow_id, [(made[9].decision_id, 1.0)], key)))
         await service.choose(quick_id, ChooseRequest(), api_keys[quick_id])
         assert asyncio.get_running_loop().time() - started < 0.3  # not behind the pause
         assert not any(reward.done() for reward in rewards)
         outcomes = await asyncio.gather(*rewards)
-        assert [outcome[0].status for outcome in outcomes] == ["applied"] * 9
+        assert [outcome[0].status for outcome in outcomes] == ["applied"] * 10
         stats: dict[str, Any] = node.info("commandstats")  # type: ignore[assignment]
         assert stats["cmdstat_evalsha"]["calls"] == 2  # the stalled one, then the rest
     finally:
