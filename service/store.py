@@ -696,14 +696,10 @@ class _ScriptBatcher:
             flush.add_done_callback(self._flushes.discard)
 
     def _lane_of(self, call: _Call) -> _Lane:
+        # (a script's first key names its slot: every script has keys)
         if self._single is not None:
             return self._single
-        assert isinstance(self._client, RedisCluster)
-        try:  # (a script's first key names its slot: every script has keys)
-            node = self._client.get_node_from_key(call.argv[1])
-        except SlotNotCoveredError:  # (no slot map yet, or a hole in it: one lane)
-            node = None
-        name = node.name if node is not None else ""
+        name = self._lane_name(call.argv[1])
         lane = self._lanes.get(name)
         if lane is None:
             if len(self._lanes) >= _LANES_KEPT:  # masters gone (failovers): their lanes go
@@ -711,6 +707,15 @@ class _ScriptBatcher:
                                if kept.queue.calls or kept.sending is not None}
             lane = self._lanes[name] = _Lane(asyncio.Lock())
         return lane
+
+    def _lane_name(self, key: str) -> str:
+        """The name of the lane of a cluster's calls whose first key is ``key``."""
+        assert isinstance(self._client, RedisCluster)
+        try:
+            node = self._client.get_node_from_key(key)
+        except SlotNotCoveredError:  # (no slot map yet, or a hole in it: one lane)
+            node = None
+        return node.name if node is not None else ""
 
     @property
     def replicated(self) -> bool:
@@ -723,14 +728,15 @@ class _ScriptBatcher:
         lanes = [self._single] if self._single is not None else self._lanes.values()
         return any(lane.sending is not None for lane in lanes)
 
-    async def after_batch_in_flight(self, tag: str, at_most: float) -> bool:
-        """When the batch in flight carries a call tagged ``tag``: return once it has given
-        its callers their replies and they have run on (True), or after ``at_most``
-        seconds (a stalled Redis: the batch's deadline bounds a call's wait, not twice
-        that); else (and on a cluster, where a read of the experiment may overtake its
-        lane's batch) at once, False. A call made then goes with the next batch, as it
-        would have anyway, knowing what that batch's replies said."""
-        sending = self._single.sending if self._single is not None else None
+    async def after_batch_in_flight(self, tag: str, key: str, at_most: float) -> bool:
+        """When the batch in flight on the lane of ``key`` carries a call tagged ``tag``:
+        return once it has given its callers their replies and they have run on (True),
+        or after ``at_most`` seconds (a stalled Redis: the batch's deadline bounds a
+        call's wait, not twice that); else at once, False. A call made then goes with
+        the lane's next batch, as it would have anyway, knowing what that batch's
+        replies said."""
+        lane = self._single or self._lanes.get(self._lane_name(key))
+        sending = lane.sending if lane is not None else None
         if sending is None or tag not in sending[0]:
             return False
         # (an Event: each waiter is woken directly, before the next batch is taken)
@@ -1289,7 +1295,8 @@ class Store:
         return once it has been answered and its callers have run on, or after
         ``at_most`` seconds, True; else at once, False
         (:meth:`_ScriptBatcher.after_batch_in_flight`)."""
-        return await self._batcher.after_batch_in_flight(experiment_id, at_most)
+        return await self._batcher.after_batch_in_flight(
+            experiment_id, keys.meta(experiment_id), at_most)
 
     async def close(self) -> None:
         if self._notices is not None:

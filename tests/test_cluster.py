@@ -30,6 +30,7 @@ from service import keys
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.experiments import ExperimentService
 from service.settings import Settings
+from service.store import Store
 from tests import records
 from tests.cluster import LocalCluster, id_on, local_cluster
 from tests.conftest import ADMIN, ADMIN_TOKEN, CONTEXTUAL, COVARIATES, STOCHASTIC, Api
@@ -149,6 +150,44 @@ async def test_a_masters_calls_wait_for_its_batch_in_flight_and_only_for_it(
     finally:
         node.execute_command("CLIENT", "UNPAUSE")
         node.close()
+        await service.close()
+
+
+async def test_a_decision_made_while_its_workers_reward_is_in_flight_is_made_once(
+    cluster: LocalCluster, redis_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As on a single Redis: a decision made while its worker's reward to the experiment
+    is in flight on the master's lane waits for the reply and decides from it, rather
+    than go after it from a view without it and be made again."""
+    seen: list[Any] = []
+    decide = Store.decide
+
+    async def counted(self: Store, *args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["seen"])
+        return await decide(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "decide", counted)
+    experiment_id = id_on(cluster, cluster.masters[1], "fly")
+    service = await ExperimentService.open(_settings(cluster.url))
+    try:
+        _, key = await service.create(ExperimentSpec(
+            id=experiment_id, setting="stochastic", dim=2,
+            arms=(ArmSpec("a", (1.0, 0.0)), ArmSpec("b", (0.0, 1.0)))))
+        made = await service.choose(experiment_id, ChooseRequest(), key)
+        unknown = await service.reward(experiment_id, [("0" * 32, 0.0)], key)  # loads it
+        assert unknown[0].status == "not_found"
+        seen.clear()
+        rewarding = asyncio.ensure_future(
+            service.reward(experiment_id, [(made.decision_id, 1.0)], key))
+        for _ in range(100):
+            await asyncio.sleep(0)
+            if service._store.batch_in_flight:
+                break
+        assert service._store.batch_in_flight
+        await service.choose(experiment_id, ChooseRequest(), key)
+        assert (await rewarding)[0].status == "applied"
+        assert len(seen) == 1 and seen[0] is not None  # made once, at its first attempt
+    finally:
         await service.close()
 
 
