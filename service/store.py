@@ -241,8 +241,8 @@ def _translated_unbounded(fn: StoreMethod[P, T]) -> StoreMethod[P, T]:
 
 
 def _translated_batched(fn: StoreMethod[P, T]) -> StoreMethod[P, T]:
-    """As :func:`_translated`, for a call through the :class:`_ScriptBatcher`, whose batch
-    has the deadline (from when the call is queued, waiting for its turn included): a
+    """As :func:`_translated`, for a call through the :class:`_ScriptBatcher`, which keeps
+    each call's deadline (from when the call is queued, waiting for its turn included): a
     second timeout per call would bound nothing more, at a few per cent of a request."""
     return _call(fn, bounded=False)
 
@@ -514,6 +514,8 @@ class _Call:
     joining: Joining[Any] | None = None
     tag: str | None = None
     alone: bool = False  # sent alone though it has a joining (its joined call was refused)
+    first: bool = False  # sent ahead of those not sent first
+    expires: float = math.inf  # the loop's time at its deadline
 
 
 def _joined(calls: Sequence[_Call]) -> list[list[_Call]]:
@@ -546,14 +548,14 @@ class _Queue:
     leading: int = 0  # how many at the head are sent first
     tags: set[str] = field(default_factory=set)
 
-    def add(self, call: _Call, first: bool, tag: str | None) -> None:
-        if first:
+    def add(self, call: _Call) -> None:
+        if call.first:
             self.calls.insert(self.leading, call)
             self.leading += 1
         else:
             self.calls.append(call)
-        if tag is not None:
-            self.tags.add(tag)
+        if call.tag is not None:
+            self.tags.add(call.tag)
 
 
 def _distribute(batch: Sequence[_Call], results: Sequence[Any]) -> None:
@@ -614,6 +616,15 @@ class _Lane:
 # Lanes of a cluster's masters kept before those with nothing queued or in flight go.
 _LANES_KEPT = 64
 
+# A call cut short with less time left than this is refused rather than sent again.
+_LEAST_LEFT_SECONDS = 0.001
+
+
+def _soonest(calls: Sequence[_Call]) -> float | None:
+    """The loop's time at the first of the calls' deadlines (None: none has one)."""
+    soonest = min((call.expires for call in calls), default=math.inf)
+    return None if soonest == math.inf else soonest
+
 
 class _ScriptBatcher:
     """Sends the scripts called during one event-loop turn as one pipeline.
@@ -622,10 +633,11 @@ class _ScriptBatcher:
     ``/choose`` and ``/reward`` calls reach the store in the same turn, and one
     pipeline pays the client's per-command cost (pool checkout, socket checks,
     retry and timeout wrappers) once for all of them. A batch that loses its
-    connection is resent whole, as a single command would be, and a timeout
-    fails every call in it. A caller whose deadline passes stops waiting (its
-    reply, if one comes, is dropped); the batch itself is abandoned at the
-    store's deadline, so a stalled Redis holds no connection longer.
+    connection is resent whole, as a single command would be. Each call has the
+    store's deadline from when it is queued, the wait for its turn included: a batch
+    is abandoned at its oldest call's (its connection dropped, so a stalled Redis
+    holds none longer), that call refused, and the calls with time left go again
+    with the next batch.
     Resending cannot count anything twice: a recorded decision or an applied
     reward is marked, so its repeat answers "recorded" or "duplicate" (a
     reward whose first reply was lost is then reported as a duplicate, and
@@ -674,8 +686,10 @@ class _ScriptBatcher:
         """The script's reply, sent with the others of this turn (``first``: ahead of
         those not sent first, in the order called; ``tag``: what
         :meth:`after_batch_in_flight` asks about)."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._enqueue(_Call(script, [len(keys), *keys, *args], future, tag=tag), first)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._enqueue(_Call(script, [len(keys), *keys, *args], future, tag=tag, first=first,
+                            expires=self._expiry(loop)))
         return await future
 
     async def run_joined(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any],
@@ -683,13 +697,18 @@ class _ScriptBatcher:
                          ) -> T:
         """As :meth:`run`, sent as one call with the batch's others that ``joining``
         joins: this call's part of the reply."""
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._enqueue(_Call(script, [len(keys), *keys, *args], future, joining, tag), first)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._enqueue(_Call(script, [len(keys), *keys, *args], future, joining, tag,
+                            first=first, expires=self._expiry(loop)))
         return await future
 
-    def _enqueue(self, call: _Call, first: bool = False) -> None:
+    def _expiry(self, loop: asyncio.AbstractEventLoop) -> float:
+        return math.inf if self._deadline is None else loop.time() + self._deadline
+
+    def _enqueue(self, call: _Call) -> None:
         lane = self._lane_of(call)
-        lane.queue.add(call, first, call.tag)
+        lane.queue.add(call)
         if len(lane.queue.calls) == 1:  # the first of this turn: flush once the turn is over
             flush = asyncio.get_running_loop().create_task(self._flush(lane))
             self._flushes.add(flush)
@@ -750,12 +769,16 @@ class _ScriptBatcher:
         return True
 
     async def _flush(self, lane: _Lane) -> None:
-        batch: list[_Call] = []
+        batch: list[_Call] | None = None  # None: not taken (waiting for the lane's turn)
         sent: asyncio.Event | None = None
+        # Until the oldest call's deadline: a call queued again (below) may be older than
+        # the call that made this flush.
+        timer = asyncio.timeout_at(_soonest(lane.queue.calls))
         try:
-            async with asyncio.timeout(self._deadline), lane.turn:
+            async with timer, lane.turn:
                 taken, lane.queue = lane.queue, _Queue()  # with those queued meanwhile
                 batch, sent = taken.calls, asyncio.Event()
+                timer.reschedule(_soonest(batch))
                 lane.sending = (frozenset(taken.tags), sent)
                 groups = _joined(batch)
                 calls = [(group[0].script, _argv_of(group)) for group in groups]
@@ -769,19 +792,31 @@ class _ScriptBatcher:
                             self._enqueue(replace(call, alone=True))
                     else:
                         _distribute(group, _results(group, reply))
+                batch = []  # each call answered, or queued again alone
                 sent.set()
                 await asyncio.sleep(0)
         except BaseException as exc:
-            if not batch:  # failed waiting for the turn: so do the calls queued
+            if batch is None:  # failed waiting for the turn: so do the calls queued
                 batch, lane.queue = lane.queue.calls, _Queue()
-            for call in batch:
-                if not call.future.done():
-                    call.future.set_exception(exc)
+            self._fail(batch, exc, cut=isinstance(exc, TimeoutError) and timer.expired())
         finally:
             if sent is not None:
                 sent.set()
                 if lane.sending is not None and lane.sending[1] is sent:
                     lane.sending = None
+
+    def _fail(self, calls: Sequence[_Call], exc: BaseException, cut: bool) -> None:
+        """Each caller still waiting the batch's error; but when the batch was ``cut`` at
+        its oldest call's deadline, the calls with time left go again with the next batch
+        (a resend, as after a lost connection: it counts nothing twice)."""
+        now = asyncio.get_running_loop().time()
+        for call in calls:
+            if call.future.done():  # answered, or its caller went away
+                continue
+            if cut and call.expires - now >= _LEAST_LEFT_SECONDS:
+                self._enqueue(call)
+            else:
+                call.future.set_exception(exc)
 
     async def close(self) -> None:
         if self._held is not None:

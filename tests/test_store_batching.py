@@ -461,6 +461,42 @@ async def test_a_batch_cut_short_by_its_deadline_leaves_no_reply_for_the_next(
         await opened.close()
 
 
+async def test_each_call_of_a_batch_has_its_own_deadline(
+    app_settings: Settings, redis_db: str
+) -> None:
+    """Redis paused for 1 s, a deadline of 0.8 s: a reward made at once is refused at its
+    deadline, and so is one queued 0.05 s later, behind it; one queued 0.5 s later, in
+    the same batch as the second (one script call), is answered once the pause is over
+    (at 1 s, its deadline at 1.3 s), not refused with its batch at the second's."""
+    deadline = 0.8
+    opened = await ExperimentService.open(
+        app_settings.model_copy(update={"redis_timeout_seconds": deadline}))
+    client = redis.Redis.from_url(redis_db)
+    unknown = [("0" * 32, 0.0)]
+    try:
+        key = await _experiment(opened)
+        assert (await opened.reward("sto", unknown, key))[0].status == "not_found"  # loaded
+        client.execute_command("CLIENT", "PAUSE", "1000", "ALL")
+        paused = time.monotonic()
+        first = asyncio.ensure_future(opened.reward("sto", unknown, key))
+        await _until_sent(opened)
+        await asyncio.sleep(0.05)
+        second = asyncio.ensure_future(opened.reward("sto", unknown, key))
+        await asyncio.sleep(0.45)
+        third = asyncio.ensure_future(opened.reward("sto", unknown, key))
+
+        for refused in (first, second):
+            with pytest.raises(StoreUnavailable):
+                await refused
+        assert time.monotonic() - paused < 1.0  # (refused while Redis is still paused)
+        assert (await third)[0].status == "not_found"
+        assert time.monotonic() - paused < 0.5 + deadline
+    finally:
+        client.execute_command("CLIENT", "UNPAUSE")
+        client.close()
+        await opened.close()
+
+
 async def test_a_stale_view_decides_again_from_the_current_statistics(
     service: ExperimentService, other_service: ExperimentService, redis_db: str
 ) -> None:
