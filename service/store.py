@@ -492,7 +492,7 @@ class Joining(Generic[T]):
     items, bounds what one call holds (:data:`_JOINED_MOST`; a call of more goes alone).
     An error reply that ``apart`` accepts is one a call may have caused alone, before
     the script wrote anything: the calls then go again, each alone, with the next batch
-    (under its own deadline); any other error is each call's, as it would be of one
+    (each under the deadline it had from when it was first queued); any other error is each call's, as it would be of one
     call with all their items."""
 
     key: tuple[str, ...]
@@ -547,6 +547,7 @@ class _Queue:
     calls: list[_Call] = field(default_factory=list)
     leading: int = 0  # how many at the head are sent first
     tags: set[str] = field(default_factory=set)
+    watch: asyncio.TimerHandle | None = None  # refuses its calls at their deadlines
 
     def add(self, call: _Call) -> None:
         if call.first:
@@ -616,14 +617,34 @@ class _Lane:
 # Lanes of a cluster's masters kept before those with nothing queued or in flight go.
 _LANES_KEPT = 64
 
-# A call cut short with less time left than this is refused rather than sent again.
-_LEAST_LEFT_SECONDS = 0.001
 
 
-def _soonest(calls: Sequence[_Call]) -> float | None:
-    """The loop's time at the first of the calls' deadlines (None: none has one)."""
-    soonest = min((call.expires for call in calls), default=math.inf)
-    return None if soonest == math.inf else soonest
+def _refuse_expired(queue: _Queue, loop: asyncio.AbstractEventLoop) -> None:
+    """Refuse each of the queue's calls whose deadline has passed, waiting for its turn or
+    in flight (a reply that comes later is dropped), and watch for the next deadline."""
+    now, soonest = loop.time(), math.inf
+    for call in queue.calls:
+        if call.future.done():
+            continue
+        if call.expires <= now:
+            call.future.set_exception(TimeoutError("the store's deadline passed"))
+        else:
+            soonest = min(soonest, call.expires)
+    queue.watch = None if soonest == math.inf else loop.call_at(
+        soonest, _refuse_expired, queue, loop)
+
+
+def _refused(call: _Call) -> bool:
+    """The call's deadline passed before it was sent: it is not sent (a call whose caller
+    went away, cancelled, still is, as it would be alone)."""
+    future = call.future
+    return future.done() and not future.cancelled() and future.exception() is not None
+
+
+def _last_expiry(calls: Sequence[_Call]) -> float | None:
+    """The loop's time at the last of the calls' deadlines (None: none has one)."""
+    last = max((call.expires for call in calls), default=math.inf)
+    return None if last == math.inf else last
 
 
 class _ScriptBatcher:
@@ -634,10 +655,11 @@ class _ScriptBatcher:
     pipeline pays the client's per-command cost (pool checkout, socket checks,
     retry and timeout wrappers) once for all of them. A batch that loses its
     connection is resent whole, as a single command would be. Each call has the
-    store's deadline from when it is queued, the wait for its turn included: a batch
-    is abandoned at its oldest call's (its connection dropped, so a stalled Redis
-    holds none longer), that call refused, and the calls with time left go again
-    with the next batch.
+    store's deadline from when it is queued, the wait for its turn included: its
+    caller is refused then, whether the call still waits or is in flight (its reply,
+    if one comes, is dropped). A batch is abandoned when none of its callers waits
+    any more, at its last call's deadline (its connection dropped, so a stalled Redis
+    holds none longer); nothing is sent twice but after a lost connection.
     Resending cannot count anything twice: a recorded decision or an applied
     reward is marked, so its repeat answers "recorded" or "duplicate" (a
     reward whose first reply was lost is then reported as a duplicate, and
@@ -708,9 +730,15 @@ class _ScriptBatcher:
 
     def _enqueue(self, call: _Call) -> None:
         lane = self._lane_of(call)
-        lane.queue.add(call)
-        if len(lane.queue.calls) == 1:  # the first of this turn: flush once the turn is over
-            flush = asyncio.get_running_loop().create_task(self._flush(lane))
+        queue = lane.queue
+        queue.add(call)
+        loop = asyncio.get_running_loop()
+        if call.expires < (math.inf if queue.watch is None else queue.watch.when()):
+            if queue.watch is not None:  # (a call queued again alone: an earlier deadline)
+                queue.watch.cancel()
+            queue.watch = loop.call_at(call.expires, _refuse_expired, queue, loop)
+        if len(queue.calls) == 1:  # the first of this turn: flush once the turn is over
+            flush = loop.create_task(self._flush(lane))
             self._flushes.add(flush)
             flush.add_done_callback(self._flushes.discard)
 
@@ -769,54 +797,52 @@ class _ScriptBatcher:
         return True
 
     async def _flush(self, lane: _Lane) -> None:
-        batch: list[_Call] | None = None  # None: not taken (waiting for the lane's turn)
+        queue = lane.queue  # this flush's: the calls queued until it takes them
+        pending = queue.calls  # those it still owes a reply
         sent: asyncio.Event | None = None
-        # Until the oldest call's deadline: a call queued again (below) may be older than
-        # the call that made this flush.
-        timer = asyncio.timeout_at(_soonest(lane.queue.calls))
         try:
-            async with timer, lane.turn:
-                taken, lane.queue = lane.queue, _Queue()  # with those queued meanwhile
-                batch, sent = taken.calls, asyncio.Event()
-                timer.reschedule(_soonest(batch))
-                lane.sending = (frozenset(taken.tags), sent)
-                groups = _joined(batch)
-                calls = [(group[0].script, _argv_of(group)) for group in groups]
-                replies = await self._execute(calls) if calls else []
-                # The replies before the turn passes on: the callers, and those waiting
-                # for this batch (after_batch_in_flight), run (one step of the loop)
-                # before the next batch is taken, so that what they call goes with it.
-                for group, reply in zip(groups, replies, strict=True):
-                    if _apart(group, reply):  # each call alone, with the next batch
-                        for call in group:
-                            self._enqueue(replace(call, alone=True))
-                    else:
-                        _distribute(group, _results(group, reply))
-                batch = []  # each call answered, or queued again alone
-                sent.set()
-                await asyncio.sleep(0)
+            # (the wait for the turn is bounded by the batch in flight's deadline; each
+            # caller's, by its own: _refuse_expired)
+            async with lane.turn:
+                if lane.queue is queue:  # the calls queued from now on make the next batch
+                    lane.queue = _Queue()
+                batch = pending = [call for call in queue.calls if not _refused(call)]
+                sent = asyncio.Event()
+                lane.sending = (frozenset(queue.tags), sent)
+                # Abandoned once no caller waits for it (its connection dropped, so a
+                # stalled Redis holds none longer), at its last call's deadline.
+                async with asyncio.timeout_at(_last_expiry(batch)):
+                    await self._send(batch, sent)
+                pending = []
         except BaseException as exc:
-            if batch is None:  # failed waiting for the turn: so do the calls queued
-                batch, lane.queue = lane.queue.calls, _Queue()
-            self._fail(batch, exc, cut=isinstance(exc, TimeoutError) and timer.expired())
+            if lane.queue is queue:  # failed waiting for the turn: so do the calls queued
+                lane.queue = _Queue()
+            for call in pending:
+                if not call.future.done():
+                    call.future.set_exception(exc)
         finally:
+            if queue.watch is not None:
+                queue.watch.cancel()
             if sent is not None:
                 sent.set()
                 if lane.sending is not None and lane.sending[1] is sent:
                     lane.sending = None
 
-    def _fail(self, calls: Sequence[_Call], exc: BaseException, cut: bool) -> None:
-        """Each caller still waiting the batch's error; but when the batch was ``cut`` at
-        its oldest call's deadline, the calls with time left go again with the next batch
-        (a resend, as after a lost connection: it counts nothing twice)."""
-        now = asyncio.get_running_loop().time()
-        for call in calls:
-            if call.future.done():  # answered, or its caller went away
-                continue
-            if cut and call.expires - now >= _LEAST_LEFT_SECONDS:
-                self._enqueue(call)
+    async def _send(self, batch: list[_Call], sent: asyncio.Event) -> None:
+        groups = _joined(batch)
+        calls = [(group[0].script, _argv_of(group)) for group in groups]
+        replies = await self._execute(calls) if calls else []
+        # The replies before the turn passes on: the callers, and those waiting
+        # for this batch (after_batch_in_flight), run (one step of the loop)
+        # before the next batch is taken, so that what they call goes with it.
+        for group, reply in zip(groups, replies, strict=True):
+            if _apart(group, reply):  # each call alone, with the next batch
+                for call in group:
+                    self._enqueue(replace(call, alone=True))
             else:
-                call.future.set_exception(exc)
+                _distribute(group, _results(group, reply))
+        sent.set()
+        await asyncio.sleep(0)
 
     async def close(self) -> None:
         if self._held is not None:

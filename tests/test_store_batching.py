@@ -497,6 +497,55 @@ async def test_each_call_of_a_batch_has_its_own_deadline(
         await opened.close()
 
 
+async def test_a_stalled_batch_is_abandoned_once_and_each_call_refused_at_its_deadline(
+    app_settings: Settings, redis_db: str
+) -> None:
+    """Redis paused for 1.2 s, a deadline of 0.8 s, a reward made every 10 ms for 0.7 s:
+    those whose deadline passes within the pause are refused, those whose deadline
+    comes after it answered, and the batches go over two connections at most (the
+    first batch's, dropped at its deadline, and the next's): no connection and resend
+    for each call's deadline."""
+    deadline, pause = 0.8, 1.2
+    opened = await ExperimentService.open(
+        app_settings.model_copy(update={"redis_timeout_seconds": deadline}))
+    client = redis.Redis.from_url(redis_db)
+    unknown = [("0" * 32, 0.0)]
+
+    async def reward(at: float) -> tuple[float, bool]:
+        try:
+            await opened.reward("sto", unknown, key)
+        except StoreUnavailable:
+            return at, False
+        return at, True
+
+    try:
+        key = await _experiment(opened)
+        assert (await opened.reward("sto", unknown, key))[0].status == "not_found"  # loaded
+        connections = _connections_received(client)
+        client.execute_command("CLIENT", "PAUSE", str(round(1000 * pause)), "ALL")
+        paused = time.monotonic()
+        made = []
+        while (at := time.monotonic() - paused) < 0.7:
+            made.append(asyncio.ensure_future(reward(at)))
+            await asyncio.sleep(0.01)
+        outcomes = await asyncio.gather(*made)
+        await asyncio.sleep(max(0.0, paused + pause - time.monotonic()))
+        assert _connections_received(client) - connections <= 2
+    finally:
+        client.execute_command("CLIENT", "UNPAUSE")
+        client.close()
+        await opened.close()
+    refused = [at for at, answered in outcomes if not answered]
+    answered = [at for at, answered in outcomes if answered]
+    assert refused and max(refused) < pause - deadline + 0.1
+    assert answered and min(answered) > pause - deadline - 0.1
+
+
+def _connections_received(client: redis.Redis) -> int:
+    stats: dict[str, Any] = client.info("stats")  # type: ignore[assignment]
+    return int(stats["total_connections_received"])
+
+
 async def test_a_stale_view_decides_again_from_the_current_statistics(
     service: ExperimentService, other_service: ExperimentService, redis_db: str
 ) -> None:
