@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import heapq
 import itertools
 import logging
 import math
@@ -492,8 +493,8 @@ class Joining(Generic[T]):
     items, bounds what one call holds (:data:`_JOINED_MOST`; a call of more goes alone).
     An error reply that ``apart`` accepts is one a call may have caused alone, before
     the script wrote anything: the calls then go again, each alone, with the next batch
-    (each under the deadline it had from when it was first queued); any other error is each call's, as it would be of one
-    call with all their items."""
+    (each under its deadline from when it was first queued); any other error is each
+    call's, as it would be of one call with all their items."""
 
     key: tuple[str, ...]
     size: int
@@ -547,7 +548,10 @@ class _Queue:
     calls: list[_Call] = field(default_factory=list)
     leading: int = 0  # how many at the head are sent first
     tags: set[str] = field(default_factory=set)
-    watch: asyncio.TimerHandle | None = None  # refuses its calls at their deadlines
+    # Its calls by deadline (a heap), and the timer that refuses each at its deadline,
+    # waiting for its turn or in flight (a reply that comes later is dropped).
+    expiring: list[tuple[float, int, _Call]] = field(default_factory=list)
+    watch: asyncio.TimerHandle | None = None
 
     def add(self, call: _Call) -> None:
         if call.first:
@@ -557,6 +561,34 @@ class _Queue:
             self.calls.append(call)
         if call.tag is not None:
             self.tags.add(call.tag)
+        if call.expires != math.inf:
+            heapq.heappush(self.expiring, (call.expires, next(_ORDER), call))
+            if self.watch is None or call.expires < self.watch.when():
+                self.unwatch()  # (a call queued again alone: an earlier deadline)
+                self.watch = asyncio.get_running_loop().call_at(call.expires,
+                                                                self.refuse_expired)
+
+    def refuse_expired(self) -> None:
+        loop = asyncio.get_running_loop()
+        now, expiring = loop.time(), self.expiring
+        while expiring and (expiring[0][0] <= now or expiring[0][2].future.done()):
+            future = heapq.heappop(expiring)[2].future
+            if not future.done():
+                future.set_exception(_expired())
+        self.watch = (loop.call_at(expiring[0][0], self.refuse_expired) if expiring
+                      else None)
+
+    def unwatch(self) -> None:
+        if self.watch is not None:
+            self.watch.cancel()
+            self.watch = None
+
+
+_ORDER = itertools.count()  # (ties between deadlines: the heap never compares calls)
+
+
+def _expired() -> TimeoutError:
+    return TimeoutError("the store's deadline passed")
 
 
 def _distribute(batch: Sequence[_Call], results: Sequence[Any]) -> None:
@@ -618,27 +650,17 @@ class _Lane:
 _LANES_KEPT = 64
 
 
-
-def _refuse_expired(queue: _Queue, loop: asyncio.AbstractEventLoop) -> None:
-    """Refuse each of the queue's calls whose deadline has passed, waiting for its turn or
-    in flight (a reply that comes later is dropped), and watch for the next deadline."""
-    now, soonest = loop.time(), math.inf
-    for call in queue.calls:
-        if call.future.done():
-            continue
-        if call.expires <= now:
-            call.future.set_exception(TimeoutError("the store's deadline passed"))
-        else:
-            soonest = min(soonest, call.expires)
-    queue.watch = None if soonest == math.inf else loop.call_at(
-        soonest, _refuse_expired, queue, loop)
-
-
-def _refused(call: _Call) -> bool:
-    """The call's deadline passed before it was sent: it is not sent (a call whose caller
-    went away, cancelled, still is, as it would be alone)."""
-    future = call.future
-    return future.done() and not future.cancelled() and future.exception() is not None
+def _unexpired(calls: Sequence[_Call], now: float) -> list[_Call]:
+    """The calls whose deadline has not passed; the others' callers refused (a call
+    whose caller went away, cancelled, is still sent, as it would be alone, until its
+    deadline)."""
+    live = []
+    for call in calls:
+        if call.expires > now:
+            live.append(call)
+        elif not call.future.done():
+            call.future.set_exception(_expired())
+    return live
 
 
 def _last_expiry(calls: Sequence[_Call]) -> float | None:
@@ -657,9 +679,10 @@ class _ScriptBatcher:
     connection is resent whole, as a single command would be. Each call has the
     store's deadline from when it is queued, the wait for its turn included: its
     caller is refused then, whether the call still waits or is in flight (its reply,
-    if one comes, is dropped). A batch is abandoned when none of its callers waits
-    any more, at its last call's deadline (its connection dropped, so a stalled Redis
-    holds none longer); nothing is sent twice but after a lost connection.
+    if one comes, is dropped). A batch is abandoned at its last call's deadline (its
+    connection dropped, so a stalled Redis holds none longer). A call is sent again
+    only when it did not run (a script cache lost, a joined call refused whole) or its
+    connection was lost; never after its deadline.
     Resending cannot count anything twice: a recorded decision or an applied
     reward is marked, so its repeat answers "recorded" or "duplicate" (a
     reward whose first reply was lost is then reported as a duplicate, and
@@ -732,13 +755,8 @@ class _ScriptBatcher:
         lane = self._lane_of(call)
         queue = lane.queue
         queue.add(call)
-        loop = asyncio.get_running_loop()
-        if call.expires < (math.inf if queue.watch is None else queue.watch.when()):
-            if queue.watch is not None:  # (a call queued again alone: an earlier deadline)
-                queue.watch.cancel()
-            queue.watch = loop.call_at(call.expires, _refuse_expired, queue, loop)
         if len(queue.calls) == 1:  # the first of this turn: flush once the turn is over
-            flush = loop.create_task(self._flush(lane))
+            flush = asyncio.get_running_loop().create_task(self._flush(lane))
             self._flushes.add(flush)
             flush.add_done_callback(self._flushes.discard)
 
@@ -802,18 +820,25 @@ class _ScriptBatcher:
         sent: asyncio.Event | None = None
         try:
             # (the wait for the turn is bounded by the batch in flight's deadline; each
-            # caller's, by its own: _refuse_expired)
+            # caller's, by its own: _Queue.refuse_expired)
             async with lane.turn:
                 if lane.queue is queue:  # the calls queued from now on make the next batch
                     lane.queue = _Queue()
-                batch = pending = [call for call in queue.calls if not _refused(call)]
+                now = asyncio.get_running_loop().time()
+                batch = pending = _unexpired(queue.calls, now)
                 sent = asyncio.Event()
                 lane.sending = (frozenset(queue.tags), sent)
-                # Abandoned once no caller waits for it (its connection dropped, so a
-                # stalled Redis holds none longer), at its last call's deadline.
+                # Abandoned at its last call's deadline, when no caller waits for it any
+                # more: its connection dropped, so a stalled Redis holds none longer.
                 async with asyncio.timeout_at(_last_expiry(batch)):
-                    await self._send(batch, sent)
-                pending = []
+                    await self._send(batch)
+                    pending = []  # each call answered, or queued again alone (_send)
+                    # The replies before the turn passes on: the callers, and those
+                    # waiting for this batch (after_batch_in_flight), run (one step of the
+                    # loop) before the next batch is taken, so that what they call goes
+                    # with it.
+                    sent.set()
+                    await asyncio.sleep(0)
         except BaseException as exc:
             if lane.queue is queue:  # failed waiting for the turn: so do the calls queued
                 lane.queue = _Queue()
@@ -821,28 +846,23 @@ class _ScriptBatcher:
                 if not call.future.done():
                     call.future.set_exception(exc)
         finally:
-            if queue.watch is not None:
-                queue.watch.cancel()
+            queue.unwatch()
             if sent is not None:
                 sent.set()
                 if lane.sending is not None and lane.sending[1] is sent:
                     lane.sending = None
 
-    async def _send(self, batch: list[_Call], sent: asyncio.Event) -> None:
+    async def _send(self, batch: list[_Call]) -> None:
+        """The batch's calls to Redis, and each caller its reply."""
         groups = _joined(batch)
         calls = [(group[0].script, _argv_of(group)) for group in groups]
         replies = await self._execute(calls) if calls else []
-        # The replies before the turn passes on: the callers, and those waiting
-        # for this batch (after_batch_in_flight), run (one step of the loop)
-        # before the next batch is taken, so that what they call goes with it.
         for group, reply in zip(groups, replies, strict=True):
             if _apart(group, reply):  # each call alone, with the next batch
                 for call in group:
                     self._enqueue(replace(call, alone=True))
             else:
                 _distribute(group, _results(group, reply))
-        sent.set()
-        await asyncio.sleep(0)
 
     async def close(self) -> None:
         if self._held is not None:

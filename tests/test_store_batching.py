@@ -537,7 +537,9 @@ async def test_a_stalled_batch_is_abandoned_once_and_each_call_refused_at_its_de
         await opened.close()
     refused = [at for at, answered in outcomes if not answered]
     answered = [at for at, answered in outcomes if answered]
-    assert refused and max(refused) < pause - deadline + 0.1
+    # Redis ends a pause at its next tick (hz 10: up to 0.1 s late), and a loaded
+    # machine's loop turns late: the boundary is not sharper than that.
+    assert refused and max(refused) < pause - deadline + 0.2
     assert answered and min(answered) > pause - deadline - 0.1
 
 
