@@ -85,7 +85,8 @@ def _answers(port: int) -> bool:
 
 def _in_sync(port: int) -> bool:
     try:
-        info: dict[str, object] = redis.Redis(port=port).info("replication")  # type: ignore[assignment]
+        with redis.Redis(port=port) as client:
+            info: dict[str, object] = client.info("replication")
     except redis.ConnectionError:
         return False
     return bool(info.get("master_link_status") == "up")
@@ -93,13 +94,15 @@ def _in_sync(port: int) -> bool:
 
 def _listed(port: int) -> bool:
     """The primary lists a replica online."""
-    role = redis.Redis(port=port).execute_command("ROLE")
+    with redis.Redis(port=port) as client:
+        role = client.execute_command("ROLE")
     return bool(role[2])
 
 
 def _acknowledged_all(url: str) -> bool:
     """The replica has acknowledged everything the primary has sent it."""
-    role, offset, replicas = redis.Redis.from_url(url).execute_command("ROLE")
+    with redis.Redis.from_url(url) as client:
+        role, offset, replicas = client.execute_command("ROLE")
     assert role == b"master"
     return bool(replicas) and int(replicas[0][2]) == int(offset)
 
