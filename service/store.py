@@ -1074,10 +1074,10 @@ class RewardReply:
                 continue
             counter, taken = counter + mine, taken + mine
             part = None
-            if usable and appended is not None:
+            if usable and appended is not None:  # (no dataclasses.replace: 3 µs a part)
                 first = appended.first + at
-                part = replace(appended, outcomes=first + taken, records=records[at:at + taken],
-                               first=first)
+                part = Appended(appended.incarnation, appended.version, first + taken,
+                                appended.decision_seq, records[at:at + taken], first)
             out.append(RewardReply(statuses, counter, part))
             at, taken = at + taken, 0
         return out
@@ -1085,6 +1085,9 @@ class RewardReply:
 
 # reward.lua's answers for the whole call (a status per reward is none of these)
 _WHOLE_CALL = frozenset(("missing", "forbidden", "shards"))
+
+
+_REWARD_HEAD = 4  # reward.lua's keys before the decisions' (_RewardArgs.head)
 
 
 @dataclass(frozen=True)
@@ -1102,8 +1105,8 @@ class _RewardArgs:
     @classmethod
     def of(cls, argv: list[Any]) -> _RewardArgs:
         ends = int(argv[0]) + 1
-        return cls(argv[1:5], argv[5:ends], argv[ends], argv[ends + 1], argv[ends + 2],
-                   argv[ends + 3:])
+        return cls(argv[1:_REWARD_HEAD + 1], argv[_REWARD_HEAD + 1:ends], argv[ends],
+                   argv[ends + 1], argv[ends + 2], argv[ends + 3:])
 
     def keys(self) -> list[Any]:
         return [*self.head, *self.decisions]
@@ -1132,7 +1135,7 @@ def _damaged(error: Exception) -> bool:
 
 def _reward_parts(reply: Any, argvs: Sequence[list[Any]]) -> list[RewardReply]:
     """Each call's :class:`RewardReply` of the one reward.lua reply to them."""
-    sizes = [len(_RewardArgs.of(argv).decisions) for argv in argvs]
+    sizes = [int(argv[0]) - _REWARD_HEAD for argv in argvs]  # (its keys: a decision's each)
     return RewardReply.of(reply, sum(sizes)).parts(sizes)
 
 
