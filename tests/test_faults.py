@@ -7,9 +7,10 @@
   audit finds no acknowledged reward lost or counted twice, only 200, 4xx or
   503 with Retry-After, the first 503 within the deadline plus 0.5 s, and the
   same service serving again once the fault is undone (loadtest.faults);
-- at the memory limit every write is whole or refused whole: Redis refuses a
-  script at its first write, so a refused reward, decision or creation
-  changes nothing, and answers 503 ``store_full``; readiness says so;
+- at the memory limit every write is whole or refused whole, on Redis 6.2 and 7:
+  Redis refuses a script at its first write (7, a function that may write
+  before it runs), so a refused reward, decision or creation changes nothing,
+  and answers 503 ``store_full``; readiness says so;
 - a stalled Redis fails each store call at its deadline, retries included,
   in the auto-pipelining batcher too, and the same store serves again after.
 
@@ -27,7 +28,15 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from loadtest.faults import Fault, Outcome, RedisProcess, faults, redis_process, run_scenario
+from loadtest.faults import (
+    Fault,
+    Outcome,
+    RedisProcess,
+    faults,
+    redis_7_binary,
+    redis_process,
+    run_scenario,
+)
 from loadtest.server import free_port, server_process
 from service import keys
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
@@ -74,13 +83,27 @@ def _set_maxmemory(server: RedisProcess, value: int) -> None:
         client.config_set("maxmemory", value)
 
 
-@pytest.fixture
-def memory_limit(redis_server: RedisProcess) -> Iterator[RedisProcess]:
-    """The Redis, its maxmemory lifted again after the test whatever happens."""
+@pytest.fixture(scope="module")
+def redis_7_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
+    binary = redis_7_binary()
+    if binary is None:
+        pytest.skip("no redis-server 7 on PATH: install Debian's redis-server package "
+                    "(./dev test does, as root)")
+    with redis_process(tmp_path_factory.mktemp("faults7"), free_port(), binary) as server:
+        yield server
+
+
+@pytest.fixture(params=["6.2", "7"])
+def memory_limit(request: pytest.FixtureRequest) -> Iterator[RedisProcess]:
+    """A Redis 6.2 (scripts by EVALSHA) and a Redis 7 (functions by FCALL, which Redis
+    refuses out of memory before they run when they may write), its maxmemory lifted
+    again after the test whatever happens."""
+    server: RedisProcess = request.getfixturevalue(
+        "redis_server" if request.param == "6.2" else "redis_7_server")
     try:
-        yield redis_server
+        yield server
     finally:
-        _set_maxmemory(redis_server, 0)
+        _set_maxmemory(server, 0)
 
 
 # -- the fault suite --------------------------------------------------------------
@@ -252,8 +275,8 @@ async def test_out_of_memory_a_read_first_is_answered(
     service_on: ExperimentService, memory_limit: RedisProcess
 ) -> None:
     """progress.lua writes nothing: out of memory, a worker's read first
-    (Store.probe_progress) is still answered, by EVALSHA on this 6.2 (on Redis 7, a
-    function flagged no-writes: tests/test_redis_functions.py); nothing is written."""
+    (Store.probe_progress) is still answered (by EVALSHA on 6.2; on Redis 7 a function
+    flagged no-writes); nothing is written."""
     service = service_on
     await service.create(SPEC)
     made = await service.choose("mem", ChooseRequest(context=(1.0, 2.0, 3.0)))
@@ -370,10 +393,11 @@ async def test_a_creation_whose_index_write_is_refused_is_undone(
 
 
 async def test_the_app_answers_503_store_full_and_readiness_says_so(
-    redis_server: RedisProcess, memory_limit: RedisProcess
+    memory_limit: RedisProcess
 ) -> None:
     from app.main import create_app
 
+    redis_server = memory_limit
     with redis_server.client() as client:
         client.flushdb()
     settings = Settings(redis_url=redis_server.url, admin_token=SecretStr(ADMIN_TOKEN),
