@@ -15,8 +15,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import hiredis
@@ -431,15 +432,28 @@ async def test_a_closed_store_sends_no_more_batches(app_settings: Settings) -> N
     assert not held._connection.is_connected
 
 
+@contextlib.asynccontextmanager
+async def _pausable(app_settings: Settings, redis_db: str, deadline: float
+                    ) -> AsyncIterator[tuple[ExperimentService, redis.Redis]]:
+    """A service whose store calls have ``deadline`` seconds, and a client to pause its
+    Redis with (unpaused after, whatever happens)."""
+    opened = await ExperimentService.open(
+        app_settings.model_copy(update={"redis_timeout_seconds": deadline}))
+    client = redis.Redis.from_url(redis_db)
+    try:
+        yield opened, client
+    finally:
+        client.execute_command("CLIENT", "UNPAUSE")
+        client.close()
+        await opened.close()
+
+
 async def test_a_batch_cut_short_by_its_deadline_leaves_no_reply_for_the_next(
     app_settings: Settings, redis_db: str
 ) -> None:
     """A batch abandoned at the deadline (Redis paused) drops its connection: the
     replies Redis sends after the pause are never read as the next batch's."""
-    opened = await ExperimentService.open(
-        app_settings.model_copy(update={"redis_timeout_seconds": 0.3}))
-    client = redis.Redis.from_url(redis_db)
-    try:
+    async with _pausable(app_settings, redis_db, 0.3) as (opened, client):
         key = await _experiment(opened)
         first = await opened.choose("sto", ChooseRequest(), key)
         client.execute_command("CLIENT", "PAUSE", "1000", "ALL")
@@ -455,10 +469,6 @@ async def test_a_batch_cut_short_by_its_deadline_leaves_no_reply_for_the_next(
         # Whether Redis ran the abandoned decision or dropped it with its connection,
         # the numbers and the count agree: no reply was taken for another call's.
         assert third.decision_number == (await opened.get("sto")).decisions
-    finally:
-        client.execute_command("CLIENT", "UNPAUSE")
-        client.close()
-        await opened.close()
 
 
 async def test_each_call_of_a_batch_has_its_own_deadline(
@@ -469,11 +479,8 @@ async def test_each_call_of_a_batch_has_its_own_deadline(
     the same batch as the second (one script call), is answered once the pause is over
     (at 1 s, its deadline at 1.3 s), not refused with its batch at the second's."""
     deadline = 0.8
-    opened = await ExperimentService.open(
-        app_settings.model_copy(update={"redis_timeout_seconds": deadline}))
-    client = redis.Redis.from_url(redis_db)
     unknown = [("0" * 32, 0.0)]
-    try:
+    async with _pausable(app_settings, redis_db, deadline) as (opened, client):
         key = await _experiment(opened)
         assert (await opened.reward("sto", unknown, key))[0].status == "not_found"  # loaded
         client.execute_command("CLIENT", "PAUSE", "1000", "ALL")
@@ -491,10 +498,6 @@ async def test_each_call_of_a_batch_has_its_own_deadline(
         assert time.monotonic() - paused < 1.0  # (refused while Redis is still paused)
         assert (await third)[0].status == "not_found"
         assert time.monotonic() - paused < 0.5 + deadline
-    finally:
-        client.execute_command("CLIENT", "UNPAUSE")
-        client.close()
-        await opened.close()
 
 
 async def test_a_stalled_batch_is_abandoned_once_and_each_call_refused_at_its_deadline(
@@ -506,19 +509,16 @@ async def test_a_stalled_batch_is_abandoned_once_and_each_call_refused_at_its_de
     first batch's, dropped at its deadline, and the next's): no connection and resend
     for each call's deadline."""
     deadline, pause = 0.8, 1.2
-    opened = await ExperimentService.open(
-        app_settings.model_copy(update={"redis_timeout_seconds": deadline}))
-    client = redis.Redis.from_url(redis_db)
     unknown = [("0" * 32, 0.0)]
+    async with _pausable(app_settings, redis_db, deadline) as (opened, client):
 
-    async def reward(at: float) -> tuple[float, bool]:
-        try:
-            await opened.reward("sto", unknown, key)
-        except StoreUnavailable:
-            return at, False
-        return at, True
+        async def reward(at: float) -> tuple[float, bool]:
+            try:
+                await opened.reward("sto", unknown, key)
+            except StoreUnavailable:
+                return at, False
+            return at, True
 
-    try:
         key = await _experiment(opened)
         assert (await opened.reward("sto", unknown, key))[0].status == "not_found"  # loaded
         connections = _connections_received(client)
@@ -531,10 +531,6 @@ async def test_a_stalled_batch_is_abandoned_once_and_each_call_refused_at_its_de
         outcomes = await asyncio.gather(*made)
         await asyncio.sleep(max(0.0, paused + pause - time.monotonic()))
         assert _connections_received(client) - connections <= 2
-    finally:
-        client.execute_command("CLIENT", "UNPAUSE")
-        client.close()
-        await opened.close()
     refused = [at for at, answered in outcomes if not answered]
     answered = [at for at, answered in outcomes if answered]
     # Redis ends a pause at its next tick (hz 10: up to 0.1 s late), and a loaded
@@ -1045,10 +1041,7 @@ async def test_a_decision_waits_for_its_workers_rewards_only_a_moment(
     meanwhile waits for it only a moment, so it is refused about a deadline after it
     arrived, not after the reward's deadline and then its own."""
     deadline = 0.4
-    opened = await ExperimentService.open(
-        app_settings.model_copy(update={"redis_timeout_seconds": deadline}))
-    client = redis.Redis.from_url(redis_db)
-    try:
+    async with _pausable(app_settings, redis_db, deadline) as (opened, client):
         key = await _experiment(opened, "slow")
         made = await opened.choose("slow", ChooseRequest(), key)
         unknown = await opened.reward("slow", [("0" * 32, 0.0)], key)  # loads the script
@@ -1067,10 +1060,6 @@ async def test_a_decision_waits_for_its_workers_rewards_only_a_moment(
             await rewarding
         assert refused_after < 1.5 * deadline  # unbounded: about 2 x the deadline
         await asyncio.sleep(max(0.0, paused + 1.0 - time.monotonic()))  # the pause is over
-    finally:
-        client.execute_command("CLIENT", "UNPAUSE")
-        client.close()
-        await opened.close()
 
 
 async def test_a_decision_that_may_lag_does_not_wait_for_its_workers_rewards(
