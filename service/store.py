@@ -543,11 +543,10 @@ def _joined(calls: Sequence[_Call]) -> list[list[_Call]]:
 
 @dataclass
 class _Queue:
-    """The calls of the next batch, those sent first at its head, and their tags."""
+    """The calls of the next batch, those sent first at its head."""
 
     calls: list[_Call] = field(default_factory=list)
     leading: int = 0  # how many at the head are sent first
-    tags: set[str] = field(default_factory=set)
     # Its calls by deadline (a heap), and the timer that refuses each at its deadline,
     # waiting for its turn or in flight (a reply that comes later is dropped).
     expiring: list[tuple[float, int, _Call]] = field(default_factory=list)
@@ -559,8 +558,6 @@ class _Queue:
             self.leading += 1
         else:
             self.calls.append(call)
-        if call.tag is not None:
-            self.tags.add(call.tag)
         if call.expires != math.inf:
             heapq.heappush(self.expiring, (call.expires, next(_ORDER), call))
             if self.watch is None or call.expires < self.watch.when():
@@ -569,6 +566,8 @@ class _Queue:
                                                                 self.refuse_expired)
 
     def refuse_expired(self) -> None:
+        # (a timer may fire a little early, uvloop's rounded to the millisecond: nothing
+        # is due then, and it is set again)
         loop = asyncio.get_running_loop()
         now, expiring = loop.time(), self.expiring
         while expiring and (expiring[0][0] <= now or expiring[0][2].future.done()):
@@ -682,7 +681,8 @@ class _ScriptBatcher:
     if one comes, is dropped). A batch is abandoned at its last call's deadline (its
     connection dropped, so a stalled Redis holds none longer). A call is sent again
     only when it did not run (a script cache lost, a joined call refused whole) or its
-    connection was lost; never after its deadline.
+    connection was lost, and only within its batch's time (until the batch's last
+    deadline, which may be after its own).
     Resending cannot count anything twice: a recorded decision or an applied
     reward is marked, so its repeat answers "recorded" or "duplicate" (a
     reward whose first reply was lost is then reported as a duplicate, and
@@ -827,7 +827,7 @@ class _ScriptBatcher:
                 now = asyncio.get_running_loop().time()
                 batch = pending = _unexpired(queue.calls, now)
                 sent = asyncio.Event()
-                lane.sending = (frozenset(queue.tags), sent)
+                lane.sending = (frozenset(call.tag for call in batch if call.tag), sent)
                 # Abandoned at its last call's deadline, when no caller waits for it any
                 # more: its connection dropped, so a stalled Redis holds none longer.
                 async with asyncio.timeout_at(_last_expiry(batch)):

@@ -443,9 +443,11 @@ async def _pausable(app_settings: Settings, redis_db: str, deadline: float
     try:
         yield opened, client
     finally:
-        client.execute_command("CLIENT", "UNPAUSE")
-        client.close()
-        await opened.close()
+        try:
+            client.execute_command("CLIENT", "UNPAUSE")
+        finally:
+            client.close()
+            await opened.close()
 
 
 async def test_a_batch_cut_short_by_its_deadline_leaves_no_reply_for_the_next(

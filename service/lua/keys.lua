@@ -16,6 +16,11 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 end
 if ARGV[1] == 'rotate' then
   local current = redis.call('HGET', KEYS[1], 'key_hash')
+  if current == ARGV[2] then
+    -- This rotation again (a call sent again after its connection was lost): done
+    -- already; rotating again would revoke the key that was current before it.
+    return 1
+  end
   redis.call('HSET', KEYS[1], 'key_hash_old', current, 'key_hash', ARGV[2])
   redis.call('HINCRBY', KEYS[1], 'version', 1)
   return 1
