@@ -320,6 +320,23 @@ async def test_add_and_retire_arms(api: Api) -> None:
         assert (await api.choose(key, COV_CONTEXT)).json()["arm_id"] == "b"
 
 
+async def test_added_and_retired_arms_keep_their_features_to_the_last_bit(api: Api) -> None:
+    """A double needs 17 significant digits and Redis's cjson writes 14: the arms' records
+    are written as the service made them, so an added arm's features and a retired
+    arm's are the ones given, bit for bit."""
+    exact = [0.30000000000000004, 1.2345678901234567]
+    await api.create({**STOCHASTIC, "arms": [{"id": "a", "features": exact},
+                                             {"id": "b", "features": [0.0, 1.0]}]})
+    added = await api.http.post("/experiments/sto/arms", headers=ADMIN,
+                                json={"arms": [{"id": "c", "features": exact[::-1]}]})
+    assert added.status_code == 200
+    retired = await api.http.post("/experiments/sto/arms/retire", json={"arm_ids": ["a"]},
+                                  headers=ADMIN)
+    assert retired.status_code == 200
+    arms = {a["id"]: (a["features"], a["active"]) for a in retired.json()["arms"]}
+    assert arms == {"a": (exact, False), "b": ([0.0, 1.0], True), "c": (exact[::-1], True)}
+
+
 async def test_a_retired_arms_context_is_ignored_not_refused(api: Api) -> None:
     """Issue 25: a client that still sends a retired arm's context (it has not learnt of
     the retirement yet) gets a decision among the active arms, not a 422; an unknown

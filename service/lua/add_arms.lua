@@ -3,7 +3,7 @@
 -- KEYS[1]  meta hash  lrb:{exp}:meta
 -- KEYS[2]  arms hash  lrb:{exp}:arms
 -- ARGV[1]  the most arms an experiment may have (max_arms)
--- ARGV[2..]  arm id, JSON without index (the script appends "index"), ...
+-- ARGV[2..]  arm id, JSON object without index (the script adds "index"), ...
 --
 -- Returns the new version, 0 if the experiment is gone, -1 if an id exists,
 -- -2 if there would be more than ARGV[1] arms (checked here, so that
@@ -21,10 +21,12 @@ for i = 2, #ARGV, 2 do
     return -1
   end
 end
+-- The record as the service wrote it, its index put first (ARGV's JSON is an object
+-- with fields): cjson.encode would write the features with 14 significant digits, not
+-- the 17 a double needs.
 for i = 2, #ARGV, 2 do
-  local arm = cjson.decode(ARGV[i + 1])
-  arm['index'] = next_index
+  redis.call('HSET', KEYS[2], ARGV[i],
+             string.format('{"index": %d, ', next_index) .. string.sub(ARGV[i + 1], 2))
   next_index = next_index + 1
-  redis.call('HSET', KEYS[2], ARGV[i], cjson.encode(arm))
 end
 return redis.call('HINCRBY', KEYS[1], 'version', 1)

@@ -31,9 +31,16 @@ end
 if not left then
   return -2
 end
+-- Only the flag changes, the rest of the record as written: cjson.encode would write
+-- the features with 14 significant digits, not the 17 a double needs.
 for i = 1, #ARGV do
-  local arm = cjson.decode(redis.call('HGET', KEYS[2], ARGV[i]))
-  arm['active'] = false
-  redis.call('HSET', KEYS[2], ARGV[i], cjson.encode(arm))
+  local record = redis.call('HGET', KEYS[2], ARGV[i])
+  local retired, found = string.gsub(record, '"active"%s*:%s*true', '"active": false', 1)
+  if found == 0 and cjson.decode(record)['active'] then  -- (not as the service writes it)
+    local arm = cjson.decode(record)
+    arm['active'] = false
+    retired = cjson.encode(arm)
+  end
+  redis.call('HSET', KEYS[2], ARGV[i], retired)
 end
 return redis.call('HINCRBY', KEYS[1], 'version', 1)
