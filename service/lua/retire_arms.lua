@@ -36,10 +36,12 @@ end
 for i = 1, #ARGV do
   local record = redis.call('HGET', KEYS[2], ARGV[i])
   local retired, found = string.gsub(record, '"active"%s*:%s*true', '"active": false', 1)
-  if found == 0 and cjson.decode(record)['active'] then  -- (not as the service writes it)
+  if found == 0 then  -- (not as the service writes it, or retired already)
     local arm = cjson.decode(record)
-    arm['active'] = false
-    retired = cjson.encode(arm)
+    if arm['active'] then
+      arm['active'] = false
+      retired = cjson.encode(arm)
+    end
   end
   redis.call('HSET', KEYS[2], ARGV[i], retired)
 end
