@@ -126,6 +126,12 @@ def deleted_pending(experiment_id: str, token: str) -> str:
     return f"{PREFIX}:{{{experiment_id}}}:deleted-pending:{token}"
 
 
+def call_mark(experiment_id: str, token: str) -> str:
+    """String: the answer of a change of the experiment, kept while its call may be sent
+    again (service/lua/once.lua)."""
+    return f"{PREFIX}:{{{experiment_id}}}:call:{token}"
+
+
 # Fields of the stats hash.
 SHARED_MODEL_FIELD = "model"
 DECISIONS = "decisions"  # decisions recorded

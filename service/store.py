@@ -297,6 +297,7 @@ _BATCHED: dict[str, tuple[str, ...]] = {
     "decide": ("damaged", "tail", "recent"), "reward": ("damaged", "outcomes", "tail", "recent"),
     "settle": ("damaged", "outcomes", "recent"), "progress": ("tail",)}
 _READ_ONLY = frozenset({"progress"})
+_ONCE = ("once",)  # the changes of an experiment, answered the same when sent again
 
 
 def library() -> _Library:
@@ -1250,14 +1251,14 @@ class Store:
         self._fold = client.register_script(_script("fold", uses=["tail"]))
         self._progress = client.register_script(_script("progress", _BATCHED["progress"]))
         self._create = client.register_script(_script("create"))
-        self._add_arms = client.register_script(_script("add_arms"))
-        self._retire_arms = client.register_script(_script("retire_arms"))
+        self._add_arms = client.register_script(_script("add_arms", _ONCE))
+        self._retire_arms = client.register_script(_script("retire_arms", _ONCE))
         self._decide = client.register_script(_script("decide", _BATCHED["decide"]))
         self._upgrade_decision = client.register_script(_script("upgrade_decision"))
-        self._delete = client.register_script(_script("delete"))
+        self._delete = client.register_script(_script("delete", _ONCE))
         self._read = client.register_script(_script("read"))
-        self._keys = client.register_script(_script("keys"))
-        self._settings = client.register_script(_script("settings"))
+        self._keys = client.register_script(_script("keys", _ONCE))
+        self._settings = client.register_script(_script("settings", _ONCE))
         self._sync_member = client.register_script(_script("sync_member"))
         self._release = client.register_script(_script("release"))
         self._batcher = _ScriptBatcher(client, deadline_seconds, library(),
@@ -1348,6 +1349,17 @@ class Store:
         if isinstance(self._client, RedisCluster) or self._batcher.replicated:
             return await self._batcher.run(script, keyset, args)
         return await script(keys=keyset, args=args)
+
+    async def _change(self, script: AsyncScript, experiment_id: str, keyset: Sequence[str],
+                      args: Sequence[Any] = ()) -> Any:
+        """:meth:`_write` of a change of the experiment whose script keeps its answer for
+        the call sent again (``once.lua``): the call's mark named after ``keyset``,
+        deleted once the answer is here (a resend is over then)."""
+        mark = keys.call_mark(experiment_id, secrets.token_hex(8))
+        answer = await self._write(script, [*keyset, mark], args)
+        with contextlib.suppress(redis.RedisError):  # (it expires in a minute)
+            await self._client.delete(mark)
+        return answer
 
     async def _primaries(self) -> list[ClusterNode | None]:
         """The nodes to ask about the whole store: every primary of a cluster,
@@ -1574,13 +1586,14 @@ class Store:
     async def rotate_key(self, experiment_id: str, new_hash: str) -> bool:
         """The new key becomes the experiment's, the current one its previous (still
         valid until revoked); False if the experiment does not exist (``keys.lua``)."""
-        return int(await self._write(self._keys, [keys.meta(experiment_id)],
-                                     ["rotate", new_hash])) == 1
+        return int(await self._change(self._keys, experiment_id, [keys.meta(experiment_id)],
+                                      ["rotate", new_hash])) == 1
 
     @_translated
     async def revoke_previous_key(self, experiment_id: str) -> int:
         """0: no such experiment; 1: the previous key revoked; 2: there was none."""
-        return int(await self._write(self._keys, [keys.meta(experiment_id)], ["revoke"]))
+        return int(await self._change(self._keys, experiment_id, [keys.meta(experiment_id)],
+                                      ["revoke"]))
 
     @_translated
     async def key_hashes(self, experiment_id: str) -> tuple[str, ...] | None:
@@ -1695,7 +1708,7 @@ class Store:
                   keys.stats(experiment_id), keys.log(experiment_id),
                   keys.pending(experiment_id), keys.settled(experiment_id), *aside,
                   keys.outcomes(experiment_id)]
-        removed = await self._write(self._delete, keyset)
+        removed = await self._change(self._delete, experiment_id, keyset)
         await self._client.srem(keys.EXPERIMENT_INDEX, experiment_id)
         await self._client.srem(keys.DEFAULT_REWARD_INDEX, experiment_id)
         for listed in aside:
@@ -1732,7 +1745,7 @@ class Store:
         -2 if it would have more than ``max_arms``."""
         args = [str(max_arms), *(item for pair in arms.items() for item in pair)]
         keyset = [keys.meta(experiment_id), keys.arms(experiment_id)]
-        return int(await self._write(self._add_arms, keyset, args))
+        return int(await self._change(self._add_arms, experiment_id, keyset, args))
 
     @_translated
     async def update_settings(
@@ -1744,8 +1757,9 @@ class Store:
         is gone, -1 if its definition changed since ``version`` was read."""
         args = [str(version), spec, config, default_reward or "", str(log_max_entries),
                 str(log_max_age_seconds), change]
-        return int(await self._write(
-            self._settings, [keys.meta(experiment_id), keys.log(experiment_id)], args))
+        return int(await self._change(
+            self._settings, experiment_id, [keys.meta(experiment_id), keys.log(experiment_id)],
+            args))
 
     @_translated
     async def sync_member(
@@ -1764,7 +1778,7 @@ class Store:
         """Returns the new version, 0 if the experiment is gone, -1 if an arm is unknown,
         -2 if no active arm would be left."""
         keyset = [keys.meta(experiment_id), keys.arms(experiment_id)]
-        return int(await self._write(self._retire_arms, keyset, list(arm_ids)))
+        return int(await self._change(self._retire_arms, experiment_id, keyset, list(arm_ids)))
 
     # -- statistics and decisions ----------------------------------------
 

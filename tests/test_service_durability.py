@@ -48,9 +48,9 @@ from service.errors import InvalidInput
 from service.experiments import ExperimentService
 from service.folding import fields_of, folded_blobs, split_records
 from service.settings import Settings
-from service.store import _BATCHED, Store, _script
+from service.store import _BATCHED, _ONCE, Store, _script
 from tests import records
-from tests.conftest import ADMIN, ADMIN_TOKEN, CONTEXTUAL, Api
+from tests.conftest import ADMIN, ADMIN_TOKEN, CONTEXTUAL, Api, key_pattern
 
 # Its experiments stay unsharded under LINREBOOT_TEST_SHARDS: the tests replay one
 # member's sums and seeded numbers 1, 2, 3 (sharded replays: tests/test_shards.py).
@@ -509,6 +509,74 @@ async def test_reward_whose_reply_is_lost_in_the_network_counts_once(
     once = expected_state(config, 2, [Observation(k, np.array(features), 2.5)])
     assert [a.pulls for a in view.arms] == once["pulls"][0].tolist()
     assert_stats_equal(config, arm_ids, stored_stats(redis_db, "sto"), once)
+
+
+# Each change of an experiment, made with its script's reply lost: its script, the call.
+_LIFECYCLE_CALLS: dict[str, tuple[str, Any]] = {
+    "add arms": ("add_arms", lambda s: s.add_arms("lc", [ArmSpec("c", (0.1, 0.3))])),
+    "retire arms": ("retire_arms", lambda s: s.retire_arms("lc", ["b"])),
+    "update settings": ("settings", lambda s: s.update_settings("lc", {"epsilon": 0.25})),
+    "rotate the key": ("keys", lambda s: s.rotate_key("lc")),
+    "revoke the previous key": ("keys", lambda s: s.revoke_previous_key("lc")),
+    "delete": ("delete", lambda s: s.delete("lc")),
+}
+
+
+@pytest.mark.parametrize("change", list(_LIFECYCLE_CALLS))
+async def test_a_change_whose_reply_is_lost_in_the_network_answers_as_made_once(
+    service: ExperimentService, app_settings: Settings, redis_db: str, change: str
+) -> None:
+    """redis-py resends a lifecycle script whose reply was lost (Store.from_url): the
+    caller is told the change was made (not 409, 404 or "nothing to revoke"), and it
+    was made once: the version went up once, the settings were logged once."""
+    parts = urlsplit(redis_db)
+    if parts.scheme != "redis" or parts.hostname is None or parts.port is None:
+        pytest.skip("the proxy needs a redis://host:port test Redis")
+    script, call = _LIFECYCLE_CALLS[change]
+    _, old_key = await service.create(ExperimentSpec(
+        id="lc", setting="stochastic", dim=2, seed=4, log_max_entries=100,
+        arms=(ArmSpec("a", (0.6, 0.8)), ArmSpec("b", (1.0, 0.0)))))
+    if change == "revoke the previous key":
+        await service.rotate_key("lc")
+    with redis.Redis.from_url(redis_db) as client:
+        sha = client.script_load(_script(script, _ONCE))  # cached, as after an earlier change
+        version = int(client.hget(keys.meta("lc"), "version") or 0)
+        logged = len(client.xrange(keys.log("lc")))
+    proxy = LosesFirstReply((parts.hostname, parts.port), marker=sha.encode())
+    async with proxy.running() as port:
+        store = Store.from_url(_proxied(redis_db, port), app_settings.redis_timeout_seconds)
+        through_proxy = ExperimentService(store, app_settings)
+        try:
+            answer = await call(through_proxy)
+        finally:
+            await through_proxy.close()
+
+    assert proxy.lost_reply.startswith(b":")  # the first attempt ran the script
+    assert proxy.marked_requests == 2  # and redis-py sent it again on a new connection
+    with redis.Redis.from_url(redis_db) as client:
+        if change == "delete":
+            assert answer is None  # not NotFound
+            assert list(client.scan_iter(match=key_pattern("lc"))) == []  # the mark too
+            return
+        assert int(client.hget(keys.meta("lc"), "version") or 0) == version + 1
+        entries = client.xrange(keys.log("lc"))
+    kinds = [fields[b"type"] for _, fields in entries[logged:]]
+    assert kinds == ([b"settings"] if change == "update settings" else [])
+    view = await service.get("lc")
+    if change == "add arms":
+        assert [a.id for a in view.arms] == ["a", "b", "c"]
+    elif change == "retire arms":
+        assert [a.active for a in view.arms] == [True, False]
+    elif change == "update settings":
+        assert view.config["epsilon"] == 0.25
+    elif change == "rotate the key":  # the new key and the one before it
+        assert view.previous_key_valid
+        service.views.forget("lc")
+        await service.choose("lc", ChooseRequest(), answer)
+        await service.choose("lc", ChooseRequest(), old_key)
+    else:
+        assert answer is True  # revoked (not "there was none")
+        assert not view.previous_key_valid
 
 
 # -- 3. two worker processes ----------------------------------------------------

@@ -2,6 +2,7 @@
 --
 -- KEYS[1]  meta hash  lrb:{exp}:meta
 -- KEYS[2]  arms hash  lrb:{exp}:arms
+-- KEYS[3]  this call's mark (once.lua)
 -- ARGV[1]  the most arms an experiment may have (max_arms)
 -- ARGV[2..]  arm id, JSON object without index (the script adds "index"), ...
 --
@@ -9,6 +10,10 @@
 -- -2 if there would be more than ARGV[1] arms (checked here, so that
 -- concurrent additions cannot together exceed it).
 
+local resent = answered()  -- once.lua
+if resent then
+  return resent
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
@@ -29,4 +34,4 @@ for i = 2, #ARGV, 2 do
              string.format('{"index": %d, ', next_index) .. string.sub(ARGV[i + 1], 2))
   next_index = next_index + 1
 end
-return redis.call('HINCRBY', KEYS[1], 'version', 1)
+return made(redis.call('HINCRBY', KEYS[1], 'version', 1))

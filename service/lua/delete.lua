@@ -9,6 +9,7 @@
 -- KEYS[7]  a fresh name for the pending list, lrb:{exp}:deleted-pending:<token>
 -- KEYS[8]  a fresh name for the settled list, lrb:{exp}:deleted-pending:<token'>
 -- KEYS[9]  outcomes       lrb:{exp}:outcomes
+-- KEYS[10] this call's mark (once.lua)
 --
 -- Returns how many of KEYS[1..3] existed (0: no such experiment).
 --
@@ -19,6 +20,10 @@
 -- never finishes deleting the decisions, they and the lists expire on their
 -- own. The log goes at once (UNLINK: Redis frees a long stream in the background).
 
+local resent = answered()  -- once.lua
+if resent then
+  return resent
+end
 local removed = redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 redis.call('DEL', KEYS[9])
 redis.call('UNLINK', KEYS[4])
@@ -26,5 +31,8 @@ for i = 5, 6 do
   if redis.call('EXISTS', KEYS[i]) == 1 then
     redis.call('RENAME', KEYS[i], KEYS[i + 2])
   end
+end
+if removed > 0 then
+  return made(removed)
 end
 return removed

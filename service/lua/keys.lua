@@ -3,6 +3,7 @@
 -- that is revoked: clients move to the new key with no request refused.
 --
 -- KEYS[1]  meta hash  lrb:{exp}:meta  (key_hash, key_hash_old)
+-- KEYS[2]  this call's mark (once.lua)
 -- ARGV[1]  'rotate' or 'revoke'
 -- ARGV[2]  with 'rotate': the SHA-256 (hex) of the new key
 --
@@ -11,22 +12,21 @@
 -- of the definition: the version goes up (a sharded experiment's other members
 -- copy it by version, service.shards), and each worker's view reads it again.
 
+local resent = answered()  -- once.lua
+if resent then
+  return resent
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
 if ARGV[1] == 'rotate' then
   local current = redis.call('HGET', KEYS[1], 'key_hash')
-  if current == ARGV[2] then
-    -- This rotation again (a call sent again after its connection was lost): done
-    -- already; rotating again would revoke the key that was current before it.
-    return 1
-  end
   redis.call('HSET', KEYS[1], 'key_hash_old', current, 'key_hash', ARGV[2])
   redis.call('HINCRBY', KEYS[1], 'version', 1)
-  return 1
+  return made(1)
 end
 if redis.call('HDEL', KEYS[1], 'key_hash_old') == 1 then
   redis.call('HINCRBY', KEYS[1], 'version', 1)
-  return 1
+  return made(1)
 end
 return 2

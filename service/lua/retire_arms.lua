@@ -2,12 +2,17 @@
 --
 -- KEYS[1]  meta hash  lrb:{exp}:meta
 -- KEYS[2]  arms hash  lrb:{exp}:arms
+-- KEYS[3]  this call's mark (once.lua)
 -- ARGV     arm ids
 --
 -- Returns the new version, 0 if the experiment is gone, -1 if an id is unknown,
 -- -2 if no active arm would be left (checked here, so that concurrent
 -- retirements cannot together retire every arm).
 
+local resent = answered()  -- once.lua
+if resent then
+  return resent
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
@@ -45,4 +50,4 @@ for i = 1, #ARGV do
   end
   redis.call('HSET', KEYS[2], ARGV[i], retired)
 end
-return redis.call('HINCRBY', KEYS[1], 'version', 1)
+return made(redis.call('HINCRBY', KEYS[1], 'version', 1))

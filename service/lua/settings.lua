@@ -6,6 +6,7 @@
 -- KEYS[1]  meta hash      lrb:{exp}:meta  (spec, config, version, default_reward,
 --                          log_max_entries, log_max_age_seconds)
 -- KEYS[2]  decision log   lrb:{exp}:log
+-- KEYS[3]  this call's mark (once.lua)
 -- ARGV[1]  the version the caller read the definition at
 -- ARGV[2]  the new spec (JSON)
 -- ARGV[3]  the new config (JSON)
@@ -17,6 +18,10 @@
 -- Returns the new version, 0 if the experiment does not exist, -1 if its
 -- definition changed since ARGV[1] was read (the caller reads it again).
 
+local resent = answered()  -- once.lua
+if resent then
+  return resent
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
@@ -39,4 +44,4 @@ if max_entries > 0 then
              'id', '', 'changes', ARGV[7])
   redis.call('EXPIRE', KEYS[2], tonumber(ARGV[6]))
 end
-return version
+return made(version)
