@@ -789,6 +789,11 @@ class _ScriptBatcher:
         return self._acks.replicated
 
     @property
+    def unasked(self) -> bool:
+        """A single Redis not yet asked whether it has replicas (the first batch asks)."""
+        return self._acks.unasked
+
+    @property
     def batch_in_flight(self) -> bool:
         """A batch is sent and not yet answered (to any server)."""
         lanes = [self._single] if self._single is not None else self._lanes.values()
@@ -1345,8 +1350,10 @@ class Store:
                      ) -> Any:
         """A script whose writes a caller is told of: through the batcher, which answers
         once a replica holds them (:mod:`service.replicas`), on a cluster or a Redis
-        with a replica online (as the batcher last heard)."""
-        if isinstance(self._client, RedisCluster) or self._batcher.replicated:
+        with a replica online (as the batcher last heard), or not asked yet: a
+        worker's first call may be a creation."""
+        if isinstance(self._client, RedisCluster) or self._batcher.replicated \
+                or self._batcher.unasked:
             return await self._batcher.run(script, keyset, args)
         return await script(keys=keyset, args=args)
 

@@ -25,7 +25,7 @@ from loadtest.faults import redis_7_binary
 from service.settings import Settings
 from service.store import Store
 from tests.cluster import _binary, _free_ports, _wait
-from tests.conftest import ADMIN_TOKEN, COVARIATES, Api
+from tests.conftest import ADMIN, ADMIN_TOKEN, COVARIATES, Api
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -164,6 +164,27 @@ async def test_a_write_is_answered_once_the_replica_holds_it(
     assert late.status_code == 200, late.text
     assert time.monotonic() - started < 1.5
     assert (await one.experiment("cov"))["rewards"] == 3
+
+
+async def test_a_workers_first_call_a_creation_is_answered_once_the_replica_holds_it(
+    pair: Pair, workers: tuple[Api, Api],
+) -> None:
+    """A worker that has not yet asked its Redis about replicas (no decision or reward
+    made yet) and whose first call is a change of an experiment waits for the replica
+    too: with the replica paused, the creation answers 503 after the replica wait; once
+    the replica is back, the same creation is answered 409 (it was made)."""
+    one, _ = workers
+    pair.replica.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        refused = await one.http.post("/experiments", json=COVARIATES, headers=ADMIN)
+        assert refused.status_code == 503, refused.text
+        assert refused.headers["Retry-After"]
+        assert time.monotonic() - started >= 0.9  # the replica wait, 1 s
+    finally:
+        pair.replica.send_signal(signal.SIGCONT)
+    again = await one.http.post("/experiments", json=COVARIATES, headers=ADMIN)
+    assert again.status_code == 409, again.text
 
 
 # Writes its key once: a retry finds it written and writes nothing (as a decision's retry
