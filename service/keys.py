@@ -126,10 +126,10 @@ def deleted_pending(experiment_id: str, token: str) -> str:
     return f"{PREFIX}:{{{experiment_id}}}:deleted-pending:{token}"
 
 
-def call_mark(experiment_id: str, token: str) -> str:
-    """String: the answer of a change of the experiment, kept while its call may be sent
-    again (service/lua/once.lua)."""
-    return f"{PREFIX}:{{{experiment_id}}}:call:{token}"
+def calls(experiment_id: str) -> str:
+    """Hash: the answers of the experiment's last changes by their calls' tokens, kept
+    while a call may be sent again (a minute: service/lua/once.lua)."""
+    return f"{PREFIX}:{{{experiment_id}}}:calls"
 
 
 # Fields of the stats hash.

@@ -1360,13 +1360,10 @@ class Store:
     async def _change(self, script: AsyncScript, experiment_id: str, keyset: Sequence[str],
                       args: Sequence[Any] = ()) -> Any:
         """:meth:`_write` of a change of the experiment whose script keeps its answer for
-        the call sent again (``once.lua``): the call's mark named after ``keyset``,
-        deleted once the answer is here (a resend is over then)."""
-        mark = keys.call_mark(experiment_id, secrets.token_hex(8))
-        answer = await self._write(script, [*keyset, mark], args)
-        with contextlib.suppress(redis.RedisError):  # (it expires in a minute)
-            await self._client.delete(mark)
-        return answer
+        the call sent again (``once.lua``): the experiment's calls hash after ``keyset``,
+        a token of the call's own after ``args``."""
+        return await self._write(script, [*keyset, keys.calls(experiment_id)],
+                                 [*args, secrets.token_hex(8)])
 
     async def _primaries(self) -> list[ClusterNode | None]:
         """The nodes to ask about the whole store: every primary of a cluster,
@@ -1720,6 +1717,7 @@ class Store:
         await self._client.srem(keys.DEFAULT_REWARD_INDEX, experiment_id)
         for listed in aside:
             await self._delete_listed(experiment_id, listed)
+        await self._client.delete(keys.calls(experiment_id))  # (else gone in a minute)
         return bool(removed)
 
     async def _delete_listed(self, experiment_id: str, listed: str) -> None:

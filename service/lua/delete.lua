@@ -9,7 +9,7 @@
 -- KEYS[7]  a fresh name for the pending list, lrb:{exp}:deleted-pending:<token>
 -- KEYS[8]  a fresh name for the settled list, lrb:{exp}:deleted-pending:<token'>
 -- KEYS[9]  outcomes       lrb:{exp}:outcomes
--- KEYS[10] this call's mark (once.lua)
+-- KEYS[10] the experiment's calls hash, and ARGV's last: this call's token (once.lua)
 --
 -- Returns how many of KEYS[1..3] existed (0: no such experiment).
 --

@@ -3,7 +3,7 @@
 -- that is revoked: clients move to the new key with no request refused.
 --
 -- KEYS[1]  meta hash  lrb:{exp}:meta  (key_hash, key_hash_old)
--- KEYS[2]  this call's mark (once.lua)
+-- KEYS[2]  the experiment's calls hash, and ARGV's last: this call's token (once.lua)
 -- ARGV[1]  'rotate' or 'revoke'
 -- ARGV[2]  with 'rotate': the SHA-256 (hex) of the new key
 --
@@ -21,6 +21,11 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 end
 if ARGV[1] == 'rotate' then
   local current = redis.call('HGET', KEYS[1], 'key_hash')
+  if current == ARGV[2] then
+    -- This rotation already (a call held up in the network and delivered after its
+    -- resend was answered): rotating again would revoke the key current before it.
+    return 1
+  end
   redis.call('HSET', KEYS[1], 'key_hash_old', current, 'key_hash', ARGV[2])
   redis.call('HINCRBY', KEYS[1], 'version', 1)
   return made(1)

@@ -2,7 +2,7 @@
 --
 -- KEYS[1]  meta hash  lrb:{exp}:meta
 -- KEYS[2]  arms hash  lrb:{exp}:arms
--- KEYS[3]  this call's mark (once.lua)
+-- KEYS[3]  the experiment's calls hash, and ARGV's last: this call's token (once.lua)
 -- ARGV     arm ids
 --
 -- Returns the new version, 0 if the experiment is gone, -1 if an id is unknown,

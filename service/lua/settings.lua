@@ -6,7 +6,7 @@
 -- KEYS[1]  meta hash      lrb:{exp}:meta  (spec, config, version, default_reward,
 --                          log_max_entries, log_max_age_seconds)
 -- KEYS[2]  decision log   lrb:{exp}:log
--- KEYS[3]  this call's mark (once.lua)
+-- KEYS[3]  the experiment's calls hash, and ARGV's last: this call's token (once.lua)
 -- ARGV[1]  the version the caller read the definition at
 -- ARGV[2]  the new spec (JSON)
 -- ARGV[3]  the new config (JSON)
