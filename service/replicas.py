@@ -86,12 +86,6 @@ class ReplicaAcks:
         self._refused = False  # the server refuses ROLE or WAIT: no waiting
 
     @property
-    def replicated(self) -> bool:
-        """The single Redis had a replica online when last asked."""
-        known = self._masters.get(SERVER)
-        return known is not None and known.online > 0 and not self._refused
-
-    @property
     def unasked(self) -> bool:
         """A single Redis not yet asked whether it has replicas (a cluster's first guess
         comes from its topology)."""
@@ -154,6 +148,8 @@ class ReplicaAcks:
             self._learn(name, role)
         for acked in waited.values():
             self._check_refusal(acked)
+        if self._refused:  # (WAIT refused: written to without waiting, as documented)
+            return {}
         refused: dict[int, Exception] = {}
         for index, (slot, name) in plan.masters.items():
             if isinstance(replies[index], Exception):

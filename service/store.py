@@ -784,16 +784,6 @@ class _ScriptBatcher:
         return node.name if node is not None else ""
 
     @property
-    def replicated(self) -> bool:
-        """The single Redis had a replica online when last asked."""
-        return self._acks.replicated
-
-    @property
-    def unasked(self) -> bool:
-        """A single Redis not yet asked whether it has replicas (the first batch asks)."""
-        return self._acks.unasked
-
-    @property
     def batch_in_flight(self) -> bool:
         """A batch is sent and not yet answered (to any server)."""
         lanes = [self._single] if self._single is not None else self._lanes.values()
@@ -1349,21 +1339,18 @@ class Store:
     async def _write(self, script: AsyncScript, keyset: Sequence[str], args: Sequence[Any] = ()
                      ) -> Any:
         """A script whose writes a caller is told of: through the batcher, which answers
-        once a replica holds them (:mod:`service.replicas`), on a cluster or a Redis
-        with a replica online (as the batcher last heard), or not asked yet: a
-        worker's first call may be a creation."""
-        if isinstance(self._client, RedisCluster) or self._batcher.replicated \
-                or self._batcher.unasked:
-            return await self._batcher.run(script, keyset, args)
-        return await script(keys=keyset, args=args)
+        once a replica holds them (:mod:`service.replicas`), and asks the server about
+        its replicas before the first and then every second (a worker that serves only
+        changes of experiments learns of a replica attached later too)."""
+        return await self._batcher.run(script, keyset, args)
 
     async def _change(self, script: AsyncScript, experiment_id: str, keyset: Sequence[str],
-                      args: Sequence[Any] = ()) -> Any:
+                      args: Sequence[Any] = (), token: str | None = None) -> Any:
         """:meth:`_write` of a change of the experiment whose script keeps its answer for
         the call sent again (``once.lua``): the experiment's calls hash after ``keyset``,
-        a token of the call's own after ``args``."""
+        the call's ``token`` (a fresh one by default) after ``args``."""
         return await self._write(script, [*keyset, keys.calls(experiment_id)],
-                                 [*args, secrets.token_hex(8)])
+                                 [*args, token or secrets.token_hex(8)])
 
     async def _primaries(self) -> list[ClusterNode | None]:
         """The nodes to ask about the whole store: every primary of a cluster,
@@ -1712,12 +1699,15 @@ class Store:
                   keys.stats(experiment_id), keys.log(experiment_id),
                   keys.pending(experiment_id), keys.settled(experiment_id), *aside,
                   keys.outcomes(experiment_id)]
-        removed = await self._change(self._delete, experiment_id, keyset)
+        token = secrets.token_hex(8)
+        removed = await self._change(self._delete, experiment_id, keyset, token=token)
         await self._client.srem(keys.EXPERIMENT_INDEX, experiment_id)
         await self._client.srem(keys.DEFAULT_REWARD_INDEX, experiment_id)
         for listed in aside:
             await self._delete_listed(experiment_id, listed)
-        await self._client.delete(keys.calls(experiment_id))  # (else gone in a minute)
+        with contextlib.suppress(redis.RedisError):  # (else gone in a minute)
+            # Its own answer only: the id may be an experiment's again already.
+            await self._client.hdel(keys.calls(experiment_id), token)
         return bool(removed)
 
     async def _delete_listed(self, experiment_id: str, listed: str) -> None:

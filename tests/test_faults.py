@@ -375,14 +375,15 @@ async def test_a_creation_whose_index_write_is_refused_is_undone(
 ) -> None:
     """Memory runs out between the creation script and the index write (other traffic)."""
     store = service_on._store
-    create_script = store._create
+    write = store._write
 
-    async def then_memory_runs_out(*args: object, **kwargs: object) -> object:
-        created = await create_script(*args, **kwargs)  # type: ignore[arg-type]
-        _set_maxmemory(memory_limit, 1)
-        return created
+    async def then_memory_runs_out(script: object, *args: object) -> object:
+        answer = await write(script, *args)  # type: ignore[arg-type]
+        if script is store._create:
+            _set_maxmemory(memory_limit, 1)
+        return answer
 
-    monkeypatch.setattr(store, "_create", then_memory_runs_out)
+    monkeypatch.setattr(store, "_write", then_memory_runs_out)
     with pytest.raises(StoreFull):
         await service_on.create(SPEC)
     assert _dump(memory_limit) == {}  # nobody has its key: nothing may be left

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from service.definition import hash_key
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
 from service.errors import Forbidden, NotFound
 from service.experiments import ExperimentService
@@ -55,6 +56,18 @@ async def test_a_rotation_keeps_the_old_key_until_it_is_revoked_on_every_worker(
         await service.rotate_key("ghost")
     with pytest.raises(NotFound):
         await service.revoke_previous_key("ghost")
+
+
+async def test_a_rotation_delivered_again_keeps_the_key_before_it(service: ExperimentService
+                                                                ) -> None:
+    """keys.lua run twice with the same new key as two calls (a call held up in the
+    network and delivered after its resend was answered: once.lua's answer no longer
+    serves it): the key before the rotation stays valid."""
+    _, old = await service.create(SPEC)
+    new_hash = "ab" * 32
+    assert await service._store.rotate_key("keys", new_hash)
+    assert await service._store.rotate_key("keys", new_hash)
+    assert await service._store.key_hashes("keys") == (new_hash, hash_key(old))
 
 
 async def test_no_request_fails_while_the_key_rotates_under_load(api: Api) -> None:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -22,8 +23,11 @@ from redis.exceptions import ResponseError
 
 from app.main import create_app
 from loadtest.faults import redis_7_binary
+from service import keys
+from service.errors import StoreUnavailable
+from service.replicas import REFRESH_SECONDS
 from service.settings import Settings
-from service.store import Store
+from service.store import Store, _script
 from tests.cluster import _binary, _free_ports, _wait
 from tests.conftest import ADMIN, ADMIN_TOKEN, COVARIATES, Api
 
@@ -39,6 +43,7 @@ class Pair:
 
     url: str
     replica: subprocess.Popen[bytes]
+    replica_port: int
 
 
 def _server(binary: str, directory: Path, port: int, *extra: str) -> subprocess.Popen[bytes]:
@@ -68,7 +73,7 @@ def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pair]:
         # store that asked ROLE in between would not wait for the replica for a second
         # (RELIABILITY.md, "Not covered"), and the tests' writes would not be waited for.
         _wait(lambda: _listed(primary_port), "the primary does not list its replica online")
-        yield Pair(f"redis://127.0.0.1:{primary_port}/0", processes[1])
+        yield Pair(f"redis://127.0.0.1:{primary_port}/0", processes[1], replica_port)
     finally:
         for process in processes:
             process.send_signal(signal.SIGCONT)
@@ -218,3 +223,55 @@ async def test_a_retry_that_writes_nothing_waits_for_the_first_attempts_write(
     finally:
         for store in stores:
             await store.close()
+
+
+async def test_a_server_that_refuses_wait_is_written_to_without_waiting(pair: Pair) -> None:
+    """A user whose ACL forbids WAIT (ROLE allowed) on a primary with a replica online:
+    writes are answered without waiting (RELIABILITY.md), the first batch's too: a
+    worker's first call, a creation, is made and answered so (it answered 503 for a
+    creation made, whose retry would find the id taken and the key lost)."""
+    with redis.Redis.from_url(pair.url) as client:
+        client.execute_command("ACL", "SETUSER", "nowait", "on", ">secret", "~*", "&*",
+                               "+@all", "-wait")
+        client.script_load(_script("create"))  # (else its first call is refused NOSCRIPT)
+    url = pair.url.replace("redis://", "redis://nowait:secret@")
+    store = Store.from_url(url, 2.0)
+    try:  # the store's first call
+        assert await store.create("cov", {"incarnation": "i", "version": "1"}, {"a": "{}"})
+        assert await store.add_arms("cov", {"b": "{}"}, max_arms=10) == 2
+    finally:
+        await store.close()
+    with redis.Redis.from_url(pair.url) as client:
+        assert client.hkeys(keys.arms("cov")) == [b"a", b"b"]
+
+
+async def test_a_replica_attached_later_is_waited_for_by_a_worker_that_only_changes(
+    pair: Pair,
+) -> None:
+    """A worker that makes only changes of experiments (no decision or reward batches)
+    asks its Redis about replicas again every second too: a replica attached after its
+    first write is waited for from its next change but one (the change that asks is
+    answered as it was planned). It went straight to Redis, unwaited, forever."""
+    primary = int(urlsplit(pair.url).port or 0)
+    with redis.Redis(port=pair.replica_port) as replica:
+        replica.execute_command("REPLICAOF", "NO", "ONE")
+    _wait(lambda: not _listed(primary), "the primary still lists its replica")
+    store = Store.from_url(pair.url, 2.0)
+    try:
+        assert await store.create("cov", {"incarnation": "i", "version": "1"}, {"a": "{}"})
+        with redis.Redis(port=pair.replica_port) as replica:
+            replica.execute_command("REPLICAOF", "127.0.0.1", str(primary))
+        _wait(lambda: _in_sync(pair.replica_port) and _listed(primary),
+              "the replica is not back in sync")
+        time.sleep(REFRESH_SECONDS)
+        assert await store.add_arms("cov", {"b": "{}"}, max_arms=10) == 2  # asks again
+        pair.replica.send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                await store.add_arms("cov", {"c": "{}"}, max_arms=10)
+            assert time.monotonic() - started >= 0.9  # the replica wait, 1 s
+        finally:
+            pair.replica.send_signal(signal.SIGCONT)
+    finally:
+        await store.close()

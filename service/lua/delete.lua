@@ -33,6 +33,7 @@ for i = 5, 6 do
   end
 end
 if removed > 0 then
+  redis.call('DEL', KEYS[10])  -- the deleted experiment's answers: the caller removes this one
   return made(removed)
 end
 return removed

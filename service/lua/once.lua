@@ -24,7 +24,9 @@ end
 -- A change made: its answer, kept for the call sent again.
 local function made(answer)
   if redis.call('HLEN', CALLS) >= CALLS_KEPT then
-    redis.call('DEL', CALLS)  -- (changes that fast: their calls' resends are long over)
+    -- Changes that fast: a resend of one of those made in the last seconds (rare) runs
+    -- again, answered as if refused.
+    redis.call('DEL', CALLS)
   end
   redis.call('HSET', CALLS, CALL, answer)
   redis.call('EXPIRE', CALLS, 60)
