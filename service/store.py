@@ -1314,7 +1314,8 @@ class Store:
         whole, where the socket timeouts alone bound each attempt and each
         reconnection, which the retries multiply. Retries are safe: every
         write is idempotent (the decision marker makes a repeated reward a
-        no-op), so a timed-out script may be resent.
+        no-op; a change of an experiment sent again gets its first answer,
+        ``once.lua``), so a timed-out script may be resent.
 
         ``cluster``: ``url`` is a node of a Redis Cluster (any node, a replica
         included). The cluster client keeps up to 256 connections per node and
@@ -1692,7 +1693,8 @@ class Store:
         ``delete.lua`` removes the experiment and sets its lists of decisions
         aside in one step; the decisions are then deleted a chunk at a time,
         so that a large experiment does not hold Redis up. False if there
-        was no such experiment.
+        was no such experiment (the script sent again after its reply was lost
+        answers as it first did: ``once.lua``).
         """
         aside = [keys.deleted_pending(experiment_id, secrets.token_hex(8)) for _ in range(2)]
         keyset = [keys.meta(experiment_id), keys.arms(experiment_id),
