@@ -526,7 +526,8 @@ _LIFECYCLE_CALLS: dict[str, tuple[str, Any]] = {
 async def test_a_change_whose_reply_is_lost_in_the_network_answers_as_made_once(
     service: ExperimentService, app_settings: Settings, redis_db: str, change: str
 ) -> None:
-    """redis-py resends a lifecycle script whose reply was lost (Store.from_url): the
+    """The store resends a lifecycle script whose reply was lost (its connection's retry,
+    Store.from_url): the
     caller is told the change was made (not 409, 404 or "nothing to revoke"), and it
     was made once: the version went up once, the settings were logged once."""
     parts = urlsplit(redis_db)
@@ -552,11 +553,11 @@ async def test_a_change_whose_reply_is_lost_in_the_network_answers_as_made_once(
             await through_proxy.close()
 
     assert proxy.lost_reply.startswith(b":")  # the first attempt ran the script
-    assert proxy.marked_requests == 2  # and redis-py sent it again on a new connection
+    assert proxy.marked_requests == 2  # and the store sent it again on a new connection
     with redis.Redis.from_url(redis_db) as client:
         if change == "delete":
             assert answer is None  # not NotFound
-            assert list(client.scan_iter(match=key_pattern("lc"))) == []  # the mark too
+            assert list(client.scan_iter(match=key_pattern("lc"))) == []  # the calls hash too
             return
         assert int(client.hget(keys.meta("lc"), "version") or 0) == version + 1
         entries = client.xrange(keys.log("lc"))
