@@ -526,10 +526,10 @@ _LIFECYCLE_CALLS: dict[str, tuple[str, Any]] = {
 async def test_a_change_whose_reply_is_lost_in_the_network_answers_as_made_once(
     service: ExperimentService, app_settings: Settings, redis_db: str, change: str
 ) -> None:
-    """The store resends a lifecycle script whose reply was lost (its connection's retry,
-    Store.from_url): the
-    caller is told the change was made (not 409, 404 or "nothing to revoke"), and it
-    was made once: the version went up once, the settings were logged once."""
+    """The store resends a lifecycle script whose reply was lost (its connection's
+    retry, Store.from_url): the caller is told the change was made (not 409, 404 or
+    "nothing to revoke"), and it was made once: the version went up once, the
+    settings were logged once."""
     parts = urlsplit(redis_db)
     if parts.scheme != "redis" or parts.hostname is None or parts.port is None:
         pytest.skip("the proxy needs a redis://host:port test Redis")
