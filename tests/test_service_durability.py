@@ -561,6 +561,7 @@ async def test_a_change_whose_reply_is_lost_in_the_network_answers_as_made_once(
             return
         assert int(client.hget(keys.meta("lc"), "version") or 0) == version + 1
         entries = client.xrange(keys.log("lc"))
+        assert 0 < client.ttl(keys.calls("lc")) <= 60  # the answers kept a minute
     kinds = [fields[b"type"] for _, fields in entries[logged:]]
     assert kinds == ([b"settings"] if change == "update settings" else [])
     view = await service.get("lc")
@@ -578,6 +579,22 @@ async def test_a_change_whose_reply_is_lost_in_the_network_answers_as_made_once(
     else:
         assert answer is True  # revoked (not "there was none")
         assert not view.previous_key_valid
+
+
+async def test_the_answers_kept_for_resends_are_bounded(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """once.lua keeps at most 256 answers of an experiment's changes (a minute each at
+    most): 300 rotations leave fewer, the latest among them."""
+    await service.create(ExperimentSpec(id="many", setting="covariates", dim=2,
+                                        arms=(ArmSpec("a"), ArmSpec("b"))))
+    for n in range(300):
+        assert await service._store.rotate_key("many", f"{n:064x}")
+    with redis.Redis.from_url(redis_db) as client:
+        kept = client.hlen(keys.calls("many"))
+        assert 0 < kept <= 256
+        assert kept == 300 % 256  # emptied once, at the 257th
+        assert 0 < client.ttl(keys.calls("many")) <= 60
 
 
 # -- 3. two worker processes ----------------------------------------------------
