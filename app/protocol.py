@@ -31,33 +31,50 @@ DEFAULT_HEAD_TIMEOUT = float(Settings.model_fields["request_head_timeout_seconds
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
-    """:class:`HttpToolsProtocol` that closes a connection whose request head is late."""
+    """:class:`HttpToolsProtocol` that closes a connection whose request head is late.
+
+    The deadline moves with every response, but its timer does not: a keep-alive
+    connection would otherwise schedule and cancel one timer a request (about 1.5 µs
+    of every request's few hundred). The timer stays where it was armed and, when it
+    fires, closes the connection only if the head is still due and late; if the
+    deadline moved meanwhile it is set again for the new one (at most once a
+    deadline's length on a busy connection)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timeout = float(os.environ.get(HEAD_TIMEOUT_ENV, DEFAULT_HEAD_TIMEOUT))
         self._head_timer: TimerHandle | None = None
+        self._head_due: float | None = None  # loop time by which a head must arrive
 
     def _arm_head_timer(self) -> None:
-        self._disarm_head_timer()
-        self._head_timer = self.loop.call_later(self._head_timeout, self._head_too_late)
+        self._head_due = self.loop.time() + self._head_timeout
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_at(self._head_due, self._head_check)
 
     def _disarm_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        self._head_due = None  # the timer, if set, finds nothing due
 
-    def _head_too_late(self) -> None:
+    def _head_check(self) -> None:
         self._head_timer = None
-        if not self.transport.is_closing():
-            self.transport.close()
+        due = self._head_due
+        if due is None or self.transport.is_closing():
+            return
+        # The deadline moved since the timer was set? (Within a millisecond is due: the
+        # loop's timers keep milliseconds and may fire that much early.)
+        if self.loop.time() + 0.001 < due:
+            self._head_timer = self.loop.call_at(due, self._head_check)
+            return
+        self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_head_timer()
+        self._head_due = None
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
         super().connection_lost(exc)
 
     def on_headers_complete(self) -> None:

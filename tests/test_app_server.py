@@ -104,3 +104,19 @@ def test_connections_that_send_their_request_head_too_slowly_are_closed(redis_db
                     reply += chunk
                 assert b"200 OK" in reply
                 time.sleep(0.5)  # below uvicorn's 5 s keep-alive, below our 1 s head deadline
+        # The deadline moves with each response (its timer is set again only when it
+        # fires): a client asking every 0.3 s is served past several 1 s deadlines, and
+        # once it stops (two requests back to back last, so that a timer set before
+        # them fires after them), it is closed a deadline after its last response.
+        with socket.create_connection((host, int(port))) as busy:
+            start = time.monotonic()
+            for pause in [0.3] * 9 + [0.0, 0.0]:
+                busy.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                reply = b""
+                while not reply.endswith(b'{"status":"ok"}'):
+                    chunk = busy.recv(4096)
+                    assert chunk, (time.monotonic() - start, reply)  # not closed
+                    reply += chunk
+                time.sleep(pause)
+            idle = _closed_within(busy, 5.0)
+            assert idle is not None and 0.8 <= idle <= 1.5, idle
