@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Path, Request, Security
+from fastapi import Depends, Header, HTTPException, Path, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from app.auth import AdminTokens
 from app.metrics import Metrics
+from service.definition import IdempotencyKey
 from service.domain import EXPERIMENT_ID_PATTERN
 from service.experiments import ExperimentService
 from service.settings import Settings
@@ -26,6 +27,7 @@ __all__ = [
     "ExperimentCaller",
     "ExperimentCallerDep",
     "ExperimentIdPath",
+    "IdempotencyDep",
     "MetricsDep",
     "ServiceDep",
     "SettingsDep",
@@ -80,6 +82,25 @@ async def _require_admin(
 
 
 AdminDep = Depends(_require_admin)
+
+IDEMPOTENCY_KEY_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"  # as a decision_id
+
+
+async def _idempotency(
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    key: Annotated[str | None, Header(
+        alias="Idempotency-Key", pattern=IDEMPOTENCY_KEY_PATTERN,
+        description="1-128 of A-Z a-z 0-9 _ . : -, new for each change: the same request "
+        "sent again under it (after a lost reply or a 503) is answered as made, once")] = None,
+) -> IdempotencyKey | None:
+    """The change's ``Idempotency-Key``, with the admin token it came with (checked by the
+    router's :data:`AdminDep` first)."""
+    if key is None or credentials is None:
+        return None
+    return IdempotencyKey(key, credentials.credentials)
+
+
+IdempotencyDep = Annotated[IdempotencyKey | None, Depends(_idempotency)]
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ room of the service reads it with (:mod:`service.experiments` composes the rooms
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import functools
 import hashlib
@@ -29,6 +30,7 @@ class ArmRecord:
     index: int
     active: bool
     features: tuple[float, ...] | None
+    added: str | None = None  # added under an Idempotency-Key: IdempotencyKey.marker()
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,33 @@ def missing_experiment(key: str | None) -> DomainError:
 
 def hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class IdempotencyKey:
+    """A change of an experiment sent under the caller's ``Idempotency-Key``: sent again
+    (its reply lost, or a 503), it is answered as made.
+
+    A creation and a key rotation answer with a new API key, which the service keeps
+    only as its hash: the key is made from what the request sent again has too, so
+    that it can be made again. ``secret`` is the admin token the request came with (a
+    retry under another token makes another key, and is refused as a change made by
+    another request); the parts bind the key to the experiment's incarnation or to the
+    key it replaces, so that a key never comes back once replaced or deleted."""
+
+    key: str
+    secret: str
+
+    def marker(self) -> str:
+        """What a record made under this key keeps of it, to know the request sent again."""
+        return hashlib.sha256(self.key.encode()).hexdigest()[:16]
+
+    def api_key(self, *parts: str) -> str:
+        """An API key (the length and alphabet of ``secrets.token_urlsafe(32)``) that
+        this key, the admin token and ``parts`` make, and make again."""
+        message = "\n".join(("linreboot api key", *parts, self.key)).encode()
+        mac = hmac.new(self.secret.encode(), message, hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
 
 
 def reward_text(reward: float) -> str:
@@ -215,7 +244,8 @@ def parse_definition(meta: dict[str, str], arms_raw: dict[str, str]) -> Definiti
     for arm_id, text in arms_raw.items():
         data = json.loads(text)
         features = tuple(data["features"]) if data.get("features") is not None else None
-        arms.append(ArmRecord(arm_id, int(data["index"]), bool(data["active"]), features))
+        arms.append(ArmRecord(arm_id, int(data["index"]), bool(data["active"]), features,
+                              data.get("added")))
     arms.sort(key=lambda a: a.index)
     spec = ExperimentSpec(
         arms=tuple(ArmSpec(a.id, a.features) for a in arms), **spec_data

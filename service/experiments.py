@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from service.decision_log import DecisionLog
 from service.decisions import Decisions
+from service.definition import IdempotencyKey
 from service.domain import (
     ArmSpec,
     ChooseRequest,
@@ -170,8 +171,9 @@ class ExperimentService:
 
     # -- the rooms' API, as the app's routes call it ---------------------------
 
-    async def create(self, spec: ExperimentSpec) -> tuple[ExperimentView, str]:
-        return await self.lifecycle.create(spec)
+    async def create(self, spec: ExperimentSpec, idempotency: IdempotencyKey | None = None
+                     ) -> tuple[ExperimentView, str]:
+        return await self.lifecycle.create(spec, idempotency)
 
     async def get(self, experiment_id: str) -> ExperimentView:
         return await self.lifecycle.get(experiment_id)
@@ -184,16 +186,18 @@ class ExperimentService:
     async def delete(self, experiment_id: str) -> None:
         await self.lifecycle.delete(experiment_id)
 
-    async def add_arms(self, experiment_id: str, arms: Sequence[ArmSpec]) -> ExperimentView:
-        return await self.lifecycle.add_arms(experiment_id, arms)
+    async def add_arms(self, experiment_id: str, arms: Sequence[ArmSpec],
+                       idempotency: IdempotencyKey | None = None) -> ExperimentView:
+        return await self.lifecycle.add_arms(experiment_id, arms, idempotency)
 
     async def update_settings(
         self, experiment_id: str, changes: Mapping[str, object]
     ) -> ExperimentView:
         return await self.lifecycle.update_settings(experiment_id, changes)
 
-    async def rotate_key(self, experiment_id: str) -> str:
-        return await self.lifecycle.rotate_key(experiment_id)
+    async def rotate_key(self, experiment_id: str,
+                         idempotency: IdempotencyKey | None = None) -> str:
+        return await self.lifecycle.rotate_key(experiment_id, idempotency)
 
     async def revoke_previous_key(self, experiment_id: str) -> bool:
         return await self.lifecycle.revoke_previous_key(experiment_id)

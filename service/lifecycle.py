@@ -8,6 +8,7 @@ import builtins
 import contextlib
 import dataclasses
 import functools
+import hmac
 import itertools
 import json
 import math
@@ -35,6 +36,7 @@ from service.codec import RECORDED, legacy_recipe, recipe, stored_recipe, upgrad
 from service.definition import (
     ArmRecord,
     Definition,
+    IdempotencyKey,
     check_vector,
     field_names,
     hash_key,
@@ -70,15 +72,22 @@ LIST_READS = 8
 class Lifecycle(Room):
     """Create, read, change and delete experiments."""
 
-    async def create(self, spec: ExperimentSpec) -> tuple[ExperimentView, str]:
+    async def create(self, spec: ExperimentSpec, idempotency: IdempotencyKey | None = None
+                     ) -> tuple[ExperimentView, str]:
+        """The experiment, made, and its API key (kept only as its hash). Under an
+        ``idempotency`` key, the same request sent again after it was made answers the
+        same key and the experiment as it is now (:meth:`_made_before`)."""
         spec = with_service_defaults(spec)
         config = self._validate_spec(spec)
-        api_key = secrets.token_urlsafe(32)
+        spec_text = json.dumps(spec_to_json(spec))
+        incarnation = secrets.token_hex(8)
+        api_key = (secrets.token_urlsafe(32) if idempotency is None
+                   else idempotency.api_key("experiment", spec.id, incarnation, spec_text))
         meta = {
-            "spec": json.dumps(spec_to_json(spec)),
+            "spec": spec_text,
             "config": json.dumps(dataclasses.asdict(config)),
             "key_hash": hash_key(api_key),
-            "incarnation": secrets.token_hex(8),
+            "incarnation": incarnation,
             "created_at": repr(time.time()),
             # Random, not 1: a worker that cached a deleted experiment of the
             # same id must see a different version and reload.
@@ -104,17 +113,39 @@ class Lifecycle(Room):
             a.id: json.dumps({"index": i, "active": True, "features": a.features})
             for i, a in enumerate(spec.arms)
         }
-        strays = await self._store.existing(shards.members(spec.id, shards.MAX_SHARDS)[1:])
-        if spec.shards == 1 and not strays:  # one key space, made by one script
-            if not await self._store.create(spec.id, meta, arms,
-                                            default_reward=spec.default_reward is not None):
-                raise Conflict("an experiment with this id already exists")
-        else:
-            async with self._claimed(spec.id):
-                await self._create_members(spec, meta, arms)
+        try:
+            strays = await self._store.existing(shards.members(spec.id, shards.MAX_SHARDS)[1:])
+            if spec.shards == 1 and not strays:  # one key space, made by one script
+                if not await self._store.create(spec.id, meta, arms,
+                                                default_reward=spec.default_reward is not None):
+                    raise Conflict("an experiment with this id already exists")
+            else:
+                async with self._claimed(spec.id):
+                    await self._create_members(spec, meta, arms)
+        except Conflict:
+            if idempotency is None:
+                raise
+            return await self._made_before(spec.id, spec_text, idempotency)
         # From what was written, not read back: a read that failed now (Redis
         # just out of memory, say) would leave the experiment without its key.
         return _view(parse_definition(meta, arms), [Snapshot(0, 0, {}, ())]), api_key
+
+    async def _made_before(self, experiment_id: str, spec_text: str,
+                           idempotency: IdempotencyKey) -> tuple[ExperimentView, str]:
+        """The experiment and its key, if a creation under ``idempotency`` made it with
+        the same definition and admin token, and its key is still the one that creation
+        gave (not rotated since); else the creation is refused (409)."""
+        try:
+            definition = await self.views.definition(experiment_id)
+            api_key = idempotency.api_key("experiment", experiment_id, definition.incarnation,
+                                          spec_text)
+            if hmac.compare_digest(hash_key(api_key), definition.key_hash):
+                return await self.get(experiment_id), api_key
+        except NotFound:  # deleted meanwhile: nothing to answer again
+            pass
+        raise Conflict("an experiment with this id already exists (not made by an earlier "
+                       "request with this Idempotency-Key, the same body and admin token, "
+                       "or its key was rotated since)")
 
     @contextlib.asynccontextmanager
     async def _claimed(self, experiment_id: str) -> AsyncIterator[None]:
@@ -233,13 +264,22 @@ class Lifecycle(Room):
             self.views.forget(member_id)
         return result
 
-    async def add_arms(self, experiment_id: str, arms: Sequence[ArmSpec]) -> ExperimentView:
+    async def add_arms(self, experiment_id: str, arms: Sequence[ArmSpec],
+                       idempotency: IdempotencyKey | None = None) -> ExperimentView:
+        """Add active arms. Under an ``idempotency`` key each record keeps its marker, and
+        arms that are all there already, added under that key, active and as asked, are
+        this addition made before: answered, not refused."""
         definition = await self.views.definition(experiment_id)
         self._validate_arms(definition.spec.setting, definition.spec.dim, arms)
+        marker = None if idempotency is None else idempotency.marker()
+        if marker is not None and _added_before(definition, arms, marker):
+            return await self.get(experiment_id)
         too_many = InvalidInput(f"an experiment may have at most {self._settings.max_arms} arms")
         if len(definition.arms) + len(arms) > self._settings.max_arms:
             raise too_many
-        records = {a.id: json.dumps({"active": True, "features": a.features}) for a in arms}
+        records = {a.id: json.dumps({"active": True, "features": a.features,
+                                     **({} if marker is None else {"added": marker})})
+                   for a in arms}
         result = await self._change_definition(definition, functools.partial(
             self._store.add_arms, arms=records, max_arms=self._settings.max_arms))
         if result == 0:
@@ -247,6 +287,9 @@ class Lifecycle(Room):
         if result == -2:  # arms added by another request meanwhile
             raise too_many
         if result < 0:
+            if marker is not None and _added_before(
+                    await self.views.definition(experiment_id), arms, marker):  # meanwhile
+                return await self.get(experiment_id)
             raise Conflict("an arm with one of these ids already exists")
         return await self.get(experiment_id)
 
@@ -329,12 +372,26 @@ class Lifecycle(Room):
             raise InvalidInput(f"invalid hyperparameters: {exc}") from None
         return new_spec, config
 
-    async def rotate_key(self, experiment_id: str) -> str:
+    async def rotate_key(self, experiment_id: str,
+                         idempotency: IdempotencyKey | None = None) -> str:
         """A new API key for the experiment, shown once; the current one stays valid as
         its previous key until :meth:`revoke_previous_key` (one key before it is no
-        longer valid: an experiment takes two at most)."""
-        api_key = secrets.token_urlsafe(32)
+        longer valid: an experiment takes two at most).
+
+        Under an ``idempotency`` key the new key is made from the key it replaces: sent
+        again after it was made (the key it made now current, the one it replaced
+        previous), the rotation answers that key and changes nothing; ``keys.lua``
+        takes a rotation to the current key as made (two sent at once)."""
         definition = await self.views.definition(experiment_id)
+        if idempotency is None:
+            api_key = secrets.token_urlsafe(32)
+        else:
+            if definition.previous_key_hash is not None:
+                made = idempotency.api_key("rotation", experiment_id,
+                                           definition.previous_key_hash)
+                if hmac.compare_digest(hash_key(made), definition.key_hash):
+                    return made
+            api_key = idempotency.api_key("rotation", experiment_id, definition.key_hash)
 
         async def rotate(member_id: str) -> int:
             return int(await self._store.rotate_key(member_id, hash_key(api_key)))
@@ -456,6 +513,14 @@ class Lifecycle(Room):
                     "arm features are fixed only in the stochastic setting; "
                     "send contexts with /choose instead"
                 )
+
+
+def _added_before(definition: Definition, arms: Sequence[ArmSpec], marker: str) -> bool:
+    """Every one of ``arms`` is the experiment's, added under ``marker``, active, with the
+    same features."""
+    there = definition.by_id
+    return all(a.id in there and there[a.id].added == marker and there[a.id].active
+               and there[a.id].features == a.features for a in arms)
 
 
 # What PATCH /experiments/{id} may change: nothing that changes what the statistics

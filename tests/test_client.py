@@ -689,6 +689,33 @@ async def test_delete_is_retried_through_a_stall(served: str, redis_server: Redi
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_changes_are_retried_through_a_stall_and_made_once(
+    served: str, redis_server: RedisProcess, recorded: Opener, kind: str
+) -> None:
+    """A creation, a key rotation and an addition of arms answered 503 were not retried
+    (the first attempt may have been made: a retry answered 409, or rotated twice). Each
+    goes under an Idempotency-Key of its own now, and is retried through a stall: made
+    once, the keys it answers valid."""
+    requests = Requests()
+    lrb = recorded(kind, served, requests, retry=PATIENT)
+    with _stalled(redis_server, STALL_SECONDS):
+        created = await lrb.create_experiment("cov", setting="covariates", dim=2,
+                                              arms=["a", "b"])
+    with _stalled(redis_server, STALL_SECONDS):
+        rotated = await lrb.rotate_key("cov")
+    with _stalled(redis_server, STALL_SECONDS):
+        view = await lrb.add_arms("cov", ["c"])
+    assert requests.statuses.count(503) >= 3 and requests.statuses[-1] == 200
+    assert [a.id for a in view.arms] == ["a", "b", "c"]
+    # Rotated once: the key it replaced is still valid, as the one before it.
+    for key in (created.api_key, rotated):
+        await lrb.choose("cov", context=[0.1, 0.2], api_key=key)
+    assert (await lrb.get_experiment("cov")).decisions == 2
+    assert await lrb.revoke_previous_key("cov") is True
+
+
+@pytest.mark.slow
 async def test_a_refused_connection_is_retried_even_for_choose(
     served: str, redis_server: RedisProcess, recorded: Opener
 ) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from app.deps import AdminDep, ExperimentIdPath, ServiceDep, SettingsDep
+from app.deps import AdminDep, ExperimentIdPath, IdempotencyDep, ServiceDep, SettingsDep
 from app.responses import ADMIN_ERRORS
 from app.schemas import (
     LOG_CURSOR_PATTERN,
@@ -37,9 +37,10 @@ router = APIRouter(
 
 @router.post("", status_code=201, summary="Create an experiment; returns its API key once")
 async def create_experiment(
-    body: CreateExperimentIn, service: ServiceDep, settings: SettingsDep
+    body: CreateExperimentIn, service: ServiceDep, settings: SettingsDep,
+    idempotency: IdempotencyDep,
 ) -> ExperimentCreatedOut:
-    view, api_key = await service.create(body.to_domain(settings))
+    view, api_key = await service.create(body.to_domain(settings), idempotency)
     return ExperimentCreatedOut(api_key=api_key, experiment=ExperimentOut.from_domain(view))
 
 
@@ -81,8 +82,9 @@ async def delete_experiment(experiment_id: ExperimentIdPath, service: ServiceDep
 
 @router.post("/{experiment_id}/keys", status_code=201,
              summary="A new API key; the current one stays valid until revoked")
-async def rotate_key(experiment_id: ExperimentIdPath, service: ServiceDep) -> KeyOut:
-    return KeyOut(api_key=await service.rotate_key(experiment_id))
+async def rotate_key(experiment_id: ExperimentIdPath, service: ServiceDep,
+                     idempotency: IdempotencyDep) -> KeyOut:
+    return KeyOut(api_key=await service.rotate_key(experiment_id, idempotency))
 
 
 @router.delete("/{experiment_id}/keys/previous",
@@ -93,10 +95,11 @@ async def revoke_previous_key(experiment_id: ExperimentIdPath, service: ServiceD
 
 @router.post("/{experiment_id}/arms", summary="Add arms")
 async def add_arms(
-    experiment_id: ExperimentIdPath, body: AddArmsIn, service: ServiceDep, settings: SettingsDep
+    experiment_id: ExperimentIdPath, body: AddArmsIn, service: ServiceDep, settings: SettingsDep,
+    idempotency: IdempotencyDep,
 ) -> ExperimentOut:
     arms = body.to_domain(settings)
-    return ExperimentOut.from_domain(await service.add_arms(experiment_id, arms))
+    return ExperimentOut.from_domain(await service.add_arms(experiment_id, arms, idempotency))
 
 
 @router.post("/{experiment_id}/arms/retire", summary="Retire arms (they keep their history)")

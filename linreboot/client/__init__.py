@@ -27,8 +27,9 @@ What to rely on:
   timeout after sending) only if repeating it is harmless: reads, rewards,
   deletion, retiring arms, and ``choose``, which names its decision id (a new
   one, or ``decision_id=`` yours): a retry gets the decision the first attempt
-  recorded. ``create_experiment`` and ``add_arms`` are retried only when they
-  surely did not take effect (connection refused; 503 ``store_full``).
+  recorded. ``create_experiment``, ``add_arms`` and ``rotate_key`` are sent
+  under an ``Idempotency-Key`` of their own: a retry after an attempt that took
+  effect is answered as made (the same API key back), not refused.
 - **Rewards count once**: the decision id is an idempotency key, so a reward
   retried after a lost reply answers ``duplicate``. :class:`RewardResult`'s
   ``status`` is ``applied`` or ``duplicate``, and both mean counted

@@ -13,7 +13,9 @@ To add a route:
    ``_experiment_path`` for an id in it), the model's ``model_validate_json``,
    the credentials (``self._admin`` or ``self._key(api_key)``) and how safe
    it is to repeat: ``ALWAYS`` for reads and writes a repeat does not change,
-   ``IF_NOT_APPLIED`` for writes it would, ``NEVER`` for probes;
+   ``IF_NOT_APPLIED`` for writes it would, ``NEVER`` for probes; a change the
+   service answers as made under an ``Idempotency-Key`` (a creation, a rotation)
+   is built by ``_changing_call`` instead, and retried always;
 3. a one-line method in ``Client`` (``_sync.py``, with the docstring) and in
    ``AsyncClient`` (``_async.py``); a paged listing also gets an ``iter_``
    method like ``iter_experiments``;
@@ -150,6 +152,13 @@ class Core:
                     retryable: Retryable, body: Any = None, **kw: Any) -> Call[T]:
         return Call(method, path, parse, self._admin, retryable, body, **kw)
 
+    def _changing_call(self, method: str, path: str, parse: Callable[[bytes], T],
+                       body: Any = None) -> Call[T]:
+        """A change the service answers as made when it is sent again under the same
+        ``Idempotency-Key`` (a new one a call, kept by its attempts): retried always."""
+        headers = {**self._admin, "Idempotency-Key": uuid.uuid4().hex}
+        return Call(method, path, parse, headers, Retryable.ALWAYS, body)
+
     # -- experiments (admin token)
 
     def create_experiment(
@@ -158,16 +167,16 @@ class Core:
         seed: int | None = None, reward_window_seconds: int | None = None,
         max_stale_rewards: int | None = None, **fields: Any,
     ) -> Call[CreatedExperiment]:
-        # Not retried once it may have been created: a second attempt would find the
-        # id taken (409) and the key, shown only in the first reply, lost.
+        # Sent under an Idempotency-Key of its own: an attempt after one that may have
+        # created it gets the same key back (the service makes it again), not a 409.
         body = {"id": experiment_id, "setting": setting, "dim": dim,
                 "arms": [_arm(a) for a in arms],
                 **_present(policy=policy, seed=seed, reward_window_seconds=reward_window_seconds,
                            max_stale_rewards=max_stale_rewards),
                 **({"hyperparameters": dict(hyperparameters)} if hyperparameters else {}),
                 **fields}
-        return self._admin_call("POST", "/experiments", CreatedExperiment.model_validate_json,
-                                Retryable.IF_NOT_APPLIED, body)
+        return self._changing_call("POST", "/experiments", CreatedExperiment.model_validate_json,
+                                   body)
 
     def get_experiment(self, experiment_id: str) -> Call[Experiment]:
         return self._admin_call("GET", _experiment_path(experiment_id),
@@ -183,10 +192,10 @@ class Core:
                                 Retryable.ALWAYS, gone_means_done=True)
 
     def add_arms(self, experiment_id: str, arms: Sequence[ArmSpec]) -> Call[Experiment]:
-        # Not retried once it may have been applied: the retry would answer 409.
-        return self._admin_call("POST", _experiment_path(experiment_id, "arms"),
-                                Experiment.model_validate_json, Retryable.IF_NOT_APPLIED,
-                                {"arms": [_arm(a) for a in arms]})
+        # Under an Idempotency-Key: arms there already as asked are answered as added.
+        return self._changing_call("POST", _experiment_path(experiment_id, "arms"),
+                                   Experiment.model_validate_json,
+                                   {"arms": [_arm(a) for a in arms]})
 
     def retire_arms(self, experiment_id: str, arm_ids: Sequence[str]) -> Call[Experiment]:
         return self._admin_call("POST", _experiment_path(experiment_id, "arms", "retire"),
@@ -199,10 +208,10 @@ class Core:
                                 Experiment.model_validate_json, Retryable.ALWAYS, dict(changes))
 
     def rotate_key(self, experiment_id: str) -> Call[NewKey]:
-        # Not retried once it may have been applied: a second rotation would revoke the
-        # key the first kept valid.
-        return self._admin_call("POST", _experiment_path(experiment_id, "keys"),
-                                NewKey.model_validate_json, Retryable.IF_NOT_APPLIED)
+        # Under an Idempotency-Key: an attempt after one that may have rotated gets that
+        # key back, rather than rotating again (which would revoke the key kept valid).
+        return self._changing_call("POST", _experiment_path(experiment_id, "keys"),
+                                   NewKey.model_validate_json)
 
     def revoke_previous_key(self, experiment_id: str) -> Call[Revoked]:
         return self._admin_call("DELETE", _experiment_path(experiment_id, "keys", "previous"),

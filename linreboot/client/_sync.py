@@ -108,9 +108,9 @@ class Client:
 
         ``arms`` are ids, or ``{"id": ..., "features": [...]}`` (stochastic setting).
         Options left at None take the service's defaults; ``fields`` are sent as
-        they are (for options this client does not know yet). Retried only when
-        it surely was not created (a lost reply would leave the key unknown and
-        the retry would answer 409).
+        they are (for options this client does not know yet). Sent under an
+        ``Idempotency-Key``, so retried like any call: an attempt after one that
+        created it gets the same key back.
         """
         return self._send(self._core.create_experiment(
             experiment_id, setting=setting, dim=dim, arms=arms, policy=policy,
@@ -142,7 +142,8 @@ class Client:
         self._send(self._core.delete_experiment(experiment_id))
 
     def add_arms(self, experiment_id: str, arms: Sequence[ArmSpec]) -> Experiment:
-        """Add arms (ids, or ``{"id", "features"}``); retried only when surely not applied."""
+        """Add arms (ids, or ``{"id", "features"}``); under an ``Idempotency-Key``, so an
+        attempt after one that added them answers them added."""
         return self._send(self._core.add_arms(experiment_id, arms))
 
     def retire_arms(self, experiment_id: str, arm_ids: Sequence[str]) -> Experiment:
@@ -157,7 +158,9 @@ class Client:
 
     def rotate_key(self, experiment_id: str) -> str:
         """A new API key for the experiment, shown once; the current one stays valid until
-        :meth:`revoke_previous_key`. Move every caller to the new key, then revoke."""
+        :meth:`revoke_previous_key`. Move every caller to the new key, then revoke.
+        Under an ``Idempotency-Key``: an attempt after one that rotated answers that key
+        (it does not rotate twice)."""
         return self._send(self._core.rotate_key(experiment_id)).api_key
 
     def revoke_previous_key(self, experiment_id: str) -> bool:

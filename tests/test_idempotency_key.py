@@ -1,0 +1,142 @@
+"""Changes of an experiment sent again under their ``Idempotency-Key``: a creation, a key
+rotation and an addition of arms whose reply was lost (or answered 503 after they were
+made) are answered as made, once, with the key they made; anything else under the same
+key is refused as before."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from service.definition import IdempotencyKey
+from service.domain import ArmSpec, ExperimentSpec
+from service.errors import Conflict
+from service.experiments import ExperimentService
+from tests.conftest import ADMIN, ADMIN_TOKEN, COVARIATES, STOCHASTIC, Api
+
+pytestmark = pytest.mark.anyio
+
+CONTEXT = {"experiment_id": "cov", "context": [0.1, 0.2, 0.3]}
+
+
+def _under(key: str) -> dict[str, str]:
+    return {**ADMIN, "Idempotency-Key": key}
+
+
+async def _post(api: Api, path: str, key: str | None, body: Any = None) -> tuple[int, Any]:
+    response = await api.http.post(path, json=body, headers=ADMIN if key is None else _under(key))
+    return response.status_code, response.json()
+
+
+async def test_a_creation_sent_again_answers_its_key_and_the_experiment_as_it_is(
+        api: Api) -> None:
+    status, first = await _post(api, "/experiments", "create-cov-1", COVARIATES)
+    assert status == 201, first
+    key = first["api_key"]
+    assert (await api.choose(key, CONTEXT)).status_code == 200  # in use before the retry
+    status, again = await _post(api, "/experiments", "create-cov-1", COVARIATES)
+    assert status == 201, again
+    assert again["api_key"] == key
+    assert again["experiment"]["decisions"] == 1  # the same experiment, not made again
+    assert (await api.choose(key, CONTEXT)).status_code == 200
+    # Without the key, or under another key, the id is taken as before.
+    for other in (None, "create-cov-2"):
+        status, refused = await _post(api, "/experiments", other, COVARIATES)
+        assert (status, refused["error"]) == (409, "conflict"), refused
+    # The same key with another body is another request.
+    status, refused = await _post(api, "/experiments", "create-cov-1",
+                                  {**COVARIATES, "dim": 2})
+    assert status == 409, refused
+    assert (await api.experiment("cov"))["decisions"] == 2
+
+
+async def test_a_creation_is_not_answered_again_once_its_key_is_replaced(api: Api) -> None:
+    status, first = await _post(api, "/experiments", "create-1", COVARIATES)
+    assert status == 201
+    status, _ = await _post(api, "/experiments/cov/keys", None)
+    assert status == 201
+    status, refused = await _post(api, "/experiments", "create-1", COVARIATES)
+    assert status == 409, refused  # the key it would answer is no longer the current one
+    # Deleted and made again under the same Idempotency-Key: another incarnation, another
+    # key; the first is refused by the new experiment.
+    assert (await api.http.delete("/experiments/cov", headers=ADMIN)).status_code == 204
+    status, second = await _post(api, "/experiments", "create-1", COVARIATES)
+    assert status == 201
+    assert second["api_key"] != first["api_key"]
+    assert (await api.choose(first["api_key"], CONTEXT)).status_code == 403
+    assert (await api.choose(second["api_key"], CONTEXT)).status_code == 200
+
+
+async def test_a_creation_under_another_admin_token_is_another_request(
+        service: ExperimentService) -> None:
+    spec = ExperimentSpec(id="tok", setting="covariates", dim=2,
+                          arms=(ArmSpec("a"), ArmSpec("b")))
+    _, key = await service.create(spec, IdempotencyKey("k", "first admin token"))
+    _, again = await service.create(spec, IdempotencyKey("k", "first admin token"))
+    assert again == key
+    with pytest.raises(Conflict):
+        await service.create(spec, IdempotencyKey("k", "second admin token"))
+
+
+async def test_a_rotation_sent_again_answers_its_key_and_keeps_the_one_before(
+        api: Api) -> None:
+    original = await api.create(COVARIATES)
+    status, first = await _post(api, "/experiments/cov/keys", "rotate-1")
+    assert status == 201
+    status, again = await _post(api, "/experiments/cov/keys", "rotate-1")
+    assert (status, again["api_key"]) == (201, first["api_key"])
+    # Rotated once: the original key is still the previous one, not revoked by a second.
+    for key in (original, first["api_key"]):
+        assert (await api.choose(key, CONTEXT)).status_code == 200
+    status, second = await _post(api, "/experiments/cov/keys", "rotate-2")
+    assert status == 201 and second["api_key"] != first["api_key"]
+    assert (await api.choose(original, CONTEXT)).status_code == 403
+    # The first Idempotency-Key sent again once its key was replaced: a new rotation,
+    # which never brings a replaced key back.
+    status, third = await _post(api, "/experiments/cov/keys", "rotate-1")
+    assert status == 201
+    assert third["api_key"] not in (original, first["api_key"], second["api_key"])
+    assert (await api.choose(third["api_key"], CONTEXT)).status_code == 200
+
+
+async def test_arms_added_again_are_answered_as_added(api: Api) -> None:
+    await api.create(STOCHASTIC)
+    arm = {"arms": [{"id": "c", "features": [0.5, 0.5]}]}
+    for _ in range(2):
+        status, view = await _post(api, "/experiments/sto/arms", "add-c", arm)
+        assert status == 200, view
+        assert [a["id"] for a in view["arms"]] == ["a", "b", "c"]
+    for other in (None, "add-c-again"):  # not the request that added it: taken
+        status, refused = await _post(api, "/experiments/sto/arms", other, arm)
+        assert (status, refused["error"]) == (409, "conflict"), refused
+    # Not as asked (other features), or no longer active: not an addition made before.
+    status, refused = await _post(api, "/experiments/sto/arms", "add-c",
+                                  {"arms": [{"id": "c", "features": [0.5, 0.25]}]})
+    assert status == 409, refused
+    retired = await api.http.post("/experiments/sto/arms/retire", json={"arm_ids": ["c"]},
+                                  headers=ADMIN)
+    assert retired.status_code == 200
+    status, refused = await _post(api, "/experiments/sto/arms", "add-c", arm)
+    assert status == 409, refused
+
+
+@pytest.mark.parametrize("header", [b"", b"with space", b"x" * 129, "ü".encode()])
+async def test_a_malformed_idempotency_key_is_refused_and_nothing_made(
+        api: Api, header: bytes) -> None:
+    response = await api.http.post("/experiments", json=COVARIATES,
+                                   headers=[*((k.encode(), v.encode()) for k, v in ADMIN.items()),
+                                            (b"Idempotency-Key", header)])
+    assert response.status_code == 422, response.text
+    assert "Idempotency-Key" in response.json()["message"]
+    assert await api.ids() == []
+
+
+async def test_an_idempotency_key_without_the_admin_token_is_refused(api: Api) -> None:
+    response = await api.http.post("/experiments", json=COVARIATES,
+                                   headers={"Idempotency-Key": "k"})
+    assert response.status_code == 401
+    wrong = await api.http.post("/experiments", json=COVARIATES, headers={
+        "Authorization": f"Bearer not-{ADMIN_TOKEN}", "Idempotency-Key": "k"})
+    assert wrong.status_code == 403
+    assert await api.ids() == []
