@@ -87,6 +87,7 @@ IDEMPOTENCY_KEY_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"  # as a decision_id
 
 
 async def _idempotency(
+    request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     key: Annotated[str | None, Header(
         alias="Idempotency-Key", pattern=IDEMPOTENCY_KEY_PATTERN,
@@ -94,9 +95,12 @@ async def _idempotency(
         "sent again under it (after a lost reply or a 503) is answered as made, once")] = None,
 ) -> IdempotencyKey | None:
     """The change's ``Idempotency-Key``, with the admin token it came with (checked by the
-    router's :data:`AdminDep` first)."""
+    router's :data:`AdminDep` first). The response, whatever its status, says it back
+    (:class:`app.middleware.AccessLogMiddleware`): a client then knows that the change
+    may be sent again under it."""
     if key is None or credentials is None:
         return None
+    request.state.idempotency_key = key
     return IdempotencyKey(key, credentials.credentials)
 
 

@@ -83,6 +83,7 @@ class AccessLogMiddleware:
     Every request gets an id: the client's ``X-Request-ID`` if it is a safe
     token, else a new one. It is returned as ``X-Request-ID`` and is in every
     log line written while the request runs (:data:`app.logs.request_id`).
+    A change that takes an ``Idempotency-Key`` (:mod:`app.deps`) says it back.
 
     It also shortens a failed start-up's report (see :func:`_one_line_startup_failure`).
     """
@@ -108,7 +109,11 @@ class AccessLogMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message = {**message, "headers": [*message.get("headers", ()), header]}
+                headers = [*message.get("headers", ()), header]
+                honoured = state.get("idempotency_key")  # app.deps: a change that takes one
+                if honoured is not None:
+                    headers.append((b"idempotency-key", honoured.encode()))
+                message = {**message, "headers": headers}
             await send(message)
 
         try:

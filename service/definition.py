@@ -46,6 +46,9 @@ class Definition:
     arms: tuple[ArmRecord, ...]  # registration order
     features: np.ndarray | None = None  # stochastic: one row per arm, in ``arms`` order
     previous_key_hash: str | None = None  # valid too, after a rotation, until revoked
+    # The last rotation's: what its key was made with (IdempotencyKey), and when.
+    key_nonce: str | None = None
+    key_rotated_at: float | None = None
 
     def accepts(self, key_hash: str) -> bool:
         """``key_hash`` is the hash of a key this experiment takes (current or previous)."""
@@ -115,13 +118,14 @@ class IdempotencyKey:
 
     A creation and a key rotation answer with a new API key, which the service keeps
     only as its hash: the key is made from what the request sent again has too, so
-    that it can be made again. ``secret`` is the admin token the request came with (a
-    retry under another token makes another key, and is refused as a change made by
-    another request); the parts bind the key to the experiment's incarnation or to the
-    key it replaces, so that a key never comes back once replaced or deleted."""
+    that it can be made again, for ``LINREBOOT_IDEMPOTENCY_SECONDS``. ``secret`` is the
+    admin token the request came with (a retry under another token makes another key,
+    and is refused as a change made by another request); the parts hold a random
+    value the change stored (the experiment's incarnation, the rotation's nonce), so
+    that each change makes a key of its own, which nobody makes without reading it."""
 
     key: str
-    secret: str
+    secret: str = dataclasses.field(repr=False)
 
     def marker(self) -> str:
         """What a record made under this key keeps of it, to know the request sent again."""
@@ -255,6 +259,8 @@ def parse_definition(meta: dict[str, str], arms_raw: dict[str, str]) -> Definiti
         config=config,
         key_hash=meta["key_hash"],
         previous_key_hash=meta.get("key_hash_old"),
+        key_nonce=meta.get("key_nonce"),
+        key_rotated_at=float(meta["key_rotated_at"]) if "key_rotated_at" in meta else None,
         incarnation=meta["incarnation"],
         created_at=float(meta["created_at"]),
         version=int(meta["version"]),

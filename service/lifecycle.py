@@ -119,6 +119,8 @@ class Lifecycle(Room):
                 if not await self._store.create(spec.id, meta, arms,
                                                 default_reward=spec.default_reward is not None):
                     raise Conflict("an experiment with this id already exists")
+            elif idempotency is not None and await self._store.key_hash(spec.id) is not None:
+                raise Conflict("an experiment with this id already exists")  # no claim needed
             else:
                 async with self._claimed(spec.id):
                     await self._create_members(spec, meta, arms)
@@ -133,19 +135,21 @@ class Lifecycle(Room):
     async def _made_before(self, experiment_id: str, spec_text: str,
                            idempotency: IdempotencyKey) -> tuple[ExperimentView, str]:
         """The experiment and its key, if a creation under ``idempotency`` made it with
-        the same definition and admin token, and its key is still the one that creation
-        gave (not rotated since); else the creation is refused (409)."""
+        the same definition and admin token within ``idempotency_seconds``, and its key
+        is still the one that creation gave (not rotated since); else 409."""
         try:
             definition = await self.views.definition(experiment_id)
             api_key = idempotency.api_key("experiment", experiment_id, definition.incarnation,
                                           spec_text)
-            if hmac.compare_digest(hash_key(api_key), definition.key_hash):
+            if (self._recent(definition.created_at)
+                    and hmac.compare_digest(hash_key(api_key), definition.key_hash)):
                 return await self.get(experiment_id), api_key
         except NotFound:  # deleted meanwhile: nothing to answer again
             pass
-        raise Conflict("an experiment with this id already exists (not made by an earlier "
-                       "request with this Idempotency-Key, the same body and admin token, "
-                       "or its key was rotated since)")
+        raise Conflict("an experiment with this id already exists (not made by a request "
+                       "with this Idempotency-Key, body and admin token in the last "
+                       f"{self._settings.idempotency_seconds} s, or its key was rotated "
+                       "since)")
 
     @contextlib.asynccontextmanager
     async def _claimed(self, experiment_id: str) -> AsyncIterator[None]:
@@ -284,12 +288,12 @@ class Lifecycle(Room):
             self._store.add_arms, arms=records, max_arms=self._settings.max_arms))
         if result == 0:
             raise NotFound("no experiment with this id")
+        if result < 0 and marker is not None and _added_before(
+                await self.views.definition(experiment_id), arms, marker):
+            return await self.get(experiment_id)  # this addition, made meanwhile
         if result == -2:  # arms added by another request meanwhile
             raise too_many
         if result < 0:
-            if marker is not None and _added_before(
-                    await self.views.definition(experiment_id), arms, marker):  # meanwhile
-                return await self.get(experiment_id)
             raise Conflict("an arm with one of these ids already exists")
         return await self.get(experiment_id)
 
@@ -376,29 +380,38 @@ class Lifecycle(Room):
                          idempotency: IdempotencyKey | None = None) -> str:
         """A new API key for the experiment, shown once; the current one stays valid as
         its previous key until :meth:`revoke_previous_key` (one key before it is no
-        longer valid: an experiment takes two at most).
+        longer valid: an experiment takes two at most). Made only if the current key is
+        still the one read first (409 if another rotation came between).
 
-        Under an ``idempotency`` key the new key is made from the key it replaces: sent
-        again after it was made (the key it made now current, the one it replaced
-        previous), the rotation answers that key and changes nothing; ``keys.lua``
-        takes a rotation to the current key as made (two sent at once)."""
+        Under an ``idempotency`` key the new key is made from it and a nonce the
+        rotation stores: sent again within ``idempotency_seconds`` (the key it made still
+        current), the rotation answers that key and changes nothing."""
         definition = await self.views.definition(experiment_id)
-        if idempotency is None:
-            api_key = secrets.token_urlsafe(32)
-        else:
-            if definition.previous_key_hash is not None:
-                made = idempotency.api_key("rotation", experiment_id,
-                                           definition.previous_key_hash)
-                if hmac.compare_digest(hash_key(made), definition.key_hash):
-                    return made
-            api_key = idempotency.api_key("rotation", experiment_id, definition.key_hash)
+        if idempotency is not None and self._recent(definition.key_rotated_at):
+            assert definition.key_nonce is not None
+            made = idempotency.api_key("rotation", experiment_id, definition.key_nonce)
+            if hmac.compare_digest(hash_key(made), definition.key_hash):
+                return made
+        nonce = secrets.token_hex(8)
+        api_key = (secrets.token_urlsafe(32) if idempotency is None
+                   else idempotency.api_key("rotation", experiment_id, nonce))
 
         async def rotate(member_id: str) -> int:
-            return int(await self._store.rotate_key(member_id, hash_key(api_key)))
+            return await self._store.rotate_key(member_id, hash_key(api_key),
+                                                definition.key_hash, nonce)
 
-        if not await self._change_definition(definition, rotate):
+        result = await self._change_definition(definition, rotate)
+        if result == 0:
             raise NotFound("no experiment with this id")
+        if result < 0:
+            raise Conflict("the key was rotated by another request meanwhile: look at the "
+                           "experiment, and rotate again if you still mean to")
         return api_key
+
+    def _recent(self, made_at: float | None) -> bool:
+        """A change made at ``made_at`` (unix seconds) may be answered again as made."""
+        return made_at is not None and 0 <= time.time() - made_at <= \
+            self._settings.idempotency_seconds
 
     async def revoke_previous_key(self, experiment_id: str) -> bool:
         """Revoke the key a rotation kept valid; False if there was none. Takes effect at

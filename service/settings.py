@@ -98,7 +98,8 @@ class Settings(BaseSettings):
         default=300, ge=1, le=7 * 24 * 3600,
         description="how long a /choose retried under the same decision_id gets the same "
         "decision (at most its reward window); each such decision keeps about 200 bytes in "
-        "Redis for that long",
+        "Redis for that long; also how long a creation or key rotation sent again under its "
+        "Idempotency-Key gets its API key again",
     )
     log_page_max_bytes: int = Field(
         default=4_000_000, ge=10_000,

@@ -1575,11 +1575,14 @@ class Store:
         return hashes, reply[-1]
 
     @_translated
-    async def rotate_key(self, experiment_id: str, new_hash: str) -> bool:
-        """The new key becomes the experiment's, the current one its previous (still
-        valid until revoked); False if the experiment does not exist (``keys.lua``)."""
-        return int(await self._change(self._keys, experiment_id, [keys.meta(experiment_id)],
-                                      ["rotate", new_hash])) == 1
+    async def rotate_key(self, experiment_id: str, new_hash: str, replaced_hash: str,
+                         nonce: str) -> int:
+        """The new key becomes the experiment's, the current one (``replaced_hash``) its
+        previous (still valid until revoked): 1; 0 if the experiment does not exist; -1 if
+        its current key is another by now (``keys.lua``)."""
+        return int(await self._change(
+            self._keys, experiment_id, [keys.meta(experiment_id)],
+            ["rotate", new_hash, replaced_hash, nonce, repr(time.time())]))
 
     @_translated
     async def revoke_previous_key(self, experiment_id: str) -> int:

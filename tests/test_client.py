@@ -140,13 +140,17 @@ FAILURES: dict[str, Callable[[Attempts], Wait]] = {
 SAFE = {"refused", "pool timeout", "store_full"}  # surely not applied
 
 
+@pytest.mark.parametrize("honoured", [False, True])
 @pytest.mark.parametrize("retryable", list(Retryable))
 @pytest.mark.parametrize("failure", list(FAILURES))
-def test_which_failures_are_retried(retryable: Retryable, failure: str) -> None:
+def test_which_failures_are_retried(retryable: Retryable, failure: str, honoured: bool) -> None:
+    """``honoured``: the service has said a change's Idempotency-Key back."""
     attempts = _attempts(retryable)
+    attempts.key_honoured = honoured
     attempts.next_timeout()
-    retried = retryable is Retryable.ALWAYS or (
-        retryable is Retryable.IF_NOT_APPLIED and failure in SAFE)
+    keyed = retryable is Retryable.IF_KEY_HONOURED
+    retried = retryable is Retryable.ALWAYS or (keyed and honoured) or (
+        retryable in (Retryable.IF_NOT_APPLIED, Retryable.IF_KEY_HONOURED) and failure in SAFE)
     if retried:
         assert isinstance(FAILURES[failure](attempts), Wait)
         return
@@ -713,6 +717,58 @@ async def test_changes_are_retried_through_a_stall_and_made_once(
         await lrb.choose("cov", context=[0.1, 0.2], api_key=key)
     assert (await lrb.get_experiment("cov")).decisions == 2
     assert await lrb.revoke_previous_key("cov") is True
+
+
+class LosesReplies(httpx.AsyncBaseTransport):
+    """A network that delivers every request but loses the reply to the first attempt
+    of each change sent under an Idempotency-Key (once a key)."""
+
+    def __init__(self) -> None:
+        self._inner = httpx.AsyncHTTPTransport()
+        self._seen: set[str] = set()
+        self.losing = True
+        self.lost = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self._inner.handle_async_request(request)
+        key = request.headers.get("Idempotency-Key")
+        if key is None or key in self._seen or not self.losing:
+            return response
+        self._seen.add(key)
+        await response.aread()  # made by the service; the reply never arrives
+        await response.aclose()
+        self.lost += 1
+        raise httpx.ReadTimeout("the reply was lost", request=request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+async def test_changes_whose_replies_are_lost_are_answered_as_made(served: str) -> None:
+    """A creation, a rotation and an addition of arms made by the service whose replies
+    were lost: sent again under their Idempotency-Key, each is answered as made (the
+    same API key back, nothing made twice), once the client knows the service says
+    such keys back; before that (a service that may ignore the header), not retried."""
+    network = LosesReplies()
+    async with httpx.AsyncClient(base_url=served, transport=network, timeout=10.0) as http:
+        lrb = AsyncClient(http=http, admin_token=ADMIN_TOKEN, retry=PATIENT)
+        with pytest.raises(TransportError) as unknown:  # nothing said back yet
+            await _covariates(lrb, "first")
+        assert unknown.value.sent and unknown.value.attempts == 1
+        network.losing = False  # a reply that arrives says its key back: later changes'
+        await lrb.add_arms("first", ["c"])  # retries are safe
+        network.losing = True
+        created = await lrb.create_experiment("cov", setting="covariates", dim=2,
+                                              arms=["a", "b"])
+        rotated = await lrb.rotate_key("cov")
+        view = await lrb.add_arms("cov", ["c"])
+        assert network.lost == 4
+    async with AsyncClient(served, admin_token=ADMIN_TOKEN) as admin:
+        assert [a.id for a in view.arms] == ["a", "b", "c"]
+        for key in (created.api_key, rotated):  # rotated once: both valid
+            await admin.choose("cov", context=[0.1, 0.2], api_key=key)
+        assert (await admin.get_experiment("cov")).decisions == 2
+        assert await admin.revoke_previous_key("cov") is True
 
 
 @pytest.mark.slow

@@ -5,14 +5,19 @@ key is refused as before."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import pytest
+import redis
 
+from service import keys
 from service.definition import IdempotencyKey
 from service.domain import ArmSpec, ExperimentSpec
 from service.errors import Conflict
 from service.experiments import ExperimentService
+from service.settings import Settings
 from tests.conftest import ADMIN, ADMIN_TOKEN, COVARIATES, STOCHASTIC, Api
 
 pytestmark = pytest.mark.anyio
@@ -140,3 +145,56 @@ async def test_an_idempotency_key_without_the_admin_token_is_refused(api: Api) -
         "Authorization": f"Bearer not-{ADMIN_TOKEN}", "Idempotency-Key": "k"})
     assert wrong.status_code == 403
     assert await api.ids() == []
+
+
+async def test_a_change_is_answered_again_only_within_the_idempotency_window(
+        service: ExperimentService, app_settings: Settings, redis_db: str) -> None:
+    """Made again from the request, a key could be had again for as long as the change
+    is answered again: LINREBOOT_IDEMPOTENCY_SECONDS, like a decision's answer."""
+    spec = ExperimentSpec(id="old", setting="covariates", dim=2,
+                          arms=(ArmSpec("a"), ArmSpec("b")))
+    header = IdempotencyKey("k", ADMIN_TOKEN)
+    _, key = await service.create(spec, header)
+    rotated = await service.rotate_key("old", header)
+    assert await service.rotate_key("old", header) == rotated  # within the window
+    long_ago = repr(time.time() - app_settings.idempotency_seconds - 1)
+    with redis.Redis.from_url(redis_db) as client:
+        client.hset(keys.meta("old"), mapping={"created_at": long_ago,
+                                               "key_rotated_at": long_ago})
+    with pytest.raises(Conflict):
+        await service.create(spec, header)
+    again = await service.rotate_key("old", header)  # another rotation now
+    assert again not in (key, rotated)
+    view = await service.get("old")
+    assert view.previous_key_valid
+    assert await service.revoke_previous_key("old") is True  # rotated's, revoked
+
+
+async def test_the_same_addition_sent_twice_at_once_is_made_once(
+        service: ExperimentService, other_service: ExperimentService,
+        app_settings: Settings) -> None:
+    """Two attempts of one addition at once (a retry overtaking its first attempt), the
+    arms filling the experiment: one adds them, the other finds them added under its key
+    and answers as made, not 'at most N arms'."""
+    room = app_settings.max_arms - 2
+    await service.create(ExperimentSpec(id="full", setting="covariates", dim=2,
+                                        arms=(ArmSpec("a"), ArmSpec("b"))))
+    await other_service.get("full")
+    arms = [ArmSpec(f"x{i}") for i in range(room)]
+    header = IdempotencyKey("fill", ADMIN_TOKEN)
+    views = await asyncio.gather(service.add_arms("full", arms, header),
+                                 other_service.add_arms("full", arms, header))
+    assert [len(v.arms) for v in views] == [app_settings.max_arms] * 2
+
+
+async def test_a_change_under_an_idempotency_key_says_it_back(api: Api) -> None:
+    """Whatever its status, so that a client knows it may send the change again: a
+    service that ignores the header would make it twice."""
+    made = await api.http.post("/experiments", json=COVARIATES, headers=_under("c-1"))
+    taken = await api.http.post("/experiments", json=COVARIATES, headers=_under("c-2"))
+    assert (made.status_code, taken.status_code) == (201, 409)
+    assert made.headers["Idempotency-Key"] == "c-1" and taken.headers["Idempotency-Key"] == "c-2"
+    plain = await api.http.post("/experiments/cov/keys", headers=ADMIN)
+    assert plain.status_code == 201 and "Idempotency-Key" not in plain.headers
+    ignored = await api.http.get("/experiments/cov", headers=_under("read"))
+    assert ignored.status_code == 200 and "Idempotency-Key" not in ignored.headers

@@ -65,9 +65,23 @@ async def test_a_rotation_delivered_again_keeps_the_key_before_it(service: Exper
     serves it): the key before the rotation stays valid."""
     _, old = await service.create(SPEC)
     new_hash = "ab" * 32
-    assert await service._store.rotate_key("keys", new_hash)
-    assert await service._store.rotate_key("keys", new_hash)
+    assert await service._store.rotate_key("keys", new_hash, hash_key(old), "") == 1
+    assert await service._store.rotate_key("keys", new_hash, hash_key(old), "") == 1
     assert await service._store.key_hashes("keys") == (new_hash, hash_key(old))
+
+
+async def test_a_rotation_held_up_behind_a_later_one_changes_nothing(
+        service: ExperimentService) -> None:
+    """A rotation made from a key read before another rotation (an attempt held up in
+    the network while its retry and a later rotation were made) finds the current key
+    another and changes nothing: made, it would bring back a key already replaced."""
+    _, old = await service.create(SPEC)
+    first, later = "ab" * 32, "cd" * 32
+    assert await service._store.rotate_key("keys", first, hash_key(old), "") == 1
+    assert await service._store.rotate_key("keys", later, first, "") == 1
+    assert await service.revoke_previous_key("keys") is True  # the first key revoked
+    assert await service._store.rotate_key("keys", first, hash_key(old), "") == -1
+    assert await service._store.key_hashes("keys") == (later,)
 
 
 async def test_no_request_fails_while_the_key_rotates_under_load(api: Api) -> None:

@@ -588,8 +588,11 @@ async def test_the_answers_kept_for_resends_are_bounded(
     most): 300 rotations leave fewer, the latest among them."""
     await service.create(ExperimentSpec(id="many", setting="covariates", dim=2,
                                         arms=(ArmSpec("a"), ArmSpec("b"))))
+    current = await service._store.key_hash("many")
+    assert current is not None
     for n in range(300):
-        assert await service._store.rotate_key("many", f"{n:064x}")
+        assert await service._store.rotate_key("many", f"{n:064x}", current, "") == 1
+        current = f"{n:064x}"
     with redis.Redis.from_url(redis_db) as client:
         kept = client.hlen(keys.calls("many"))
         assert 0 < kept <= 256

@@ -28,8 +28,10 @@ What to rely on:
   deletion, retiring arms, and ``choose``, which names its decision id (a new
   one, or ``decision_id=`` yours): a retry gets the decision the first attempt
   recorded. ``create_experiment``, ``add_arms`` and ``rotate_key`` are sent
-  under an ``Idempotency-Key`` of their own: a retry after an attempt that took
-  effect is answered as made (the same API key back), not refused.
+  under an ``Idempotency-Key`` of their own, which the service answers as made
+  when it comes again (the same API key back): they are retried after a 503
+  that says the key back, and after a lost reply once the service has said
+  one back (an older service, which ignores the header, would make them twice).
 - **Rewards count once**: the decision id is an idempotency key, so a reward
   retried after a lost reply answers ``duplicate``. :class:`RewardResult`'s
   ``status`` is ``applied`` or ``duplicate``, and both mean counted

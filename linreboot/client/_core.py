@@ -15,7 +15,7 @@ To add a route:
    it is to repeat: ``ALWAYS`` for reads and writes a repeat does not change,
    ``IF_NOT_APPLIED`` for writes it would, ``NEVER`` for probes; a change the
    service answers as made under an ``Idempotency-Key`` (a creation, a rotation)
-   is built by ``_changing_call`` instead, and retried always;
+   is built by ``_changing_call`` instead (``IF_KEY_HONOURED``);
 3. a one-line method in ``Client`` (``_sync.py``, with the docstring) and in
    ``AsyncClient`` (``_async.py``); a paged listing also gets an ``iter_``
    method like ``iter_experiments``;
@@ -57,6 +57,9 @@ DEFAULT_MAX_BATCH_REWARDS = 1000
 Vector = Sequence[float]  # or anything with .tolist(), such as a NumPy array
 ArmSpec = str | Mapping[str, Any]  # an arm id, or {"id": ..., "features": [...]}
 RewardItems = Iterable[tuple[str, float]] | Mapping[str, float]
+
+
+IDEMPOTENCY_KEY = "Idempotency-Key"
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,14 +127,22 @@ class Core:
         self._admin = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         self._api_key = api_key
         self._rng = random.Random()
+        # The service said a change's Idempotency-Key back (an older one ignores it).
+        self._keys_honoured = False
 
     # -- answers
 
     def attempts(self, call: Call[Any], timeout: httpx.Timeout) -> Attempts:
-        return Attempts(self.retry, call.retryable, timeout, rng=self._rng)
+        return Attempts(self.retry, call.retryable, timeout, rng=self._rng,
+                        key_honoured=self._keys_honoured)
 
     def answered(self, call: Call[T], attempts: Attempts, response: httpx.Response) -> T | Wait:
         """The result of a 2xx; a :class:`Wait` to retry a 503; else raises the error."""
+        key = call.headers.get(IDEMPOTENCY_KEY)
+        if key is not None and response.headers.get(IDEMPOTENCY_KEY) == key:
+            # This service answers a change sent again under its key as made: this call's
+            # retries, and later calls' after a lost reply, are safe.
+            self._keys_honoured = attempts.key_honoured = True
         status = response.status_code
         if 200 <= status < 300:
             return call.parse(response.content)
@@ -155,9 +166,11 @@ class Core:
     def _changing_call(self, method: str, path: str, parse: Callable[[bytes], T],
                        body: Any = None) -> Call[T]:
         """A change the service answers as made when it is sent again under the same
-        ``Idempotency-Key`` (a new one a call, kept by its attempts): retried always."""
-        headers = {**self._admin, "Idempotency-Key": uuid.uuid4().hex}
-        return Call(method, path, parse, headers, Retryable.ALWAYS, body)
+        ``Idempotency-Key`` (a new one a call, kept by its attempts): retried after an
+        ambiguous failure once the service has said such a key back (a service older
+        than the header would make the change twice)."""
+        headers = {**self._admin, IDEMPOTENCY_KEY: uuid.uuid4().hex}
+        return Call(method, path, parse, headers, Retryable.IF_KEY_HONOURED, body)
 
     # -- experiments (admin token)
 

@@ -34,6 +34,9 @@ class Retryable(enum.Enum):
 
     ALWAYS = "always"  # repeating it changes nothing more: retry any retryable failure
     IF_NOT_APPLIED = "if_not_applied"  # retry only when it surely did not take effect
+    # A change sent under an Idempotency-Key: as IF_NOT_APPLIED until the service has said
+    # the key back (it answers the change sent again as made), then as ALWAYS.
+    IF_KEY_HONOURED = "if_key_honoured"
     NEVER = "never"  # a probe: one attempt, its answer is the result
 
 
@@ -118,6 +121,7 @@ class Attempts:
     rng: random.Random = field(default_factory=random.Random)
     count: int = 0
     maybe_applied: bool = False  # an earlier attempt may have taken effect
+    key_honoured: bool = False  # the service said the call's Idempotency-Key back
 
     def __post_init__(self) -> None:
         self._deadline = self.clock() + self.retry.deadline_seconds
@@ -158,8 +162,10 @@ class Attempts:
         return wait
 
     def _wait(self, failure: Failure, retry_after: float | None) -> Wait | None:
-        allowed = self.retryable is Retryable.ALWAYS or (
-            self.retryable is Retryable.IF_NOT_APPLIED and failure is not Failure.AMBIGUOUS)
+        keyed = self.retryable is Retryable.IF_KEY_HONOURED
+        allowed = (self.retryable is Retryable.ALWAYS or (keyed and self.key_honoured) or (
+            (keyed or self.retryable is Retryable.IF_NOT_APPLIED)
+            and failure is not Failure.AMBIGUOUS))
         self.maybe_applied |= failure is Failure.AMBIGUOUS
         if not allowed or self.count >= self.retry.attempts:
             return None

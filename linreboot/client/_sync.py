@@ -109,8 +109,8 @@ class Client:
         ``arms`` are ids, or ``{"id": ..., "features": [...]}`` (stochastic setting).
         Options left at None take the service's defaults; ``fields`` are sent as
         they are (for options this client does not know yet). Sent under an
-        ``Idempotency-Key``, so retried like any call: an attempt after one that
-        created it gets the same key back.
+        ``Idempotency-Key``: retried once the service has said such a key back (an
+        attempt after one that created it gets the same key back).
         """
         return self._send(self._core.create_experiment(
             experiment_id, setting=setting, dim=dim, arms=arms, policy=policy,
@@ -142,7 +142,7 @@ class Client:
         self._send(self._core.delete_experiment(experiment_id))
 
     def add_arms(self, experiment_id: str, arms: Sequence[ArmSpec]) -> Experiment:
-        """Add arms (ids, or ``{"id", "features"}``); under an ``Idempotency-Key``, so an
+        """Add arms (ids, or ``{"id", "features"}``); under an ``Idempotency-Key``: an
         attempt after one that added them answers them added."""
         return self._send(self._core.add_arms(experiment_id, arms))
 
