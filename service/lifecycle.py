@@ -387,11 +387,9 @@ class Lifecycle(Room):
         rotation stores: sent again within ``idempotency_seconds`` (the key it made still
         current), the rotation answers that key and changes nothing."""
         definition = await self.views.definition(experiment_id)
-        if idempotency is not None and self._recent(definition.key_rotated_at):
-            assert definition.key_nonce is not None
-            made = idempotency.api_key("rotation", experiment_id, definition.key_nonce)
-            if hmac.compare_digest(hash_key(made), definition.key_hash):
-                return made
+        made = self._rotated_under(definition, idempotency)
+        if made is not None:
+            return made
         nonce = secrets.token_hex(8)
         api_key = (secrets.token_urlsafe(32) if idempotency is None
                    else idempotency.api_key("rotation", experiment_id, nonce))
@@ -404,14 +402,30 @@ class Lifecycle(Room):
         if result == 0:
             raise NotFound("no experiment with this id")
         if result < 0:
+            # Overtaken: by another attempt of this rotation (sent again while it ran)?
+            made = self._rotated_under(await self.views.definition(experiment_id),
+                                       idempotency)
+            if made is not None:
+                return made
             raise Conflict("the key was rotated by another request meanwhile: look at the "
                            "experiment, and rotate again if you still mean to")
         return api_key
 
+    def _rotated_under(self, definition: Definition,
+                       idempotency: IdempotencyKey | None) -> str | None:
+        """The current key, if the last rotation made it under ``idempotency`` within
+        ``idempotency_seconds``; else None."""
+        if (idempotency is None or definition.key_nonce is None
+                or not self._recent(definition.key_rotated_at)):
+            return None
+        made = idempotency.api_key("rotation", definition.spec.id, definition.key_nonce)
+        return made if hmac.compare_digest(hash_key(made), definition.key_hash) else None
+
     def _recent(self, made_at: float | None) -> bool:
-        """A change made at ``made_at`` (unix seconds) may be answered again as made."""
-        return made_at is not None and 0 <= time.time() - made_at <= \
-            self._settings.idempotency_seconds
+        """A change made at ``made_at`` may be answered again as made: unix seconds, by
+        the clock of the worker that made it, which may be ahead of this one's."""
+        return made_at is not None and \
+            abs(time.time() - made_at) <= self._settings.idempotency_seconds
 
     async def revoke_previous_key(self, experiment_id: str) -> bool:
         """Revoke the key a rotation kept valid; False if there was none. Takes effect at

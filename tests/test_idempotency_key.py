@@ -198,3 +198,24 @@ async def test_a_change_under_an_idempotency_key_says_it_back(api: Api) -> None:
     assert plain.status_code == 201 and "Idempotency-Key" not in plain.headers
     ignored = await api.http.get("/experiments/cov", headers=_under("read"))
     assert ignored.status_code == 200 and "Idempotency-Key" not in ignored.headers
+
+
+async def test_two_attempts_of_one_rotation_at_once_answer_one_key(
+        service: ExperimentService, other_service: ExperimentService, redis_db: str) -> None:
+    """A retry sent while its first attempt still runs reads the same current key; the
+    first rotates, the retry's compare-and-set fails and it answers the key the first
+    made (not a 409 that would leave the new key known to nobody). And a worker whose
+    clock is behind the one that rotated still answers it again."""
+    spec = ExperimentSpec(id="race", setting="covariates", dim=2,
+                          arms=(ArmSpec("a"), ArmSpec("b")))
+    _, original = await service.create(spec)
+    header = IdempotencyKey("rotate", ADMIN_TOKEN)
+    keys_made = await asyncio.gather(service.rotate_key("race", header),
+                                     other_service.rotate_key("race", header))
+    assert keys_made[0] == keys_made[1] != original
+    assert (await service.get("race")).previous_key_valid  # rotated once
+    with redis.Redis.from_url(redis_db) as client:  # made by a clock 2 s ahead
+        client.hset(keys.meta("race"), "key_rotated_at", repr(time.time() + 2))
+    assert await other_service.rotate_key("race", header) == keys_made[0]
+    assert await service.revoke_previous_key("race") is True
+    assert await service.revoke_previous_key("race") is False  # the original, only
