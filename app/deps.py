@@ -16,6 +16,7 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 
 from app.auth import AdminTokens
 from app.metrics import Metrics
+from app.schemas import DECISION_ID_PATTERN
 from service.definition import IdempotencyKey
 from service.domain import EXPERIMENT_ID_PATTERN
 from service.experiments import ExperimentService
@@ -83,14 +84,11 @@ async def _require_admin(
 
 AdminDep = Depends(_require_admin)
 
-IDEMPOTENCY_KEY_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"  # as a decision_id
-
-
 async def _idempotency(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     key: Annotated[str | None, Header(
-        alias="Idempotency-Key", pattern=IDEMPOTENCY_KEY_PATTERN,
+        alias="Idempotency-Key", pattern=DECISION_ID_PATTERN,
         description="1-128 of A-Z a-z 0-9 _ . : -, new for each change: the same request "
         "sent again under it (after a lost reply or a 503) is answered as made, once")] = None,
 ) -> IdempotencyKey | None:
