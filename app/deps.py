@@ -84,6 +84,7 @@ async def _require_admin(
 
 AdminDep = Depends(_require_admin)
 
+
 async def _idempotency(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
