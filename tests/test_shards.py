@@ -72,17 +72,18 @@ def _keys(url: str, experiment_id: str) -> list[bytes]:
 @pytest.mark.rerun("tests/test_app_api.py", "tests/test_idempotent_choose.py",
                    "tests/test_live_settings.py", "tests/test_key_rotation.py",
                    "tests/test_rank.py", "tests/test_default_rewards.py",
-                   "tests/test_decision_log.py", env={TEST_SHARDS_ENV: str(S)},
+                   "tests/test_decision_log.py", "tests/test_idempotency_key.py",
+                   env={TEST_SHARDS_ENV: str(S)},
                    unset=[TEST_REDIS_ENV])
 def test_the_api_tests_pass_on_sharded_experiments(rerun: reruns.Finished) -> None:
-    """The API, idempotency, live-settings, key-rotation, ranking, default-reward and
-    decision-log tests again, every experiment they create with three shards (a
-    subprocess, tests/reruns.py: the shard count is read at start, tests/conftest.py; on
-    a Redis of its own)."""
+    """The API, idempotency (of decisions and of changes), live-settings, key-rotation,
+    ranking, default-reward and decision-log tests again, every experiment they create
+    with three shards (a subprocess, tests/reruns.py: the shard count is read at start,
+    tests/conftest.py; on a Redis of its own)."""
     assert rerun.returncode == 0, rerun.tail()
     passed = re.search(r"\b(\d+) passed\b", rerun.stdout)
-    # (of 178: a few do not apply to a sharded experiment and skip)
-    assert passed and int(passed.group(1)) >= 170, rerun.stdout[-1000:]
+    # (of 206: a few do not apply to a sharded experiment and skip)
+    assert passed and int(passed.group(1)) >= 198, rerun.stdout[-1000:]
 
 
 async def test_decisions_and_their_keys_spread_over_the_members(
