@@ -139,6 +139,15 @@ class IdempotencyKey:
         return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
 
 
+def _seconds(text: str | None) -> float | None:
+    """A time kept only to bound a retry: unreadable (a damaged field) is as none, not an
+    experiment that cannot be read."""
+    try:
+        return None if text is None else float(text)
+    except ValueError:
+        return None
+
+
 def reward_text(reward: float) -> str:
     """The shortest decimal that round-trips: equal floats give equal strings.
 
@@ -260,7 +269,7 @@ def parse_definition(meta: dict[str, str], arms_raw: dict[str, str]) -> Definiti
         key_hash=meta["key_hash"],
         previous_key_hash=meta.get("key_hash_old"),
         key_nonce=meta.get("key_nonce"),
-        key_rotated_at=float(meta["key_rotated_at"]) if "key_rotated_at" in meta else None,
+        key_rotated_at=_seconds(meta.get("key_rotated_at")),
         incarnation=meta["incarnation"],
         created_at=float(meta["created_at"]),
         version=int(meta["version"]),

@@ -384,8 +384,9 @@ class Lifecycle(Room):
         still the one read first (409 if another rotation came between).
 
         Under an ``idempotency`` key the new key is made from it and a nonce the
-        rotation stores: sent again within ``idempotency_seconds`` (the key it made still
-        current), the rotation answers that key and changes nothing."""
+        rotation stores: sent again while the key it made is current, the rotation
+        answers that key (within ``idempotency_seconds``; later, 409) and changes
+        nothing."""
         definition = await self.views.definition(experiment_id)
         made = self._rotated_under(definition, idempotency)
         if made is not None:
@@ -414,12 +415,20 @@ class Lifecycle(Room):
     def _rotated_under(self, definition: Definition,
                        idempotency: IdempotencyKey | None) -> str | None:
         """The current key, if the last rotation made it under ``idempotency`` within
-        ``idempotency_seconds``; else None."""
-        if (idempotency is None or definition.key_nonce is None
-                or not self._recent(definition.key_rotated_at)):
+        ``idempotency_seconds``; None if not under it. Made under it but longer ago: 409,
+        as rotating again would revoke the key the clients may still use (the one the
+        lost reply's key replaced), and the key is no longer shown again."""
+        if idempotency is None or definition.key_nonce is None:
             return None
         made = idempotency.api_key("rotation", definition.spec.id, definition.key_nonce)
-        return made if hmac.compare_digest(hash_key(made), definition.key_hash) else None
+        if not hmac.compare_digest(hash_key(made), definition.key_hash):
+            return None
+        if not self._recent(definition.key_rotated_at):
+            raise Conflict("this rotation was made more than "
+                           f"{self._settings.idempotency_seconds} s ago "
+                           "(LINREBOOT_IDEMPOTENCY_SECONDS): its key is not shown again; "
+                           "rotate under a new Idempotency-Key")
+        return made
 
     def _recent(self, made_at: float | None) -> bool:
         """A change made at ``made_at`` may be answered again as made: unix seconds, by
