@@ -228,3 +228,18 @@ async def test_two_attempts_of_one_rotation_at_once_answer_one_key(
     assert await other_service.rotate_key("race", header) == keys_made[0]
     assert await service.revoke_previous_key("race") is True
     assert await service.revoke_previous_key("race") is False  # the original, only
+
+
+async def test_a_sharded_creation_sent_again_does_not_wait_for_a_claim(
+        service: ExperimentService, redis_db: str) -> None:
+    """A sharded creation takes a claim on its id while it makes the members; sent again
+    while a claim is still held (its first attempt's, not yet released), it answers as
+    made from the home rather than 503 'being created' for up to the claim's 15 s."""
+    spec = ExperimentSpec(id="wide", setting="covariates", dim=2, shards=3,
+                          arms=(ArmSpec("a"), ArmSpec("b")))
+    header = IdempotencyKey("wide-1", ADMIN_TOKEN)
+    _, key = await service.create(spec, header)
+    with redis.Redis.from_url(redis_db) as client:
+        client.set(keys.creating("wide"), "an attempt's claim", ex=15)
+    view, again = await service.create(spec, header)
+    assert again == key and view.spec.shards == 3

@@ -82,7 +82,7 @@ def test_the_api_tests_pass_on_sharded_experiments(rerun: reruns.Finished) -> No
     tests/conftest.py; on a Redis of its own)."""
     assert rerun.returncode == 0, rerun.tail()
     passed = re.search(r"\b(\d+) passed\b", rerun.stdout)
-    # (of 206: a few do not apply to a sharded experiment and skip)
+    # (of 207: a few do not apply to a sharded experiment and skip)
     assert passed and int(passed.group(1)) >= 198, rerun.stdout[-1000:]
 
 
