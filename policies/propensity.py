@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -196,52 +197,116 @@ def _pairs(
 _ROW_0 = np.zeros(1, dtype=np.int64)
 
 
+def arm_propensity(ready: Ready, accuracy: Accuracy = FINE) -> Callable[[int], float]:
+    """``propensities(ready, [arm], accuracy=accuracy)[0]`` as a function of ``arm``, for
+    one experiment (B = 1): the service's propensity of each decision's arm, the same bits.
+
+    What every arm's integral shares (the index's law, the windows, the floor a random
+    index must beat, the arms alive) is computed here, once: a view's decisions ask for
+    one arm after another from the same statistics (BENCHMARKS.md §37)."""
+    if ready.eligible.shape[0] != 1:
+        raise ValueError("arm_propensity is for one experiment (B = 1)")
+
+    def general(arm: int) -> float:
+        return float(propensities(ready, np.array([arm]), accuracy=accuracy)[0])
+
+    if ready.exploring_rows.size:
+        return general
+    law = index_of(ready.config).law(ready.config, ready.prepared)
+    normal = _NormalArms.of(ready, law, accuracy)
+    if normal is None:
+        return general
+    epsilon = ready.config.epsilon
+    eligible = ready.eligible[0]
+    count = int(np.count_nonzero(eligible))
+
+    def one(arm: int) -> float:
+        value = normal.value(arm) if 0 <= arm < eligible.size else None
+        if value is None:
+            return general(arm)
+        if epsilon > 0.0:  # as propensities mixes in the uniform choice
+            value = (1.0 - epsilon) * value + epsilon * (float(eligible[arm]) / count)
+        return value
+
+    return one
+
+
 def _one_normal(ready: Ready, law: Law, arm: int, accuracy: Accuracy) -> float | None:
     """:func:`_independent`'s value for one experiment (B = 1) whose indices are independent
-    normals, arm a not a point mass, in a third of its array operations on K values (the
-    same operations on the same numbers: the same bits); None where that does not serve
-    (another law, arm a a point mass, an arm that is not a candidate or alone), and the
-    general path decides. Other arms' point masses (an arm with no residual spread yet)
-    only raise the floor a random index must beat, as in :func:`_independent`."""
-    eligible = ready.eligible[0]
-    if law.spread is None or law.dof is not None or law.loadings is not None \
-            or not eligible[arm] or eligible.size == 1:
-        return None
-    mean, spread = law.mean[0], law.spread[0]
-    if not spread.any():
-        return None
-    point = spread <= np.maximum(_POINT * np.abs(mean), _TINY)
-    if point[arm]:
-        return None  # arm a a point mass (ties, the CDFs at its value): the general rule
-    if not ready.every_arm_eligible and np.count_nonzero(eligible) == 1:
-        return None  # alone: chosen for sure (the general path says 1 exactly)
-    family = _Family(None, accuracy)
-    reach = family.quantile(None) * spread
-    low, high = mean - reach, mean + reach
-    top = -math.inf
-    if point.any():  # a random index must beat the highest point mass too
-        random = eligible & ~point
-        top = float(np.where(eligible & point, mean, -np.inf).max())
-        floor = max(float(np.where(random, low, -np.inf).max()), top)
-        alive = random & (high > floor)
-    elif ready.every_arm_eligible:
-        floor = float(low.max())
-        alive = high > floor
-    else:
-        floor = float(np.where(eligible, low, -np.inf).max())
-        alive = eligible & (high > floor)
-    if not alive[arm]:
-        return None
-    if top <= low[arm]:  # no point mass inside arm a's window
-        value = _smooth_one(mean, spread, alive, high, max(float(low[arm]), floor), arm)
-        if value is not None:
-            return value
-    # A factor too narrow for the smooth rule, or a point mass inside arm a's window:
-    # the general rule, on the arrays made here.
-    window = _Window(family, mean[None], spread[None], low[None], high[None],
-                     alive[None], np.array([floor]), np.array([top]), _ROW_0,
-                     np.array([arm]))
-    return float(window.integrals()[0])
+    normals, arm a not a point mass (:class:`_NormalArms`); None where that does not serve,
+    and the general path decides."""
+    normal = _NormalArms.of(ready, law, accuracy)
+    return None if normal is None else normal.value(arm)
+
+
+@dataclass(frozen=True)
+class _NormalArms:
+    """:func:`_independent`'s arrays for one experiment (B = 1) whose indices are independent
+    normals: what the integral of each of its arms starts from, made with a third of that
+    path's array operations on K values (the same operations on the same numbers: the same
+    bits). Other arms' point masses (an arm with no residual spread yet) only raise the
+    floor a random index must beat, as in :func:`_independent`."""
+
+    eligible: NDArray[np.bool_]
+    mean: Array
+    spread: Array
+    point: NDArray[np.bool_]
+    low: Array
+    high: Array
+    alive: NDArray[np.bool_]
+    floor: float
+    top: float  # the highest point mass (-inf: none)
+    alone: bool  # a single arm is eligible
+    family: _Family
+
+    @classmethod
+    def of(cls, ready: Ready, law: Law, accuracy: Accuracy) -> _NormalArms | None:
+        """None where the law is another (Student t, a shared model's, point masses only)."""
+        eligible = ready.eligible[0]
+        if law.spread is None or law.dof is not None or law.loadings is not None \
+                or eligible.size == 1:
+            return None
+        mean, spread = law.mean[0], law.spread[0]
+        if not spread.any():
+            return None
+        point = spread <= np.maximum(_POINT * np.abs(mean), _TINY)
+        family = _Family(None, accuracy)
+        reach = family.quantile(None) * spread
+        low, high = mean - reach, mean + reach
+        top = -math.inf
+        if point.any():  # a random index must beat the highest point mass too
+            random = eligible & ~point
+            top = float(np.where(eligible & point, mean, -np.inf).max())
+            floor = max(float(np.where(random, low, -np.inf).max()), top)
+            alive = random & (high > floor)
+        elif ready.every_arm_eligible:
+            floor = float(low.max())
+            alive = high > floor
+        else:
+            floor = float(np.where(eligible, low, -np.inf).max())
+            alive = eligible & (high > floor)
+        alone = not ready.every_arm_eligible and np.count_nonzero(eligible) == 1
+        return cls(eligible, mean, spread, point, low, high, alive, floor, top, bool(alone),
+                   family)
+
+    def value(self, arm: int) -> float | None:
+        """Arm ``arm``'s integral; None where the general path decides: arm a a point mass
+        (ties, the CDFs at its value), not eligible, alone (chosen for sure: the general
+        path says 1 exactly), or not alive."""
+        if not self.eligible[arm] or self.point[arm] or self.alone or not self.alive[arm]:
+            return None
+        low = float(self.low[arm])
+        if self.top <= low:  # no point mass inside arm a's window
+            value = _smooth_one(self.mean, self.spread, self.alive, self.high,
+                                max(low, self.floor), arm)
+            if value is not None:
+                return value
+        # A factor too narrow for the smooth rule, or a point mass inside arm a's window:
+        # the general rule, on the arrays made here.
+        window = _Window(self.family, self.mean[None], self.spread[None], self.low[None],
+                         self.high[None], self.alive[None], np.array([self.floor]),
+                         np.array([self.top]), _ROW_0, np.array([arm]))
+        return float(window.integrals()[0])
 
 
 # --------------------------------------------------------------------------- independent
@@ -338,6 +403,14 @@ def _independent(
     return out
 
 
+# The smooth rule's nodes and weights when no factor is narrower than arm a, made once
+# (each node and weight is its own product and exponential: a slice has the same bits).
+_UNIT_STEP = 0.75
+_UNIT_NODES = np.arange(-math.floor(5.0 / _UNIT_STEP), math.floor(5.0 / _UNIT_STEP) + 1) \
+    * _UNIT_STEP
+_UNIT_WEIGHTS = np.exp(-0.5 * _UNIT_NODES * _UNIT_NODES)
+
+
 def _smooth_one(
     mean: Array, spread: Array, alive: NDArray[np.bool_], high: Array, start: float, arm: int
 ) -> float | None:
@@ -354,8 +427,11 @@ def _smooth_one(
     step = 0.75 * min(ratio, 1.0)
     last = math.floor(5.0 / step)
     first = max(-last, math.ceil((start - mu) / sd / step))
-    g = np.arange(first, max(last, first) + 1) * step
-    weights = np.exp(-0.5 * g * g) if last >= first else np.zeros(1)
+    if step == _UNIT_STEP and first <= last:  # no factor narrower than arm a: the usual
+        g, weights = _UNIT_NODES[first + last:], _UNIT_WEIGHTS[first + last:]
+    else:
+        g = np.arange(first, max(last, first) + 1) * step
+        weights = np.exp(-0.5 * g * g) if last >= first else np.zeros(1)
     u = ((mu + sd * g)[:, None] - shifted) / scale
     total = float(np.cumsum(weights * special.ndtr(u).prod(axis=1))[-1])
     return min(total * (step / _ROOT_TAU), 1.0)

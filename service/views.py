@@ -14,14 +14,14 @@ import asyncio
 import functools
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
 from policies import Ready, State, discounted, layout, prepare
-from policies.propensity import SERVICE, off_the_loop, propensities
+from policies.propensity import SERVICE, arm_propensity, off_the_loop, propensities
 from policies.ranking import Ranking, placement_table, position_propensities
 from policies.state import Sums, inherit_kept, merge_sums
 from service import keys, shards
@@ -58,6 +58,7 @@ class _Prepared:
     state: State
     ready: Ready | None = None
     propensities: dict[int, float] = field(default_factory=dict)
+    arm_propensity: Callable[[int], float] | None = None  # made for the first one
     placements: dict[tuple[int, int], float] = field(default_factory=dict)
     # The first experiment's table as lists ([arm][position]): a lookup per slot without
     # a NumPy call.
@@ -186,13 +187,25 @@ class View:
         last = self._last
         kept = last.propensities if last is not None and last.ready is ready else {}
         if position not in kept:
-            def compute() -> float:
-                arm = np.array([position])
-                return float(propensities(ready, arm, accuracy=SERVICE)[0])
-            kept[position] = (await asyncio.to_thread(compute) if off_the_loop(ready)
-                              else compute())
+            if off_the_loop(ready):
+                def compute() -> float:
+                    arm = np.array([position])
+                    return float(propensities(ready, arm, accuracy=SERVICE)[0])
+                kept[position] = await asyncio.to_thread(compute)
+            else:
+                kept[position] = self._arm_propensity(ready)(position)
         return kept[position]
 
+    def _arm_propensity(self, ready: Ready) -> Callable[[int], float]:
+        """The propensity of each arm of ``ready`` (:func:`policies.propensity.arm_propensity`),
+        kept with it while the view keeps that: what the arms' integrals share is computed
+        once for the decisions from the same statistics."""
+        last = self._last
+        if last is None or last.ready is not ready:
+            return arm_propensity(ready, SERVICE)
+        if last.arm_propensity is None:
+            last.arm_propensity = arm_propensity(ready, SERVICE)
+        return last.arm_propensity
 
     async def slot_propensities(self, ready: Ready, ranking: Ranking) -> list[float]:
         """The probability that ``rank(ready)`` puts each of ``ranking``'s arms at its

@@ -52,6 +52,7 @@ from policies.propensity import (
     SERVICE,
     SHARED_TARGET_SE,
     Accuracy,
+    arm_propensity,
     estimated,
     off_the_loop,
     propensities,
@@ -503,3 +504,41 @@ def test_one_decisions_path_gives_the_general_paths_bits() -> None:
             assert fast.tobytes() == general.tobytes(), (case, arm, fast, general)
     assert taken > 300  # the short path served most cases, not only the fallbacks
     assert taken_beside_points > 60, taken_beside_points  # and those beside point masses
+
+
+@pytest.mark.parametrize("accuracy", [FINE, SERVICE])
+def test_an_experiments_arm_by_arm_propensities_are_its_propensities(accuracy: Accuracy) -> None:
+    """Issue 26: the service asks for one arm after another from the same statistics, with
+    what their integrals share computed once (arm_propensity): each is propensities'
+    value for that arm, bit for bit: every arm, eligible or not, beside point masses, with
+    epsilon, with arms to explore (where the general path serves), and in a LinReBoot
+    world played for a while; an arm out of range is refused as propensities refuses it."""
+    rng = np.random.default_rng(37)
+    readies = []
+    for case in range(150):
+        n_arms = int(rng.integers(2, 30))
+        mean = rng.normal(size=n_arms) * rng.choice([0.01, 0.3, 3.0])
+        spread = np.exp(rng.normal(size=n_arms) * rng.choice([0.1, 1.0, 4.0]))
+        if case % 4 == 0:
+            spread[rng.choice(n_arms, size=max(1, n_arms // 4), replace=False)] = 0.0
+        eligible = rng.random(n_arms) < 0.8 if case % 3 == 0 else np.ones(n_arms, bool)
+        eligible[0] = True
+        pulled = rng.random(n_arms) < 0.9 if case % 7 == 0 else None
+        epsilon = 0.1 if case % 5 == 0 else 0.0
+        ready = ready_for(mean.tolist(), spread.tolist(), eligible.tolist(),
+                          None if pulled is None else pulled.tolist(), epsilon)
+        readies.append(dataclasses.replace(ready, every_arm_eligible=bool(eligible.all())))
+    for spread in ("paper", "pooled"):  # the paper's LinReBoot, and the service's default
+        readies.append(state_after("linreboot", "stochastic", rounds=300, seed=4, n_arms=12,
+                                   dim=5, spread=spread)[1])
+    served = 0
+    for ready in readies:
+        one = arm_propensity(ready, accuracy)
+        every = propensities(ready, accuracy=accuracy)[0]
+        for arm in range(ready.eligible.shape[1]):
+            expected = propensities(ready, np.array([arm]), accuracy=accuracy)[0]
+            assert one(arm) == expected, (arm, one(arm), expected)
+            served += every[arm] > 0
+    assert served > 1000  # most of them integrals, not the zeros of ineligible arms
+    with pytest.raises(ValueError, match="arms must be"):
+        arm_propensity(readies[-1], accuracy)(12)
