@@ -22,6 +22,7 @@ from service import shards
 from service.definition import (
     WRONG_KEY,
     ArmRecord,
+    Definition,
     hash_key,
     index_ranges,
     missing_experiment,
@@ -37,7 +38,7 @@ from service.domain import (
     valid_experiment_id,
 )
 from service.errors import Conflict, Forbidden, InvalidInput, NotFound, StoreUnavailable
-from service.folding import FOLD_EVERY, FOLD_LIMIT, folded_blobs
+from service.folding import FOLD_EVERY, FOLD_LIMIT, folded_blobs, held_blobs
 from service.settings import Settings
 from service.store import DecideReply, Store
 from service.views import Room, UnknownArm, View, Views
@@ -457,7 +458,8 @@ class Decisions(Room):
             definition = (view.definition if view is not None
                           else await self.views.definition(experiment_id))
             folded = await self._store.fold(experiment_id, definition.incarnation, FOLD_LIMIT,
-                                            functools.partial(folded_blobs, definition.config))
+                                            functools.partial(folded_blobs, definition.config),
+                                            self._held(experiment_id, definition))
             if folded is None and view is not None:  # created again since this worker read it
                 self.views.forget(experiment_id)
                 definition = await self.views.definition(experiment_id)
@@ -468,6 +470,30 @@ class Decisions(Room):
                            "fold will", experiment_id, exc)
         except Exception:  # a damaged entry: the views that read it fail as loudly
             logger.exception("experiment %s: the sums were not written back", experiment_id)
+
+    def _held(self, experiment_id: str, definition: Definition
+              ) -> Callable[[int, Sequence[str], Sequence[bytes]], dict[str, bytes] | None]:
+        """A fold's blobs from this worker's view of the experiment (then it reads no stored
+        sums: :func:`service.folding.held_blobs`), when the view holds every outcome the
+        stored sums hold (``sums_hold``) and none past those the fold read (the view as it
+        is when the fold has read them, perhaps newer than when it began), under
+        ``definition``'s incarnation and policy; else None, and the fold reads the stored
+        blobs. The view's sums are those it read (``view.folded`` outcomes) with the next
+        ``view.applied`` added; folds since added the first of those to the stored sums,
+        the same additions in the same order (:mod:`service.folding`): so the view holds
+        the stored sums with the fold's first records added."""
+        def held(sums_hold: int, fields: Sequence[str], records: Sequence[bytes]
+                 ) -> dict[str, bytes] | None:
+            view = self.views.get(experiment_id)
+            if (view is None or view.definition.incarnation != definition.incarnation
+                    or view.definition.config != definition.config):
+                return None
+            holds = view.folded + view.applied - sums_hold  # of the records the fold read
+            if not 0 <= holds <= len(records) or sums_hold < view.folded:
+                return None
+            return held_blobs(definition.config, view.sums, view.definition.arm_positions,
+                              fields, records[holds:])
+        return held
 
 
 _REWARD_MESSAGES: dict[RewardStatus, str] = {

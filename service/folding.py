@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from policies import PolicyConfig, State
-from policies.state import apply_sequence
+from policies.state import apply_sequence, layout
 from service import keys
 from service.codec import assemble_state, pack
 
@@ -135,11 +135,48 @@ def folded_blobs(
     """
     stored = dict(zip(fields, blobs, strict=True))
     arm_fields = [f for f in fields if f.startswith("arm:")]
-    arm_ids = [f.removeprefix("arm:") for f in arm_fields]
-    model_fields = ([keys.model_field(None)] if config.shared
-                    else [keys.model_field(a) for a in arm_ids])
+    model_fields = _model_fields(config, arm_fields)
     state = assemble_state(config, [stored.get(f) for f in model_fields],
                            [stored.get(f) for f in arm_fields])
+    return _added_and_packed(config, state, model_fields, arm_fields, raw_entries)
+
+
+def held_blobs(
+    config: PolicyConfig,
+    sums: State,
+    arm_positions: Mapping[str, int],
+    fields: Sequence[str],
+    raw_entries: Sequence[bytes],
+) -> dict[str, bytes] | None:
+    """:func:`folded_blobs`' answer from statistics a worker holds, without reading the
+    stored blobs: ``sums`` (every arm, at ``arm_positions``) are the stored sums with the
+    fold's first outcomes added (a view's), and ``raw_entries`` are the fold's outcomes
+    they lack. The same additions in the same order as adding all to the stored sums:
+    the same bits. None when a field names an arm ``sums`` do not hold (added since).
+    ``sums`` are not changed."""
+    arm_fields = [f for f in fields if f.startswith("arm:")]
+    positions = [arm_positions.get(f) for f in arm_fields]
+    if any(position is None for position in positions):
+        return None
+    take = np.array(positions, dtype=np.int64)
+    state = {name: sums[name][:, take] if spec.per_arm(config) else sums[name].copy()
+             for name, spec in layout(config).items()}
+    return _added_and_packed(config, state, _model_fields(config, arm_fields), arm_fields,
+                             raw_entries)
+
+
+def _model_fields(config: PolicyConfig, arm_fields: Sequence[str]) -> list[str]:
+    """The model fields of the arms' outcomes: one shared, or each arm's."""
+    if config.shared:
+        return [keys.model_field(None)]
+    return [keys.model_field(f.removeprefix("arm:")) for f in arm_fields]
+
+
+def _added_and_packed(
+    config: PolicyConfig, state: State, model_fields: Sequence[str], arm_fields: Sequence[str],
+    raw_entries: Sequence[bytes],
+) -> dict[str, bytes]:
+    """``state`` (the arms of ``arm_fields``, in turn) with the outcomes added, as blobs."""
     fold_into(config, state, {f: k for k, f in enumerate(arm_fields)}, raw_entries)
     return {**dict(zip(model_fields, pack(config, "model", state), strict=True)),
             **dict(zip(arm_fields, pack(config, "arm", state), strict=True))}

@@ -1974,14 +1974,19 @@ class Store:
         limit: int,
         folded: Callable[[Sequence[str], Sequence[bytes | None], Sequence[bytes]],
                          dict[str, bytes]],
+        held: Callable[[int, Sequence[str], Sequence[bytes]], dict[str, bytes] | None]
+        | None = None,
     ) -> int | None:
         """Add up to ``limit`` of the oldest outcomes not yet in the sums to the sums.
 
         ``folded(fields, blobs, records)`` gives the blobs of ``fields`` with
-        ``records`` added (:func:`service.folding.folded_blobs`). Returns how
-        many outcomes the sums now hold that they did not (0 when there were
-        none, or another fold came first: ``fold.lua`` writes only if none
-        did); None when the experiment is gone or is not ``incarnation``.
+        ``records`` added (:func:`service.folding.folded_blobs`);
+        ``held(sums_hold, fields, records)``, if given, gives them first from what
+        the caller holds of the sums when they hold ``sums_hold`` outcomes, or None
+        (then the stored blobs are read). Returns how many outcomes the sums now hold
+        that they did not (0 when there were none, or another fold came first:
+        ``fold.lua`` writes only if none did); None when the experiment is gone or is
+        not ``incarnation``.
         """
         keyset = [keys.meta(experiment_id), keys.stats(experiment_id),
                   keys.outcomes(experiment_id)]
@@ -1995,8 +2000,10 @@ class Store:
         # Only a fold changes the sums, and fold.lua writes only if none came
         # after fold_read.lua: these blobs are the ones the records add to.
         fields = fields_of(records)
-        blobs = await self._client.hmget(keys.stats(experiment_id), fields)
-        written = folded(fields, [b or None for b in blobs], records)
+        written = None if held is None else held(int(seen), fields, records)
+        if written is None:
+            blobs = await self._client.hmget(keys.stats(experiment_id), fields)
+            written = folded(fields, [b or None for b in blobs], records)
         args: list[str | bytes | int] = [incarnation, _text(seen), len(records), length]
         for pair in written.items():
             args.extend(pair)

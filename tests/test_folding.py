@@ -27,7 +27,10 @@ from service.experiments import ExperimentService
 from service.folding import (
     FOLD_EVERY,
     FOLD_LIMIT,
+    fields_of,
+    fold_into,
     folded_blobs,
+    held_blobs,
     split_records,
 )
 from service.store import Store
@@ -219,10 +222,12 @@ async def test_a_reward_is_applied_when_its_fold_fails(
 ) -> None:
     """The fold after the reward that reaches FOLD_EVERY meets a damaged blob: the
     reward is applied all the same (its outcome recorded), the fold writes
-    nothing and says so in the log."""
+    nothing and says so in the log. (The worker holds no view of the experiment,
+    so the fold reads the stored sums: a fold from a view's reads none.)"""
     key = await _created(service)
     await _waiting_outcomes(service, key, FOLD_EVERY - 1)
     decision = await service.choose("fold", ChooseRequest(context=(1.0, 1.0)), key)
+    service.views.forget("fold")
     client = redis.Redis.from_url(redis_db)
     try:
         client.hset(keys.stats("fold"), keys.model_field(decision.arm_id), "\0" * 8)
@@ -574,3 +579,94 @@ def test_pack_gives_back_the_blobs_each_slot_was_assembled_from(
     state = assemble_state(config, models, arms)
     assert pack(config, "model", state) == models
     assert pack(config, "arm", state) == arms
+
+
+@pytest.mark.parametrize(("policy", "setting", "options"), [
+    ("linreboot", "stochastic", {"spread": "pooled"}),  # the service's default
+    ("linreboot", "covariates", {}),  # a model per arm
+    ("linreboot", "contextual", {"residuals": "observed"}),  # per-arm Gram matrices too
+    ("linucb-const", "covariates", {"discount": 0.9}),  # forgetting: clocks and numbers
+])
+def test_a_fold_from_a_view_writes_the_blobs_a_fold_that_reads_them_writes(
+    policy: str, setting: str, options: dict[str, Any]
+) -> None:
+    """Issue 26: a worker whose view holds the stored sums with the fold's first outcomes
+    added folds from it without reading the stored blobs (held_blobs). Whatever number of
+    the outcomes the view holds (none, some, all), its blobs are those of the fold that
+    reads the stored blobs and adds every outcome, byte for byte; the view's sums stay as
+    they were; an outcome of an arm the view does not hold makes it decline."""
+    from policies.state import apply_observations, init_state
+    from service.definition import reward_text
+
+    config = paper_config(policy, setting, 3, **options)  # type: ignore[arg-type]
+    rng = np.random.default_rng(26)
+    n_arms, ids = 6, [f"arm:a{k}" for k in range(6)]
+    stored_state = init_state(config, n_arms, 1)
+    for number in range(1, 9):  # arms 0-3 observed before, 4 and 5 never
+        arm = np.array([number % 4])
+        apply_observations(config, stored_state, arm, rng.normal(size=(1, 3)),
+                           rng.normal(3.0, 1.0, size=1), np.array([float(number)]))
+    model_ids = [keys.model_field(None)] if config.shared else [
+        keys.model_field(i.removeprefix("arm:")) for i in ids]
+    stored = {**dict(zip(model_ids, pack(config, "model", stored_state), strict=True)),
+              **dict(zip(ids, pack(config, "arm", stored_state), strict=True))}
+    outcomes = []
+    for number in range(9, 29):  # arm 5 for the first time at the end
+        arm = 5 if number == 28 else int(rng.integers(0, 5))
+        model = keys.model_field(None if config.shared else ids[arm].removeprefix("arm:"))
+        x = rng.normal(size=3)
+        outcomes.append(f"{model}\n{ids[arm]}\n{number}\n{reward_text(rng.normal(3.0, 1.0))}\n"
+                        .encode() + x.astype("<f8").tobytes())
+    fields = fields_of(outcomes)
+    read = folded_blobs(config, fields, [stored.get(f) for f in fields], outcomes)
+    positions = {arm_id: k for k, arm_id in enumerate(ids)}
+    for holds in range(len(outcomes) + 1):
+        view = assemble_state(config, [stored[f] for f in model_ids], [stored[f] for f in ids])
+        fold_into(config, view, positions, outcomes[:holds])
+        before = {name: value.copy() for name, value in view.items()}
+        assert held_blobs(config, view, positions, fields, outcomes[holds:]) == read, holds
+        for name, value in view.items():
+            assert np.array_equal(value, before[name]), (holds, name)
+    del positions[ids[5]]  # an arm added since the view was read
+    view = assemble_state(config, [stored[f] for f in model_ids], [stored[f] for f in ids])
+    assert held_blobs(config, view, positions, fields, outcomes) is None
+
+
+async def test_a_worker_folds_from_its_view_without_reading_the_stored_sums(
+    service: ExperimentService, redis_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker that decides and rewards folds from its view (its decisions caught it up
+    with every outcome but the last reward's): no fold reads the stored sums, and the sums
+    written are the policies' update of the outcomes in order, bit for bit."""
+    import service.decisions as decisions_module
+
+    ways: list[str] = []
+
+    def counting(name: str) -> Any:
+        original = getattr(decisions_module, name)
+
+        def counted(*args: Any) -> Any:
+            ways.append(name)
+            return original(*args)
+        return counted
+
+    for name in ("folded_blobs", "held_blobs"):
+        monkeypatch.setattr(decisions_module, name, counting(name))
+    spec = ExperimentSpec(id="fold", seed=3, **SPECS["covariates"])  # type: ignore[arg-type]
+    _, key = await service.create(spec)
+    config = PolicyConfig(**(await service.get("fold")).config)  # type: ignore[arg-type]
+    rng = np.random.default_rng(12)
+    observations: list[Observation] = []
+    for _ in range(3 * FOLD_EVERY):
+        x = rng.normal(size=spec.dim)
+        decision = await service.choose("fold", ChooseRequest(context=tuple(x)), key)
+        reward = float(rng.normal())
+        await service.reward("fold", [(decision.decision_id, reward)], key)
+        observations.append(Observation(ARMS.index(decision.arm_id), x, reward,
+                                        decision.decision_number))
+        await service.drain()
+    assert ways == ["held_blobs"] * 3
+    stats, waiting = _raw(redis_db, "fold")
+    assert waiting == [] and _counter(stats, keys.FOLDED) == 3 * FOLD_EVERY
+    assert_stats_equal(config, ARMS, stats,
+                       expected_state(config, len(ARMS), _numbered(config, observations)))
