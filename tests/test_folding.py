@@ -603,8 +603,7 @@ def test_a_fold_from_a_view_writes_the_blobs_a_fold_that_reads_them_writes(
     n_arms, ids = 6, [f"arm:a{k}" for k in range(6)]
     stored_state = init_state(config, n_arms, 1)
     for number in range(1, 9):  # arms 0-3 observed before, 4 and 5 never
-        arm = np.array([number % 4])
-        apply_observations(config, stored_state, arm, rng.normal(size=(1, 3)),
+        apply_observations(config, stored_state, np.array([number % 4]), rng.normal(size=(1, 3)),
                            rng.normal(3.0, 1.0, size=1), np.array([float(number)]))
     model_ids = [keys.model_field(None)] if config.shared else [
         keys.model_field(i.removeprefix("arm:")) for i in ids]
