@@ -120,6 +120,13 @@ def propensities(
         Each row sums to 1 (up to the errors in the module notes); an
         ineligible arm has 0.
     """
+    return _propensities(ready, arms, accuracy, single=True)
+
+
+def _propensities(ready: Ready, arms: NDArray[np.int64] | None, accuracy: Accuracy,
+                  single: bool) -> Array:
+    """:func:`propensities`; ``single``: try one experiment's lean path first
+    (:func:`_pairs`)."""
     batch, n_arms = ready.eligible.shape
     if arms is None:
         rows, cols = np.nonzero(ready.eligible)
@@ -128,7 +135,7 @@ def propensities(
         if arms.shape != (batch,) or not 0 <= arms.min() <= arms.max() < n_arms:
             raise ValueError(f"arms must be {batch} arm indexes below {n_arms}")
         rows, cols = np.arange(batch), arms
-    values = _pairs(ready, rows, cols, accuracy)
+    values = _pairs(ready, rows, cols, accuracy, single)
     epsilon = ready.config.epsilon
     if epsilon > 0.0:
         share = ready.eligible[rows, cols] / ready.eligible.sum(axis=1)[rows]
@@ -156,11 +163,13 @@ def off_the_loop(ready: Ready) -> bool:
 
 
 def _pairs(
-    ready: Ready, rows: NDArray[np.int64], cols: NDArray[np.int64], accuracy: Accuracy
+    ready: Ready, rows: NDArray[np.int64], cols: NDArray[np.int64], accuracy: Accuracy,
+    single: bool = True,
 ) -> Array:
-    """``p`` (steps 1-2 of the module notes) of arm ``cols[i]`` in experiment ``rows[i]``."""
+    """``p`` (steps 1-2 of the module notes) of arm ``cols[i]`` in experiment ``rows[i]``;
+    with ``single``, one experiment's arm by :func:`_one_normal` where that serves."""
     law = None
-    if rows.size == 1 and not ready.exploring_rows.size:  # a decision's, in the service
+    if single and rows.size == 1 and not ready.exploring_rows.size:  # a decision's
         law = index_of(ready.config).law(ready.config, ready.prepared)
         value = _one_normal(ready, law, int(cols[0]), accuracy)
         if value is not None:
@@ -207,8 +216,8 @@ def arm_propensity(ready: Ready, accuracy: Accuracy = FINE) -> Callable[[int], f
     if ready.eligible.shape[0] != 1:
         raise ValueError("arm_propensity is for one experiment (B = 1)")
 
-    def general(arm: int) -> float:
-        return float(propensities(ready, np.array([arm]), accuracy=accuracy)[0])
+    def general(arm: int) -> float:  # (where the lean path does not serve: not tried again)
+        return float(_propensities(ready, np.array([arm]), accuracy, single=False)[0])
 
     if ready.exploring_rows.size:
         return general

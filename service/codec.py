@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies import PolicyConfig, State, layout
-from policies.state import Axis
+from policies.state import Axis, upper_indices
 
 _FLOAT = np.dtype("<f8")
 # What a stored field holds, by the policies' FieldSpec.adds; Gram matrices are stored
@@ -110,7 +110,7 @@ def pack(config: PolicyConfig, axis: Axis, state: State) -> list[bytes]:
     for f in _fields(config, axis):
         value = np.asarray(state[f.name][0], dtype=np.float64)  # (slots, *shape)
         if f.expand is not None:
-            rows, cols = np.triu_indices(value.shape[-1])
+            rows, cols = upper_indices(value.shape[-1])
             parts.append(value[:, rows, cols])
         else:
             parts.append(value.reshape(value.shape[0], -1))

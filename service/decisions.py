@@ -468,7 +468,7 @@ class Decisions(Room):
         except (StoreUnavailable, NotFound) as exc:
             logger.warning("experiment %s: the sums were not written back (%s); the next "
                            "fold will", experiment_id, exc)
-        except Exception:  # a damaged entry: the views that read it fail as loudly
+        except Exception:  # a damaged entry read: the views that read it fail as loudly
             logger.exception("experiment %s: the sums were not written back", experiment_id)
 
     def _held(self, experiment_id: str, definition: Definition
@@ -481,7 +481,10 @@ class Decisions(Room):
         blobs. The view's sums are those it read (``view.folded`` outcomes) with the next
         ``view.applied`` added; folds since added the first of those to the stored sums,
         the same additions in the same order (:mod:`service.folding`): so the view holds
-        the stored sums with the fold's first records added."""
+        the stored sums with the fold's first records added. (A stored blob changed by
+        anything but a fold, which nothing the service writes does, is then written over
+        with the sums the view holds: a damaged blob is mended where a fold that reads it
+        fails, logged.)"""
         def held(sums_hold: int, fields: Sequence[str], records: Sequence[bytes]
                  ) -> dict[str, bytes] | None:
             view = self.views.get(experiment_id)

@@ -14,7 +14,9 @@ of its own):
 * every :data:`FOLD_EVERY` rewards (or default rewards), the worker whose
   call took the experiment's counter past a multiple writes the sums back
   with the records added and cuts those records from the string
-  (:func:`folded_blobs`; ``fold_read.lua`` and ``fold.lua``), so that few are
+  (:func:`folded_blobs`; ``fold_read.lua`` and ``fold.lua``; from its own view
+  when that holds the stored sums and the first of the records, without reading
+  the stored sums: :func:`held_blobs`), so that few are
   left, and keeps the records the last folds took (in the stats hash, a field
   a fold, indexed by ``folded_tail``: the last fold's and as many whole earlier
   folds' as fit in 32 KB, about 170 outcomes at d = 20), so that a view the folds overtook by

@@ -328,7 +328,8 @@ def _snapshot(
     stats = {_text(k): v for k, v in raw_stats.items()}
     applied = int(stats.get(keys.REWARDS, 0)) + int(stats.get(keys.DEFAULTED, 0))
     return Snapshot(int(meta["version"]), applied, stats,
-                    unfolded=tuple(split_records(outcomes)[0]))
+                    unfolded=tuple(split_records(outcomes)[0]),
+                    incarnation=meta.get("incarnation"))
 
 
 _LOG_FIRST_READ = 16  # entries of a log page's first read; the next are sized by them
@@ -988,6 +989,9 @@ class Snapshot:
     # Outcomes applied but not yet in the sums (keys.outcomes), oldest first:
     # the statistics are the sums with these added (service.folding).
     unfolded: tuple[bytes, ...] = ()
+    # The experiment's incarnation the script saw (None: the caller's, which it checked):
+    # a definition read apart must be of the same.
+    incarnation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -1998,7 +2002,8 @@ class Store:
         if not records:
             return 0
         # Only a fold changes the sums, and fold.lua writes only if none came
-        # after fold_read.lua: these blobs are the ones the records add to.
+        # after fold_read.lua: these blobs (or those ``held`` holds) are the ones
+        # the records add to.
         fields = fields_of(records)
         written = None if held is None else held(int(seen), fields, records)
         if written is None:

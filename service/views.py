@@ -552,6 +552,12 @@ class Views:
         definition = view.definition
         if snapshot.version != definition.version:
             definition = await self.definition(experiment_id)
+        if snapshot.incarnation not in (None, definition.incarnation):
+            # Deleted and created again between the two reads (or since the view): its
+            # sums are not the definition's. Both read together instead (a fold from a
+            # view labelled with one incarnation over another's sums would write them
+            # into the experiment: Decisions._held).
+            return await self.read_view(experiment_id)
         # Decision numbers start again when the experiment is created again.
         same = definition.incarnation == view.definition.incarnation
         return self._remember(experiment_id, definition, snapshot, view.last_number if same else 0,

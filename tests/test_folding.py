@@ -242,6 +242,34 @@ async def test_a_reward_is_applied_when_its_fold_fails(
     assert "the sums were not written back" in caplog.text
 
 
+async def test_a_fold_from_a_view_writes_a_damaged_blob_over_with_the_sums_it_holds(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """A fold from the worker's view reads no stored blob: a blob damaged since the view
+    read it (nothing the service writes does that) is written over with the sums the
+    view holds and the outcomes added, which are the outcomes' sums (decided on purpose:
+    the view's copy is the sums as they were written; a fold that reads the blobs
+    meets the damage and fails, as above)."""
+    key = await _created(service)
+    config = PolicyConfig(**(await service.get("fold")).config)  # type: ignore[arg-type]
+    observations = []
+    for i in range(FOLD_EVERY):
+        x = (1.0, 0.5 * i)
+        decision = await service.choose("fold", ChooseRequest(context=x), key)
+        if i == FOLD_EVERY - 1:
+            client = redis.Redis.from_url(redis_db)
+            try:
+                client.hset(keys.stats("fold"), keys.model_field(decision.arm_id), "\0" * 8)
+            finally:
+                client.close()
+        await service.reward("fold", [(decision.decision_id, float(i))], key)
+        observations.append(Observation(ARMS.index(decision.arm_id), np.array(x), float(i)))
+    await service.drain()
+    stats, waiting = _raw(redis_db, "fold")
+    assert waiting == [] and _counter(stats, keys.FOLDED) == FOLD_EVERY
+    assert_stats_equal(config, ARMS, stats, expected_state(config, len(ARMS), observations))
+
+
 async def test_a_worker_whose_view_is_of_a_deleted_namesake_still_folds(
     service: ExperimentService, other_service: ExperimentService, redis_db: str
 ) -> None:
@@ -667,5 +695,86 @@ async def test_a_worker_folds_from_its_view_without_reading_the_stored_sums(
     assert ways == ["held_blobs"] * 3
     stats, waiting = _raw(redis_db, "fold")
     assert waiting == [] and _counter(stats, keys.FOLDED) == 3 * FOLD_EVERY
+    assert_stats_equal(config, ARMS, stats,
+                       expected_state(config, len(ARMS), _numbered(config, observations)))
+
+
+async def test_a_view_refreshed_while_its_experiment_is_created_again_is_the_new_ones(
+    service: ExperimentService, other_service: ExperimentService, redis_db: str
+) -> None:
+    """A view refreshed from statistics read before its experiment was deleted and created
+    again, and the definition read after (their versions differ: arms were added), is
+    made from the new experiment's statistics, not the deleted one's under the new
+    definition: a fold from it would write the deleted experiment's sums into the new one
+    (found in review). The new experiment's sums are then its own outcomes', bit for bit."""
+    old_key = await _created(service)
+    await _waiting_outcomes(service, old_key, 5)
+    await service.choose("fold", ChooseRequest(context=(1.0, 1.0)), old_key)
+    view = service.views.get("fold")
+    assert view is not None and view.folded + view.applied == 5
+    await other_service.add_arms("fold", [ArmSpec("d")])  # its version 2
+    snapshot = await service._store.read_snapshot("fold")  # refresh's first read ...
+    assert snapshot is not None
+    await other_service.delete("fold")  # ... and meanwhile
+    new_key = await _created(other_service)  # version 1
+    view = await service.views.refresh("fold", view, snapshot)
+    incarnation = (await other_service.views.definition("fold")).incarnation
+    assert view.definition.incarnation == incarnation
+    assert view.folded + view.applied == 0 and view.rewards == 0
+    config = view.definition.config
+    observations = []
+    for i in range(FOLD_EVERY):
+        x = np.array([1.0, 0.25 * i])
+        decision = await other_service.choose("fold", ChooseRequest(context=tuple(x)), new_key)
+        await service.reward("fold", [(decision.decision_id, float(i))], new_key)
+        observations.append(Observation(ARMS.index(decision.arm_id), x, float(i)))
+    await service.drain()
+    stats, waiting = _raw(redis_db, "fold")
+    assert waiting == [] and _counter(stats, keys.FOLDED) == FOLD_EVERY
+    assert_stats_equal(config, ARMS, stats, expected_state(config, len(ARMS), observations))
+
+
+async def test_two_workers_fold_from_their_views_to_the_bits_of_the_outcomes_in_order(
+    service: ExperimentService, other_service: ExperimentService, redis_db: str,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers decide and reward one experiment in turn at random, so each view holds
+    the other's outcomes (caught up from what it read), and folds by one are followed by
+    folds by the other, from views read before or after them: each fold that finds its
+    worker's view holding the stored sums folds from it, and the sums written are the
+    policies' update of the outcomes in the order they were applied, bit for bit."""
+    import service.decisions as decisions_module
+
+    ways: list[str] = []
+
+    def counting(name: str) -> Any:
+        original = getattr(decisions_module, name)
+
+        def counted(*args: Any) -> Any:
+            ways.append(name)
+            return original(*args)
+        return counted
+
+    for name in ("folded_blobs", "held_blobs"):
+        monkeypatch.setattr(decisions_module, name, counting(name))
+    spec = ExperimentSpec(id="fold", seed=3, **SPECS["covariates"])  # type: ignore[arg-type]
+    _, key = await service.create(spec)
+    config = PolicyConfig(**(await service.get("fold")).config)  # type: ignore[arg-type]
+    workers = (service, other_service)
+    rng = np.random.default_rng(13)
+    observations: list[Observation] = []
+    for _ in range(4 * FOLD_EVERY):
+        x = rng.normal(size=spec.dim)
+        decider, rewarder = (workers[int(i)] for i in rng.integers(0, 2, size=2))
+        decision = await decider.choose("fold", ChooseRequest(context=tuple(x)), key)
+        reward = float(rng.normal())
+        await rewarder.reward("fold", [(decision.decision_id, reward)], key)
+        observations.append(Observation(ARMS.index(decision.arm_id), x, reward,
+                                        decision.decision_number))
+        await service.drain()
+        await other_service.drain()
+    assert len(ways) == 4 and ways.count("held_blobs") >= 2, ways
+    stats, waiting = _raw(redis_db, "fold")
+    assert waiting == [] and _counter(stats, keys.FOLDED) == 4 * FOLD_EVERY
     assert_stats_equal(config, ARMS, stats,
                        expected_state(config, len(ARMS), _numbered(config, observations)))
