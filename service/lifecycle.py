@@ -130,7 +130,8 @@ class Lifecycle(Room):
             return await self._made_before(spec.id, spec_text, idempotency)
         # From what was written, not read back: a read that failed now (Redis
         # just out of memory, say) would leave the experiment without its key.
-        return _view(parse_definition(meta, arms), [Snapshot(0, 0, {}, ())]), api_key
+        definition = parse_definition(meta, arms)
+        return _view(definition, [Snapshot(0, 0, {}, (), definition.incarnation)]), api_key
 
     async def _made_before(self, experiment_id: str, spec_text: str,
                            idempotency: IdempotencyKey) -> tuple[ExperimentView, str]:

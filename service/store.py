@@ -989,8 +989,8 @@ class Snapshot:
     # Outcomes applied but not yet in the sums (keys.outcomes), oldest first:
     # the statistics are the sums with these added (service.folding).
     unfolded: tuple[bytes, ...] = ()
-    # The experiment's incarnation the script saw (None: the caller's, which it checked):
-    # a definition read apart must be of the same.
+    # The experiment's incarnation whose statistics these are (None: a new experiment's,
+    # made here): a definition read apart must be of the same.
     incarnation: str | None = None
 
 
@@ -1230,8 +1230,9 @@ def _decide_reply(reply: Any, incarnation: str) -> DecideReply:
             progress = Progress(incarnation, int(version), int(rewards), int(seq), int(folded),
                                 unfolded, int(skipped))
             return DecideReply("stale", progress=progress, reserved=set_aside)
-        stats = {_text(rest[i]): rest[i + 1] for i in range(0, len(rest), 2)}
-        snapshot = Snapshot(int(version), int(rewards), stats, unfolded)
+        seen, *fields = rest
+        stats = {_text(fields[i]): fields[i + 1] for i in range(0, len(fields), 2)}
+        snapshot = Snapshot(int(version), int(rewards), stats, unfolded, _text(seen))
         return DecideReply("stale", snapshot=snapshot, reserved=set_aside)
     raise RuntimeError(f"unexpected decide.lua reply {status!r}")
 

@@ -475,7 +475,9 @@ class Views:
             done.exception()  # retrieved: each waiter got it (asyncio warns otherwise)
 
     def _merge(self, experiment_id: str, views: tuple[View, ...]) -> View:
-        """The view of the merge of ``views`` (kept while they are this worker's)."""
+        """The view of the merge of ``views`` (kept while they are this worker's). Kept apart
+        from the members' views (``_merged``, never ``_held``): its ``folded`` and
+        ``applied`` say nothing of its sums, and no fold starts from it (Decisions._held)."""
         kept = self._merged.get(experiment_id)
         if kept is not None and all(a is b for a, b in zip(kept[0], views, strict=True)):
             return kept[1]
@@ -552,7 +554,7 @@ class Views:
         definition = view.definition
         if snapshot.version != definition.version:
             definition = await self.definition(experiment_id)
-        if snapshot.incarnation not in (None, definition.incarnation):
+        if snapshot.incarnation != definition.incarnation:
             # Deleted and created again between the two reads (or since the view): its
             # sums are not the definition's. Both read together instead (a fold from a
             # view labelled with one incarnation over another's sums would write them

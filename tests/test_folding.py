@@ -23,6 +23,7 @@ from policies.state import Axis
 from service import keys
 from service.codec import assemble_state, blob_size, pack
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
+from service.errors import Forbidden
 from service.experiments import ExperimentService
 from service.folding import (
     FOLD_EVERY,
@@ -712,11 +713,11 @@ async def test_a_view_refreshed_while_its_experiment_is_created_again_is_the_new
     await service.choose("fold", ChooseRequest(context=(1.0, 1.0)), old_key)
     view = service.views.get("fold")
     assert view is not None and view.folded + view.applied == 5
-    await other_service.add_arms("fold", [ArmSpec("d")])  # its version 2
+    await other_service.add_arms("fold", [ArmSpec("d")])  # a new version
     snapshot = await service._store.read_snapshot("fold")  # refresh's first read ...
     assert snapshot is not None
     await other_service.delete("fold")  # ... and meanwhile
-    new_key = await _created(other_service)  # version 1
+    new_key = await _created(other_service)  # versions start at random
     view = await service.views.refresh("fold", view, snapshot)
     incarnation = (await other_service.views.definition("fold")).incarnation
     assert view.definition.incarnation == incarnation
@@ -778,3 +779,48 @@ async def test_two_workers_fold_from_their_views_to_the_bits_of_the_outcomes_in_
     assert waiting == [] and _counter(stats, keys.FOLDED) == 4 * FOLD_EVERY
     assert_stats_equal(config, ARMS, stats,
                        expected_state(config, len(ARMS), _numbered(config, observations)))
+
+
+async def test_a_stale_decision_refreshed_while_its_experiment_is_created_again(
+    service: ExperimentService, other_service: ExperimentService, redis_db: str,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """decide.lua's stale reply brings the statistics (the view's version is behind: arms
+    were added), and the experiment is deleted and created again before the definition
+    is read: the view is made from the new experiment's statistics, not the deleted
+    one's under the new definition (decide.lua's reply says whose statistics it brings),
+    and the new experiment's folds write its own outcomes' sums, bit for bit (found in
+    review)."""
+    old_key = await _created(service)
+    await _waiting_outcomes(service, old_key, 5)
+    await service.choose("fold", ChooseRequest(context=(1.0, 1.0)), old_key)
+    await other_service.add_arms("fold", [ArmSpec("d")])  # the view's version is behind
+    original = service.views.definition
+    made: list[str] = []
+
+    async def created_again_first(experiment_id: str) -> Any:
+        if not made:  # between decide.lua's stale reply and the definition's read
+            await other_service.delete("fold")
+            made.append(await _created(other_service))
+        return await original(experiment_id)
+
+    monkeypatch.setattr(service.views, "definition", created_again_first)
+    with pytest.raises(Forbidden):  # decide.lua refuses the old key on the new experiment
+        await service.choose("fold", ChooseRequest(context=(1.0, 1.0)), old_key)
+    monkeypatch.setattr(service.views, "definition", original)
+    view = service.views.get("fold")
+    assert view is not None
+    assert view.definition.incarnation == (await other_service.views.definition("fold")
+                                           ).incarnation
+    assert view.folded + view.applied == 0 and view.rewards == 0
+    config = view.definition.config
+    observations = []
+    for i in range(FOLD_EVERY):
+        x = np.array([1.0, 0.25 * i])
+        decision = await other_service.choose("fold", ChooseRequest(context=tuple(x)), made[0])
+        await service.reward("fold", [(decision.decision_id, float(i))], made[0])
+        observations.append(Observation(ARMS.index(decision.arm_id), x, float(i)))
+    await service.drain()
+    stats, waiting = _raw(redis_db, "fold")
+    assert waiting == [] and _counter(stats, keys.FOLDED) == FOLD_EVERY
+    assert_stats_equal(config, ARMS, stats, expected_state(config, len(ARMS), observations))

@@ -524,6 +524,14 @@ def test_an_experiments_arm_by_arm_propensities_are_its_propensities(
         return value
 
     monkeypatch.setattr(propensity_module._NormalArms, "value", counted)
+    made: list[int] = []
+    of = propensity_module._NormalArms.of
+
+    def counted_of(ready: Ready, law: Any, accuracy: Accuracy) -> Any:
+        made.append(1)
+        return of(ready, law, accuracy)
+
+    monkeypatch.setattr(propensity_module._NormalArms, "of", counted_of)
     rng = np.random.default_rng(37)
     readies = []
     for case in range(150):
@@ -548,7 +556,9 @@ def test_an_experiments_arm_by_arm_propensities_are_its_propensities(
         every = propensities(ready, accuracy=accuracy)[0]
         for arm in range(ready.eligible.shape[1]):
             expected = propensities(ready, np.array([arm]), accuracy=accuracy)[0]
+            made.clear()
             assert one(arm) == expected, (arm, one(arm), expected)
+            assert not made  # the shared arrays are not made again, nor on the fallback
             served += every[arm] > 0
     assert served > 1000  # most of them integrals, not the zeros of ineligible arms
     assert sum(lean) > 0.6 * len(lean) > 600  # by the shared arrays, most of them

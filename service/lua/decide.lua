@@ -75,8 +75,8 @@
 --   {'recorded', number}  the decision is recorded (also when an earlier call whose
 --                         reply was lost recorded it: it may be rewarded or settled
 --                         since)
---   {'stale', version, outcomes counter, reserved number or '', outcomes, 'full', field,
---    value, ...}
+--   {'stale', version, outcomes counter, reserved number or '', outcomes, 'full',
+--    incarnation, field, value, ...}
 --   {'stale', version, outcomes counter, reserved number or '', outcomes, 'partial', based,
 --    decision_seq, skipped}
 --                         nothing recorded (also when the experiment is another
@@ -303,7 +303,8 @@ local function decide(K, A, last)
         return reply
       end
     end
-    reply[6] = 'full'
+    -- Whose statistics these are: another incarnation's when it was created again.
+    reply[6], reply[7] = 'full', meta[1]
     write_counters()
     local stats = redis.call('HGETALL', K[2])
     for i = 1, #stats do
