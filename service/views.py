@@ -482,7 +482,7 @@ class Views:
         if kept is not None and all(a is b for a, b in zip(kept[0], views, strict=True)):
             return kept[1]
         definition = views[0].definition
-        state = merge_sums(definition.config, [v.sums for v in views])
+        state = _read_only(merge_sums(definition.config, [v.sums for v in views]))
         merged = View(definition, version=definition.version,
                       rewards=sum(v.rewards for v in views), last_number=0, state=state,
                       read_at=min(v.read_at for v in views))
@@ -531,7 +531,7 @@ class Views:
         config = view.definition.config
         sums = {name: value.copy() for name, value in view.sums.items()}
         fold_into(config, sums, view.definition.arm_positions, records)
-        state = discounted(config, sums)
+        state = _read_only(discounted(config, _read_only(sums)))
         held = view.folded + view.applied + len(records)  # outcomes in the new view
         caught = View(view.definition, version=view.version, rewards=rewards,
                       last_number=last_number, state=state, folded=folded,
@@ -585,8 +585,9 @@ class Views:
     ) -> View:
         number = int(snapshot.stats.get(keys.DECISION_SEQUENCE, b"0"))
         config = definition.config
-        sums = state_for(config, list(definition.arms), snapshot.stats, snapshot.unfolded)
-        state = discounted(config, sums)
+        sums = _read_only(state_for(config, list(definition.arms), snapshot.stats,
+                                    snapshot.unfolded))
+        state = _read_only(discounted(config, sums))
         view = View(
             definition,
             version=snapshot.version,
@@ -678,6 +679,15 @@ class Views:
         view.own_bytes += change
         self._bytes += change
         self._within_budget(keep=view)
+
+
+def _read_only(state: State) -> State:
+    """``state`` with its arrays made read-only: a view's statistics never change (a
+    change makes a new view), and a fold may write them back as they are
+    (Decisions._held): a write into them is an error, not a silent change of the sums."""
+    for value in state.values():
+        value.flags.writeable = False
+    return state
 
 
 def _differ(views: Sequence[View]) -> bool:

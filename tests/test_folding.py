@@ -824,3 +824,19 @@ async def test_a_stale_decision_refreshed_while_its_experiment_is_created_again(
     stats, waiting = _raw(redis_db, "fold")
     assert waiting == [] and _counter(stats, keys.FOLDED) == FOLD_EVERY
     assert_stats_equal(config, ARMS, stats, expected_state(config, len(ARMS), observations))
+
+
+async def test_a_views_statistics_cannot_be_written_into(service: ExperimentService) -> None:
+    """A view's statistics never change (a change makes a new view), and a fold may write
+    them back as they are: its arrays are read-only, as read and as caught up with its
+    worker's rewards, so that a write into them fails instead of changing the sums."""
+    key = await _created(service)
+    for step in range(3):
+        decision = await service.choose("fold", ChooseRequest(context=(1.0, 0.5)), key)
+        view = service.views.get("fold")
+        assert view is not None and view.applied == step  # read, then caught up
+        for name, value in {**view.sums, **view.state}.items():
+            with pytest.raises(ValueError, match="read-only"):
+                value[...] = 0.0
+            assert not value.flags.writeable, name
+        await service.reward("fold", [(decision.decision_id, 1.0)], key)
