@@ -660,12 +660,9 @@ def test_a_fold_from_a_view_writes_the_blobs_a_fold_that_reads_them_writes(
     assert held_blobs(config, view, positions, fields, outcomes) is None
 
 
-async def test_a_worker_folds_from_its_view_without_reading_the_stored_sums(
-    service: ExperimentService, redis_db: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The worker that decides and rewards folds from its view (its decisions caught it up
-    with every outcome but the last reward's): no fold reads the stored sums, and the sums
-    written are the policies' update of the outcomes in order, bit for bit."""
+def _fold_ways(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The way each fold made its blobs, in turn: 'held_blobs' (from the worker's view) or
+    'folded_blobs' (from the stored blobs read)."""
     import service.decisions as decisions_module
 
     ways: list[str] = []
@@ -680,24 +677,7 @@ async def test_a_worker_folds_from_its_view_without_reading_the_stored_sums(
 
     for name in ("folded_blobs", "held_blobs"):
         monkeypatch.setattr(decisions_module, name, counting(name))
-    spec = ExperimentSpec(id="fold", seed=3, **SPECS["covariates"])  # type: ignore[arg-type]
-    _, key = await service.create(spec)
-    config = PolicyConfig(**(await service.get("fold")).config)  # type: ignore[arg-type]
-    rng = np.random.default_rng(12)
-    observations: list[Observation] = []
-    for _ in range(3 * FOLD_EVERY):
-        x = rng.normal(size=spec.dim)
-        decision = await service.choose("fold", ChooseRequest(context=tuple(x)), key)
-        reward = float(rng.normal())
-        await service.reward("fold", [(decision.decision_id, reward)], key)
-        observations.append(Observation(ARMS.index(decision.arm_id), x, reward,
-                                        decision.decision_number))
-        await service.drain()
-    assert ways == ["held_blobs"] * 3
-    stats, waiting = _raw(redis_db, "fold")
-    assert waiting == [] and _counter(stats, keys.FOLDED) == 3 * FOLD_EVERY
-    assert_stats_equal(config, ARMS, stats,
-                       expected_state(config, len(ARMS), _numbered(config, observations)))
+    return ways
 
 
 async def test_a_view_refreshed_while_its_experiment_is_created_again_is_the_new_ones(
@@ -735,38 +715,28 @@ async def test_a_view_refreshed_while_its_experiment_is_created_again_is_the_new
     assert_stats_equal(config, ARMS, stats, expected_state(config, len(ARMS), observations))
 
 
-async def test_two_workers_fold_from_their_views_to_the_bits_of_the_outcomes_in_order(
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_workers_fold_from_their_views_to_the_bits_of_the_outcomes_in_order(
     service: ExperimentService, other_service: ExperimentService, redis_db: str,
-    monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch, workers: int
 ) -> None:
-    """Two workers decide and reward one experiment in turn at random, so each view holds
-    the other's outcomes (caught up from what it read), and folds by one are followed by
-    folds by the other, from views read before or after them: each fold that finds its
-    worker's view holding the stored sums folds from it, and the sums written are the
-    policies' update of the outcomes in the order they were applied, bit for bit."""
-    import service.decisions as decisions_module
-
-    ways: list[str] = []
-
-    def counting(name: str) -> Any:
-        original = getattr(decisions_module, name)
-
-        def counted(*args: Any) -> Any:
-            ways.append(name)
-            return original(*args)
-        return counted
-
-    for name in ("folded_blobs", "held_blobs"):
-        monkeypatch.setattr(decisions_module, name, counting(name))
+    """One worker that decides and rewards folds from its view every time (its decisions
+    caught it up with every outcome but the last reward's), reading no stored sums. Two
+    workers that decide and reward in turn at random hold each other's outcomes (caught
+    up from what they read), and folds by one follow folds by the other, from views read
+    before or after them: a fold that finds its worker's view holding the stored sums
+    folds from it. Either way the sums written are the policies' update of the outcomes
+    in the order they were applied, bit for bit."""
+    ways = _fold_ways(monkeypatch)
     spec = ExperimentSpec(id="fold", seed=3, **SPECS["covariates"])  # type: ignore[arg-type]
     _, key = await service.create(spec)
     config = PolicyConfig(**(await service.get("fold")).config)  # type: ignore[arg-type]
-    workers = (service, other_service)
+    services = (service, other_service)[:workers]
     rng = np.random.default_rng(13)
     observations: list[Observation] = []
     for _ in range(4 * FOLD_EVERY):
         x = rng.normal(size=spec.dim)
-        decider, rewarder = (workers[int(i)] for i in rng.integers(0, 2, size=2))
+        decider, rewarder = (services[int(i)] for i in rng.integers(0, workers, size=2))
         decision = await decider.choose("fold", ChooseRequest(context=tuple(x)), key)
         reward = float(rng.normal())
         await rewarder.reward("fold", [(decision.decision_id, reward)], key)
@@ -774,7 +744,10 @@ async def test_two_workers_fold_from_their_views_to_the_bits_of_the_outcomes_in_
                                         decision.decision_number))
         await service.drain()
         await other_service.drain()
-    assert len(ways) == 4 and ways.count("held_blobs") >= 2, ways
+    if workers == 1:
+        assert ways == ["held_blobs"] * 4
+    else:
+        assert len(ways) == 4 and ways.count("held_blobs") >= 2, ways
     stats, waiting = _raw(redis_db, "fold")
     assert waiting == [] and _counter(stats, keys.FOLDED) == 4 * FOLD_EVERY
     assert_stats_equal(config, ARMS, stats,
