@@ -585,18 +585,24 @@ async def test_the_answers_kept_for_resends_are_bounded(
     service: ExperimentService, redis_db: str
 ) -> None:
     """once.lua keeps at most 256 answers of an experiment's changes (a minute each at
-    most): 300 rotations leave fewer, the latest among them."""
+    most); past that the older half goes: through 600 rotations the latest 128 are
+    always kept (a burst of changes, each sent again at once, is answered as made), and
+    never more than 256."""
     await service.create(ExperimentSpec(id="many", setting="covariates", dim=2,
                                         arms=(ArmSpec("a"), ArmSpec("b"))))
     current = await service._store.key_hash("many")
     assert current is not None
-    for n in range(300):
-        assert await service._store.rotate_key("many", f"{n:064x}", current, "") == 1
-        current = f"{n:064x}"
+    made: list[bytes] = []  # the calls' tokens, in turn
     with redis.Redis.from_url(redis_db) as client:
-        kept = client.hlen(keys.calls("many"))
-        assert 0 < kept <= 256
-        assert kept == 300 % 256  # emptied once, at the 257th
+        for n in range(600):
+            assert await service._store.rotate_key("many", f"{n:064x}", current, "") == 1
+            current = f"{n:064x}"
+            kept = client.hgetall(keys.calls("many"))
+            (new,) = set(kept) - set(made[-255:])
+            made.append(new)
+            assert len(kept) <= 256 and all(value.split()[1] == b"1" for value in kept.values())
+            assert set(made[-128:]) <= set(kept)
+        assert not set(made[:600 - 256]) & set(kept)  # the older ones went
         assert 0 < client.ttl(keys.calls("many")) <= 60
 
 

@@ -8,28 +8,46 @@
 -- twice (a settings change logged twice). Each call names the experiment's calls
 -- hash last of its keys (service.keys.calls) and a token of its own last of its
 -- arguments (taken off ARGV here: the script reads its arguments as it documents
--- them). A change made keeps its answer in the hash under its token; the hash
--- lives a minute after the experiment's last change (a call is sent again within
--- the store's deadline, seconds) and holds at most CALLS_KEPT answers; the call
--- sent again returns its answer without running.
+-- them). A change made keeps its answer in the hash under its token, with its time;
+-- the hash lives a minute after the experiment's last change (a call is sent again
+-- within the store's deadline, seconds) and holds at most CALLS_KEPT answers: past
+-- that the older half goes, so that the latest CALLS_KEPT / 2 changes are always
+-- answered; the call sent again returns its answer without running.
 local CALLS, CALL = KEYS[#KEYS], table.remove(ARGV)
 local CALLS_KEPT = 256
 
--- This call's answer if it ran before, else nil.
+-- This call's answer if it ran before, else nil ('<time> <answer>'; a bare answer
+-- was kept by an earlier version).
 local function answered()
   local kept = redis.call('HGET', CALLS, CALL)
-  return kept and tonumber(kept)
+  return kept and tonumber(string.match(kept, ' (.*)$') or kept)
+end
+
+-- The older half of the answers kept goes.
+local function drop_older_half()
+  local fields, times = redis.call('HGETALL', CALLS), {}
+  for i = 2, #fields, 2 do
+    times[#times + 1] = tonumber(string.match(fields[i], '^(%d+) ') or '0')
+  end
+  table.sort(times)
+  local last, old = times[#times - CALLS_KEPT / 2 + 1], {}
+  for i = 1, #fields, 2 do
+    if tonumber(string.match(fields[i + 1], '^(%d+) ') or '0') <= last then
+      old[#old + 1] = fields[i]
+    end
+  end
+  redis.call('HDEL', CALLS, unpack(old))
 end
 
 -- A change made: its answer, kept for the call sent again.
 local function made(answer)
   if redis.call('HLEN', CALLS) >= CALLS_KEPT then
-    -- Changes that fast: a resend of one of those made in the last seconds (rare) runs
-    -- again, answered as if refused.
-    redis.call('DEL', CALLS)
+    drop_older_half()
   end
-  redis.call('HSET', CALLS, CALL, answer)
+  local now = redis.call('TIME')
+  -- (microseconds: 16 digits, exact as a Lua number; %.17g: every digit of a version,
+  -- which '..' would round to 14)
+  redis.call('HSET', CALLS, CALL, string.format('%s%06d %.17g', now[1], now[2], answer))
   redis.call('EXPIRE', CALLS, 60)
   return answer
 end
-
