@@ -147,10 +147,10 @@ class View:
         context of its own compares no sums and solves no shared model again."""
         config = self.definition.config
         take = np.array(rows)
-        return Sums({
+        return Sums(_read_only({
             name: self.state[name][:, take] if spec.per_arm(config) else self.state[name]
             for name, spec in layout(config).items()
-        }, frozen=True)
+        }), frozen=True)
 
     def ready(
         self, request: ChooseRequest, bound: float

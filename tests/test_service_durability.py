@@ -587,22 +587,28 @@ async def test_the_answers_kept_for_resends_are_bounded(
     """once.lua keeps at most 256 answers of an experiment's changes (a minute each at
     most); past that the older half goes: through 600 rotations the latest 128 are
     always kept (a burst of changes, each sent again at once, is answered as made), and
-    never more than 256."""
+    never more than 256; answers an earlier version kept (a bare answer) go first."""
     await service.create(ExperimentSpec(id="many", setting="covariates", dim=2,
                                         arms=(ArmSpec("a"), ArmSpec("b"))))
     current = await service._store.key_hash("many")
     assert current is not None
-    made: list[bytes] = []  # the calls' tokens, in turn
+    earlier = {f"earlier{i}".encode(): b"1" for i in range(200)}
+    made: list[bytes] = [*earlier]  # the calls' tokens, in turn
     with redis.Redis.from_url(redis_db) as client:
+        client.hset(keys.calls("many"), mapping=earlier)
         for n in range(600):
             assert await service._store.rotate_key("many", f"{n:064x}", current, "") == 1
             current = f"{n:064x}"
             kept = client.hgetall(keys.calls("many"))
             (new,) = set(kept) - set(made[-255:])
             made.append(new)
-            assert len(kept) <= 256 and all(value.split()[1] == b"1" for value in kept.values())
-            assert set(made[-128:]) <= set(kept)
-        assert not set(made[:600 - 256]) & set(kept)  # the older ones went
+            assert len(kept) <= 256 and all(value.split()[-1] == b"1" for value in kept.values())
+            assert set(made[len(earlier):][-128:]) <= set(kept)
+            if n == 55:  # 256 answers kept: the next change drops the older half
+                assert set(earlier) <= set(kept)
+            if n == 56:
+                assert not set(earlier) & set(kept)
+        assert not set(made[:len(made) - 256]) & set(kept)  # the older ones went
         assert 0 < client.ttl(keys.calls("many")) <= 60
 
 

@@ -8,7 +8,8 @@
 -- twice (a settings change logged twice). Each call names the experiment's calls
 -- hash last of its keys (service.keys.calls) and a token of its own last of its
 -- arguments (taken off ARGV here: the script reads its arguments as it documents
--- them). A change made keeps its answer in the hash under its token, with its time;
+-- them). A change made keeps its answer in the hash under its token, numbered one
+-- past the highest kept (not by a clock, which a failover or a step may set back);
 -- the hash lives a minute after the experiment's last change (a call is sent again
 -- within the store's deadline, seconds) and holds at most CALLS_KEPT answers: past
 -- that the older half goes, so that the latest CALLS_KEPT / 2 changes are always
@@ -16,38 +17,38 @@
 local CALLS, CALL = KEYS[#KEYS], table.remove(ARGV)
 local CALLS_KEPT = 256
 
--- This call's answer if it ran before, else nil ('<time> <answer>'; a bare answer
--- was kept by an earlier version).
+-- A kept answer's number ('<number> <answer>'; 0 for a bare answer, kept by an
+-- earlier version).
+local function number_of(kept)
+  return tonumber(string.match(kept, '^(%d+) ') or '0')
+end
+
+-- This call's answer if it ran before, else nil.
 local function answered()
   local kept = redis.call('HGET', CALLS, CALL)
   return kept and tonumber(string.match(kept, ' (.*)$') or kept)
 end
 
--- The older half of the answers kept goes.
-local function drop_older_half()
-  local fields, times = redis.call('HGETALL', CALLS), {}
-  for i = 2, #fields, 2 do
-    times[#times + 1] = tonumber(string.match(fields[i], '^(%d+) ') or '0')
-  end
-  table.sort(times)
-  local last, old = times[#times - CALLS_KEPT / 2 + 1], {}
-  for i = 1, #fields, 2 do
-    if tonumber(string.match(fields[i + 1], '^(%d+) ') or '0') <= last then
-      old[#old + 1] = fields[i]
-    end
-  end
-  redis.call('HDEL', CALLS, unpack(old))
-end
-
 -- A change made: its answer, kept for the call sent again.
 local function made(answer)
-  if redis.call('HLEN', CALLS) >= CALLS_KEPT then
-    drop_older_half()
+  local kept, numbers, top = redis.call('HVALS', CALLS), {}, 0
+  for i = 1, #kept do
+    numbers[i] = number_of(kept[i])
+    top = math.max(top, numbers[i])
   end
-  local now = redis.call('TIME')
-  -- (microseconds: 16 digits, exact as a Lua number; %.17g: every digit of a version,
-  -- which '..' would round to 14)
-  redis.call('HSET', CALLS, CALL, string.format('%s%06d %.17g', now[1], now[2], answer))
+  if #kept >= CALLS_KEPT then  -- the older half (or more) goes: the latest 127 stay
+    table.sort(numbers)
+    local last, old = numbers[#numbers - CALLS_KEPT / 2 + 1], {}
+    local fields = redis.call('HGETALL', CALLS)
+    for i = 1, #fields, 2 do
+      if number_of(fields[i + 1]) <= last then
+        old[#old + 1] = fields[i]
+      end
+    end
+    redis.call('HDEL', CALLS, unpack(old))
+  end
+  -- (%.17g: every digit of a version, which '..' would round to 14)
+  redis.call('HSET', CALLS, CALL, string.format('%d %.17g', top + 1, answer))
   redis.call('EXPIRE', CALLS, 60)
   return answer
 end
