@@ -808,8 +808,9 @@ async def test_a_views_statistics_cannot_be_written_into(service: ExperimentServ
         decision = await service.choose("fold", ChooseRequest(context=(1.0, 0.5)), key)
         view = service.views.get("fold")
         assert view is not None and view.applied == step  # read, then caught up
-        subset = view._last.state if view._last is not None else {}  # a request's arms
-        for name, value in {**view.sums, **view.state, **subset}.items():
+        assert view._last is not None
+        for name, value in [*view.sums.items(), *view.state.items(),
+                            *view._last.state.items()]:  # (the last: a request's arms)
             with pytest.raises(ValueError, match="read-only"):
                 value[...] = 0.0
             assert not value.flags.writeable, name

@@ -31,15 +31,14 @@ end
 
 -- A change made: its answer, kept for the call sent again.
 local function made(answer)
-  local kept, numbers, top = redis.call('HVALS', CALLS), {}, 0
-  for i = 1, #kept do
-    numbers[i] = number_of(kept[i])
-    top = math.max(top, numbers[i])
+  local fields, numbers, top = redis.call('HGETALL', CALLS), {}, 0
+  for i = 2, #fields, 2 do
+    numbers[#numbers + 1] = number_of(fields[i])
+    top = math.max(top, numbers[#numbers])
   end
-  if #kept >= CALLS_KEPT then  -- the older half (or more) goes: the latest 127 stay
+  if #numbers >= CALLS_KEPT then  -- the older half (or more) goes: the latest 127 stay
     table.sort(numbers)
     local last, old = numbers[#numbers - CALLS_KEPT / 2 + 1], {}
-    local fields = redis.call('HGETALL', CALLS)
     for i = 1, #fields, 2 do
       if number_of(fields[i + 1]) <= last then
         old[#old + 1] = fields[i]
