@@ -4,7 +4,7 @@ Usage::
 
     python -m benchmarks.bench_scale [--workers 1 2 4] [--experiments 6] [--duration 8]
                                      [--connections 32] [--cluster] [--spread default]
-                                     [--loads hot sharded many] [--pin]
+                                     [--loads hot sharded many apart] [--pin]
                                      [--max-stale-rewards 0]
 
 For each number of uvicorn workers N and each store (one embedded Redis; with
@@ -14,7 +14,12 @@ drives choose+reward pairs (every decision rewarded, max_stale_rewards 0 or
 stochastic LinReBoot, K = 100, d = 20) on one hot experiment (one wrk thread),
 on one hot experiment of ``--shards`` shards (service.shards; on a cluster, its
 members on every master), and on ``--experiments`` experiments (a wrk thread
-each; on a cluster spread evenly over the masters). Each row gives pairs/s,
+each; on a cluster spread evenly over the masters), and, as the control of the
+hot rows of N > 1 workers, on N services of one worker each, every one with an
+experiment of its own and a wrk of its own with 1 / N of the connections
+("apart": the same processes on the same cores with as much load each, and no
+experiment shared; what N workers pay for sharing one experiment is the hot
+row's CPU per pair over this one's). Each row gives pairs/s,
 p50 and p99, the workers' CPU per pair (user + system, /proc) and the busiest
 worker's share of it (about 1 / N when the connections are spread), the script calls
 per pair (2 when no decision is made twice and no reward shares a call; a stale
@@ -32,7 +37,9 @@ On a machine with few cores wrk, the workers and Redis share them, so
 pairs/s stops growing with N early; the CPU per pair and each master's busy
 share are what decide scaling on a larger machine (BENCHMARKS.md §12): ``--pin``
 gives the workers a core of their own (the rest share the others), and the summary
-after the table reads targets 1 and 3 of issue 27 from them.
+after the table reads targets 1 and 3 of issue 27 from them. With ``--pin`` the N
+workers share that one core, which costs each process by itself (switches, caches):
+the "apart" row pays the same, and target 1 is read against it too.
 """
 
 from __future__ import annotations
@@ -58,7 +65,7 @@ from benchmarks.bench_service import (
     _experiment,
     _start,
     pin_serving,
-    run_wrk,
+    run_wrks,
     server_cpu_us,
     tree_cpu_by_process,
 )
@@ -97,6 +104,7 @@ class Row:
     # 1 / N with N workers sharing the load; near 1 when the kernel gave one worker all
     # of wrk's connections (the row then shows one worker's figures)
     busiest_share: float = 1.0
+    load: str = ""  # LOADS
 
     def needs(self, rate: float) -> str:
         """Worker cores and Redis masters for ``rate`` pairs/s, by this row's CPU per pair."""
@@ -146,19 +154,31 @@ def _cluster(stack: ExitStack, tmp: Path, count: int, shards: int) -> Store:
     return Store(cluster.url, servers, ids, sharded)
 
 
-def _measure(store: Store, name: str, workers: int, pid: int, url: str,
-             pairs: list[tuple[str, str]], duration: int, connections: int,
-             shards: int = 1) -> Row:
-    args = [item for experiment, key in pairs for item in (experiment, key, "")]
+@dataclass(frozen=True)
+class Served:
+    """A serving process tree (uvicorn's ``pid`` at ``url``) and the experiments (id, key)
+    wrk drives on it, a thread each."""
+
+    url: str
+    pid: int
+    pairs: list[tuple[str, str]]
+
+    def args(self) -> list[str]:
+        return [item for experiment, key in self.pairs for item in (experiment, key, "")]
+
+
+def _measure(store: Store, name: str, workers: int, served: list[Served], duration: int,
+             connections: int, shards: int = 1, load: str = "") -> Row:
+    """wrk's pairs on every one of ``served`` at once, ``connections`` each."""
     script = HERE / "wrk_pairs.lua"
-    threads = len(pairs)
-    run_wrk("warm-up", f"{url}/choose", 2, connections, script, args, threads=threads)
+    runs = [(f"{s.url}/choose", s.args(), len(s.pairs)) for s in served]
+    run_wrks("warm-up", runs, 2, connections, script)
     for server in store.servers:
         server.config_resetstat()
     redis_before = [server_cpu_us(server) for server in store.servers]
-    before = tree_cpu_by_process(pid)
-    result = run_wrk(name, f"{url}/choose", duration, connections, script, args, threads=threads)
-    spent_by = {p: cpu - before.get(p, 0.0) for p, cpu in tree_cpu_by_process(pid).items()}
+    before = _cpu_by_process(served)
+    result = run_wrks(name, runs, duration, connections, script)
+    spent_by = {p: cpu - before.get(p, 0.0) for p, cpu in _cpu_by_process(served).items()}
     spent = sum(spent_by.values())
     usec = [server_cpu_us(server) - b
             for server, b in zip(store.servers, redis_before, strict=True)]
@@ -166,12 +186,17 @@ def _measure(store: Store, name: str, workers: int, pid: int, url: str,
     script_usec = sum(command_usec(server, ("evalsha", "fcall")) for server in store.servers)
     whole_reads = sum(command_calls(server, ("hgetall",)) for server in store.servers)
     count = max(result.requests / 2, 1.0)  # a /choose and a /reward each
-    return Row(name, workers, len(pairs), shards, result.requests_per_second / 2, result.p50_ms,
+    return Row(name, workers, sum(len(s.pairs) for s in served), shards,
+               result.requests_per_second / 2, result.p50_ms,
                result.p99_ms, result.errors, 1e6 * spent / count,
                tuple(u / count for u in usec), tuple(u / (1e6 * duration) for u in usec),
                scripts_per_pair=scripts / count, whole_reads_per_pair=whole_reads / count,
                script_us_per_pair=script_usec / count,
-               busiest_share=max(spent_by.values()) / max(spent, 1e-9))
+               busiest_share=max(spent_by.values()) / max(spent, 1e-9), load=load)
+
+
+def _cpu_by_process(served: list[Served]) -> dict[int, float]:
+    return {p: cpu for s in served for p, cpu in tree_cpu_by_process(s.pid).items()}
 
 
 def script_calls(server: redis.Redis) -> int:
@@ -195,7 +220,7 @@ def _commandstat(server: redis.Redis, names: tuple[str, ...], field: str) -> int
     return sum(stats.get(f"cmdstat_{name}", {}).get(field, 0) for name in names)
 
 
-LOADS = ("hot", "sharded", "many")
+LOADS = ("hot", "sharded", "many", "apart")
 
 
 def measure(workers: list[int], experiments: int, duration: int, connections: int,
@@ -213,20 +238,48 @@ def measure(workers: list[int], experiments: int, duration: int, connections: in
         with ExitStack() as stack:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
             store = make(stack, tmp, experiments, shards)
+            env = {"LINREBOOT_REDIS_URL": store.url, "LINREBOOT_ADMIN_TOKEN": TOKEN,
+                   "LINREBOOT_LOG_LEVEL": "warning"}
             for n in workers:
                 with ExitStack() as serving:
-                    port = free_port()
-                    env = {"LINREBOOT_REDIS_URL": store.url, "LINREBOOT_ADMIN_TOKEN": TOKEN,
-                           "LINREBOOT_LOG_LEVEL": "warning"}
-                    url, pid = _start(serving, [*serve, "--port", str(port),
-                                                "--workers", str(n)], env, port, "/readyz")
+                    url, pid = _serve(serving, serve, env, n)
                     for load in loads:
+                        if load == "apart":
+                            continue
                         count = shards if load == "sharded" else 1
                         made = _load(store, load, url, n, spread, shards, max_stale_rewards)
-                        rows.append(_measure(store, label, n, pid, url, made, duration,
-                                             connections, count))
+                        rows.append(_measure(store, label, n, [Served(url, pid, made)],
+                                             duration, connections, count, load))
                         print(_line(rows[-1]), flush=True)
+                if "apart" in loads and n > 1:
+                    rows.append(_apart(store, label, n, serve, env, spread, max_stale_rewards,
+                                       duration, connections))
+                    print(_line(rows[-1]), flush=True)
     return rows
+
+
+def _serve(stack: ExitStack, serve: list[str], env: dict[str, str],
+           workers: int) -> tuple[str, int]:
+    port = free_port()
+    return _start(stack, [*serve, "--port", str(port), "--workers", str(workers)], env, port,
+                  "/readyz")
+
+
+def _apart(store: Store, label: str, n: int, serve: list[str], env: dict[str, str],
+           spread: str, lag: int, duration: int, connections: int) -> Row:
+    """What ``n`` workers on one hot experiment are compared with (target 1): ``n``
+    services of one worker, each on an experiment of its own and driven by its own wrk
+    with 1 / n of the connections: the same processes on the same cores, each with as
+    much load as a worker of the hot row, and no experiment shared."""
+    with ExitStack() as serving:
+        served = []
+        for i in range(n):
+            url, pid = _serve(serving, serve, env, 1)
+            served.append(Served(url, pid, [_experiment(
+                url, TOKEN, f"apart{i}-{n}", spread=spread, world=World(),
+                max_stale_rewards=lag)]))
+        return _measure(store, label, n, served, duration, max(1, connections // n),
+                        load="apart")
 
 
 def _load(store: Store, load: str, url: str, n: int, spread: str,
@@ -255,22 +308,26 @@ def scaling(rows: list[Row]) -> list[str]:
     """
     lines = []
     for store in dict.fromkeys(row.store for row in rows):
-        hot = {r.workers: r for r in rows if r.store == store and r.experiments == 1
-               and r.shards == 1}
+        hot = {r.workers: r for r in rows if r.store == store and r.load == "hot"}
+        apart = {r.workers: r for r in rows if r.store == store and r.load == "apart"}
         if 1 in hot:
             for n, row in sorted(hot.items()):
                 rate = n * 1e6 / row.worker_us_per_pair
                 busy = rate * sum(row.redis_us_per_pair) / 1e6
                 unspread = n > 1 and row.busiest_share > 1.5 / n
+                control = (f"; against {n} one-worker services apart on the same cores "
+                           f"{apart[n].worker_us_per_pair / row.worker_us_per_pair:.2f}"
+                           if n in apart else "")
                 lines.append(f"- target 1, {store}, {n} worker{'s' if n > 1 else ''}: "
                              f"{rate:,.0f} pairs/s with a core each, "
                              f"{hot[1].worker_us_per_pair / row.worker_us_per_pair:.2f} x N x "
-                             f"one worker's (>= 0.8), its Redis {busy:.0%} busy (< 80%)"
+                             f"one worker's (>= 0.8){control}, its Redis {busy:.0%} busy "
+                             "(< 80%)"
                              + (f"; NOT SPREAD: one worker did {row.busiest_share:.0%} of the "
                                 "work, run it again" if unspread else ""))
-    single = {r.workers: r for r in rows if r.store == "one Redis" and r.experiments > 1}
+    single = {r.workers: r for r in rows if r.store == "one Redis" and r.load == "many"}
     for row in rows:
-        if row.experiments > 1 and len(row.redis_us_per_pair) > 1 and row.workers in single:
+        if row.load == "many" and len(row.redis_us_per_pair) > 1 and row.workers in single:
             masters = len(row.redis_us_per_pair)
             ratio = sum(single[row.workers].redis_us_per_pair) / max(row.redis_us_per_pair)
             lines.append(f"- target 3, {row.store}, {row.workers} worker"
@@ -283,7 +340,8 @@ def scaling(rows: list[Row]) -> list[str]:
 def _line(row: Row) -> str:
     redis_us = " / ".join(f"{u:.1f}" for u in row.redis_us_per_pair)
     busy = " / ".join(f"{b:.0%}" for b in row.busy)
-    load = f"{row.experiments}" + (f" ({row.shards} shards)" if row.shards > 1 else "")
+    load = f"{row.experiments}" + (f" ({row.shards} shards)" if row.shards > 1 else "") + (
+        " (a service each)" if row.load == "apart" else "")
     return (f"| {row.store} | {row.workers} | {load} | {row.pairs_per_second:,.0f} | "
             f"{row.p50_ms:.1f} | {row.p99_ms:.1f} | {row.worker_us_per_pair:.0f} | "
             f"{row.busiest_share:.0%} | "

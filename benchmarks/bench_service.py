@@ -88,10 +88,37 @@ def _unit_ms(value: str) -> float:
 
 def run_wrk(name: str, url: str, duration: int, connections: int, script: Path,
             args: list[str], threads: int = 1) -> WrkResult:
-    cmd = ["wrk", f"-t{threads}", f"-c{max(connections, threads)}", f"-d{duration}s",
-           "--latency", "-s", str(script), url, "--", *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    text = out.stdout + out.stderr
+    out = subprocess.run(wrk_command(url, duration, connections, script, args, threads),
+                         capture_output=True, text=True, check=True)
+    return read_wrk(name, out.stdout + out.stderr)
+
+
+def run_wrks(name: str, runs: list[tuple[str, list[str], int]], duration: int,
+             connections: int, script: Path) -> WrkResult:
+    """wrk against several servers at once, each run (url, script arguments, threads)
+    with ``connections`` of its own: the requests and errors summed, the worst p50 and p99."""
+    procs = [subprocess.Popen(wrk_command(url, duration, connections, script, args, threads),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for url, args, threads in runs]
+    results = []
+    for proc in procs:
+        text, _ = proc.communicate()
+        if proc.returncode:
+            raise subprocess.CalledProcessError(proc.returncode, proc.args, text)
+        results.append(read_wrk(name, text))
+    return WrkResult(name, sum(r.requests_per_second for r in results),
+                     max(r.p50_ms for r in results), max(r.p99_ms for r in results),
+                     sum(r.errors for r in results), sum(r.requests for r in results))
+
+
+def wrk_command(url: str, duration: int, connections: int, script: Path, args: list[str],
+                threads: int = 1) -> list[str]:
+    return ["wrk", f"-t{threads}", f"-c{max(connections, threads)}", f"-d{duration}s",
+            "--latency", "-s", str(script), url, "--", *args]
+
+
+def read_wrk(name: str, text: str) -> WrkResult:
+    """What wrk (run with --latency) printed."""
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))  # type: ignore[union-attr]
     # The "Latency Distribution" block (after --latency), not the thread stats.
     block = text.split("Latency Distribution", 1)[-1]
