@@ -1,0 +1,71 @@
+"""The scale benchmark's reading of its runs: wrk's report, and issue 27's target 1
+against its control (benchmarks/bench_scale.py; the runs themselves need wrk)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from benchmarks.bench_scale import Row, scaling
+from benchmarks.bench_service import read_wrk
+
+# What wrk 4.1 prints with --latency and a Lua script (the thread stats' latency differs
+# from the distribution's, which is what is read).
+WRK_REPORT = """Running 6s test @ http://127.0.0.1:5000/choose
+  1 threads and 32 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency     9.99ms    2.10ms  31.00ms   80.00%
+    Req/Sec     4.00k   300.00     4.50k    70.00%
+  Latency Distribution
+     50%    8.26ms
+     75%    9.10ms
+     90%   10.50ms
+     99%    1.20s
+  23960 requests in 6.00s, 5.10MB read
+  Socket errors: connect 0, read 2, write 0, timeout 1
+  Non-2xx or 3xx responses: 4
+Requests/sec:   3993.12
+Transfer/sec:      0.85MB
+"""
+
+
+def test_a_wrk_report_is_read_from_its_latency_distribution() -> None:
+    result = read_wrk("run", WRK_REPORT)
+    assert result.requests_per_second == pytest.approx(3993.12)
+    assert result.p50_ms == pytest.approx(8.26)
+    assert result.p99_ms == pytest.approx(1200.0)
+    assert result.requests == 23960
+    assert result.errors == 4 + 3  # the non-2xx and the socket errors
+
+
+def _row(workers: int, load: str, worker_us: float, share: float) -> Row:
+    return Row("one Redis", workers, workers if load == "apart" else 1, 1, 1000.0, 8.0, 20.0,
+               0, worker_us, (50.0,), (0.1,), busiest_share=share, load=load)
+
+
+def test_target_1_is_read_against_one_worker_and_against_the_apart_control() -> None:
+    rows = [_row(1, "hot", 500.0, 1.0), _row(2, "hot", 625.0, 0.5),
+            _row(2, "apart", 650.0, 0.5), _row(4, "hot", 700.0, 0.7)]
+    one, two, four = scaling(rows)
+    assert "1 worker:" in one and "apart" not in one
+    # N x 1e6 / µs a pair; 500 / 625 of one worker's; 650 / 625 against the control;
+    # the Redis busy at that rate: 3,200 pairs/s x 50 µs.
+    assert "2 workers: 3,200 pairs/s" in two
+    assert "0.80 x N x one worker's" in two
+    assert "against 2 one-worker services apart on the same cores 1.04" in two
+    assert "its Redis 16% busy" in two and "NOT SPREAD" not in two
+    # No control run at N = 4: none read; one worker of four did 70 %: flagged.
+    assert "apart" not in four and "NOT SPREAD: one worker did 70%" in four
+
+
+def test_the_control_is_not_read_as_many_experiments_for_target_3() -> None:
+    apart = _row(2, "apart", 650.0, 0.5)
+    on_cluster = dataclasses.replace(apart, store="3-master cluster",
+                                     redis_us_per_pair=(20.0, 20.0, 20.0))
+    many = dataclasses.replace(on_cluster, load="many")
+    read = scaling([_row(1, "hot", 500.0, 1.0), apart, on_cluster])
+    assert all("target 3" not in line for line in read)
+    # The many-experiment rows are: the cluster's busiest master at 50 / 20 of one Redis's.
+    read = scaling([_row(1, "hot", 500.0, 1.0), dataclasses.replace(apart, load="many"), many])
+    assert any("target 3" in line and "2.50 x one master's ceiling" in line for line in read)
