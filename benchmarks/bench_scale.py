@@ -4,22 +4,30 @@ Usage::
 
     python -m benchmarks.bench_scale [--workers 1 2 4] [--experiments 6] [--duration 8]
                                      [--connections 32] [--cluster] [--spread default]
-                                     [--loads hot sharded many apart] [--pin]
+                                     [--loads hot sharded many together apart]
+                                     [--pin]
                                      [--max-stale-rewards 0]
 
 For each number of uvicorn workers N and each store (one embedded Redis; with
 ``--cluster`` also a local Redis Cluster of 3 masters, tests/cluster.py), wrk
 drives choose+reward pairs (every decision rewarded, max_stale_rewards 0 or
-``--max-stale-rewards``,
-stochastic LinReBoot, K = 100, d = 20) on one hot experiment (one wrk thread),
-on one hot experiment of ``--shards`` shards (service.shards; on a cluster, its
-members on every master), and on ``--experiments`` experiments (a wrk thread
-each; on a cluster spread evenly over the masters), and, as the control of the
-hot rows of N > 1 workers, on N services of one worker each, every one with an
-experiment of its own and a wrk of its own with 1 / N of the connections
-("apart": the same processes on the same cores with as much load each, and no
-experiment shared; what N workers pay for sharing one experiment is the hot
-row's CPU per pair over this one's). Each row gives pairs/s,
+``--max-stale-rewards``, stochastic LinReBoot, K = 100, d = 20) on each load:
+
+- ``hot``: one experiment (one wrk thread);
+- ``sharded``: one experiment of ``--shards`` shards (service.shards; on a cluster,
+  its members on every master);
+- ``many``: ``--experiments`` experiments (a wrk thread each); on a cluster of S
+  masters spread evenly over them, with S x the connections: each master as loaded
+  as one Redis is with them, as S masters are at their ceiling (target 3);
+- ``together`` (a cluster only): the same experiments all on one of its masters,
+  with the connections as given: target 3's control, the same processes alive and
+  one master busy;
+- ``apart`` (N > 1): N services of one worker each, every one with an experiment of
+  its own and a wrk of its own with 1 / N of the connections: target 1's control,
+  the same processes on the same cores with as much load each, no experiment shared
+  (what N workers pay for sharing one is the hot row's CPU per pair over this one's).
+
+Each row gives pairs/s,
 p50 and p99, the workers' CPU per pair (user + system, /proc) and the busiest
 worker's share of it (about 1 / N when the connections are spread), the script calls
 per pair (2 when no decision is made twice and no reward shares a call; a stale
@@ -120,7 +128,9 @@ class Row:
 class Store:
     url: str
     servers: list[redis.Redis]
-    place: list[str]  # experiment ids, one per master in turn (a single Redis: any)
+    # The 'many' load's experiment ids, new for each suffix: one per master in turn (a
+    # single Redis: any), or (together) all on one master
+    place: Callable[[str, bool], list[str]]
     sharded: Callable[[str], str]  # a sharded experiment's id (a cluster: members on every
     # master), by a suffix
 
@@ -130,7 +140,8 @@ def _single(stack: ExitStack, tmp: Path, count: int, shards: int) -> Store:
     stack.callback(embedded.stop)
     server = redis.Redis.from_url(embedded.url)
     stack.callback(server.close)
-    return Store(embedded.url, [server], [f"many{i}" for i in range(count)],
+    return Store(embedded.url, [server],
+                 lambda suffix, together: [f"many{i}-{suffix}" for i in range(count)],
                  lambda suffix: f"sharded-{suffix}")
 
 
@@ -141,9 +152,14 @@ def _cluster(stack: ExitStack, tmp: Path, count: int, shards: int) -> Store:
     servers = [cluster.node(port) for port in cluster.masters]
     for server in servers:
         stack.callback(server.close)
-    ids: list[str] = []
-    for i in range(count):
-        ids.append(id_on(cluster, cluster.masters[i % len(cluster.masters)], "many", ids))
+
+    def place(suffix: str, together: bool) -> list[str]:
+        ids: list[str] = []
+        for i in range(count):
+            master = cluster.masters[0 if together else i % len(cluster.masters)]
+            ids.append(id_on(cluster, master, f"many{suffix}-", ids))
+        return ids
+
     wanted = min(shards, len(cluster.masters))
 
     def sharded(suffix: str) -> str:
@@ -151,7 +167,7 @@ def _cluster(stack: ExitStack, tmp: Path, count: int, shards: int) -> Store:
             {cluster.owner(keys.meta(m)) for m in members(f"sharded{n}-{suffix}", shards)}
         ) == wanted)
 
-    return Store(cluster.url, servers, ids, sharded)
+    return Store(cluster.url, servers, place, sharded)
 
 
 @dataclass(frozen=True)
@@ -220,7 +236,7 @@ def _commandstat(server: redis.Redis, names: tuple[str, ...], field: str) -> int
     return sum(stats.get(f"cmdstat_{name}", {}).get(field, 0) for name in names)
 
 
-LOADS = ("hot", "sharded", "many", "apart")
+LOADS = ("hot", "sharded", "many", "together", "apart")
 
 
 def measure(workers: list[int], experiments: int, duration: int, connections: int,
@@ -244,12 +260,15 @@ def measure(workers: list[int], experiments: int, duration: int, connections: in
                 with ExitStack() as serving:
                     url, pid = _serve(serving, serve, env, n)
                     for load in loads:
-                        if load == "apart":
-                            continue
+                        if load == "apart" or (load == "together" and len(store.servers) < 2):
+                            continue  # (apart: below; together on one Redis: many)
                         count = shards if load == "sharded" else 1
                         made = _load(store, load, url, n, spread, shards, max_stale_rewards)
+                        # Spread over S masters, S x the connections: each master as
+                        # loaded as the one of the other rows (target 3 compares them).
+                        spread_over = len(store.servers) if load == "many" else 1
                         rows.append(_measure(store, label, n, [Served(url, pid, made)],
-                                             duration, connections, count, load))
+                                             duration, connections * spread_over, count, load))
                         print(_line(rows[-1]), flush=True)
                 if "apart" in loads and n > 1:
                     rows.append(_apart(store, label, n, serve, env, spread, max_stale_rewards,
@@ -292,8 +311,9 @@ def _load(store: Store, load: str, url: str, n: int, spread: str,
     if load == "sharded":
         return [_experiment(url, TOKEN, store.sharded(str(n)), spread=spread, world=World(),
                             shards=shards, max_stale_rewards=lag)]
-    return [_experiment(url, TOKEN, f"{i}-{n}", spread=spread, world=World(),
-                        max_stale_rewards=lag) for i in store.place]
+    together = load == "together"
+    return [_experiment(url, TOKEN, i, spread=spread, world=World(), max_stale_rewards=lag)
+            for i in store.place(f"{n}{'t' if together else ''}", together)]
 
 
 def scaling(rows: list[Row]) -> list[str]:
@@ -326,13 +346,22 @@ def scaling(rows: list[Row]) -> list[str]:
                              + (f"; NOT SPREAD: one worker did {row.busiest_share:.0%} of the "
                                 "work, run it again" if unspread else ""))
     single = {r.workers: r for r in rows if r.store == "one Redis" and r.load == "many"}
+    together = {(r.store, r.workers): r for r in rows if r.load == "together"}
     for row in rows:
-        if row.load == "many" and len(row.redis_us_per_pair) > 1 and row.workers in single:
-            masters = len(row.redis_us_per_pair)
-            ratio = sum(single[row.workers].redis_us_per_pair) / max(row.redis_us_per_pair)
+        masters = len(row.redis_us_per_pair)
+        if row.load != "many" or masters < 2:
+            continue
+        busiest = max(row.redis_us_per_pair)
+        ceilings = [f"{sum(single[row.workers].redis_us_per_pair) / busiest:.2f} x one "
+                    "master's ceiling (one Redis)"] if row.workers in single else []
+        alone = together.get((row.store, row.workers))  # the same processes, one master busy
+        if alone is not None:
+            ceilings.append(f"{max(alone.redis_us_per_pair) / busiest:.2f} x one of its "
+                            "masters' with the experiments together on it")
+        if ceilings:
             lines.append(f"- target 3, {row.store}, {row.workers} worker"
                          f"{'s' if row.workers > 1 else ''}, {row.experiments} experiments: "
-                         f"the busiest master saturates at {ratio:.2f} x one master's ceiling "
+                         f"the busiest master saturates at {'; at '.join(ceilings)} "
                          f"(>= 0.8 x {masters} = {0.8 * masters:.1f})")
     return lines
 
@@ -341,7 +370,7 @@ def _line(row: Row) -> str:
     redis_us = " / ".join(f"{u:.1f}" for u in row.redis_us_per_pair)
     busy = " / ".join(f"{b:.0%}" for b in row.busy)
     load = f"{row.experiments}" + (f" ({row.shards} shards)" if row.shards > 1 else "") + (
-        " (a service each)" if row.load == "apart" else "")
+        {"apart": " (a service each)", "together": " (on one master)"}.get(row.load, ""))
     return (f"| {row.store} | {row.workers} | {load} | {row.pairs_per_second:,.0f} | "
             f"{row.p50_ms:.1f} | {row.p99_ms:.1f} | {row.worker_us_per_pair:.0f} | "
             f"{row.busiest_share:.0%} | "
