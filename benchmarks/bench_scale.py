@@ -4,7 +4,7 @@ Usage::
 
     python -m benchmarks.bench_scale [--workers 1 2 4] [--experiments 6] [--duration 8]
                                      [--connections 32] [--cluster] [--spread default]
-                                     [--loads hot sharded many together apart]
+                                     [--loads hot sharded many share apart]
                                      [--pin]
                                      [--max-stale-rewards 0]
 
@@ -19,9 +19,10 @@ drives choose+reward pairs (every decision rewarded, max_stale_rewards 0 or
 - ``many``: ``--experiments`` experiments (a wrk thread each); on a cluster of S
   masters spread evenly over them, with S x the connections: each master as loaded
   as one Redis is with them, as S masters are at their ceiling (target 3);
-- ``together`` (a cluster only): the same experiments all on one of its masters,
-  with the connections as given: target 3's control, the same processes alive and
-  one master busy;
+- ``share`` (a cluster only): one master's share of ``many``, alone: 1 / S of its
+  experiments on one of the masters, with the connections as given, as loaded as
+  each master of ``many`` and each experiment as much: target 3's control, the same
+  processes alive and one master busy;
 - ``apart`` (N > 1): N services of one worker each, every one with an experiment of
   its own and a wrk of its own with 1 / N of the connections: target 1's control,
   the same processes on the same cores with as much load each, no experiment shared
@@ -129,7 +130,7 @@ class Store:
     url: str
     servers: list[redis.Redis]
     # The 'many' load's experiment ids, new for each suffix: one per master in turn (a
-    # single Redis: any), or (together) all on one master
+    # single Redis: any), or (share) a master's share of them, all on one master
     place: Callable[[str, bool], list[str]]
     sharded: Callable[[str], str]  # a sharded experiment's id (a cluster: members on every
     # master), by a suffix
@@ -141,7 +142,7 @@ def _single(stack: ExitStack, tmp: Path, count: int, shards: int) -> Store:
     server = redis.Redis.from_url(embedded.url)
     stack.callback(server.close)
     return Store(embedded.url, [server],
-                 lambda suffix, together: [f"many{i}-{suffix}" for i in range(count)],
+                 lambda suffix, share: [f"many{i}-{suffix}" for i in range(count)],
                  lambda suffix: f"sharded-{suffix}")
 
 
@@ -153,10 +154,10 @@ def _cluster(stack: ExitStack, tmp: Path, count: int, shards: int) -> Store:
     for server in servers:
         stack.callback(server.close)
 
-    def place(suffix: str, together: bool) -> list[str]:
+    def place(suffix: str, share: bool) -> list[str]:
         ids: list[str] = []
-        for i in range(count):
-            master = cluster.masters[0 if together else i % len(cluster.masters)]
+        for i in range(max(1, count // len(cluster.masters)) if share else count):
+            master = cluster.masters[0 if share else i % len(cluster.masters)]
             ids.append(id_on(cluster, master, f"many{suffix}-", ids))
         return ids
 
@@ -236,7 +237,7 @@ def _commandstat(server: redis.Redis, names: tuple[str, ...], field: str) -> int
     return sum(stats.get(f"cmdstat_{name}", {}).get(field, 0) for name in names)
 
 
-LOADS = ("hot", "sharded", "many", "together", "apart")
+LOADS = ("hot", "sharded", "many", "share", "apart")
 
 
 def measure(workers: list[int], experiments: int, duration: int, connections: int,
@@ -260,8 +261,8 @@ def measure(workers: list[int], experiments: int, duration: int, connections: in
                 with ExitStack() as serving:
                     url, pid = _serve(serving, serve, env, n)
                     for load in loads:
-                        if load == "apart" or (load == "together" and len(store.servers) < 2):
-                            continue  # (apart: below; together on one Redis: many)
+                        if load == "apart" or (load == "share" and len(store.servers) < 2):
+                            continue  # (apart: below; a share of one Redis: many)
                         count = shards if load == "sharded" else 1
                         made = _load(store, load, url, n, spread, shards, max_stale_rewards)
                         # Spread over S masters, S x the connections: each master as
@@ -311,9 +312,9 @@ def _load(store: Store, load: str, url: str, n: int, spread: str,
     if load == "sharded":
         return [_experiment(url, TOKEN, store.sharded(str(n)), spread=spread, world=World(),
                             shards=shards, max_stale_rewards=lag)]
-    together = load == "together"
+    share = load == "share"
     return [_experiment(url, TOKEN, i, spread=spread, world=World(), max_stale_rewards=lag)
-            for i in store.place(f"{n}{'t' if together else ''}", together)]
+            for i in store.place(f"{n}{'s' if share else ''}", share)]
 
 
 def scaling(rows: list[Row]) -> list[str]:
@@ -346,7 +347,7 @@ def scaling(rows: list[Row]) -> list[str]:
                              + (f"; NOT SPREAD: one worker did {row.busiest_share:.0%} of the "
                                 "work, run it again" if unspread else ""))
     single = {r.workers: r for r in rows if r.store == "one Redis" and r.load == "many"}
-    together = {(r.store, r.workers): r for r in rows if r.load == "together"}
+    shares = {(r.store, r.workers): r for r in rows if r.load == "share"}
     for row in rows:
         masters = len(row.redis_us_per_pair)
         if row.load != "many" or masters < 2:
@@ -354,10 +355,10 @@ def scaling(rows: list[Row]) -> list[str]:
         busiest = max(row.redis_us_per_pair)
         ceilings = [f"{sum(single[row.workers].redis_us_per_pair) / busiest:.2f} x one "
                     "master's ceiling (one Redis)"] if row.workers in single else []
-        alone = together.get((row.store, row.workers))  # the same processes, one master busy
+        alone = shares.get((row.store, row.workers))  # the same processes, one master busy
         if alone is not None:
             ceilings.append(f"{max(alone.redis_us_per_pair) / busiest:.2f} x one of its "
-                            "masters' with the experiments together on it")
+                            "masters' serving a master's share alone")
         if ceilings:
             lines.append(f"- target 3, {row.store}, {row.workers} worker"
                          f"{'s' if row.workers > 1 else ''}, {row.experiments} experiments: "
@@ -370,7 +371,7 @@ def _line(row: Row) -> str:
     redis_us = " / ".join(f"{u:.1f}" for u in row.redis_us_per_pair)
     busy = " / ".join(f"{b:.0%}" for b in row.busy)
     load = f"{row.experiments}" + (f" ({row.shards} shards)" if row.shards > 1 else "") + (
-        {"apart": " (a service each)", "together": " (on one master)"}.get(row.load, ""))
+        {"apart": " (a service each)", "share": " (a master's share, alone)"}.get(row.load, ""))
     return (f"| {row.store} | {row.workers} | {load} | {row.pairs_per_second:,.0f} | "
             f"{row.p50_ms:.1f} | {row.p99_ms:.1f} | {row.worker_us_per_pair:.0f} | "
             f"{row.busiest_share:.0%} | "

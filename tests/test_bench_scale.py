@@ -67,11 +67,11 @@ def test_the_control_is_not_read_as_many_experiments_for_target_3() -> None:
     read = scaling([_row(1, "hot", 500.0, 1.0), apart, on_cluster])
     assert all("target 3" not in line for line in read)
     # The many-experiment rows are: the cluster's busiest master at 50 / 20 of one Redis's,
-    # and at 45 / 20 of its own master's with the experiments together on it.
-    together = dataclasses.replace(on_cluster, load="together",
-                                   redis_us_per_pair=(45.0, 1.0, 1.0))
+    # and at 45 / 20 of one of its masters' serving a master's share alone.
+    share = dataclasses.replace(on_cluster, load="share", redis_us_per_pair=(45.0, 1.0, 1.0))
     read = scaling([_row(1, "hot", 500.0, 1.0), dataclasses.replace(apart, load="many"), many,
-                    together])
+                    share])
     (line,) = [line for line in read if "target 3" in line]
-    assert "2.50 x one master's ceiling (one Redis); at 2.25 x one of its masters'" in line
+    assert ("2.50 x one master's ceiling (one Redis); at 2.25 x one of its masters' serving "
+            "a master's share alone" in line)
     assert "(>= 0.8 x 3 = 2.4)" in line
