@@ -14,8 +14,9 @@ drives choose+reward pairs (every decision rewarded, max_stale_rewards 0 or
 ``--max-stale-rewards``, stochastic LinReBoot, K = 100, d = 20) on each load:
 
 - ``hot``: one experiment (one wrk thread);
-- ``sharded``: one experiment of ``--shards`` shards (service.shards; on a cluster,
-  its members on every master);
+- ``sharded``: one experiment of ``--shards`` S shards (service.shards; on a cluster,
+  its members on every master), with S x the connections: each member as loaded as
+  the hot experiment (target 2 compares them);
 - ``many``: ``--experiments`` experiments (a wrk thread each); on a cluster of S
   masters spread evenly over them, with S x the connections: each master as loaded
   as one Redis is with them, as S masters are at their ceiling (target 3);
@@ -265,11 +266,12 @@ def measure(workers: list[int], experiments: int, duration: int, connections: in
                             continue  # (apart: below; a share of one Redis: many)
                         count = shards if load == "sharded" else 1
                         made = _load(store, load, url, n, spread, shards, max_stale_rewards)
-                        # Spread over S masters, S x the connections: each master as
-                        # loaded as the one of the other rows (target 3 compares them).
-                        spread_over = len(store.servers) if load == "many" else 1
+                        # Spread over S masters (or members), S x the connections: each
+                        # as loaded as one Redis (or the unsharded experiment) with them.
+                        spread_over = {"many": len(store.servers), "sharded": shards}
                         rows.append(_measure(store, label, n, [Served(url, pid, made)],
-                                             duration, connections * spread_over, count, load))
+                                             duration, connections * spread_over.get(load, 1),
+                                             count, load))
                         print(_line(rows[-1]), flush=True)
                 if "apart" in loads and n > 1:
                     rows.append(_apart(store, label, n, serve, env, spread, max_stale_rewards,
