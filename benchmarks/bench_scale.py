@@ -13,21 +13,23 @@ For each number of uvicorn workers N and each store (one embedded Redis; with
 drives choose+reward pairs (every decision rewarded, max_stale_rewards 0 or
 ``--max-stale-rewards``, stochastic LinReBoot, K = 100, d = 20) on each load:
 
-- ``hot``: one experiment (one wrk thread);
+- ``hot``: one experiment, driven by N wrk processes of ``--connections`` c each:
+  each worker as loaded as one worker alone (at N x its concurrency N workers serve
+  N x its pairs); the one experiment is on a master without a replica on a cluster;
 - ``sharded``: one experiment of ``--shards`` S shards (service.shards; on a cluster,
-  its members on every master), with S x the connections: each member as loaded as
-  the hot experiment (target 2 compares them);
+  its members on every master), with min(S, masters) x c: each master as loaded as
+  the hot experiment's (target 2 compares them);
 - ``many``: ``--experiments`` experiments (a wrk thread each); on a cluster of S
-  masters spread evenly over them, with S x the connections: each master as loaded
-  as one Redis is with them, as S masters are at their ceiling (target 3);
+  masters spread evenly over them, with S x c: each master as loaded as one Redis is
+  with c (target 3);
 - ``share`` (a cluster only): one master's share of ``many``, alone: 1 / S of its
-  experiments on one of the masters, with the connections as given, as loaded as
-  each master of ``many`` and each experiment as much: target 3's control, the same
-  processes alive and one master busy;
+  experiments on one master, with c, that master and each experiment as loaded as in
+  ``many``; on each master in turn (one has the replica): target 3's control, the
+  same processes alive and one master busy at a time;
 - ``apart`` (N > 1): N services of one worker each, every one with an experiment of
-  its own and a wrk of its own with 1 / N of the connections: target 1's control,
-  the same processes on the same cores with as much load each, no experiment shared
-  (what N workers pay for sharing one is the hot row's CPU per pair over this one's).
+  its own and a wrk of its own with c: target 1's control, the same processes on the
+  same cores with the same load each, no experiment shared (what N workers pay for
+  sharing one is the hot row's CPU per pair over this one's).
 
 Each row gives pairs/s,
 p50 and p99, the workers' CPU per pair (user + system, /proc) and the busiest
@@ -55,6 +57,7 @@ the "apart" row pays the same, and target 1 is read against it too.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import shutil
@@ -115,6 +118,7 @@ class Row:
     # of wrk's connections (the row then shows one worker's figures)
     busiest_share: float = 1.0
     load: str = ""  # LOADS
+    connections: int = 0  # wrk's, in all
 
     def needs(self, rate: float) -> str:
         """Worker cores and Redis masters for ``rate`` pairs/s, by this row's CPU per pair."""
@@ -131,10 +135,12 @@ class Store:
     url: str
     servers: list[redis.Redis]
     # The 'many' load's experiment ids, new for each suffix: one per master in turn (a
-    # single Redis: any), or (share) a master's share of them, all on one master
-    place: Callable[[str, bool], list[str]]
+    # single Redis: any), or (share: the master's index) 1 / S of them, all on that master
+    place: Callable[[str, int | None], list[str]]
     sharded: Callable[[str], str]  # a sharded experiment's id (a cluster: members on every
     # master), by a suffix
+    hot: Callable[[str], str]  # the hot experiment's id (a cluster: on the same master,
+    # one without a replica, for every suffix)
 
 
 def _single(stack: ExitStack, tmp: Path, count: int, shards: int) -> Store:
@@ -144,7 +150,7 @@ def _single(stack: ExitStack, tmp: Path, count: int, shards: int) -> Store:
     stack.callback(server.close)
     return Store(embedded.url, [server],
                  lambda suffix, share: [f"many{i}-{suffix}" for i in range(count)],
-                 lambda suffix: f"sharded-{suffix}")
+                 lambda suffix: f"sharded-{suffix}", lambda suffix: f"hot-{suffix}")
 
 
 def _cluster(stack: ExitStack, tmp: Path, count: int, shards: int) -> Store:
@@ -155,10 +161,14 @@ def _cluster(stack: ExitStack, tmp: Path, count: int, shards: int) -> Store:
     for server in servers:
         stack.callback(server.close)
 
-    def place(suffix: str, share: bool) -> list[str]:
+    masters = cluster.masters
+    if count % len(masters):
+        raise SystemExit(f"--experiments must be a multiple of the {len(masters)} masters")
+
+    def place(suffix: str, share: int | None) -> list[str]:
         ids: list[str] = []
-        for i in range(max(1, count // len(cluster.masters)) if share else count):
-            master = cluster.masters[0 if share else i % len(cluster.masters)]
+        for i in range(count if share is None else count // len(masters)):
+            master = masters[i % len(masters) if share is None else share]
             ids.append(id_on(cluster, master, f"many{suffix}-", ids))
         return ids
 
@@ -169,7 +179,9 @@ def _cluster(stack: ExitStack, tmp: Path, count: int, shards: int) -> Store:
             {cluster.owner(keys.meta(m)) for m in members(f"sharded{n}-{suffix}", shards)}
         ) == wanted)
 
-    return Store(cluster.url, servers, place, sharded)
+    # (tests/cluster.py gives the first master the replica)
+    return Store(cluster.url, servers, place, sharded,
+                 lambda suffix: id_on(cluster, masters[1], f"hot{suffix}-"))
 
 
 @dataclass(frozen=True)
@@ -185,9 +197,9 @@ class Served:
         return [item for experiment, key in self.pairs for item in (experiment, key, "")]
 
 
-def _measure(store: Store, name: str, workers: int, served: list[Served], duration: int,
-             connections: int, shards: int = 1, load: str = "") -> Row:
-    """wrk's pairs on every one of ``served`` at once, ``connections`` each."""
+def _measure(store: Store, name: str, workers: int, served: list[Served], connections: int,
+             *, duration: int, shards: int = 1, load: str = "") -> Row:
+    """wrk's pairs on every one of ``served`` at once, a wrk each with ``connections``."""
     script = HERE / "wrk_pairs.lua"
     runs = [(f"{s.url}/choose", s.args(), len(s.pairs)) for s in served]
     run_wrks("warm-up", runs, 2, connections, script)
@@ -210,7 +222,8 @@ def _measure(store: Store, name: str, workers: int, served: list[Served], durati
                tuple(u / count for u in usec), tuple(u / (1e6 * duration) for u in usec),
                scripts_per_pair=scripts / count, whole_reads_per_pair=whole_reads / count,
                script_us_per_pair=script_usec / count,
-               busiest_share=max(spent_by.values()) / max(spent, 1e-9), load=load)
+               busiest_share=max(spent_by.values()) / max(spent, 1e-9), load=load,
+               connections=connections * len(served))
 
 
 def _cpu_by_process(served: list[Served]) -> dict[int, float]:
@@ -258,26 +271,49 @@ def measure(workers: list[int], experiments: int, duration: int, connections: in
             store = make(stack, tmp, experiments, shards)
             env = {"LINREBOOT_REDIS_URL": store.url, "LINREBOOT_ADMIN_TOKEN": TOKEN,
                    "LINREBOOT_LOG_LEVEL": "warning"}
+            run = functools.partial(_measure, store, label, duration=duration)
             for n in workers:
                 with ExitStack() as serving:
                     url, pid = _serve(serving, serve, env, n)
-                    for load in loads:
-                        if load == "apart" or (load == "share" and len(store.servers) < 2):
-                            continue  # (apart: below; a share of one Redis: many)
-                        count = shards if load == "sharded" else 1
-                        made = _load(store, load, url, n, spread, shards, max_stale_rewards)
-                        # Spread over S masters (or members), S x the connections: each
-                        # as loaded as one Redis (or the unsharded experiment) with them.
-                        spread_over = {"many": len(store.servers), "sharded": shards}
-                        rows.append(_measure(store, label, n, [Served(url, pid, made)],
-                                             duration, connections * spread_over.get(load, 1),
-                                             count, load))
+                    for load in (load for load in loads if load != "apart"):
+                        made = functools.partial(_load, store, load, url, n, spread, shards,
+                                                 max_stale_rewards)
+                        if load == "share":  # a master's share on each master in turn
+                            for m in range(len(store.servers) if len(store.servers) > 1 else 0):
+                                rows.append(run(n, [Served(url, pid, made(m))], connections,
+                                                load=load))
+                                print(_line(rows[-1]), flush=True)
+                            continue
+                        # Each worker as loaded as one worker alone (a wrk each); each
+                        # master or member of a spread load as one Redis or the hot
+                        # experiment is with ``connections``.
+                        wrks, each = _connections(load, n, len(store.servers), shards,
+                                                  connections)
+                        rows.append(run(n, [Served(url, pid, made(None))] * wrks, each,
+                                        shards=shards if load == "sharded" else 1, load=load))
                         print(_line(rows[-1]), flush=True)
                 if "apart" in loads and n > 1:
-                    rows.append(_apart(store, label, n, serve, env, spread, max_stale_rewards,
-                                       duration, connections))
+                    rows.append(_apart(run, n, serve, env, spread, max_stale_rewards,
+                                       connections))
                     print(_line(rows[-1]), flush=True)
     return rows
+
+
+def _connections(load: str, workers: int, masters: int, shards: int,
+                 connections: int) -> tuple[int, int]:
+    """How many wrk processes drive ``load``, and the connections of each: N workers on
+    one experiment as N wrk processes of ``connections`` (each worker as loaded as one
+    alone, and as many wrk processes as the apart control has); an experiment of S
+    shards, or experiments spread over S masters, with S x the connections (each member
+    or master as loaded as the hot experiment or one Redis); on one Redis a sharded
+    experiment as the hot one (the one process as loaded)."""
+    if load == "hot":
+        return workers, connections
+    if load == "sharded":
+        return 1, connections * min(shards, masters)
+    if load == "many":
+        return 1, connections * masters
+    return 1, connections
 
 
 def _serve(stack: ExitStack, serve: list[str], env: dict[str, str],
@@ -287,12 +323,12 @@ def _serve(stack: ExitStack, serve: list[str], env: dict[str, str],
                   "/readyz")
 
 
-def _apart(store: Store, label: str, n: int, serve: list[str], env: dict[str, str],
-           spread: str, lag: int, duration: int, connections: int) -> Row:
+def _apart(run: Callable[..., Row], n: int, serve: list[str], env: dict[str, str],
+           spread: str, lag: int, connections: int) -> Row:
     """What ``n`` workers on one hot experiment are compared with (target 1): ``n``
-    services of one worker, each on an experiment of its own and driven by its own wrk
-    with 1 / n of the connections: the same processes on the same cores, each with as
-    much load as a worker of the hot row, and no experiment shared."""
+    services of one worker, each on an experiment of its own and driven by a wrk of its
+    own with ``connections``, as each worker of the hot row is: the same processes on
+    the same cores with the same load each, and no experiment shared."""
     with ExitStack() as serving:
         served = []
         for i in range(n):
@@ -300,23 +336,21 @@ def _apart(store: Store, label: str, n: int, serve: list[str], env: dict[str, st
             served.append(Served(url, pid, [_experiment(
                 url, TOKEN, f"apart{i}-{n}", spread=spread, world=World(),
                 max_stale_rewards=lag)]))
-        return _measure(store, label, n, served, duration, max(1, connections // n),
-                        load="apart")
+        return run(n, served, connections, load="apart")
 
 
-def _load(store: Store, load: str, url: str, n: int, spread: str,
-          shards: int, lag: int = 0) -> list[tuple[str, str]]:
+def _load(store: Store, load: str, url: str, n: int, spread: str, shards: int, lag: int,
+          share: int | None) -> list[tuple[str, str]]:
     """The experiments (id, key) of ``load``, created for the run of ``n`` workers, each
-    with ``lag`` as its max_stale_rewards."""
+    with ``lag`` as its max_stale_rewards (``share``: the master of a share)."""
     if load == "hot":
-        return [_experiment(url, TOKEN, f"hot-{n}", spread=spread, world=World(),
+        return [_experiment(url, TOKEN, store.hot(str(n)), spread=spread, world=World(),
                             max_stale_rewards=lag)]
     if load == "sharded":
         return [_experiment(url, TOKEN, store.sharded(str(n)), spread=spread, world=World(),
                             shards=shards, max_stale_rewards=lag)]
-    share = load == "share"
     return [_experiment(url, TOKEN, i, spread=spread, world=World(), max_stale_rewards=lag)
-            for i in store.place(f"{n}{'s' if share else ''}", share)]
+            for i in store.place(f"{n}{'' if share is None else f's{share}'}", share)]
 
 
 def scaling(rows: list[Row]) -> list[str]:
@@ -324,10 +358,12 @@ def scaling(rows: list[Row]) -> list[str]:
 
     Target 1: N workers on one hot experiment serve N x 1e6 / (worker µs per pair at N)
     pairs/s with a core each; against N x the one-worker figure that is (µs at 1) / (µs at
-    N), to be >= 0.8, with the experiment's Redis below 80 % busy at that rate. Target 3:
-    with many experiments, the busiest master saturates first, at 1e6 / (its µs per pair of
-    the aggregate) pairs/s; against one master's ceiling (one Redis, the same load, 1e6 /
-    its µs per pair) that is to be >= 0.8 x the masters.
+    N), to be >= 0.8, with the experiment's Redis below 80 % busy at that rate; and against
+    the apart control, (its µs) / (µs at N). Target 3: with many experiments, the busiest
+    master saturates first, at 1e6 / (its µs per pair of the aggregate) pairs/s; against
+    one master's ceiling (1e6 / its µs per pair serving one Redis's load, or the cheapest
+    master serving a master's share alone) that is to be >= 0.8 x the masters. A row with
+    errors is flagged: an error reply is a cheap pair.
     """
     lines = []
     for store in dict.fromkeys(row.store for row in rows):
@@ -340,16 +376,15 @@ def scaling(rows: list[Row]) -> list[str]:
                 unspread = n > 1 and row.busiest_share > 1.5 / n
                 control = (f"; against {n} one-worker services apart on the same cores "
                            f"{apart[n].worker_us_per_pair / row.worker_us_per_pair:.2f}"
-                           if n in apart else "")
+                           + _flags(apart[n]) if n in apart else "")
                 lines.append(f"- target 1, {store}, {n} worker{'s' if n > 1 else ''}: "
                              f"{rate:,.0f} pairs/s with a core each, "
                              f"{hot[1].worker_us_per_pair / row.worker_us_per_pair:.2f} x N x "
                              f"one worker's (>= 0.8){control}, its Redis {busy:.0%} busy "
-                             "(< 80%)"
+                             "(< 80%)" + _flags(row)
                              + (f"; NOT SPREAD: one worker did {row.busiest_share:.0%} of the "
                                 "work, run it again" if unspread else ""))
     single = {r.workers: r for r in rows if r.store == "one Redis" and r.load == "many"}
-    shares = {(r.store, r.workers): r for r in rows if r.load == "share"}
     for row in rows:
         masters = len(row.redis_us_per_pair)
         if row.load != "many" or masters < 2:
@@ -357,16 +392,23 @@ def scaling(rows: list[Row]) -> list[str]:
         busiest = max(row.redis_us_per_pair)
         ceilings = [f"{sum(single[row.workers].redis_us_per_pair) / busiest:.2f} x one "
                     "master's ceiling (one Redis)"] if row.workers in single else []
-        alone = shares.get((row.store, row.workers))  # the same processes, one master busy
-        if alone is not None:
-            ceilings.append(f"{max(alone.redis_us_per_pair) / busiest:.2f} x one of its "
-                            "masters' serving a master's share alone")
+        # The same processes, one master busy at a time: each master's own µs a pair.
+        alone = [max(r.redis_us_per_pair) for r in rows if r.load == "share"
+                 and r.store == row.store and r.workers == row.workers]
+        if alone:
+            ceilings.append(f"{min(alone) / busiest:.2f} x its cheapest master's serving a "
+                            f"master's share alone ({' / '.join(f'{u:.1f}' for u in alone)} "
+                            "µs a pair)")
         if ceilings:
             lines.append(f"- target 3, {row.store}, {row.workers} worker"
                          f"{'s' if row.workers > 1 else ''}, {row.experiments} experiments: "
                          f"the busiest master saturates at {'; at '.join(ceilings)} "
-                         f"(>= 0.8 x {masters} = {0.8 * masters:.1f})")
+                         f"(>= 0.8 x {masters} = {0.8 * masters:.1f})" + _flags(row))
     return lines
+
+
+def _flags(row: Row) -> str:
+    return f" (ERRORS: {row.errors} replies were not 2xx)" if row.errors else ""
 
 
 def _line(row: Row) -> str:
@@ -374,19 +416,22 @@ def _line(row: Row) -> str:
     busy = " / ".join(f"{b:.0%}" for b in row.busy)
     load = f"{row.experiments}" + (f" ({row.shards} shards)" if row.shards > 1 else "") + (
         {"apart": " (a service each)", "share": " (a master's share, alone)"}.get(row.load, ""))
-    return (f"| {row.store} | {row.workers} | {load} | {row.pairs_per_second:,.0f} | "
+    control = row.load in ("apart", "share")  # what they would need means nothing
+    needs = ["" if control else row.needs(rate) for rate in TARGETS]
+    return (f"| {row.store} | {row.workers} | {load} | {row.connections} | "
+            f"{row.pairs_per_second:,.0f} | "
             f"{row.p50_ms:.1f} | {row.p99_ms:.1f} | {row.worker_us_per_pair:.0f} | "
             f"{row.busiest_share:.0%} | "
             f"{row.scripts_per_pair:.2f} | {row.script_us_per_pair:.1f} | "
             f"{row.whole_reads_per_pair:.3f} | {redis_us} | "
-            f"{busy} | {row.needs(TARGETS[0])} | {row.needs(TARGETS[1])} | {row.errors} |")
+            f"{busy} | {needs[0]} | {needs[1]} | {row.errors} |")
 
 
-HEADER = ("| store | workers | experiments | pairs/s | p50 ms | p99 ms | worker CPU µs/pair "
-          "| busiest worker's share "
+HEADER = ("| store | workers | experiments | connections | pairs/s | p50 ms | p99 ms "
+          "| worker CPU µs/pair | busiest worker's share "
           "| scripts/pair | script µs/pair | whole reads/pair | Redis µs/pair, by master "
           "| busy, by master | for 10k pairs/s | for 100k pairs/s | errors |\n"
-          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|")
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|")
 
 
 def main() -> None:
@@ -410,8 +455,8 @@ def main() -> None:
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} at the start; "
           f"stochastic LinReBoot ({args.spread} spread), K = 100, d = 20, every decision "
           f"rewarded, max_stale_rewards {args.max_stale_rewards}; {args.duration} s a run, "
-          f"{args.connections} "
-          "connections\n")
+          f"{args.connections} connections a worker, master or shard (the table: each row's "
+          "in all)\n")
     print(HEADER, flush=True)
     rows = measure(args.workers, args.experiments, args.duration, args.connections,
                    args.cluster, args.spread, args.shards, tuple(args.loads),

@@ -97,15 +97,23 @@ def run_wrks(name: str, runs: list[tuple[str, list[str], int]], duration: int,
              connections: int, script: Path) -> WrkResult:
     """wrk against several servers at once, each run (url, script arguments, threads)
     with ``connections`` of its own: the requests and errors summed, the worst p50 and p99."""
-    procs = [subprocess.Popen(wrk_command(url, duration, connections, script, args, threads),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for url, args, threads in runs]
+    procs: list[subprocess.Popen[str]] = []
     results = []
-    for proc in procs:
-        text, _ = proc.communicate()
-        if proc.returncode:
-            raise subprocess.CalledProcessError(proc.returncode, proc.args, text)
-        results.append(read_wrk(name, text))
+    try:
+        for url, args, threads in runs:
+            procs.append(subprocess.Popen(
+                wrk_command(url, duration, connections, script, args, threads),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        for proc in procs:  # (wrk prints a few lines: no pipe fills while another is read)
+            text, _ = proc.communicate()
+            if proc.returncode:
+                raise subprocess.CalledProcessError(proc.returncode, proc.args, text)
+            results.append(read_wrk(name, text))
+    finally:  # none left to load the next run
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return WrkResult(name, sum(r.requests_per_second for r in results),
                      max(r.p50_ms for r in results), max(r.p99_ms for r in results),
                      sum(r.errors for r in results), sum(r.requests for r in results))
