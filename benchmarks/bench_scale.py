@@ -216,7 +216,7 @@ def _measure(store: Store, name: str, workers: int, served: list[Served], connec
     script_usec = sum(command_usec(server, ("evalsha", "fcall")) for server in store.servers)
     whole_reads = sum(command_calls(server, ("hgetall",)) for server in store.servers)
     count = max(result.requests / 2, 1.0)  # a /choose and a /reward each
-    return Row(name, workers, sum(len(s.pairs) for s in served), shards,
+    return Row(name, workers, len({e for s in served for e, _ in s.pairs}), shards,
                result.requests_per_second / 2, result.p50_ms,
                result.p99_ms, result.errors, 1e6 * spent / count,
                tuple(u / count for u in usec), tuple(u / (1e6 * duration) for u in usec),
