@@ -17,8 +17,9 @@ drives choose+reward pairs (every decision rewarded, max_stale_rewards 0 or
   each worker as loaded as one worker alone (at N x its concurrency N workers serve
   N x its pairs); the one experiment is on a master without a replica on a cluster;
 - ``sharded``: one experiment of ``--shards`` S shards (service.shards; on a cluster,
-  its members on every master), with min(S, masters) x c: each master as loaded as
-  the hot experiment's (target 2 compares them);
+  its members on every master, one of them on the master with the replica, which the
+  hot experiment is not), N wrk processes of min(S, masters) x c: each master as
+  loaded as the hot experiment's (target 2 compares them);
 - ``many``: ``--experiments`` experiments (a wrk thread each); on a cluster of S
   masters spread evenly over them, with S x c: each master as loaded as one Redis is
   with c (target 3);
@@ -27,9 +28,10 @@ drives choose+reward pairs (every decision rewarded, max_stale_rewards 0 or
   ``many``; on each master in turn (one has the replica): target 3's control, the
   same processes alive and one master busy at a time;
 - ``apart`` (N > 1): N services of one worker each, every one with an experiment of
-  its own and a wrk of its own with c: target 1's control, the same processes on the
-  same cores with the same load each, no experiment shared (what N workers pay for
-  sharing one is the hot row's CPU per pair over this one's).
+  its own (on a cluster on the hot experiment's master) and a wrk of its own with c:
+  target 1's control, the same processes on the same cores with the same load each,
+  no experiment shared (what N workers pay for sharing one is the hot row's CPU per
+  pair over this one's).
 
 Each row gives pairs/s,
 p50 and p99, the workers' CPU per pair (user + system, /proc) and the busiest
@@ -275,7 +277,7 @@ def measure(workers: list[int], experiments: int, duration: int, connections: in
             for n in workers:
                 with ExitStack() as serving:
                     url, pid = _serve(serving, serve, env, n)
-                    for load in (load for load in loads if load != "apart"):
+                    for load in (each for each in loads if each != "apart"):
                         made = functools.partial(_load, store, load, url, n, spread, shards,
                                                  max_stale_rewards)
                         if load == "share":  # a master's share on each master in turn
@@ -293,7 +295,7 @@ def measure(workers: list[int], experiments: int, duration: int, connections: in
                                         shards=shards if load == "sharded" else 1, load=load))
                         print(_line(rows[-1]), flush=True)
                 if "apart" in loads and n > 1:
-                    rows.append(_apart(run, n, serve, env, spread, max_stale_rewards,
+                    rows.append(_apart(run, store, n, serve, env, spread, max_stale_rewards,
                                        connections))
                     print(_line(rows[-1]), flush=True)
     return rows
@@ -304,13 +306,15 @@ def _connections(load: str, workers: int, masters: int, shards: int,
     """How many wrk processes drive ``load``, and the connections of each: N workers on
     one experiment as N wrk processes of ``connections`` (each worker as loaded as one
     alone, and as many wrk processes as the apart control has); an experiment of S
-    shards, or experiments spread over S masters, with S x the connections (each member
-    or master as loaded as the hot experiment or one Redis); on one Redis a sharded
-    experiment as the hot one (the one process as loaded)."""
+    shards the same with min(S, masters) x the connections (each master as loaded as
+    the hot experiment's: on one Redis the one process, on a cluster each master of a
+    member); experiments spread over S masters with S x the connections (each master as
+    loaded as one Redis; the many and share rows of target 3 compare the same N, so
+    they are not scaled by it)."""
     if load == "hot":
         return workers, connections
     if load == "sharded":
-        return 1, connections * min(shards, masters)
+        return workers, connections * min(shards, masters)
     if load == "many":
         return 1, connections * masters
     return 1, connections
@@ -323,7 +327,7 @@ def _serve(stack: ExitStack, serve: list[str], env: dict[str, str],
                   "/readyz")
 
 
-def _apart(run: Callable[..., Row], n: int, serve: list[str], env: dict[str, str],
+def _apart(run: Callable[..., Row], store: Store, n: int, serve: list[str], env: dict[str, str],
            spread: str, lag: int, connections: int) -> Row:
     """What ``n`` workers on one hot experiment are compared with (target 1): ``n``
     services of one worker, each on an experiment of its own and driven by a wrk of its
@@ -334,7 +338,7 @@ def _apart(run: Callable[..., Row], n: int, serve: list[str], env: dict[str, str
         for i in range(n):
             url, pid = _serve(serving, serve, env, 1)
             served.append(Served(url, pid, [_experiment(
-                url, TOKEN, f"apart{i}-{n}", spread=spread, world=World(),
+                url, TOKEN, store.hot(f"apart{i}x{n}"), spread=spread, world=World(),
                 max_stale_rewards=lag)]))
         return run(n, served, connections, load="apart")
 
@@ -372,7 +376,7 @@ def scaling(rows: list[Row]) -> list[str]:
         if 1 in hot:
             for n, row in sorted(hot.items()):
                 rate = n * 1e6 / row.worker_us_per_pair
-                busy = rate * sum(row.redis_us_per_pair) / 1e6
+                busy = rate * max(row.redis_us_per_pair) / 1e6  # its master's
                 unspread = n > 1 and row.busiest_share > 1.5 / n
                 control = (f"; against {n} one-worker services apart on the same cores "
                            f"{apart[n].worker_us_per_pair / row.worker_us_per_pair:.2f}"
@@ -381,7 +385,7 @@ def scaling(rows: list[Row]) -> list[str]:
                              f"{rate:,.0f} pairs/s with a core each, "
                              f"{hot[1].worker_us_per_pair / row.worker_us_per_pair:.2f} x N x "
                              f"one worker's (>= 0.8){control}, its Redis {busy:.0%} busy "
-                             "(< 80%)" + _flags(row)
+                             "(< 80%)" + _flags(row) + (_flags(hot[1]) if n > 1 else "")
                              + (f"; NOT SPREAD: one worker did {row.busiest_share:.0%} of the "
                                 "work, run it again" if unspread else ""))
     single = {r.workers: r for r in rows if r.store == "one Redis" and r.load == "many"}
@@ -415,7 +419,9 @@ def _line(row: Row) -> str:
     redis_us = " / ".join(f"{u:.1f}" for u in row.redis_us_per_pair)
     busy = " / ".join(f"{b:.0%}" for b in row.busy)
     load = f"{row.experiments}" + (f" ({row.shards} shards)" if row.shards > 1 else "") + (
-        {"apart": " (a service each)", "share": " (a master's share, alone)"}.get(row.load, ""))
+        {"apart": " (a service each)",
+         "share": " (a master's share, alone on master "
+                  f"{row.redis_us_per_pair.index(max(row.redis_us_per_pair))})"}.get(row.load, ""))
     control = row.load in ("apart", "share")  # what they would need means nothing
     needs = ["" if control else row.needs(rate) for rate in TARGETS]
     return (f"| {row.store} | {row.workers} | {load} | {row.connections} | "
@@ -452,11 +458,13 @@ def main() -> None:
     parser.add_argument("--max-stale-rewards", type=int, default=0, metavar="L",
                         help="every experiment's: how many rewards its decisions may miss")
     args = parser.parse_args()
+    if args.cluster and args.experiments % 3:
+        parser.error("--experiments must be a multiple of the cluster's 3 masters")
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} at the start; "
           f"stochastic LinReBoot ({args.spread} spread), K = 100, d = 20, every decision "
           f"rewarded, max_stale_rewards {args.max_stale_rewards}; {args.duration} s a run, "
-          f"{args.connections} connections a worker, master or shard (the table: each row's "
-          "in all)\n")
+          f"{args.connections} connections a worker or a master (the table: each row's in "
+          "all)\n")
     print(HEADER, flush=True)
     rows = measure(args.workers, args.experiments, args.duration, args.connections,
                    args.cluster, args.spread, args.shards, tuple(args.loads),

@@ -7,11 +7,12 @@ import dataclasses
 
 import pytest
 
-from benchmarks.bench_scale import Row, _connections, _line, scaling
+from benchmarks.bench_scale import HEADER, Row, _connections, _line, scaling
 from benchmarks.bench_service import read_wrk
 
-# What wrk 4.1 prints with --latency and a Lua script. The thread stats come first, and
-# their "62.50%" would be read as a 50th percentile were the distribution not found.
+# What wrk 4.1 prints with --latency and a Lua script. The thread stats come first: were
+# the distribution not found, their "62.50%" would match the 50th percentile's pattern
+# (and "Req/Sec" be read as its latency).
 WRK_REPORT = """Running 6s test @ http://127.0.0.1:5000/choose
   1 threads and 32 connections
   Thread Stats   Avg      Stdev     Max   +/- Stdev
@@ -88,9 +89,11 @@ def test_each_worker_master_and_shard_gets_the_load_one_alone_gets() -> None:
     # (wrk processes, connections each) for 32 connections, 3 shards
     assert _connections("hot", 1, 1, 3, 32) == (1, 32)
     assert _connections("hot", 4, 3, 3, 32) == (4, 32)  # as loaded as the apart control
-    assert _connections("sharded", 2, 1, 3, 32) == (1, 32)  # one Redis: as the hot one
-    assert _connections("sharded", 2, 3, 3, 32) == (1, 96)
-    assert _connections("sharded", 2, 3, 2, 32) == (1, 64)
+    # A sharded experiment: each master as loaded as the hot experiment's, at any N.
+    assert _connections("sharded", 1, 1, 3, 32) == (1, 32)  # one Redis: as the hot one
+    assert _connections("sharded", 2, 1, 3, 32) == (2, 32)
+    assert _connections("sharded", 2, 3, 3, 32) == (2, 96)
+    assert _connections("sharded", 2, 3, 2, 32) == (2, 64)
     assert _connections("many", 2, 1, 3, 32) == (1, 32)
     assert _connections("many", 2, 3, 3, 32) == (1, 96)
 
@@ -102,3 +105,14 @@ def test_the_controls_rows_say_what_they_are_and_plan_nothing() -> None:
     assert cells[-3:] == ["", "", "0"]  # no cores or masters planned from a control
     hot = _line(dataclasses.replace(_row(1, "hot", 500.0, 1.0), connections=32))
     assert "cores;" in hot
+
+
+def test_every_row_has_the_header_s_columns() -> None:
+    titles, rule = HEADER.split("\n")
+    columns = titles.count("|") - 1
+    assert rule.count("|") - 1 == columns
+    share = dataclasses.replace(_row(2, "share", 650.0, 0.5), store="3-master cluster",
+                                redis_us_per_pair=(1.0, 45.0, 1.0))
+    for row in [_row(1, "hot", 500.0, 1.0), _row(2, "apart", 650.0, 0.5), share]:
+        assert _line(row).count("|") - 1 == columns
+    assert "alone on master 1)" in _line(share)
