@@ -502,6 +502,7 @@ class Views:
         if latest is not None:  # another request caught up meanwhile
             latest.last_number = max(latest.last_number, progress.decision_seq)
             return latest
+        view = self._from_held(experiment_id, view, progress)
         # The first outcome it lacks, among those progress brought.
         start = view.folded + view.applied - progress.folded - progress.skipped
         if not (progress.incarnation == view.definition.incarnation
@@ -518,6 +519,19 @@ class Views:
         return self.added(experiment_id, view, progress.unfolded[start:], progress.rewards,
                           progress.folded, max(view.last_number, progress.decision_seq),
                           read_at=progress.read_at)
+
+    def _from_held(self, experiment_id: str, view: View, progress: Progress) -> View:
+        """The view to add ``progress``'s records to: this worker's held view when another
+        request caught it up past ``view`` meanwhile (read first from the same older view,
+        requests in flight together) and the records cover it, so that what it added is
+        not added again; else ``view``."""
+        held = self._held.get(experiment_id)
+        if held is None or held is view or held.definition is not view.definition \
+                or held.version != view.version:
+            return view
+        start = held.folded + held.applied - progress.folded - progress.skipped
+        later = held.folded + held.applied > view.folded + view.applied
+        return held if later and 0 <= start <= len(progress.unfolded) else view
 
     def added(
         self, experiment_id: str, view: View, records: Sequence[bytes], rewards: int,

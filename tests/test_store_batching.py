@@ -27,7 +27,7 @@ import redis
 
 from benchmarks.bench_contention import counting, run
 from policies import PolicyConfig
-from service import decisions, keys
+from service import decisions, keys, views
 from service.domain import ArmSpec, ChooseRequest, ExperimentSpec, RewardOutcome
 from service.errors import Forbidden, StoreUnavailable
 from service.experiments import ExperimentService
@@ -927,6 +927,52 @@ async def test_a_read_first_that_finds_nothing_new_keeps_the_view(
         await service.choose("still", ChooseRequest(), key)
     assert len(reads) == 3  # each read first
     assert all(service.views.held[m] is view for m, view in held.items())
+
+
+async def test_a_read_from_an_older_view_adds_only_what_the_held_view_lacks(
+    service: ExperimentService, other_service: ExperimentService,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Requests in flight together read first from the same view; when one of them has
+    caught the held view up meanwhile, another's read (made from the older view, so it
+    brings the outcomes since that) is added to the held view: only the outcomes it
+    lacks are added, not again those it added (at max_stale_rewards 100 two workers
+    added 2.68 outcomes a decision where 2 were new, BENCHMARKS.md §42). The same bits
+    as reading the statistics."""
+    key = await _experiment(service, "twice")
+    await service.choose("twice", ChooseRequest(), key)
+    older = service.views.held["twice"]
+
+    async def other_worker_rewards(count: int) -> None:
+        for _ in range(count):
+            made = await other_service.choose("twice", ChooseRequest(), key)
+            assert (await other_service.reward("twice", [(made.decision_id, 0.5)], key))[0] \
+                .status == "applied"
+
+    await other_worker_rewards(2)
+    read = await service._store.read_progress("twice", held=older.folded + older.applied)
+    assert read is not None
+    held = await service.views.caught_up("twice", older, None, read)
+    assert held.rewards == 2 and service.views.held["twice"] is held
+
+    await other_worker_rewards(3)
+    read = await service._store.read_progress("twice", held=older.folded + older.applied)
+    assert read is not None and len(read.unfolded) == 5  # from the older view's place
+    added: list[int] = []
+    fold_into = views.fold_into
+
+    def counted(config: Any, sums: Any, positions: Any, records: Sequence[bytes]) -> None:
+        added.append(len(records))
+        fold_into(config, sums, positions, records)
+
+    monkeypatch.setattr(views, "fold_into", counted)
+    caught = await service.views.caught_up("twice", older, None, read)
+    assert added == [3]  # the held view's two not added again
+    assert caught.rewards == 5 and caught.folded + caught.applied == 5
+    fresh = await service.views.read_view("twice")
+    assert fresh.rewards == 5
+    for name, value in fresh.sums.items():
+        assert np.array_equal(caught.sums[name], value), name
 
 
 async def test_workers_on_one_hot_experiment_seldom_make_a_decision_twice(
