@@ -502,6 +502,8 @@ class Views:
         if latest is not None:  # another request caught up meanwhile
             latest.last_number = max(latest.last_number, progress.decision_seq)
             return latest
+        # (A decision from the older view may have learnt a later decision number.)
+        last_number = max(view.last_number, progress.decision_seq)
         view = self._from_held(experiment_id, view, progress)
         # The first outcome it lacks, among those progress brought.
         start = view.folded + view.applied - progress.folded - progress.skipped
@@ -513,11 +515,11 @@ class Views:
             # Nothing it lacks (a probe that found it current): the view itself, still
             # this worker's, with the policy prepared from it and the propensities
             # computed, which a copy would compute again (BENCHMARKS.md §32).
-            view.last_number = max(view.last_number, progress.decision_seq)
+            view.last_number = max(view.last_number, last_number)
             view.read_at = max(view.read_at, progress.read_at)
             return view
         return self.added(experiment_id, view, progress.unfolded[start:], progress.rewards,
-                          progress.folded, max(view.last_number, progress.decision_seq),
+                          progress.folded, max(view.last_number, last_number),
                           read_at=progress.read_at)
 
     def _from_held(self, experiment_id: str, view: View, progress: Progress) -> View:

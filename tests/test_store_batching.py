@@ -966,9 +966,11 @@ async def test_a_read_from_an_older_view_adds_only_what_the_held_view_lacks(
         fold_into(config, sums, positions, records)
 
     monkeypatch.setattr(views, "fold_into", counted)
+    older.last_number = 99  # (as a decision from it recorded since would have set it)
     caught = await service.views.caught_up("twice", older, None, read)
     assert added == [3]  # the held view's two not added again
     assert caught.rewards == 5 and caught.folded + caught.applied == 5
+    assert caught.last_number == 99  # what the older view had learnt is kept
     fresh = await service.views.read_view("twice")
     assert fresh.rewards == 5
     for name, value in fresh.sums.items():
