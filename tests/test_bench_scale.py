@@ -4,11 +4,13 @@ against its control (benchmarks/bench_scale.py; the runs themselves need wrk).""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from benchmarks.bench_scale import HEADER, Row, _connections, _line, scaling
 from benchmarks.bench_service import read_wrk
+from tests.cluster import local_cluster
 
 # What wrk 4.1 prints with --latency and a Lua script. The thread stats come first: were
 # the distribution not found, their "62.50%" would match the 50th percentile's pattern
@@ -116,3 +118,16 @@ def test_every_row_has_the_header_s_columns() -> None:
     for row in [_row(1, "hot", 500.0, 1.0), _row(2, "apart", 650.0, 0.5), share]:
         assert _line(row).count("|") - 1 == columns
     assert "alone on master 1)" in _line(share)
+
+
+def test_the_benchmark_s_cluster_has_no_replica_as_one_redis_has_none(tmp_path: Path) -> None:
+    """bench_scale compares the cluster's masters with one Redis that has no replica: a
+    master with one waits for it (service.replicas), so every master is started alike."""
+    with local_cluster(tmp_path / "cluster", with_replica=False) as cluster:
+        assert cluster.nodes == cluster.masters and len(cluster.masters) == 3
+        for port in cluster.masters:
+            node = cluster.node(port)
+            role = node.execute_command("ROLE")
+            assert role[0] == b"master" and role[2] == []  # no replica online
+            assert node.execute_command("CLUSTER INFO")["cluster_known_nodes"] == "3"
+        assert {cluster.owner(key) for key in ("{cov}", "{sto}", "{ctx}")} == set(cluster.masters)
