@@ -11,6 +11,10 @@ script runs on a member unchanged, and a decision or reward touches one slot.
 
 * A decision belongs to the member :func:`shard_of` its id: it is recorded
   there, and its reward goes there (exactly once, by that member's script).
+  The ids the service makes land a worker's :data:`RUN` decisions in a row on one
+  member, then the next :data:`RUN` on the next (:func:`new_decision_id`): the
+  decisions of a batch, and the rewards that follow them soon, then go to Redis as
+  one script call rather than one a member, and every member gets its share.
   Decision numbers stay unique: member s numbers its decisions s + S, s + 2S, ...
   (``number_step``, ``number_start`` in its meta).
 * A decision is made from the merge of every member's sums
@@ -33,6 +37,7 @@ authors' variants (:func:`policies.state.mergeable`).
 from __future__ import annotations
 
 import json
+import secrets
 import zlib
 
 from policies import PolicyConfig
@@ -48,6 +53,9 @@ MAX_SHARDS = 16
 # decision on member s reads member s's latest outcomes as an unsharded decision does,
 # and catches up the others when this worker's copy of them is older than this.
 SYNC_SECONDS = 0.05
+# How many decisions in a row a worker records on one member of a sharded experiment
+# (the ids it makes): about the most a batch of one worker's carries under load.
+RUN = 32
 
 
 def member(experiment_id: str, shard: int) -> str:
@@ -70,6 +78,21 @@ def shard_of(decision_id: str, shards: int) -> int:
     if shards == 1:
         return 0
     return zlib.crc32(keys.ranking_of(decision_id).encode()) % shards  # a ranking's slots together
+
+
+def new_decision_id(shard: int, shards: int) -> str:
+    """A fresh decision id, as random as ``uuid4().hex``, that :func:`shard_of` puts on
+    member ``shard`` (about ``shards`` draws)."""
+    while True:
+        candidate = secrets.token_hex(16)
+        if shard_of(candidate, shards) == shard:
+            return candidate
+
+
+def run_member(made: int, shards: int) -> int:
+    """The member of a worker's ``made``-th decision (counted from 0) of sharded
+    experiments: :data:`RUN` in a row on each member in turn."""
+    return made // RUN % shards
 
 
 def numbering(shard: int, shards: int) -> dict[str, str]:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
+from collections import Counter
 from collections.abc import Iterator
 
 import httpx
@@ -89,10 +91,14 @@ def test_the_api_tests_pass_on_sharded_experiments(rerun: reruns.Finished) -> No
 async def test_decisions_and_their_keys_spread_over_the_members(
     service: ExperimentService, redis_db: str
 ) -> None:
+    """A worker's decisions go RUN in a row on one member, then on the next: any S x RUN
+    in a row, RUN on each member."""
     _, key = await service.create(_spec("spread"))
-    made = [await service.choose("spread", ChooseRequest(), key) for _ in range(60)]
-    members = {shards.shard_of(d.decision_id, S) for d in made}
-    assert members == set(range(S))
+    made = [await service.choose("spread", ChooseRequest(), key)
+            for _ in range(S * shards.RUN)]
+    members = [shards.shard_of(d.decision_id, S) for d in made]
+    assert sorted(Counter(members).values()) == [shards.RUN] * S
+    assert sum(a != b for a, b in itertools.pairwise(members)) <= S  # runs, not scattered
     # Each decision is recorded on its member, numbered there: s + S, s + 2S, ...
     found = set(_keys(redis_db, "spread"))
     assert {decision_key("spread", d.decision_id, S).encode() for d in made} <= found
@@ -101,6 +107,43 @@ async def test_decisions_and_their_keys_spread_over_the_members(
     assert len({d.decision_number for d in made}) == len(made)
     slots = {key_slot(keys.meta(shards.member("spread", s)).encode()) for s in range(S)}
     assert len(slots) == S  # three hash slots: on a cluster, up to three masters
+
+
+def test_fresh_ids_land_on_the_member_asked_for_in_runs() -> None:
+    for count in (2, S, shards.MAX_SHARDS):
+        for shard in range(count):
+            assert all(shards.shard_of(shards.new_decision_id(shard, count), count) == shard
+                       for _ in range(20))
+        turns = [shards.run_member(made, count) for made in range(count * shards.RUN)]
+        assert turns == [s for s in range(count) for _ in range(shards.RUN)]
+    assert shards.run_member(shards.RUN * S, S) == 0  # and round again
+
+
+async def test_a_batch_of_decisions_goes_to_one_member_as_one_call(
+    service: ExperimentService, redis_db: str
+) -> None:
+    """Decisions made together by a worker land on one member (the ids it makes), so that
+    its batch goes to Redis as one script call, not one a member. (Unseeded: seeded
+    decisions made together predict the same number, and all but one decide again.)"""
+    _, key = await service.create(_spec("together", seed=None))
+    await service.choose("together", ChooseRequest(), key)  # the views read
+    service.decisions._sharded_made = 0  # at the start of a run
+    client = redis.Redis.from_url(redis_db)
+    try:
+        before = _script_calls(client)
+        made = await asyncio.gather(*(service.choose("together", ChooseRequest(), key)
+                                      for _ in range(12)))
+        calls = _script_calls(client) - before
+    finally:
+        client.close()
+    assert {shards.shard_of(d.decision_id, S) for d in made} == {0}
+    assert calls == 1, calls  # one decide call for the twelve
+
+
+def _script_calls(client: redis.Redis) -> int:
+    stats: dict[str, dict[str, int]] = client.info("commandstats")  # type: ignore[assignment]
+    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0)
+               for name in ("evalsha", "eval", "fcall", "fcall_ro"))
 
 
 async def test_rewards_count_exactly_once_on_their_members(service: ExperimentService) -> None:
