@@ -76,9 +76,7 @@ class Decisions(Room):
         # Until when (time.monotonic()) decisions of an experiment (member) probe first.
         self._contended: dict[str, float] = {}
         self._contended_most = _CONTENDED_MOST
-        # The decisions of sharded experiments this worker made ids for (from a random
-        # start, so that workers start on different members): shards.run_member.
-        self._sharded_made = secrets.randbelow(shards.RUN * shards.MAX_SHARDS)
+        self.runs = shards.Runs()  # the members of the ids this worker makes
 
     async def choose(
         self, experiment_id: str, request: ChooseRequest, api_key: str | None = None
@@ -123,23 +121,20 @@ class Decisions(Room):
         key_hash = None if api_key is None else hash_key(api_key)
         view = await self.views.view_for(experiment_id, key_hash)
         step = view.definition.spec.shards  # decision numbers go up by this on a member
-        # The caller's id (idempotent), else as random as uuid4().hex, cheaper. It
-        # names the member the decision is recorded on (service.shards).
-        decision_id = request.decision_id or self._new_id(step)
+        # The caller's id (idempotent), else as random as uuid4().hex. It names the
+        # member the decision is recorded on (service.shards).
+        decision_id = request.decision_id or (
+            secrets.token_hex(16) if step == 1 else self.runs.new_id(experiment_id, step))
         member_id = shards.member(experiment_id, shards.shard_of(decision_id, step))
         try:
             return await self._choose(experiment_id, member_id, view, step, decision_id,
                                       request, key_hash, api_key, make)
         except NotFound:  # a member gone (a sharded experiment deleted meanwhile)
             raise missing_experiment(api_key) from None
-
-    def _new_id(self, shard_count: int) -> str:
-        """A fresh decision id; a sharded experiment's on this worker's member of the
-        moment (service.shards.run_member)."""
-        if shard_count == 1:
-            return secrets.token_hex(16)
-        made, self._sharded_made = self._sharded_made, self._sharded_made + 1
-        return shards.new_decision_id(shards.run_member(made, shard_count), shard_count)
+        except StoreUnavailable:
+            if step > 1 and request.decision_id is None:
+                self.runs.move_on(experiment_id)
+            raise
 
     async def _choose(
         self, experiment_id: str, member_id: str, view: View, step: int, decision_id: str,

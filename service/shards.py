@@ -11,10 +11,10 @@ script runs on a member unchanged, and a decision or reward touches one slot.
 
 * A decision belongs to the member :func:`shard_of` its id: it is recorded
   there, and its reward goes there (exactly once, by that member's script).
-  The ids the service makes land a worker's :data:`RUN` decisions in a row on one
-  member, then the next :data:`RUN` on the next (:func:`new_decision_id`): the
-  decisions of a batch, and the rewards that follow them soon, then go to Redis as
-  one script call rather than one a member, and every member gets its share.
+  The ids the service makes put a worker's decisions of an experiment :data:`RUN` in
+  a row on one member, then :data:`RUN` on the next (:class:`Runs`): the decisions of
+  a batch, and the rewards that follow them soon, then go to Redis as one script call
+  rather than one a member, and every member gets its share.
   Decision numbers stay unique: member s numbers its decisions s + S, s + 2S, ...
   (``number_step``, ``number_start`` in its meta).
 * A decision is made from the merge of every member's sums
@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import secrets
 import zlib
+from collections.abc import Callable
 
 from policies import PolicyConfig
 from policies.state import mergeable
@@ -56,6 +57,7 @@ SYNC_SECONDS = 0.05
 # How many decisions in a row a worker records on one member of a sharded experiment
 # (the ids it makes): about the most a batch of one worker's carries under load.
 RUN = 32
+RUNS_KEPT = 4096  # experiments whose place a worker keeps (beyond: all start afresh)
 
 
 def member(experiment_id: str, shard: int) -> str:
@@ -89,10 +91,30 @@ def new_decision_id(shard: int, shards: int) -> str:
             return candidate
 
 
-def run_member(made: int, shards: int) -> int:
-    """The member of a worker's ``made``-th decision (counted from 0) of sharded
-    experiments: :data:`RUN` in a row on each member in turn."""
-    return made // RUN % shards
+class Runs:
+    """Where a worker's fresh decision ids go, experiment by experiment: :data:`RUN` in a
+    row on one member, then :data:`RUN` on the next, round and round, from a place
+    ``start`` draws for each experiment (so that workers do not move in step)."""
+
+    def __init__(self, start: Callable[[int], int] = secrets.randbelow) -> None:
+        self._start = start
+        self._made: dict[str, int] = {}  # the experiment's ids made, from its start
+
+    def new_id(self, experiment_id: str, shards: int) -> str:
+        made = self._made.get(experiment_id)
+        if made is None:
+            if len(self._made) >= RUNS_KEPT:
+                self._made.clear()
+            made = self._start(RUN * shards)
+        self._made[experiment_id] = made + 1
+        return new_decision_id(made // RUN % shards, shards)
+
+    def move_on(self, experiment_id: str) -> None:
+        """The experiment's next ids on the next member: the last one's did not answer
+        (its master failing over), and a retry should not go there again."""
+        made = self._made.get(experiment_id)
+        if made is not None:
+            self._made[experiment_id] = ((made - 1) // RUN + 1) * RUN
 
 
 def numbering(shard: int, shards: int) -> dict[str, str]:

@@ -113,6 +113,16 @@ def _sharded_experiments(request: pytest.FixtureRequest, monkeypatch: pytest.Mon
     monkeypatch.setattr(lifecycle, "with_service_defaults", sharded)
 
 
+@pytest.fixture(autouse=True)
+def _decisions_on_every_member(request: pytest.FixtureRequest,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ids the service makes for a sharded experiment go to its members one by one in
+    turn, not 32 in a row (service.shards.Runs), so that a test's few decisions use
+    every member; but in a test marked ``member_runs``."""
+    if request.node.get_closest_marker("member_runs") is None:
+        monkeypatch.setattr(shards, "RUN", 1)
+
+
 @pytest.fixture
 def pipelines(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The size of every pipeline the batcher sends (the real one still runs)."""

@@ -20,8 +20,8 @@ from redis.crc import key_slot
 from app.main import create_app
 from policies import draw
 from service import keys, shards
-from service.decisions import _decision_rng
-from service.domain import ArmSpec, ChooseRequest, ExperimentSpec
+from service.decisions import Decisions, _decision_rng
+from service.domain import ArmSpec, ChooseRequest, Decision, ExperimentSpec
 from service.errors import Forbidden, InvalidInput, NotFound, StoreUnavailable
 from service.experiments import ExperimentService
 from service.settings import Settings
@@ -88,6 +88,7 @@ def test_the_api_tests_pass_on_sharded_experiments(rerun: reruns.Finished) -> No
     assert passed and int(passed.group(1)) >= 198, rerun.stdout[-1000:]
 
 
+@pytest.mark.member_runs
 async def test_decisions_and_their_keys_spread_over_the_members(
     service: ExperimentService, redis_db: str
 ) -> None:
@@ -109,25 +110,80 @@ async def test_decisions_and_their_keys_spread_over_the_members(
     assert len(slots) == S  # three hash slots: on a cluster, up to three masters
 
 
-def test_fresh_ids_land_on_the_member_asked_for_in_runs() -> None:
+def test_fresh_ids_land_on_the_member_asked_for() -> None:
     for count in (2, S, shards.MAX_SHARDS):
         for shard in range(count):
-            assert all(shards.shard_of(shards.new_decision_id(shard, count), count) == shard
-                       for _ in range(20))
-        turns = [shards.run_member(made, count) for made in range(count * shards.RUN)]
-        assert turns == [s for s in range(count) for _ in range(shards.RUN)]
-    assert shards.run_member(shards.RUN * S, S) == 0  # and round again
+            made = [shards.new_decision_id(shard, count) for _ in range(20)]
+            assert all(shards.shard_of(i, count) == shard for i in made)
+            assert all(re.fullmatch("[0-9a-f]{32}", i) for i in made)
+            assert len(set(made)) == len(made)
 
 
+@pytest.mark.member_runs
+def test_an_experiment_s_ids_go_in_runs_on_each_member_in_turn() -> None:
+    """Any S x RUN ids in a row of an experiment: RUN on each member, in S runs at most
+    (from wherever its start is), whatever other experiments' ids come between."""
+    runs = shards.Runs()
+    for count in (2, S):
+        made: dict[str, list[int]] = {"a": [], "b": []}
+        for t in range(4 * count * shards.RUN):
+            experiment = "a" if t % 2 or t % 7 == 0 else "b"  # interleaved, unevenly
+            made[experiment].append(shards.shard_of(runs.new_id(experiment + str(count),
+                                                                count), count))
+        for members in made.values():
+            for begin in (0, 5, 17):
+                window = members[begin:begin + count * shards.RUN]
+                assert sorted(Counter(window).values()) == [shards.RUN] * count
+                assert sum(a != b for a, b in itertools.pairwise(window)) <= count
+
+
+@pytest.mark.member_runs
+def test_ids_move_on_to_the_next_member_after_one_did_not_answer() -> None:
+    runs = shards.Runs(start=lambda bound: 3)  # the fourth of member 0's run
+    assert shards.shard_of(runs.new_id("e", S), S) == 0
+    runs.move_on("e")
+    assert [shards.shard_of(runs.new_id("e", S), S) for _ in range(shards.RUN + 1)] == \
+        [1] * shards.RUN + [2]
+    runs.move_on("e")  # the last id was the first of member 2's run: member 0's next
+    runs.move_on("e")  # and again, with no id made between: still member 0's
+    assert shards.shard_of(runs.new_id("e", S), S) == 0
+
+
+@pytest.mark.member_runs
+async def test_a_decision_refused_503_moves_the_next_ones_to_the_next_member(
+    service: ExperimentService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member's master that does not answer (failing over) refuses a decision 503: the
+    worker's next fresh ids go to the next member, so a retry is not sent there again."""
+    _, key = await service.create(_spec("moving", seed=None))
+    service.decisions.runs = shards.Runs(start=lambda bound: 0)
+    first = await service.choose("moving", ChooseRequest(), key)
+    assert shards.shard_of(first.decision_id, S) == 0
+    choose = Decisions._choose
+
+    async def unavailable(*args: object, **kwargs: object) -> Decision:
+        raise StoreUnavailable("the member's master does not answer")
+
+    monkeypatch.setattr(Decisions, "_choose", unavailable)
+    with pytest.raises(StoreUnavailable):
+        await service.choose("moving", ChooseRequest(), key)
+    monkeypatch.setattr(Decisions, "_choose", choose)
+    retried = await service.choose("moving", ChooseRequest(), key)
+    assert shards.shard_of(retried.decision_id, S) == 1
+
+
+@pytest.mark.member_runs
 async def test_a_batch_of_decisions_goes_to_one_member_as_one_call(
-    service: ExperimentService, redis_db: str
+    service: ExperimentService, redis_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Decisions made together by a worker land on one member (the ids it makes), so that
     its batch goes to Redis as one script call, not one a member. (Unseeded: seeded
-    decisions made together predict the same number, and all but one decide again.)"""
+    decisions made together predict the same number, and all but one decide again. The
+    other members' views are not read again meanwhile, however slow the machine.)"""
+    monkeypatch.setattr(shards, "SYNC_SECONDS", 3600.0)
     _, key = await service.create(_spec("together", seed=None))
     await service.choose("together", ChooseRequest(), key)  # the views read
-    service.decisions._sharded_made = 0  # at the start of a run
+    service.decisions.runs = shards.Runs(start=lambda bound: 0)  # at a run's start
     client = redis.Redis.from_url(redis_db)
     try:
         before = _script_calls(client)
