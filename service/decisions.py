@@ -125,7 +125,8 @@ class Decisions(Room):
         # member the decision is recorded on (service.shards).
         decision_id = request.decision_id or (
             secrets.token_hex(16) if step == 1 else self.runs.new_id(experiment_id, step))
-        member_id = shards.member(experiment_id, shards.shard_of(decision_id, step))
+        shard = shards.shard_of(decision_id, step)
+        member_id = shards.member(experiment_id, shard)
         try:
             return await self._choose(experiment_id, member_id, view, step, decision_id,
                                       request, key_hash, api_key, make)
@@ -133,7 +134,7 @@ class Decisions(Room):
             raise missing_experiment(api_key) from None
         except StoreUnavailable:
             if step > 1 and request.decision_id is None:
-                self.runs.move_on(experiment_id)
+                self.runs.move_on(experiment_id, shard, step)
             raise
 
     async def _choose(

@@ -109,12 +109,13 @@ class Runs:
         self._made[experiment_id] = made + 1
         return new_decision_id(made // RUN % shards, shards)
 
-    def move_on(self, experiment_id: str) -> None:
-        """The experiment's next ids on the next member: the last one's did not answer
-        (its master failing over), and a retry should not go there again."""
+    def move_on(self, experiment_id: str, shard: int, shards: int) -> None:
+        """The experiment's next ids not on member ``shard``, which refused one (its
+        master out of memory, or failing over): if they were to go there, they go to the
+        next member's run."""
         made = self._made.get(experiment_id)
-        if made is not None:
-            self._made[experiment_id] = ((made - 1) // RUN + 1) * RUN
+        if made is not None and made // RUN % shards == shard:
+            self._made[experiment_id] = (made // RUN + 1) * RUN
 
 
 def numbering(shard: int, shards: int) -> dict[str, str]:

@@ -138,15 +138,15 @@ def test_an_experiment_s_ids_go_in_runs_on_each_member_in_turn() -> None:
 
 
 @pytest.mark.member_runs
-def test_ids_move_on_to_the_next_member_after_one_did_not_answer() -> None:
+def test_ids_move_on_from_a_member_that_refused_one() -> None:
     runs = shards.Runs(start=lambda bound: 3)  # the fourth of member 0's run
     assert shards.shard_of(runs.new_id("e", S), S) == 0
-    runs.move_on("e")
+    runs.move_on("e", 0, S)
+    runs.move_on("e", 0, S)  # the same again (another decision in flight): moved once
     assert [shards.shard_of(runs.new_id("e", S), S) for _ in range(shards.RUN + 1)] == \
         [1] * shards.RUN + [2]
-    runs.move_on("e")  # the last id was the first of member 2's run: member 0's next
-    runs.move_on("e")  # and again, with no id made between: still member 0's
-    assert shards.shard_of(runs.new_id("e", S), S) == 0
+    runs.move_on("e", 1, S)  # refused by member 1 once its run had passed: stays on 2
+    assert shards.shard_of(runs.new_id("e", S), S) == 2
 
 
 @pytest.mark.member_runs
