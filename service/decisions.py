@@ -40,7 +40,7 @@ from service.domain import (
 from service.errors import Conflict, Forbidden, InvalidInput, NotFound, StoreUnavailable
 from service.folding import FOLD_EVERY, FOLD_LIMIT, folded_blobs, held_blobs
 from service.settings import Settings
-from service.store import DecideReply, Store
+from service.store import Covered, DecideReply, RewardReply, Store
 from service.views import Room, UnknownArm, View, Views
 
 logger = logging.getLogger("linreboot.service")
@@ -253,15 +253,23 @@ class Decisions(Room):
 
     async def _probed(self, experiment_id: str, member_id: str, view: View,
                       key_hash: str | None, api_key: str | None) -> View:
-        """``view`` caught up by a read sent after the request arrived (with this worker's
-        next batch: one read for the batch's decisions of the member).
+        """``view`` caught up by a read sent after the request arrived, with this worker's
+        next batch: one read for the batch's decisions of the member, or, when the batch
+        carries a reward call of the member, that call (its reply brings every record the
+        view lacks, reward.lua: two script calls a batch, not three).
 
         Other workers' rewards, applied while a decision is made from a view, make it
         stale: then it is made twice (prepared, drawn, its propensity computed). While
         that happens to an experiment's decisions (``_contended``), they read first what
         their view lacks, and are recorded whatever is applied after that read: a round
-        trip instead of a second decision (BENCHMARKS.md §27)."""
-        progress = await self._store.probe_progress(member_id, held=view.folded + view.applied)
+        trip instead of a second decision (BENCHMARKS.md §27, §48)."""
+        held = view.folded + view.applied
+        progress = await self._store.probe_unless_rewarded(member_id, held=held)
+        if isinstance(progress, Covered):  # the batch carried reward calls of the member
+            current = self._caught_up_by(member_id, progress)
+            if current is not None:
+                return await self.views.current(member_id, current, key_hash, 0)
+            progress = await self._store.probe_progress(member_id, held=held)  # (they failed)
         if progress is None:
             self.views.forget(experiment_id)
             self.views.forget(member_id)
@@ -269,6 +277,20 @@ class Decisions(Room):
         if progress.rewards - view.rewards > view.definition.spec.max_stale_rewards:
             self._contend(member_id)  # unread, they would have made the decision stale
         return await self.views.caught_up(member_id, view, key_hash, progress)
+
+    def _caught_up_by(self, member_id: str, covered: Covered) -> View | None:
+        """The member's view held, if it holds the records of every outcome applied before
+        one of ``covered``'s reward calls ran (what the reply brought, added by its caller
+        before this runs): as current as a read sent with them."""
+        held = self.views.get(member_id)
+        if held is None:
+            return None
+        for reply in covered.replies:
+            appended = reply.appended if isinstance(reply, RewardReply) else None
+            if (appended is not None and appended.incarnation == held.definition.incarnation
+                    and appended.version == held.version and held.reach >= appended.outcomes):
+                return held
+        return None
 
     def _contend(self, member_id: str) -> None:
         """The member's decisions read first for the next ``_CONTENDED_SECONDS``."""

@@ -901,6 +901,51 @@ async def test_after_a_stale_decision_decisions_read_first_and_are_made_once(
     assert _seen(redis_db, "probe", quiet.decision_id) == 3
 
 
+async def test_a_read_first_beside_the_worker_s_rewards_is_their_call(
+    service: ExperimentService, other_service: ExperimentService,
+    attempts: list[tuple[int, int | None] | None], pipelines: list[int], redis_db: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A contended decision's read first goes in the batch of this worker's rewards of the
+    experiment when there are any: their call runs after the request arrived, and its
+    reply brings every record the view lacks (reward.lua), so the read is not sent and
+    the decision reflects every reward acknowledged before it. When that call brings
+    nothing to go by (its rewards all repeats, say), the decision reads for itself."""
+    monkeypatch.setattr(decisions, "_CONTENDED_SECONDS", 30.0)  # a slow host's pauses
+    key = await _experiment(service, "cover")
+    made = [await service.choose("cover", ChooseRequest(), key) for _ in range(6)]
+    assert (await other_service.reward("cover", [(made[0].decision_id, 1.0)], key))[0].status \
+        == "applied"
+    await service.choose("cover", ChooseRequest(), key)  # stale: contended from now
+    await service._store.read_progress("cover")  # its script loaded (else sent twice)
+
+    # The other worker's reward, then a reward and a decision of this worker's in one turn.
+    assert (await other_service.reward("cover", [(made[1].decision_id, 1.0)], key))[0].status \
+        == "applied"
+    attempts.clear()
+    pipelines.clear()
+    outcome, during = await asyncio.gather(
+        service.reward("cover", [(made[2].decision_id, 1.0)], key),
+        service.choose("cover", ChooseRequest(), key))
+    assert outcome[0].status == "applied"
+    assert pipelines == [1, 1]  # the rewards (no read beside them), then the decision
+    assert len(attempts) == 1 and attempts[0] is not None and attempts[0][1] is None
+    assert _seen(redis_db, "cover", during.decision_id) == 3  # the other's, and both before
+
+    # The same with a repeated reward: its call applies nothing and brings no records.
+    assert (await other_service.reward("cover", [(made[3].decision_id, 1.0)], key))[0].status \
+        == "applied"
+    attempts.clear()
+    pipelines.clear()
+    outcome, during = await asyncio.gather(
+        service.reward("cover", [(made[2].decision_id, 1.0)], key),
+        service.choose("cover", ChooseRequest(), key))
+    assert outcome[0].status == "duplicate"
+    assert pipelines == [1, 1, 1]  # the reward, then the read it did not do, the decision
+    assert len(attempts) == 1 and attempts[0] is not None and attempts[0][1] is None
+    assert _seen(redis_db, "cover", during.decision_id) == 4
+
+
 async def test_a_read_first_that_finds_nothing_new_keeps_the_view(
     service: ExperimentService, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
