@@ -157,7 +157,7 @@ class Decisions(Room):
             # outcomes, and decides from those, rather than prepare, draw and compute a
             # propensity twice. (Fewer it may lag: it decides now, as stale as allowed.)
             view = self.views.get(member_id) or view  # perhaps caught up meanwhile
-        probed = self._contended.get(member_id, 0.0) > time.monotonic()
+        probed = self._is_contended(member_id)
         if probed:  # the read brings this worker's own outcomes too
             view = await self._probed(experiment_id, member_id, view, member_key, api_key)
         else:
@@ -268,6 +268,8 @@ class Decisions(Room):
         if isinstance(progress, Covered):  # the batch carried reward calls of the member
             current = self._caught_up_by(member_id, progress)
             if current is not None:
+                if any(_others_between(reply) for reply in progress.replies):
+                    self._contend(member_id)  # unread, they would have made it stale
                 return await self.views.current(member_id, current, key_hash, 0)
             progress = await self._store.probe_progress(member_id, held=held)  # (they failed)
         if progress is None:
@@ -291,6 +293,9 @@ class Decisions(Room):
                     and appended.version == held.version and held.reach >= appended.outcomes):
                 return held
         return None
+
+    def _is_contended(self, member_id: str) -> bool:
+        return self._contended.get(member_id, 0.0) > time.monotonic()
 
     def _contend(self, member_id: str) -> None:
         """The member's decisions read first for the next ``_CONTENDED_SECONDS``."""
@@ -426,10 +431,13 @@ class Decisions(Room):
     ) -> builtins.list[str]:
         """reward.lua on one member (the experiment itself, unsharded): its statuses."""
         # What this worker holds, so that the reply brings any outcome of others it
-        # lacks; only from the first of its rewards in flight: the reply to a later one
-        # would bring the earlier ones again, each, as outcomes it lacks.
+        # lacks; only from the first of its rewards in flight (the reply to a later one
+        # would bring the earlier ones again, each, as outcomes it lacks), but while its
+        # decisions read first: the call may answer a read first (_probed) as its reply
+        # brings what the view lacks.
         view = self.views.get(member_id)
-        held = view.reach if view is not None and not self._rewarding[member_id] else None
+        first = not self._rewarding[member_id] or self._is_contended(member_id)
+        held = view.reach if view is not None and first else None
         self._rewarding[member_id] += len(texts)
         try:
             reply = await self._store.apply_rewards(member_id, key_hash, texts, held, count)
@@ -543,6 +551,12 @@ def _status(text: str) -> RewardStatus:
         if status == text:
             return status
     raise RuntimeError(f"unexpected reward script result {text!r}")
+
+
+def _others_between(reply: object) -> bool:
+    """A reward call's reply brought others' outcomes besides those it applied."""
+    return (isinstance(reply, RewardReply) and reply.appended is not None
+            and len(reply.appended.records) > reply.statuses.count("applied"))
 
 
 def _fold_due(counter: int, recorded: int) -> bool:

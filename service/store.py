@@ -520,7 +520,8 @@ class _Call:
     first: bool = False  # sent ahead of those not sent first
     expires: float = math.inf  # the loop's time at its deadline
     # Not sent when its batch carries a call tagged so: answered Covered (with the
-    # replies of those calls) once the batch has given them their replies.
+    # replies of those calls) once the batch has given them their replies, or the
+    # batch's error.
     unless: str | None = None
 
 
@@ -882,13 +883,11 @@ class _ScriptBatcher:
         except BaseException as exc:
             if lane.queue is queue:  # failed waiting for the turn: so do the calls queued
                 lane.queue = _Queue()
-            for call in pending:
+            for call in (*pending, *covered):  # (the covered: as they would have)
                 if not call.future.done():
                     call.future.set_exception(exc)
         finally:
             queue.unwatch()
-            if covered:  # (the batch failed: their callers read for themselves)
-                _answer_covered(covered, ())
             if sent is not None:
                 sent.set()
                 if lane.sending is not None and lane.sending[1] is sent:
