@@ -40,7 +40,7 @@ from service.domain import (
 from service.errors import Conflict, Forbidden, InvalidInput, NotFound, StoreUnavailable
 from service.folding import FOLD_EVERY, FOLD_LIMIT, folded_blobs, held_blobs
 from service.settings import Settings
-from service.store import Covered, DecideReply, RewardReply, Store
+from service.store import DecideReply, Store
 from service.views import Room, UnknownArm, View, Views
 
 logger = logging.getLogger("linreboot.service")
@@ -157,7 +157,7 @@ class Decisions(Room):
             # outcomes, and decides from those, rather than prepare, draw and compute a
             # propensity twice. (Fewer it may lag: it decides now, as stale as allowed.)
             view = self.views.get(member_id) or view  # perhaps caught up meanwhile
-        probed = self._is_contended(member_id)
+        probed = self._contended.get(member_id, 0.0) > time.monotonic()
         if probed:  # the read brings this worker's own outcomes too
             view = await self._probed(experiment_id, member_id, view, member_key, api_key)
         else:
@@ -253,25 +253,15 @@ class Decisions(Room):
 
     async def _probed(self, experiment_id: str, member_id: str, view: View,
                       key_hash: str | None, api_key: str | None) -> View:
-        """``view`` caught up by a read sent after the request arrived, with this worker's
-        next batch: one read for the batch's decisions of the member, or, when the batch
-        carries a reward call of the member, that call (its reply brings every record the
-        view lacks, reward.lua: two script calls a batch, not three).
+        """``view`` caught up by a read sent after the request arrived (with this worker's
+        next batch: one read for the batch's decisions of the member).
 
         Other workers' rewards, applied while a decision is made from a view, make it
         stale: then it is made twice (prepared, drawn, its propensity computed). While
         that happens to an experiment's decisions (``_contended``), they read first what
         their view lacks, and are recorded whatever is applied after that read: a round
-        trip instead of a second decision (BENCHMARKS.md §27, §48)."""
-        held = view.folded + view.applied
-        progress = await self._store.probe_unless_rewarded(member_id, held=held)
-        if isinstance(progress, Covered):  # the batch carried reward calls of the member
-            current = self._caught_up_by(member_id, progress)
-            if current is not None:
-                if any(_others_between(reply) for reply in progress.replies):
-                    self._contend(member_id)  # unread, they would have made it stale
-                return await self.views.current(member_id, current, key_hash, 0)
-            progress = await self._store.probe_progress(member_id, held=held)  # (they failed)
+        trip instead of a second decision (BENCHMARKS.md §27)."""
+        progress = await self._store.probe_progress(member_id, held=view.folded + view.applied)
         if progress is None:
             self.views.forget(experiment_id)
             self.views.forget(member_id)
@@ -279,23 +269,6 @@ class Decisions(Room):
         if progress.rewards - view.rewards > view.definition.spec.max_stale_rewards:
             self._contend(member_id)  # unread, they would have made the decision stale
         return await self.views.caught_up(member_id, view, key_hash, progress)
-
-    def _caught_up_by(self, member_id: str, covered: Covered) -> View | None:
-        """The member's view held, if it holds the records of every outcome applied before
-        one of ``covered``'s reward calls ran (what the reply brought, added by its caller
-        before this runs): as current as a read sent with them."""
-        held = self.views.get(member_id)
-        if held is None:
-            return None
-        for reply in covered.replies:
-            appended = reply.appended if isinstance(reply, RewardReply) else None
-            if (appended is not None and appended.incarnation == held.definition.incarnation
-                    and appended.version == held.version and held.reach >= appended.outcomes):
-                return held
-        return None
-
-    def _is_contended(self, member_id: str) -> bool:
-        return self._contended.get(member_id, 0.0) > time.monotonic()
 
     def _contend(self, member_id: str) -> None:
         """The member's decisions read first for the next ``_CONTENDED_SECONDS``."""
@@ -431,13 +404,10 @@ class Decisions(Room):
     ) -> builtins.list[str]:
         """reward.lua on one member (the experiment itself, unsharded): its statuses."""
         # What this worker holds, so that the reply brings any outcome of others it
-        # lacks; only from the first of its rewards in flight (the reply to a later one
-        # would bring the earlier ones again, each, as outcomes it lacks), but while its
-        # decisions read first: the call may answer a read first (_probed) as its reply
-        # brings what the view lacks.
+        # lacks; only from the first of its rewards in flight: the reply to a later one
+        # would bring the earlier ones again, each, as outcomes it lacks.
         view = self.views.get(member_id)
-        first = not self._rewarding[member_id] or self._is_contended(member_id)
-        held = view.reach if view is not None and first else None
+        held = view.reach if view is not None and not self._rewarding[member_id] else None
         self._rewarding[member_id] += len(texts)
         try:
             reply = await self._store.apply_rewards(member_id, key_hash, texts, held, count)
@@ -551,12 +521,6 @@ def _status(text: str) -> RewardStatus:
         if status == text:
             return status
     raise RuntimeError(f"unexpected reward script result {text!r}")
-
-
-def _others_between(reply: object) -> bool:
-    """A reward call's reply brought others' outcomes besides those it applied."""
-    return (isinstance(reply, RewardReply) and reply.appended is not None
-            and len(reply.appended.records) > reply.statuses.count("applied"))
 
 
 def _fold_due(counter: int, recorded: int) -> bool:

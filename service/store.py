@@ -519,37 +519,6 @@ class _Call:
     alone: bool = False  # sent alone though it has a joining (its joined call was refused)
     first: bool = False  # sent ahead of those not sent first
     expires: float = math.inf  # the loop's time at its deadline
-    # Not sent when its batch carries a call tagged so: answered Covered (with the
-    # replies of those calls) once the batch has given them their replies, or the
-    # batch's error.
-    unless: str | None = None
-
-
-@dataclass(frozen=True)
-class Covered:
-    """The answer to a call not sent because calls of its batch made it needless
-    (``_Call.unless``): their replies (those that had one)."""
-
-    replies: tuple[Any, ...]
-
-
-def _uncovered(batch: list[_Call]) -> tuple[list[_Call], list[_Call]]:
-    """The calls to send, and those that others of the batch make needless."""
-    if not any(call.unless for call in batch):  # (most batches)
-        return batch, []
-    tags = {call.tag for call in batch if call.tag is not None}
-    covered = [call for call in batch if call.unless in tags]
-    return [call for call in batch if call.unless not in tags], covered
-
-
-def _answer_covered(covered: Sequence[_Call], batch: Sequence[_Call]) -> None:
-    """Each covered call's caller the replies of the calls that covered it."""
-    for call in covered:
-        if not call.future.done():
-            replies = tuple(other.future.result() for other in batch
-                            if other.tag == call.unless and other.future.done()
-                            and not other.future.cancelled() and other.future.exception() is None)
-            call.future.set_result(Covered(replies))
 
 
 def _joined(calls: Sequence[_Call]) -> list[list[_Call]]:
@@ -781,16 +750,6 @@ class _ScriptBatcher:
                             first=first, expires=self._expiry(loop)))
         return await future
 
-    async def run_unless(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any],
-                         joining: Joining[T], unless: str) -> T | Covered:
-        """As :meth:`run_joined`, but COVERED, not sent, when the batch carries a call
-        tagged ``unless``."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T | Covered] = loop.create_future()
-        self._enqueue(_Call(script, [len(keys), *keys, *args], future, joining,
-                            expires=self._expiry(loop), unless=unless))
-        return await future
-
     def _expiry(self, loop: asyncio.AbstractEventLoop) -> float:
         return math.inf if self._deadline is None else loop.time() + self._deadline
 
@@ -855,7 +814,6 @@ class _ScriptBatcher:
     async def _flush(self, lane: _Lane) -> None:
         queue = lane.queue  # this flush's: the calls queued until it takes them
         pending = queue.calls  # those it still owes a reply
-        covered: list[_Call] = []
         sent: asyncio.Event | None = None
         try:
             # (the wait for the turn is bounded by the batch in flight's deadline; each
@@ -864,8 +822,7 @@ class _ScriptBatcher:
                 if lane.queue is queue:  # the calls queued from now on make the next batch
                     lane.queue = _Queue()
                 now = asyncio.get_running_loop().time()
-                batch, covered = _uncovered(_unexpired(queue.calls, now))
-                pending = batch
+                batch = pending = _unexpired(queue.calls, now)
                 sent = asyncio.Event()
                 lane.sending = (frozenset(call.tag for call in batch if call.tag), sent)
                 # Abandoned at its last call's deadline, when no caller waits for it any
@@ -873,7 +830,6 @@ class _ScriptBatcher:
                 async with asyncio.timeout_at(_last_expiry(batch)):
                     await self._send(batch)
                     pending = []  # each call answered, or queued again alone (_send)
-                    _answer_covered(covered, batch)  # (woken after those calls' callers)
                     # The replies before the turn passes on: the callers, and those
                     # waiting for this batch (after_batch_in_flight), run (one step of the
                     # loop) before the next batch is taken, so that what they call goes
@@ -883,7 +839,7 @@ class _ScriptBatcher:
         except BaseException as exc:
             if lane.queue is queue:  # failed waiting for the turn: so do the calls queued
                 lane.queue = _Queue()
-            for call in (*pending, *covered):  # (the covered: as they would have)
+            for call in pending:
                 if not call.future.done():
                     call.future.set_exception(exc)
         finally:
@@ -1237,15 +1193,6 @@ def _never(error: Exception) -> bool:
 def _first_call(argvs: Sequence[list[Any]]) -> list[Any]:
     """Calls that are the same call (a read): the first's argv serves them all."""
     return argvs[0]
-
-
-def _progress_keys(experiment_id: str) -> list[str]:
-    return [keys.meta(experiment_id), keys.stats(experiment_id), keys.outcomes(experiment_id)]
-
-
-def _probe_joining(experiment_id: str, held: int) -> Joining[Progress | None]:
-    """Probes of the experiment from the same ``held`` in a batch: one call."""
-    return Joining((experiment_id, str(held)), 1, _first_call, _progress_of_every, _never)
 
 
 def _progress_of_every(reply: Any, argvs: Sequence[list[Any]]) -> list[Progress | None]:
@@ -1870,8 +1817,9 @@ class Store:
         """Counters and outcomes not yet in the sums, read together, without the sums
         (those after the first ``held`` outcomes only, when given: what a caller who
         holds them lacks); None if the experiment does not exist."""
-        reply = await self._progress(keys=_progress_keys(experiment_id),
-                                     args=[] if held is None else [held])
+        keyset = [keys.meta(experiment_id), keys.stats(experiment_id),
+                  keys.outcomes(experiment_id)]
+        reply = await self._progress(keys=keyset, args=[] if held is None else [held])
         return _progress_of(reply)
 
     @_translated_batched
@@ -1880,20 +1828,13 @@ class Store:
         for every probe of the experiment from the same ``held`` in it, each made before
         the batch was sent (what the decisions of requests that arrived before then need
         to reflect every outcome applied before them)."""
-        progress: Progress | None = await self._batcher.run_joined(
-            self._progress, _progress_keys(experiment_id), [held],
-            _probe_joining(experiment_id, held))
+        keyset = [keys.meta(experiment_id), keys.stats(experiment_id),
+                  keys.outcomes(experiment_id)]
+        joining = Joining((experiment_id, str(held)), 1, _first_call, _progress_of_every,
+                          _never)
+        progress: Progress | None = await self._batcher.run_joined(self._progress, keyset,
+                                                                   [held], joining)
         return progress
-
-    @_translated_batched
-    async def probe_unless_rewarded(self, experiment_id: str, held: int
-                                    ) -> Progress | Covered | None:
-        """:meth:`probe_progress`, but COVERED, not sent, when the batch carries a reward
-        call of the experiment: made after this was called, its reply brings what a
-        caller who holds the records lacks (:meth:`apply_rewards`)."""
-        return await self._batcher.run_unless(
-            self._progress, _progress_keys(experiment_id), [held],
-            _probe_joining(experiment_id, held), unless=experiment_id)
 
     @_translated_batched
     async def decide(

@@ -874,7 +874,7 @@ async def test_after_a_stale_decision_decisions_read_first_and_are_made_once(
 
     # A reward applied after the read, before the decision is recorded: it need not
     # count, and the decision is recorded at once (it counted, it was made again).
-    probe = Store.probe_unless_rewarded  # (no reward of this worker's beside it)
+    probe = Store.probe_progress
 
     async def then_a_reward(self: Store, *args: Any, **kwargs: Any) -> Any:
         progress = await probe(self, *args, **kwargs)
@@ -882,12 +882,12 @@ async def test_after_a_stale_decision_decisions_read_first_and_are_made_once(
         assert statuses[0].status == "applied"
         return progress
 
-    monkeypatch.setattr(Store, "probe_unless_rewarded", then_a_reward)
+    monkeypatch.setattr(Store, "probe_progress", then_a_reward)
     attempts.clear()
     during = await service.choose("probe", ChooseRequest(), key)
     assert len(attempts) == 1 and attempts[0] is not None and attempts[0][1] is None
     assert _seen(redis_db, "probe", during.decision_id) == 2
-    monkeypatch.setattr(Store, "probe_unless_rewarded", probe)
+    monkeypatch.setattr(Store, "probe_progress", probe)
 
     # The contention over: no read first, and the decision is made from what the view
     # holds, checked as before.
@@ -901,96 +901,6 @@ async def test_after_a_stale_decision_decisions_read_first_and_are_made_once(
     assert _seen(redis_db, "probe", quiet.decision_id) == 3
 
 
-async def test_a_read_first_beside_the_worker_s_rewards_is_their_call(
-    service: ExperimentService, other_service: ExperimentService,
-    attempts: list[tuple[int, int | None] | None], pipelines: list[int], redis_db: str,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A contended decision's read first goes in the batch of this worker's rewards of the
-    experiment when there are any: their call runs after the request arrived, and its
-    reply brings every record the view lacks (reward.lua), so the read is not sent and
-    the decision reflects every reward acknowledged before it. When that call brings
-    nothing to go by (its rewards all repeats, say), the decision reads for itself."""
-    monkeypatch.setattr(decisions, "_CONTENDED_SECONDS", 30.0)  # a slow host's pauses
-    key = await _experiment(service, "cover")
-    made = [await service.choose("cover", ChooseRequest(), key) for _ in range(6)]
-    assert (await other_service.reward("cover", [(made[0].decision_id, 1.0)], key))[0].status \
-        == "applied"
-    await service.choose("cover", ChooseRequest(), key)  # stale: contended from now
-    await service._store.read_progress("cover")  # its script loaded (else sent twice)
-
-    # The other worker's reward, then a reward and a decision of this worker's in one turn.
-    assert (await other_service.reward("cover", [(made[1].decision_id, 1.0)], key))[0].status \
-        == "applied"
-    attempts.clear()
-    pipelines.clear()
-    outcome, during = await asyncio.gather(
-        service.reward("cover", [(made[2].decision_id, 1.0)], key),
-        service.choose("cover", ChooseRequest(), key))
-    assert outcome[0].status == "applied"
-    assert pipelines == [1, 1]  # the rewards (no read beside them), then the decision
-    assert len(attempts) == 1 and attempts[0] is not None and attempts[0][1] is None
-    assert _seen(redis_db, "cover", during.decision_id) == 3  # the other's, and both before
-
-    # The same with a repeated reward: its call applies nothing and brings no records.
-    assert (await other_service.reward("cover", [(made[3].decision_id, 1.0)], key))[0].status \
-        == "applied"
-    attempts.clear()
-    pipelines.clear()
-    outcome, during = await asyncio.gather(
-        service.reward("cover", [(made[2].decision_id, 1.0)], key),
-        service.choose("cover", ChooseRequest(), key))
-    assert outcome[0].status == "duplicate"
-    assert pipelines == [1, 1, 1]  # the reward, then the read it did not do, the decision
-    assert len(attempts) == 1 and attempts[0] is not None and attempts[0][1] is None
-    assert _seen(redis_db, "cover", during.decision_id) == 4
-
-
-async def test_while_contended_rewards_behind_others_in_flight_still_answer_reads_first(
-    service: ExperimentService, other_service: ExperimentService,
-    attempts: list[tuple[int, int | None] | None], redis_db: str,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A reward call made while another of the worker's is in flight says what the view
-    holds only while the experiment is contended (else its reply would bring the first
-    call's outcomes again): then a read first in its batch goes by its reply too, however
-    busy the worker is with rewards (§47 counted 0.58-0.77 of contended decisions waiting
-    for rewards in flight)."""
-    monkeypatch.setattr(decisions, "_CONTENDED_SECONDS", 30.0)  # a slow host's pauses
-    key = await _experiment(service, "behind")
-    made = [await service.choose("behind", ChooseRequest(), key) for _ in range(6)]
-    assert (await other_service.reward("behind", [(made[0].decision_id, 1.0)], key))[0] \
-        .status == "applied"
-    await service.choose("behind", ChooseRequest(), key)  # stale: contended from now
-    helds: list[int | None] = []
-    apply = Store.apply_rewards
-    reads: list[int] = []
-    probe = Store.probe_progress
-
-    async def held_of(self: Store, *args: Any, **kwargs: Any) -> Any:
-        helds.append(args[3])  # (experiment, key hash, items, held, shards)
-        return await apply(self, *args, **kwargs)
-
-    async def counted(self: Store, *args: Any, **kwargs: Any) -> Any:
-        reads.append(1)
-        return await probe(self, *args, **kwargs)
-
-    assert (await other_service.reward("behind", [(made[1].decision_id, 1.0)], key))[0] \
-        .status == "applied"
-    monkeypatch.setattr(Store, "apply_rewards", held_of)
-    monkeypatch.setattr(Store, "probe_progress", counted)  # the reads first not covered
-    attempts.clear()
-    flying = asyncio.ensure_future(service.reward("behind", [(made[2].decision_id, 1.0)], key))
-    await _until_sent(service)
-    queued = asyncio.ensure_future(service.reward("behind", [(made[3].decision_id, 1.0)], key))
-    during = await service.choose("behind", ChooseRequest(), key)
-    assert [(await r)[0].status for r in (flying, queued)] == ["applied", "applied"]
-    assert len(helds) == 2 and None not in helds  # the second behind the first: held too
-    assert reads == []  # the read first went by the second's reply
-    assert len(attempts) == 1 and attempts[0] is not None and attempts[0][1] is None
-    assert _seen(redis_db, "behind", during.decision_id) == 4
-
-
 async def test_a_read_first_that_finds_nothing_new_keeps_the_view(
     service: ExperimentService, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -1002,14 +912,14 @@ async def test_a_read_first_that_finds_nothing_new_keeps_the_view(
     key = await _experiment(service, "still")
     for _ in range(4):  # past the first pass, so that decisions keep their propensities
         await service.choose("still", ChooseRequest(), key)
-    probe = Store.probe_unless_rewarded
+    probe = Store.probe_progress
     reads: list[int] = []
 
     async def counted(self: Store, *args: Any, **kwargs: Any) -> Any:
         reads.append(1)
         return await probe(self, *args, **kwargs)
 
-    monkeypatch.setattr(Store, "probe_unless_rewarded", counted)
+    monkeypatch.setattr(Store, "probe_progress", counted)
     held = dict(service.views.held)
     for member_id in held:
         service.decisions._contend(member_id)
