@@ -6,7 +6,7 @@ Usage::
                                      [--connections 32] [--cluster] [--spread default]
                                      [--loads hot sharded many share apart]
                                      [--pin]
-                                     [--max-stale-rewards 0] [--replica]
+                                     [--max-stale-rewards 0] [--replica] [--by-script]
 
 For each number of uvicorn workers N and each store (one embedded Redis; with
 ``--cluster`` also a local Redis Cluster of 3 masters, tests/cluster.py, without
@@ -72,6 +72,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
@@ -91,6 +92,7 @@ from loadtest.server import free_port
 from service import keys
 from service.embedded import EmbeddedRedis
 from service.shards import members
+from service.store import script_names
 
 TOKEN = "bench-token"
 BUSY_LIMIT = 0.8  # the busy share a master is planned to stay under
@@ -204,16 +206,26 @@ class Served:
 
 
 def _measure(store: Store, name: str, workers: int, served: list[Served], connections: int,
-             *, duration: int, shards: int = 1, load: str = "") -> Row:
-    """wrk's pairs on every one of ``served`` at once, a wrk each with ``connections``."""
+             *, duration: int, shards: int = 1, load: str = "", by_script: bool = False
+             ) -> Row:
+    """wrk's pairs on every one of ``served`` at once, a wrk each with ``connections``
+    (``by_script``: and Redis's time by script and command, printed)."""
     script = HERE / "wrk_pairs.lua"
     runs = [(f"{s.url}/choose", s.args(), len(s.pairs)) for s in served]
     run_wrks("warm-up", runs, 2, connections, script)
     for server in store.servers:
         server.config_resetstat()
+        if by_script:
+            _slowlog(server, every=True)
     redis_before = [server_cpu_us(server) for server in store.servers]
     before = _cpu_by_process(served)
     result = run_wrks(name, runs, duration, connections, script)
+    if by_script:
+        entries = [e for server in store.servers for e in _slowlog(server, every=False)]
+        for label, spent_us, calls in time_by_command(entries, script_names(),
+                                                      max(result.requests / 2, 1.0))[:8]:
+            print(f"    {label:10s} {spent_us:6.1f} µs a pair, {calls:.3f} calls a pair",
+                  flush=True)
     spent_by = {p: cpu - before.get(p, 0.0) for p, cpu in _cpu_by_process(served).items()}
     spent = sum(spent_by.values())
     usec = [server_cpu_us(server) - b
@@ -230,6 +242,43 @@ def _measure(store: Store, name: str, workers: int, served: list[Served], connec
                script_us_per_pair=script_usec / count,
                busiest_share=max(spent_by.values()) / max(spent, 1e-9), load=load,
                connections=connections * len(served))
+
+
+_SLOWLOG_MOST = 2_000_000  # entries kept: a run's every command (about 20 a pair)
+
+
+def _slowlog(server: redis.Redis, *, every: bool) -> list[dict[str, Any]]:
+    """``every``: from now on Redis logs every command (SLOWLOG at 0 µs, its log emptied);
+    else what it logged, and the log back to its default threshold. Logging costs Redis
+    about half again its time: read the shares, not the totals."""
+    if every:
+        server.config_set("slowlog-max-len", _SLOWLOG_MOST)
+        server.config_set("slowlog-log-slower-than", 0)
+        server.slowlog_reset()
+        return []
+    entries: list[dict[str, Any]] = server.slowlog_get(_SLOWLOG_MOST)  # type: ignore[assignment]
+    server.config_set("slowlog-log-slower-than", 10_000)
+    server.slowlog_reset()
+    return entries
+
+
+def time_by_command(entries: list[dict[str, Any]], scripts: dict[str, str], pairs: float
+                    ) -> list[tuple[str, float, float]]:
+    """(command, µs a pair, calls a pair) from SLOWLOG entries, the dearest first: a script
+    called by EVALSHA as its name in ``scripts`` (SHA-1 -> name), else its SHA-1's first 8
+    digits. A script's time includes the commands it called, which are listed too."""
+    usec: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    for entry in entries:
+        words = entry["command"].split(b" ")
+        label = words[0].decode().upper()
+        if label in ("EVALSHA", "FCALL") and len(words) > 1:
+            sha = words[1].decode()
+            label = scripts.get(sha, sha[:8])
+        usec[label] = usec.get(label, 0.0) + entry["duration"]
+        calls[label] = calls.get(label, 0) + 1
+    return sorted(((label, us / pairs, calls[label] / pairs) for label, us in usec.items()),
+                  key=lambda row: -row[1])
 
 
 def _cpu_by_process(served: list[Served]) -> dict[int, float]:
@@ -263,7 +312,8 @@ LOADS = ("hot", "sharded", "many", "share", "apart")
 def measure(workers: list[int], experiments: int, duration: int, connections: int,
             cluster: bool, spread: str, shards: int = 3,
             loads: tuple[str, ...] = LOADS, pin: bool = False,
-            max_stale_rewards: int = 0, replica: bool = False) -> list[Row]:
+            max_stale_rewards: int = 0, replica: bool = False, by_script: bool = False
+            ) -> list[Row]:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk")
     serve = [sys.executable, "-m", "linreboot", "serve"]
@@ -279,7 +329,8 @@ def measure(workers: list[int], experiments: int, duration: int, connections: in
             store = make(stack, tmp, experiments, shards)
             env = {"LINREBOOT_REDIS_URL": store.url, "LINREBOOT_ADMIN_TOKEN": TOKEN,
                    "LINREBOOT_LOG_LEVEL": "warning"}
-            run = functools.partial(_measure, store, label, duration=duration)
+            run = functools.partial(_measure, store, label, duration=duration,
+                                    by_script=by_script)
             for n in workers:
                 with ExitStack() as serving:
                     url, pid = _serve(serving, serve, env, n)
@@ -466,6 +517,9 @@ def main() -> None:
     parser.add_argument("--replica", action="store_true",
                         help="the cluster's first master with a replica (its writes wait "
                              "for it): the cost of that durability")
+    parser.add_argument("--by-script", action="store_true",
+                        help="also Redis's time by script and command (SLOWLOG at 0 µs: it "
+                             "costs Redis about half again, so read the shares)")
     args = parser.parse_args()
     if args.cluster and args.experiments % 3:
         parser.error("--experiments must be a multiple of the cluster's 3 masters")
@@ -477,7 +531,7 @@ def main() -> None:
     print(HEADER, flush=True)
     rows = measure(args.workers, args.experiments, args.duration, args.connections,
                    args.cluster, args.spread, args.shards, tuple(args.loads),
-                   args.pin, args.max_stale_rewards, args.replica)
+                   args.pin, args.max_stale_rewards, args.replica, args.by_script)
     print("\nBy CPU per pair (a core for each process; BENCHMARKS.md §12):")
     print("\n".join(scaling(rows)))
 

@@ -300,11 +300,16 @@ _READ_ONLY = frozenset({"progress"})
 _ONCE = ("once",)  # the changes of an experiment, answered the same when sent again
 
 
+def script_names() -> dict[str, str]:
+    """The SHA-1 EVALSHA calls each script of every request by -> its name (what a
+    profile of Redis's commands shows)."""
+    return {hashlib.sha1(_script(name, uses).encode()).hexdigest(): name
+            for name, uses in _BATCHED.items()}
+
+
 def library() -> _Library:
     """The scripts of every request (:data:`_BATCHED`) as a function library."""
-    return _Library.of({
-        name: (hashlib.sha1(_script(name, uses).encode()).hexdigest(), uses)
-        for name, uses in _BATCHED.items()})
+    return _Library.of({name: (sha, _BATCHED[name]) for sha, name in script_names().items()})
 
 
 def _function_refused(reply: object) -> bool:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_scale import HEADER, Row, _connections, _line, scaling
+from benchmarks.bench_scale import HEADER, Row, _connections, _line, scaling, time_by_command
 from benchmarks.bench_service import read_wrk
+from service.store import script_names
 from tests.cluster import local_cluster
 
 # What wrk 4.1 prints with --latency and a Lua script. The thread stats come first: were
@@ -131,3 +132,15 @@ def test_the_benchmark_s_cluster_has_no_replica_as_one_redis_has_none(tmp_path: 
             assert role[0] == b"master" and role[2] == []  # no replica online
             assert node.execute_command("CLUSTER INFO")["cluster_known_nodes"] == "3"
         assert {cluster.owner(key) for key in ("{cov}", "{sto}", "{ctx}")} == set(cluster.masters)
+
+
+def test_redis_s_time_is_read_by_script_and_command_from_its_log() -> None:
+    names = script_names()
+    decide = next(sha for sha, name in names.items() if name == "decide")
+    entries = [{"command": f"EVALSHA {decide} 8 k1".encode(), "duration": 300},
+               {"command": f"EVALSHA {decide} 11 k1".encode(), "duration": 500},
+               {"command": b"XADD lrb:{e}:log * type decision", "duration": 40},
+               {"command": b"EVALSHA 0123456789abcdef 3 k", "duration": 100}]
+    rows = time_by_command(entries, names, pairs=10.0)
+    assert rows == [("decide", 80.0, 0.2), ("01234567", 10.0, 0.1), ("XADD", 4.0, 0.1)]
+    assert set(names.values()) == {"decide", "reward", "settle", "progress"}
