@@ -4,20 +4,21 @@ Usage::
 
     python -m benchmarks.bench_arrivals [--calls 3000] [--batch 3] [--gaps 0 0.5 2 5]
 
-An embedded Redis (as the service starts it) on one core, this process on another,
-sends ``--calls`` calls of a small script (a hash read, four records set and logged, a
-counter: the kind of work decide.lua and reward.lua do an item) in pipelines of
-``--batch``, waiting ``--gaps`` ms between pipelines; and again with another process on
-Redis's core that walks 8 MB every half millisecond (what the workers, wrk and the
-other masters leave in a shared core's caches in ``bench_scale``'s runs). Prints
-Redis's main-thread CPU a call (INFO cpu) for each gap, and its ratio to the calls sent
-back to back in the same run.
+An embedded Redis (as the service starts it; its main thread, which runs the commands,
+on one core) and this process on another: ``--calls`` calls of a small script (a hash
+read, four records set and logged, a counter: the kind of work decide.lua and reward.lua
+do an item) in pipelines of ``--batch``, ``--gaps`` ms between pipelines; and again with
+another process on Redis's core that walks 8 MB every half millisecond (as the workers,
+wrk and the other masters share a core with it in ``bench_scale``'s runs). Prints
+Redis's main-thread CPU a call (INFO cpu) at each gap, and its ratio to the first gap's
+in the same run.
 
-Why it matters: in ``bench_scale``'s target 3 rows on a 2-core machine the workers
-serve every master's share at once and are the bottleneck, so each master's batches
-come about three times as sparsely as when its share runs alone; the same calls then
-cost Redis more CPU each, which a machine with a core a process, at the masters'
-ceiling, would not see.
+Why it matters: ``bench_scale`` reads a master's ceiling as 1e6 / its CPU a pair,
+measured below the ceiling; where the same calls cost Redis more CPU when they come
+sparsely (on this 2-core machine, 1.5 x at 2 ms between pipelines: §51), a row whose
+master gets fewer pipelines a second overstates its cost at saturation. Which part is
+waking from idle and which is caches lost to other processes, this does not tell (with
+the core shared, Redis idles less: at 5 ms it cost less than alone).
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ redis.call('HINCRBY', KEYS[1], 'a', 1)
 return 1
 """
 
-# Another process on Redis's core: it runs a moment every half millisecond and walks 8 MB.
-POLLUTER = ("import time\nb = bytearray(8 << 20)\nwhile True:\n"
-            "    b[::64] = b[1::64]\n    time.sleep(0.0005)")
+# Another process on Redis's core: it runs a moment every half millisecond and walks 8 MB,
+# until its parent is gone (a benchmark killed outright leaves no process spinning).
+POLLUTER = ("import os, time\nparent = os.getppid()\nb = bytearray(8 << 20)\n"
+            "while os.getppid() == parent:\n    b[::64] = b[1::64]\n    time.sleep(0.0005)")
 
 
 def cpu_a_call(server: redis.Redis, calls: int, batch: int, gap_s: float) -> float:
@@ -70,12 +72,12 @@ def cpu_a_call(server: redis.Redis, calls: int, batch: int, gap_s: float) -> flo
 
 
 @contextmanager
-def polluted(core: int) -> Iterator[None]:
+def polluted(core: int) -> Iterator[subprocess.Popen[bytes]]:
     """Another process on ``core`` while the block runs."""
     process = subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", POLLUTER])
     try:
         time.sleep(0.3)
-        yield
+        yield process
     finally:
         process.kill()
         process.wait()
@@ -89,8 +91,8 @@ def measure(calls: int, batch: int, gaps_ms: list[float]) -> dict[str, list[floa
     with tempfile.TemporaryDirectory() as tmp:
         embedded = EmbeddedRedis(Path(tmp) / "redis", port=free_port()).start()
         mine = os.sched_getaffinity(0)
+        server = redis.Redis.from_url(embedded.url)
         try:
-            server = redis.Redis.from_url(embedded.url)
             about: dict[str, int] = server.info("server")  # type: ignore[assignment]
             os.sched_setaffinity(int(about["process_id"]), {cores[0]})
             os.sched_setaffinity(0, set(cores[1:]))
@@ -98,8 +100,8 @@ def measure(calls: int, batch: int, gaps_ms: list[float]) -> dict[str, list[floa
             quiet = [cpu_a_call(server, calls, batch, gap / 1e3) for gap in gaps_ms]
             with polluted(cores[0]):
                 shared = [cpu_a_call(server, calls, batch, gap / 1e3) for gap in gaps_ms]
-            server.close()
         finally:
+            server.close()
             os.sched_setaffinity(0, mine)
             embedded.stop()
     return {"quiet": quiet, "shared": shared}
@@ -112,6 +114,8 @@ def main() -> None:
     parser.add_argument("--gaps", type=float, nargs="+", default=[0, 0.5, 2, 5],
                         help="ms between pipelines (the first is the baseline)")
     args = parser.parse_args()
+    if args.calls < args.batch or args.batch < 1 or min(args.gaps) < 0:
+        parser.error("--batch must be at least 1, --calls at least --batch, the gaps >= 0")
     found = measure(args.calls, args.batch, args.gaps)
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}; {args.calls} "
           f"calls, {args.batch} a pipeline; Redis's CPU a call, µs (x the first gap's)\n")

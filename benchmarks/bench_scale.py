@@ -4,8 +4,8 @@ Usage::
 
     python -m benchmarks.bench_scale [--workers 1 2 4] [--experiments 6] [--duration 8]
                                      [--connections 32] [--cluster] [--spread default]
-                                     [--loads hot sharded many share starved apart]
-                                     [--pin] [--starve K]
+                                     [--loads hot sharded many share apart]
+                                     [--pin]
                                      [--max-stale-rewards 0] [--replica] [--by-script]
 
 For each number of uvicorn workers N and each store (one embedded Redis; with
@@ -30,11 +30,6 @@ drives choose+reward pairs (every decision rewarded, max_stale_rewards 0 or
   experiments on one master, with c, that master and each experiment as loaded as in
   ``many``; on each master in turn (the cheapest is the ceiling): target 3's control, the
   same processes alive and one master busy at a time;
-- ``starved`` (a cluster, with ``--pin`` and ``--starve K``): the share again, with K
-  busy loops beside the workers on their core, so that they serve the share at about
-  the pairs/s a master gets in ``many``, where they serve every master's share: a
-  master's batches then come as sparsely as there, which costs Redis more CPU a call
-  on a shared core (BENCHMARKS.md §51); target 3's control at equal arrival rates;
 - ``apart`` (N > 1): N services of one worker each, every one with an experiment of
   its own (on a cluster on the hot experiment's master) and a wrk of its own with c:
   target 1's control, the same processes on the same cores with the same load each,
@@ -71,11 +66,10 @@ import functools
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,7 +126,6 @@ class Row:
     busiest_share: float = 1.0
     load: str = ""  # LOADS
     connections: int = 0  # wrk's, in all
-    loops: int = 0  # busy loops beside the workers on their core (the starved rows)
 
     def needs(self, rate: float) -> str:
         """Worker cores and Redis masters for ``rate`` pairs/s, by this row's CPU per pair."""
@@ -213,8 +206,8 @@ class Served:
 
 
 def _measure(store: Store, name: str, workers: int, served: list[Served], connections: int,
-             *, duration: int, shards: int = 1, load: str = "", by_script: bool = False,
-             loops: int = 0) -> Row:
+             *, duration: int, shards: int = 1, load: str = "", by_script: bool = False
+             ) -> Row:
     """wrk's pairs on every one of ``served`` at once, a wrk each with ``connections``
     (``by_script``: and Redis's time by script and command, printed)."""
     script = HERE / "wrk_pairs.lua"
@@ -248,7 +241,7 @@ def _measure(store: Store, name: str, workers: int, served: list[Served], connec
                scripts_per_pair=scripts / count, whole_reads_per_pair=whole_reads / count,
                script_us_per_pair=script_usec / count,
                busiest_share=max(spent_by.values()) / max(spent, 1e-9), load=load,
-               connections=connections * len(served), loops=loops)
+               connections=connections * len(served))
 
 
 _SLOWLOG_MOST = 2_000_000  # entries kept: a run's every command (about 20 a pair)
@@ -313,19 +306,17 @@ def _commandstat(server: redis.Redis, names: tuple[str, ...], field: str) -> int
     return sum(stats.get(f"cmdstat_{name}", {}).get(field, 0) for name in names)
 
 
-LOADS = ("hot", "sharded", "many", "share", "starved", "apart")
-SHARES = ("share", "starved")  # a master's share alone, on each master in turn
+LOADS = ("hot", "sharded", "many", "share", "apart")
 
 
 def measure(workers: list[int], experiments: int, duration: int, connections: int,
             cluster: bool, spread: str, shards: int = 3,
             loads: tuple[str, ...] = LOADS, pin: bool = False,
-            max_stale_rewards: int = 0, replica: bool = False, by_script: bool = False,
-            starve: int = 0) -> list[Row]:
+            max_stale_rewards: int = 0, replica: bool = False, by_script: bool = False
+            ) -> list[Row]:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk")
     serve = [sys.executable, "-m", "linreboot", "serve"]
-    workers_core = sorted(os.sched_getaffinity(0))[-1]
     if pin:  # the workers on the last core; Redis, wrk and this process on the others
         serve = [*pin_serving(), *serve]
     rows = []
@@ -346,12 +337,10 @@ def measure(workers: list[int], experiments: int, duration: int, connections: in
                     for load in (each for each in loads if each != "apart"):
                         made = functools.partial(_load, store, load, url, n, spread, shards,
                                                  max_stale_rewards)
-                        if load in SHARES:  # a master's share on each master in turn
-                            loops = starve if load == "starved" else 0
+                        if load == "share":  # a master's share on each master in turn
                             for m in range(len(store.servers) if len(store.servers) > 1 else 0):
-                                with busy_loops(loops, workers_core):
-                                    rows.append(run(n, [Served(url, pid, made(m))],
-                                                    connections, load=load, loops=loops))
+                                rows.append(run(n, [Served(url, pid, made(m))], connections,
+                                                load=load))
                                 print(_line(rows[-1]), flush=True)
                             continue
                         # Each worker as loaded as one worker alone (a wrk each); each
@@ -421,23 +410,8 @@ def _load(store: Store, load: str, url: str, n: int, spread: str, shards: int, l
     if load == "sharded":
         return [_experiment(url, TOKEN, store.sharded(str(n)), spread=spread, world=World(),
                             shards=shards, max_stale_rewards=lag)]
-    prefix = "" if share is None else f"{'t' if load == 'starved' else 's'}{share}"
     return [_experiment(url, TOKEN, i, spread=spread, world=World(), max_stale_rewards=lag)
-            for i in store.place(f"{n}{prefix}", share)]
-
-
-@contextmanager
-def busy_loops(count: int, core: int) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """``count`` processes spinning on ``core`` while the block runs (the ``starved``
-    rows: the workers' core shared, as in the many row with every master's share)."""
-    loops = [subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c",
-                               "while True: pass"]) for _ in range(count)]
-    try:
-        yield loops
-    finally:
-        for loop in loops:
-            loop.kill()
-            loop.wait()
+            for i in store.place(f"{n}{'' if share is None else f's{share}'}", share)]
 
 
 def scaling(rows: list[Row]) -> list[str]:
@@ -449,9 +423,8 @@ def scaling(rows: list[Row]) -> list[str]:
     the apart control, (its µs) / (µs at N). Target 3: with many experiments, the busiest
     master saturates first, at 1e6 / (its µs per pair of the aggregate) pairs/s; against
     one master's ceiling (1e6 / its µs per pair serving one Redis's load, or the cheapest
-    master serving a master's share alone, or alone with its workers' core shared as
-    starved as the many row's) that is to be >= 0.8 x the masters. A row with errors is
-    flagged: an error reply is a cheap pair.
+    master serving a master's share alone) that is to be >= 0.8 x the masters. A row with
+    errors is flagged: an error reply is a cheap pair.
     """
     lines = []
     for store in dict.fromkeys(row.store for row in rows):
@@ -481,32 +454,18 @@ def scaling(rows: list[Row]) -> list[str]:
         ceilings = [f"{sum(single[row.workers].redis_us_per_pair) / busiest:.2f} x one "
                     "master's ceiling (one Redis)"] if row.workers in single else []
         # The same processes, one master busy at a time: each master's own µs a pair.
-        for load in SHARES:
-            shares = [r for r in rows if r.load == load
-                      and r.store == row.store and r.workers == row.workers]
-            if shares:
-                ceilings.append(_against_shares(row, shares))
+        alone = [max(r.redis_us_per_pair) for r in rows if r.load == "share"
+                 and r.store == row.store and r.workers == row.workers]
+        if alone:
+            ceilings.append(f"{min(alone) / busiest:.2f} x its cheapest master's serving a "
+                            f"master's share alone ({' / '.join(f'{u:.1f}' for u in alone)} "
+                            "µs a pair)")
         if ceilings:
             lines.append(f"- target 3, {row.store}, {row.workers} worker"
                          f"{'s' if row.workers > 1 else ''}, {row.experiments} experiments: "
                          f"the busiest master saturates at {'; at '.join(ceilings)} "
                          f"(>= 0.8 x {masters} = {0.8 * masters:.1f})" + _flags(row))
     return lines
-
-
-def _against_shares(many: Row, shares: list[Row]) -> str:
-    """The many row's busiest master against the cheapest master serving a share alone
-    (``starved``: with the workers' core shared, and how the share's pairs/s compare with
-    what a master of the many row served)."""
-    alone = [max(r.redis_us_per_pair) for r in shares]
-    text = (f"{min(alone) / max(many.redis_us_per_pair):.2f} x its cheapest master's serving a "
-            f"master's share alone")
-    if shares[0].loops:
-        rate = many.pairs_per_second / len(many.redis_us_per_pair)
-        text += (f" with {shares[0].loops} busy loops on the workers' core (at "
-                 + " / ".join(f"{r.pairs_per_second / rate:.2f}" for r in shares)
-                 + f" x the {rate:,.0f} pairs/s a master of the many row served)")
-    return text + f" ({' / '.join(f'{u:.1f}' for u in alone)} µs a pair)"
 
 
 def _flags(row: Row) -> str:
@@ -516,12 +475,11 @@ def _flags(row: Row) -> str:
 def _line(row: Row) -> str:
     redis_us = " / ".join(f"{u:.1f}" for u in row.redis_us_per_pair)
     busy = " / ".join(f"{b:.0%}" for b in row.busy)
-    alone = (" (a master's share, alone on master "
-             f"{row.redis_us_per_pair.index(max(row.redis_us_per_pair))}"
-             + (f"; {row.loops} busy loops on the workers' core" if row.loops else "") + ")")
     load = f"{row.experiments}" + (f" ({row.shards} shards)" if row.shards > 1 else "") + (
-        {"apart": " (a service each)", "share": alone, "starved": alone}.get(row.load, ""))
-    control = row.load in ("apart", *SHARES)  # what they would need means nothing
+        {"apart": " (a service each)",
+         "share": " (a master's share, alone on master "
+                  f"{row.redis_us_per_pair.index(max(row.redis_us_per_pair))})"}.get(row.load, ""))
+    control = row.load in ("apart", "share")  # what they would need means nothing
     needs = ["" if control else row.needs(rate) for rate in TARGETS]
     return (f"| {row.store} | {row.workers} | {load} | {row.connections} | "
             f"{row.pairs_per_second:,.0f} | "
@@ -550,8 +508,7 @@ def main() -> None:
                         help="also on a local 3-master Redis Cluster")
     parser.add_argument("--spread", choices=("paper", "default"), default="default")
     parser.add_argument("--shards", type=int, default=3, help="of the sharded hot experiment")
-    parser.add_argument("--loads", nargs="+", choices=LOADS,
-                        default=[load for load in LOADS if load != "starved"])
+    parser.add_argument("--loads", nargs="+", choices=LOADS, default=list(LOADS))
     parser.add_argument("--pin", action="store_true",
                         help="the workers on one core of their own, the rest on the others: "
                              "their CPU per pair without wrk's and Redis's contention")
@@ -560,18 +517,12 @@ def main() -> None:
     parser.add_argument("--replica", action="store_true",
                         help="the cluster's first master with a replica (its writes wait "
                              "for it): the cost of that durability")
-    parser.add_argument("--starve", type=int, default=0, metavar="K",
-                        help="the starved rows' busy loops on the workers' core (needs --pin "
-                             "and the starved load)")
     parser.add_argument("--by-script", action="store_true",
                         help="also Redis's time by script and command (SLOWLOG at 0 µs: it "
                              "costs Redis about half again, so read the shares)")
     args = parser.parse_args()
     if args.cluster and args.experiments % 3:
         parser.error("--experiments must be a multiple of the cluster's 3 masters")
-    if ("starved" in args.loads) != (args.starve > 0) or (args.starve and not args.pin):
-        parser.error("the starved load needs --starve K (K > 0) and --pin, and --starve "
-                     "needs the starved load")
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} at the start; "
           f"stochastic LinReBoot ({args.spread} spread), K = 100, d = 20, every decision "
           f"rewarded, max_stale_rewards {args.max_stale_rewards}; {args.duration} s a run, "
@@ -580,8 +531,7 @@ def main() -> None:
     print(HEADER, flush=True)
     rows = measure(args.workers, args.experiments, args.duration, args.connections,
                    args.cluster, args.spread, args.shards, tuple(args.loads),
-                   args.pin, args.max_stale_rewards, args.replica, args.by_script,
-                   args.starve)
+                   args.pin, args.max_stale_rewards, args.replica, args.by_script)
     print("\nBy CPU per pair (a core for each process; BENCHMARKS.md §12):")
     print("\n".join(scaling(rows)))
 

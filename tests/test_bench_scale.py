@@ -4,23 +4,11 @@ against its control (benchmarks/bench_scale.py; the runs themselves need wrk).""
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_scale import (
-    HEADER,
-    Row,
-    _connections,
-    _line,
-    busy_loops,
-    scaling,
-    time_by_command,
-)
+from benchmarks.bench_scale import HEADER, Row, _connections, _line, scaling, time_by_command
 from benchmarks.bench_service import read_wrk
 from service.store import script_names
 from tests.cluster import local_cluster
@@ -98,53 +86,6 @@ def test_target_3_is_read_against_one_redis_and_the_cheapest_master_alone() -> N
     flawed = dataclasses.replace(many, errors=3)
     (line,) = [line for line in scaling([single, flawed, *shares]) if "target 3" in line]
     assert "ERRORS: 3 replies were not 2xx" in line
-
-
-def test_target_3_is_read_too_against_shares_whose_workers_are_starved_as_in_many() -> None:
-    single = _row(2, "many", 650.0, 0.5)
-    many = dataclasses.replace(single, store="3-master cluster", pairs_per_second=900.0,
-                               redis_us_per_pair=(20.0, 18.0, 16.0))
-    shares = [dataclasses.replace(many, load="share", redis_us_per_pair=alone)
-              for alone in [(45.0, 1.0, 1.0), (1.0, 45.0, 1.0), (1.0, 1.0, 45.0)]]
-    starved = [dataclasses.replace(many, load="starved", loops=3, pairs_per_second=rate,
-                                   redis_us_per_pair=alone)
-               for rate, alone in [(270.0, (60.0, 1.0, 1.0)), (300.0, (1.0, 55.0, 1.0)),
-                                   (330.0, (1.0, 1.0, 58.0))]]
-    (line,) = [line for line in scaling([single, many, *shares, *starved])
-               if "target 3" in line]
-    # Each control read on its own: the cheapest share (45 / 20), the cheapest starved
-    # (55 / 20), each starved share's pairs/s against a master's of the many row (300).
-    assert "at 2.25 x its cheapest master's serving a master's share alone (45.0" in line
-    assert ("at 2.75 x its cheapest master's serving a master's share alone with 3 busy "
-            "loops on the workers' core (at 0.90 / 1.00 / 1.10 x the 300 pairs/s a master "
-            "of the many row served) (60.0 / 55.0 / 58.0 µs a pair)") in line
-    cells = [cell.strip() for cell in _line(starved[1]).split("|")[1:-1]]
-    assert cells[2] == "1 (a master's share, alone on master 1; 3 busy loops on the workers' core)"
-    assert cells[-3:] == ["", "", "0"]  # a control plans nothing
-
-
-def test_busy_loops_spin_on_the_core_given_while_the_block_runs() -> None:
-    core = sorted(os.sched_getaffinity(0))[-1]
-    with busy_loops(2, core) as loops:
-        assert len(loops) == 2
-        for loop in loops:
-            # taskset pins itself, then execs the spinning Python: the same process
-            deadline = time.monotonic() + 5
-            while os.sched_getaffinity(loop.pid) != {core} and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert os.sched_getaffinity(loop.pid) == {core}
-            assert loop.poll() is None  # still spinning
-    assert all(loop.poll() is not None for loop in loops)  # stopped, and reaped
-
-
-def test_the_starved_load_needs_its_busy_loops_and_the_pinned_workers() -> None:
-    for wrong in (["--loads", "starved", "--cluster", "--pin"],
-                  ["--loads", "share", "--cluster", "--pin", "--starve", "3"],
-                  ["--loads", "starved", "--cluster", "--starve", "3"]):
-        done = subprocess.run([sys.executable, "-m", "benchmarks.bench_scale", *wrong],
-                              capture_output=True, text=True, timeout=60)
-        assert done.returncode == 2
-        assert "the starved load needs --starve K (K > 0) and --pin" in done.stderr
 
 
 def test_each_worker_master_and_shard_gets_the_load_one_alone_gets() -> None:
