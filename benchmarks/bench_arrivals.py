@@ -15,10 +15,9 @@ in the same run.
 
 Why it matters: ``bench_scale`` reads a master's ceiling as 1e6 / its CPU a pair,
 measured below the ceiling; where the same calls cost Redis more CPU when they come
-sparsely (on this 2-core machine, 1.5 x at 2 ms between pipelines: §51), a row whose
+sparsely (on this 2-core machine, 1.5-1.75 x at 2 ms between pipelines: §51), a row whose
 master gets fewer pipelines a second overstates its cost at saturation. Which part is
-waking from idle and which is caches lost to other processes, this does not tell (with
-the core shared, Redis idles less: at 5 ms it cost less than alone).
+waking from idle and which is caches lost to other processes, this does not tell.
 """
 
 from __future__ import annotations
@@ -97,9 +96,12 @@ def measure(calls: int, batch: int, gaps_ms: list[float]) -> dict[str, list[floa
             os.sched_setaffinity(int(about["process_id"]), {cores[0]})
             os.sched_setaffinity(0, set(cores[1:]))
             cpu_a_call(server, calls, batch, 0.0)  # warm-up
-            quiet = [cpu_a_call(server, calls, batch, gap / 1e3) for gap in gaps_ms]
-            with polluted(cores[0]):
-                shared = [cpu_a_call(server, calls, batch, gap / 1e3) for gap in gaps_ms]
+            quiet: list[float] = []
+            shared: list[float] = []
+            for gap in gaps_ms:  # (each gap's two figures a moment apart: no drift between)
+                quiet.append(cpu_a_call(server, calls, batch, gap / 1e3))
+                with polluted(cores[0]):
+                    shared.append(cpu_a_call(server, calls, batch, gap / 1e3))
         finally:
             server.close()
             os.sched_setaffinity(0, mine)
