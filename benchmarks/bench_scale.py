@@ -7,6 +7,7 @@ Usage::
                                      [--loads hot sharded many share apart]
                                      [--pin]
                                      [--max-stale-rewards 0] [--replica] [--by-script]
+                                     [--runs R]
 
 For each number of uvicorn workers N and each store (one embedded Redis; with
 ``--cluster`` also a local Redis Cluster of 3 masters, tests/cluster.py, without
@@ -56,7 +57,10 @@ share are what decide scaling on a larger machine (BENCHMARKS.md §12): ``--pin`
 gives the workers a core of their own (the rest share the others), and the summary
 after the table reads targets 1 and 3 of issue 27 from them. With ``--pin`` the N
 workers share that one core, which costs each process by itself (switches, caches):
-the "apart" row pays the same, and target 1 is read against it too.
+the "apart" row pays the same, and target 1 is read against it too. ``--runs R`` repeats
+the whole measurement R times back to back and ends with each target's figure as its
+median over the runs, each run's beside it: the rules of BENCHMARKS.md §41 and §45 read
+three (a run's figures scatter by a fifth on a 2-core machine, §51).
 """
 
 from __future__ import annotations
@@ -66,13 +70,14 @@ import functools
 import math
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
@@ -414,50 +419,97 @@ def _load(store: Store, load: str, url: str, n: int, spread: str, shards: int, l
             for i in store.place(f"{n}{'' if share is None else f's{share}'}", share)]
 
 
-def scaling(rows: list[Row]) -> list[str]:
-    """Issue 27's targets 1 and 3 by CPU per pair, for a machine with a core per process.
+class Reading(NamedTuple):
+    """What a figure of issue 27's targets 1 and 3 is: its target, store, workers, what it
+    is read against ("one worker", "apart", "one Redis", "cheapest share") and the least
+    it may be."""
+
+    target: int
+    store: str
+    workers: int
+    against: str
+    at_least: float
+
+
+def ratios(rows: list[Row]) -> dict[Reading, tuple[float, bool]]:
+    """Issue 27's targets 1 and 3 by CPU per pair, for a machine with a core per process:
+    each figure, and whether a row it is read from had errors (an error reply is a cheap
+    pair).
 
     Target 1: N workers on one hot experiment serve N x 1e6 / (worker µs per pair at N)
     pairs/s with a core each; against N x the one-worker figure that is (µs at 1) / (µs at
-    N), to be >= 0.8, with the experiment's Redis below 80 % busy at that rate; and against
-    the apart control, (its µs) / (µs at N). Target 3: with many experiments, the busiest
-    master saturates first, at 1e6 / (its µs per pair of the aggregate) pairs/s; against
-    one master's ceiling (1e6 / its µs per pair serving one Redis's load, or the cheapest
-    master serving a master's share alone) that is to be >= 0.8 x the masters. A row with
-    errors is flagged: an error reply is a cheap pair.
+    N), to be >= 0.8; and against the apart control, (its µs) / (µs at N). Target 3: with
+    many experiments, the busiest master saturates first, at 1e6 / (its µs per pair of the
+    aggregate) pairs/s; against one master's ceiling (1e6 / its µs per pair serving one
+    Redis's load, or the cheapest master serving a master's share alone) that is to be
+    >= 0.8 x the masters.
     """
-    lines = []
+    found: dict[Reading, tuple[float, bool]] = {}
     for store in dict.fromkeys(row.store for row in rows):
         hot = {r.workers: r for r in rows if r.store == store and r.load == "hot"}
         apart = {r.workers: r for r in rows if r.store == store and r.load == "apart"}
-        if 1 in hot:
-            for n, row in sorted(hot.items()):
-                rate = n * 1e6 / row.worker_us_per_pair
-                busy = rate * max(row.redis_us_per_pair) / 1e6  # its master's
-                unspread = n > 1 and row.busiest_share > 1.5 / n
-                control = (f"; against {n} one-worker services apart on the same cores "
-                           f"{apart[n].worker_us_per_pair / row.worker_us_per_pair:.2f}"
-                           + _flags(apart[n]) if n in apart else "")
-                lines.append(f"- target 1, {store}, {n} worker{'s' if n > 1 else ''}: "
-                             f"{rate:,.0f} pairs/s with a core each, "
-                             f"{hot[1].worker_us_per_pair / row.worker_us_per_pair:.2f} x N x "
-                             f"one worker's (>= 0.8){control}, its Redis {busy:.0%} busy "
-                             "(< 80%)" + _flags(row) + (_flags(hot[1]) if n > 1 else "")
-                             + (f"; NOT SPREAD: one worker did {row.busiest_share:.0%} of the "
-                                "work, run it again" if unspread else ""))
+        for n, row in sorted(hot.items()) if 1 in hot else ():
+            found[Reading(1, store, n, "one worker", 0.8)] = (
+                hot[1].worker_us_per_pair / row.worker_us_per_pair,
+                bool(row.errors or hot[1].errors))
+            if n in apart:
+                found[Reading(1, store, n, "apart", 0.8)] = (
+                    apart[n].worker_us_per_pair / row.worker_us_per_pair,
+                    bool(row.errors or apart[n].errors))
     single = {r.workers: r for r in rows if r.store == "one Redis" and r.load == "many"}
     for row in rows:
         masters = len(row.redis_us_per_pair)
         if row.load != "many" or masters < 2:
             continue
         busiest = max(row.redis_us_per_pair)
-        ceilings = [f"{sum(single[row.workers].redis_us_per_pair) / busiest:.2f} x one "
-                    "master's ceiling (one Redis)"] if row.workers in single else []
+        if row.workers in single:
+            found[Reading(3, row.store, row.workers, "one Redis", 0.8 * masters)] = (
+                sum(single[row.workers].redis_us_per_pair) / busiest,
+                bool(row.errors or single[row.workers].errors))
         # The same processes, one master busy at a time: each master's own µs a pair.
-        alone = [max(r.redis_us_per_pair) for r in rows if r.load == "share"
-                 and r.store == row.store and r.workers == row.workers]
-        if alone:
-            ceilings.append(f"{min(alone) / busiest:.2f} x its cheapest master's serving a "
+        shares = [r for r in rows if r.load == "share" and r.store == row.store
+                  and r.workers == row.workers]
+        if shares:
+            found[Reading(3, row.store, row.workers, "cheapest share", 0.8 * masters)] = (
+                min(max(r.redis_us_per_pair) for r in shares) / busiest,
+                bool(row.errors or any(r.errors for r in shares)))
+    return found
+
+
+def scaling(rows: list[Row]) -> list[str]:
+    """Issue 27's targets 1 and 3 by CPU per pair (:func:`ratios`), a line each, with the
+    rates, the busy shares and the flags they are read with."""
+    found = ratios(rows)
+    lines = []
+    for store in dict.fromkeys(row.store for row in rows):
+        hot = {r.workers: r for r in rows if r.store == store and r.load == "hot"}
+        apart = {r.workers: r for r in rows if r.store == store and r.load == "apart"}
+        for n, row in sorted(hot.items()) if 1 in hot else ():
+            rate = n * 1e6 / row.worker_us_per_pair
+            busy = rate * max(row.redis_us_per_pair) / 1e6  # its master's
+            unspread = n > 1 and row.busiest_share > 1.5 / n
+            control = (f"; against {n} one-worker services apart on the same cores "
+                       f"{found[Reading(1, store, n, 'apart', 0.8)][0]:.2f}"
+                       + _flags(apart[n]) if n in apart else "")
+            lines.append(f"- target 1, {store}, {n} worker{'s' if n > 1 else ''}: "
+                         f"{rate:,.0f} pairs/s with a core each, "
+                         f"{found[Reading(1, store, n, 'one worker', 0.8)][0]:.2f} x N x "
+                         f"one worker's (>= 0.8){control}, its Redis {busy:.0%} busy "
+                         "(< 80%)" + _flags(row) + (_flags(hot[1]) if n > 1 else "")
+                         + (f"; NOT SPREAD: one worker did {row.busiest_share:.0%} of the "
+                            "work, run it again" if unspread else ""))
+    for row in rows:
+        masters = len(row.redis_us_per_pair)
+        if row.load != "many" or masters < 2:
+            continue
+        single = found.get(Reading(3, row.store, row.workers, "one Redis", 0.8 * masters))
+        ceilings = ([f"{single[0]:.2f} x one master's ceiling (one Redis)"] if single else [])
+        cheapest = found.get(Reading(3, row.store, row.workers, "cheapest share",
+                                     0.8 * masters))
+        if cheapest:
+            alone = [max(r.redis_us_per_pair) for r in rows if r.load == "share"
+                     and r.store == row.store and r.workers == row.workers]
+            ceilings.append(f"{cheapest[0]:.2f} x its cheapest master's serving a "
                             f"master's share alone ({' / '.join(f'{u:.1f}' for u in alone)} "
                             "µs a pair)")
         if ceilings:
@@ -465,6 +517,33 @@ def scaling(rows: list[Row]) -> list[str]:
                          f"{'s' if row.workers > 1 else ''}, {row.experiments} experiments: "
                          f"the busiest master saturates at {'; at '.join(ceilings)} "
                          f"(>= 0.8 x {masters} = {0.8 * masters:.1f})" + _flags(row))
+    return lines
+
+
+_AGAINST = {"one worker": "N x one worker's", "apart": "the apart control",
+            "one Redis": "one master's ceiling (one Redis)",
+            "cheapest share": "its cheapest master's serving a share alone"}
+
+
+def medians(runs: list[list[Row]]) -> list[str]:
+    """Each figure of :func:`ratios` as the rules of BENCHMARKS.md §41 and §45 read it: its
+    median over the runs, each run's beside it, and whether the median is at least what
+    the target asks; a figure read from a row with errors is flagged."""
+    per_run = [ratios(rows) for rows in runs]
+    lines = []
+    for reading in dict.fromkeys(r for found in per_run for r in found):
+        if reading.target == 1 and reading.workers == 1:
+            continue  # one worker against itself: 1 by definition
+        figures = [found[reading] for found in per_run if reading in found]
+        median = statistics.median(value for value, _ in figures)
+        flawed = sum(errors for _, errors in figures)
+        lines.append(
+            f"- target {reading.target}, {reading.store}, {reading.workers} worker"
+            f"{'s' if reading.workers > 1 else ''}, against {_AGAINST[reading.against]}: "
+            f"median {median:.2f} over {len(figures)} run{'s' if len(figures) > 1 else ''} "
+            f"({' / '.join(f'{value:.2f}' for value, _ in figures)}; >= "
+            f"{reading.at_least:.1f}): {'holds' if median >= reading.at_least else 'NOT held'}"
+            + (f" (ERRORS in {flawed} of its runs' rows: see each run)" if flawed else ""))
     return lines
 
 
@@ -520,20 +599,32 @@ def main() -> None:
     parser.add_argument("--by-script", action="store_true",
                         help="also Redis's time by script and command (SLOWLOG at 0 µs: it "
                              "costs Redis about half again, so read the shares)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="the whole measurement this many times, back to back; then each "
+                             "target's figure as a median over them (BENCHMARKS.md §41, §45)")
     args = parser.parse_args()
     if args.cluster and args.experiments % 3:
         parser.error("--experiments must be a multiple of the cluster's 3 masters")
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} at the start; "
           f"stochastic LinReBoot ({args.spread} spread), K = 100, d = 20, every decision "
           f"rewarded, max_stale_rewards {args.max_stale_rewards}; {args.duration} s a run, "
           f"{args.connections} connections a worker or a master (the table: each row's in "
           "all)\n")
-    print(HEADER, flush=True)
-    rows = measure(args.workers, args.experiments, args.duration, args.connections,
-                   args.cluster, args.spread, args.shards, tuple(args.loads),
-                   args.pin, args.max_stale_rewards, args.replica, args.by_script)
-    print("\nBy CPU per pair (a core for each process; BENCHMARKS.md §12):")
-    print("\n".join(scaling(rows)))
+    runs = []
+    for run in range(args.runs):
+        if args.runs > 1:
+            print(f"Run {run + 1} of {args.runs} (load average {os.getloadavg()[0]:.2f}):\n")
+        print(HEADER, flush=True)
+        runs.append(measure(args.workers, args.experiments, args.duration, args.connections,
+                            args.cluster, args.spread, args.shards, tuple(args.loads),
+                            args.pin, args.max_stale_rewards, args.replica, args.by_script))
+        print("\nBy CPU per pair (a core for each process; BENCHMARKS.md §12):")
+        print("\n".join(scaling(runs[-1])) + "\n", flush=True)
+    if args.runs > 1:
+        print(f"Over the {args.runs} runs, each figure's median (each run's beside it):")
+        print("\n".join(medians(runs)))
 
 
 if __name__ == "__main__":

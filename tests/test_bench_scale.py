@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_scale import HEADER, Row, _connections, _line, scaling, time_by_command
+from benchmarks.bench_scale import (
+    HEADER,
+    Row,
+    _connections,
+    _line,
+    medians,
+    scaling,
+    time_by_command,
+)
 from benchmarks.bench_service import read_wrk
 from service.store import script_names
 from tests.cluster import local_cluster
@@ -86,6 +94,47 @@ def test_target_3_is_read_against_one_redis_and_the_cheapest_master_alone() -> N
     flawed = dataclasses.replace(many, errors=3)
     (line,) = [line for line in scaling([single, flawed, *shares]) if "target 3" in line]
     assert "ERRORS: 3 replies were not 2xx" in line
+
+
+def _run(hot_two_us: float, apart_us: float, busiest: float, shares: tuple[float, ...],
+         errors: int = 0) -> list[Row]:
+    """One run's rows: a hot row at 1 and 2 workers, the apart control, and the many
+    experiments on one Redis and on a cluster with each master's share alone."""
+    single = _row(2, "many", 650.0, 0.5)
+    many = dataclasses.replace(single, store="3-master cluster", errors=errors,
+                               redis_us_per_pair=(busiest, busiest - 2.0, busiest - 4.0))
+    alone = [dataclasses.replace(many, load="share", errors=0,
+                                 redis_us_per_pair=tuple(u if i == m else 1.0
+                                                         for i in range(3)))
+             for m, u in enumerate(shares)]
+    return [_row(1, "hot", 500.0, 1.0), _row(2, "hot", hot_two_us, 0.5),
+            _row(2, "apart", apart_us, 0.5), single, many, *alone]
+
+
+def test_each_target_is_read_as_the_median_of_the_runs_with_each_run_beside_it() -> None:
+    runs = [_run(625.0, 650.0, 20.0, (60.0, 45.0, 50.0)),  # 0.80, 1.04; 2.50, 2.25
+            _run(500.0, 450.0, 18.0, (50.0, 48.0, 54.0)),  # 1.00, 0.90; 2.78, 2.67
+            _run(700.0, 560.0, 25.0, (60.0, 55.0, 70.0), errors=2)]  # 0.71, 0.80; 2.00, 2.20
+    lines = medians(runs)
+    assert len(lines) == 4
+    one, apart, single, cheapest = lines
+    assert one == ("- target 1, one Redis, 2 workers, against N x one worker's: median 0.80 "
+                   "over 3 runs (0.80 / 1.00 / 0.71; >= 0.8): holds")
+    assert apart.startswith("- target 1, one Redis, 2 workers, against the apart control: "
+                            "median 0.90 over 3 runs (1.04 / 0.90 / 0.80; >= 0.8): holds")
+    assert single.startswith("- target 3, 3-master cluster, 2 workers, against one master's "
+                             "ceiling (one Redis): median 2.50 over 3 runs (2.50 / 2.78 / "
+                             "2.00; >= 2.4): holds")
+    assert cheapest.startswith("- target 3, 3-master cluster, 2 workers, against its cheapest "
+                               "master's serving a share alone: median 2.25 over 3 runs "
+                               "(2.25 / 2.67 / 2.20; >= 2.4): NOT held")
+    # The third run's many row had errors: the target 3 figures say so, target 1's not.
+    assert "ERRORS in 1 of its runs' rows" in cheapest and "ERRORS" in single
+    assert "ERRORS" not in one and "ERRORS" not in apart
+    # One run: its own figures, as the line after the table reads them.
+    (alone,) = [line for line in medians(runs[:1]) if "cheapest" in line]
+    assert "median 2.25 over 1 run (2.25; >= 2.4): NOT held" in alone
+    assert any("2.25 x its cheapest master's" in line for line in scaling(runs[0]))
 
 
 def test_each_worker_master_and_shard_gets_the_load_one_alone_gets() -> None:
