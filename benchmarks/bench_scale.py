@@ -59,8 +59,10 @@ after the table reads targets 1 and 3 of issue 27 from them. With ``--pin`` the 
 workers share that one core, which costs each process by itself (switches, caches):
 the "apart" row pays the same, and target 1 is read against it too. ``--runs R`` repeats
 the whole measurement R times back to back and ends with each target's figure as its
-median over the runs, each run's beside it: the rules of BENCHMARKS.md §41 and §45 read
-three (a run's figures scatter by a fifth on a 2-core machine, §51).
+median over the runs, each run's beside it, and the verdict of the figure that decides
+it (or the runs to repeat: errors, one worker doing the work, the hot Redis over 80 %
+busy): the rules of BENCHMARKS.md §41 and §45 read three (a run's figures scatter by a
+fifth on a 2-core machine, §51).
 """
 
 from __future__ import annotations
@@ -420,60 +422,83 @@ def _load(store: Store, load: str, url: str, n: int, spread: str, shards: int, l
 
 
 class Reading(NamedTuple):
-    """What a figure of issue 27's targets 1 and 3 is: its target, store, workers, what it
-    is read against ("one worker", "apart", "one Redis", "cheapest share") and the least
-    it may be."""
+    """Which figure of issue 27's targets 1 and 3: its target, store, workers and what it
+    is read against ("one worker", "apart", "one Redis", "cheapest share")."""
 
     target: int
     store: str
     workers: int
     against: str
+
+
+class Figure(NamedTuple):
+    """A figure of a run, the least it may be, and why the run may not count: errors in
+    a row it is read from (an error reply is a cheap pair), one worker doing the work of
+    several (the kernel's spread of wrk's connections), or the hot experiment's Redis
+    above 80 % busy at the rate read (the rules of BENCHMARKS.md §41 then repeat the run)."""
+
+    value: float
     at_least: float
+    doubts: tuple[str, ...] = ()
 
 
-def ratios(rows: list[Row]) -> dict[Reading, tuple[float, bool]]:
-    """Issue 27's targets 1 and 3 by CPU per pair, for a machine with a core per process:
-    each figure, and whether a row it is read from had errors (an error reply is a cheap
-    pair).
+# The figure each target is decided by (§41, §45); the others are reported beside it.
+DECIDING = frozenset({"apart", "cheapest share"})
+
+
+def ratios(rows: list[Row]) -> dict[Reading, Figure]:
+    """Issue 27's targets 1 and 3 by CPU per pair, for a machine with a core per process.
 
     Target 1: N workers on one hot experiment serve N x 1e6 / (worker µs per pair at N)
     pairs/s with a core each; against N x the one-worker figure that is (µs at 1) / (µs at
-    N), to be >= 0.8; and against the apart control, (its µs) / (µs at N). Target 3: with
-    many experiments, the busiest master saturates first, at 1e6 / (its µs per pair of the
-    aggregate) pairs/s; against one master's ceiling (1e6 / its µs per pair serving one
-    Redis's load, or the cheapest master serving a master's share alone) that is to be
-    >= 0.8 x the masters.
+    N), to be >= 0.8, with the experiment's Redis below 80 % busy at that rate; and against
+    the apart control, (its µs) / (µs at N). Target 3: with many experiments, the busiest
+    master saturates first, at 1e6 / (its µs per pair of the aggregate) pairs/s; against
+    one master's ceiling (1e6 / its µs per pair serving one Redis's load, or the cheapest
+    master serving a master's share alone) that is to be >= 0.8 x the masters.
     """
-    found: dict[Reading, tuple[float, bool]] = {}
+    found: dict[Reading, Figure] = {}
     for store in dict.fromkeys(row.store for row in rows):
         hot = {r.workers: r for r in rows if r.store == store and r.load == "hot"}
         apart = {r.workers: r for r in rows if r.store == store and r.load == "apart"}
         for n, row in sorted(hot.items()) if 1 in hot else ():
-            found[Reading(1, store, n, "one worker", 0.8)] = (
-                hot[1].worker_us_per_pair / row.worker_us_per_pair,
-                bool(row.errors or hot[1].errors))
+            doubts = tuple(_doubts(row) + (_doubts(hot[1]) if n > 1 else []))
+            found[Reading(1, store, n, "one worker")] = Figure(
+                hot[1].worker_us_per_pair / row.worker_us_per_pair, 0.8, doubts)
             if n in apart:
-                found[Reading(1, store, n, "apart", 0.8)] = (
-                    apart[n].worker_us_per_pair / row.worker_us_per_pair,
-                    bool(row.errors or apart[n].errors))
+                found[Reading(1, store, n, "apart")] = Figure(
+                    apart[n].worker_us_per_pair / row.worker_us_per_pair, 0.8,
+                    tuple(_doubts(row) + _doubts(apart[n])))
     single = {r.workers: r for r in rows if r.store == "one Redis" and r.load == "many"}
     for row in rows:
         masters = len(row.redis_us_per_pair)
         if row.load != "many" or masters < 2:
             continue
-        busiest = max(row.redis_us_per_pair)
+        busiest, at_least = max(row.redis_us_per_pair), masters * 4 / 5  # (0.8 x 3 > 2.4)
         if row.workers in single:
-            found[Reading(3, row.store, row.workers, "one Redis", 0.8 * masters)] = (
-                sum(single[row.workers].redis_us_per_pair) / busiest,
-                bool(row.errors or single[row.workers].errors))
+            found[Reading(3, row.store, row.workers, "one Redis")] = Figure(
+                sum(single[row.workers].redis_us_per_pair) / busiest, at_least,
+                tuple(_doubts(row) + _doubts(single[row.workers])))
         # The same processes, one master busy at a time: each master's own µs a pair.
         shares = [r for r in rows if r.load == "share" and r.store == row.store
                   and r.workers == row.workers]
         if shares:
-            found[Reading(3, row.store, row.workers, "cheapest share", 0.8 * masters)] = (
-                min(max(r.redis_us_per_pair) for r in shares) / busiest,
-                bool(row.errors or any(r.errors for r in shares)))
+            found[Reading(3, row.store, row.workers, "cheapest share")] = Figure(
+                min(max(r.redis_us_per_pair) for r in shares) / busiest, at_least,
+                tuple(_doubts(row) + [d for r in shares for d in _doubts(r)]))
     return found
+
+
+def _doubts(row: Row) -> list[str]:
+    """Why a run whose figure is read from ``row`` may not count."""
+    doubts = [f"{row.errors} errors"] if row.errors else []
+    if row.load == "hot" and row.workers > 1 and row.busiest_share > 1.5 / row.workers:
+        doubts.append(f"one worker did {row.busiest_share:.0%} of the work")
+    if row.load == "hot":
+        rate = row.workers * 1e6 / row.worker_us_per_pair
+        if rate * max(row.redis_us_per_pair) / 1e6 > BUSY_LIMIT:
+            doubts.append("its Redis over 80 % busy")
+    return doubts
 
 
 def scaling(rows: list[Row]) -> list[str]:
@@ -481,35 +506,37 @@ def scaling(rows: list[Row]) -> list[str]:
     rates, the busy shares and the flags they are read with."""
     found = ratios(rows)
     lines = []
-    for store in dict.fromkeys(row.store for row in rows):
-        hot = {r.workers: r for r in rows if r.store == store and r.load == "hot"}
-        apart = {r.workers: r for r in rows if r.store == store and r.load == "apart"}
-        for n, row in sorted(hot.items()) if 1 in hot else ():
-            rate = n * 1e6 / row.worker_us_per_pair
-            busy = rate * max(row.redis_us_per_pair) / 1e6  # its master's
-            unspread = n > 1 and row.busiest_share > 1.5 / n
-            control = (f"; against {n} one-worker services apart on the same cores "
-                       f"{found[Reading(1, store, n, 'apart', 0.8)][0]:.2f}"
-                       + _flags(apart[n]) if n in apart else "")
-            lines.append(f"- target 1, {store}, {n} worker{'s' if n > 1 else ''}: "
-                         f"{rate:,.0f} pairs/s with a core each, "
-                         f"{found[Reading(1, store, n, 'one worker', 0.8)][0]:.2f} x N x "
-                         f"one worker's (>= 0.8){control}, its Redis {busy:.0%} busy "
-                         "(< 80%)" + _flags(row) + (_flags(hot[1]) if n > 1 else "")
-                         + (f"; NOT SPREAD: one worker did {row.busiest_share:.0%} of the "
-                            "work, run it again" if unspread else ""))
+    for reading, figure in found.items():
+        if reading.target != 1 or reading.against != "one worker":
+            continue
+        store, n = reading.store, reading.workers
+        row = next(r for r in rows if r.store == store and r.load == "hot" and r.workers == n)
+        one = next(r for r in rows if r.store == store and r.load == "hot" and r.workers == 1)
+        rate = n * 1e6 / row.worker_us_per_pair
+        busy = rate * max(row.redis_us_per_pair) / 1e6  # its master's
+        unspread = n > 1 and row.busiest_share > 1.5 / n
+        apart = found.get(Reading(1, store, n, "apart"))
+        control = "" if apart is None else (
+            f"; against {n} one-worker services apart on the same cores {apart.value:.2f}"
+            + _flags(next(r for r in rows if r.store == store and r.load == "apart"
+                          and r.workers == n)))
+        lines.append(f"- target 1, {store}, {n} worker{'s' if n > 1 else ''}: "
+                     f"{rate:,.0f} pairs/s with a core each, {figure.value:.2f} x N x "
+                     f"one worker's (>= 0.8){control}, its Redis {busy:.0%} busy "
+                     "(< 80%)" + _flags(row) + (_flags(one) if n > 1 else "")
+                     + (f"; NOT SPREAD: one worker did {row.busiest_share:.0%} of the "
+                        "work, run it again" if unspread else ""))
     for row in rows:
         masters = len(row.redis_us_per_pair)
         if row.load != "many" or masters < 2:
             continue
-        single = found.get(Reading(3, row.store, row.workers, "one Redis", 0.8 * masters))
-        ceilings = ([f"{single[0]:.2f} x one master's ceiling (one Redis)"] if single else [])
-        cheapest = found.get(Reading(3, row.store, row.workers, "cheapest share",
-                                     0.8 * masters))
+        single = found.get(Reading(3, row.store, row.workers, "one Redis"))
+        ceilings = [f"{single.value:.2f} x one master's ceiling (one Redis)"] if single else []
+        cheapest = found.get(Reading(3, row.store, row.workers, "cheapest share"))
         if cheapest:
             alone = [max(r.redis_us_per_pair) for r in rows if r.load == "share"
                      and r.store == row.store and r.workers == row.workers]
-            ceilings.append(f"{cheapest[0]:.2f} x its cheapest master's serving a "
+            ceilings.append(f"{cheapest.value:.2f} x its cheapest master's serving a "
                             f"master's share alone ({' / '.join(f'{u:.1f}' for u in alone)} "
                             "µs a pair)")
         if ceilings:
@@ -522,28 +549,37 @@ def scaling(rows: list[Row]) -> list[str]:
 
 _AGAINST = {"one worker": "N x one worker's", "apart": "the apart control",
             "one Redis": "one master's ceiling (one Redis)",
-            "cheapest share": "its cheapest master's serving a share alone"}
+            "cheapest share": "its cheapest master's serving a master's share alone"}
 
 
 def medians(runs: list[list[Row]]) -> list[str]:
-    """Each figure of :func:`ratios` as the rules of BENCHMARKS.md §41 and §45 read it: its
-    median over the runs, each run's beside it, and whether the median is at least what
-    the target asks; a figure read from a row with errors is flagged."""
+    """Each figure of :func:`ratios` over the runs, as the rules of BENCHMARKS.md §41 and
+    §45 read three: its median (of the figures as printed, to two decimals), each run's
+    beside it ("n/a" where a run lacks it), and for the figure a target is decided by
+    (:data:`DECIDING`) whether the median is at least what the target asks; unless a run
+    may not count (:class:`Figure`), which the rules then repeat: named instead."""
     per_run = [ratios(rows) for rows in runs]
     lines = []
     for reading in dict.fromkeys(r for found in per_run for r in found):
         if reading.target == 1 and reading.workers == 1:
             continue  # one worker against itself: 1 by definition
-        figures = [found[reading] for found in per_run if reading in found]
-        median = statistics.median(value for value, _ in figures)
-        flawed = sum(errors for _, errors in figures)
+        figures = [found.get(reading) for found in per_run]
+        present = [f for f in figures if f is not None]
+        median = statistics.median(round(f.value, 2) for f in present)
+        each = " / ".join("n/a" if f is None else f"{f.value:.2f}" for f in figures)
+        doubtful = [f"run {i + 1}: {', '.join(f.doubts)}" for i, f in enumerate(figures)
+                    if f is not None and f.doubts]
+        if doubtful:
+            verdict = "REPEAT (" + "; ".join(doubtful) + ")"
+        elif reading.against not in DECIDING:
+            verdict = "reported beside the deciding figure"
+        else:
+            verdict = "holds" if median >= present[0].at_least else "NOT held"
         lines.append(
             f"- target {reading.target}, {reading.store}, {reading.workers} worker"
             f"{'s' if reading.workers > 1 else ''}, against {_AGAINST[reading.against]}: "
-            f"median {median:.2f} over {len(figures)} run{'s' if len(figures) > 1 else ''} "
-            f"({' / '.join(f'{value:.2f}' for value, _ in figures)}; >= "
-            f"{reading.at_least:.1f}): {'holds' if median >= reading.at_least else 'NOT held'}"
-            + (f" (ERRORS in {flawed} of its runs' rows: see each run)" if flawed else ""))
+            f"median {median:.2f} over {len(present)} run{'s' if len(present) > 1 else ''} "
+            f"({each}; >= {present[0].at_least:.1f}): {verdict}")
     return lines
 
 
@@ -607,6 +643,9 @@ def main() -> None:
         parser.error("--experiments must be a multiple of the cluster's 3 masters")
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    if len(set(args.workers)) < len(args.workers) or min(args.workers) < 1:
+        parser.error("--workers: each count once, each at least 1 (a run's figures are "
+                     "read by it)")
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} at the start; "
           f"stochastic LinReBoot ({args.spread} spread), K = 100, d = 20, every decision "
           f"rewarded, max_stale_rewards {args.max_stale_rewards}; {args.duration} s a run, "
