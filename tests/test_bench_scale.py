@@ -89,7 +89,9 @@ def test_target_3_is_read_against_one_redis_and_the_cheapest_master_alone() -> N
     (line,) = [line for line in scaling([single, many, *shares]) if "target 3" in line]
     assert "2.50 x one master's ceiling (one Redis)" in line  # 50 / 20
     assert "at 2.25 x its cheapest master's serving a master's share alone" in line  # 45 / 20
-    assert "(60.0 / 45.0 / 50.0 µs a pair)" in line and "(>= 0.8 x 3 = 2.4)" in line
+    # (and against the three masters' mean, 51.67 / 20)
+    assert "(60.0 / 45.0 / 50.0 µs a pair; 2.58 x their mean)" in line
+    assert "(>= 0.8 x 3 = 2.4)" in line
     assert "ERRORS" not in line
     flawed = dataclasses.replace(many, errors=3)
     (line,) = [line for line in scaling([single, flawed, *shares]) if "target 3" in line]
@@ -116,7 +118,7 @@ def test_each_target_is_read_as_the_median_of_the_runs_with_each_run_beside_it()
     runs = [_run(625.0, 650.0, 20.0, (60.0, 45.0, 50.0)),  # 0.80, 1.04; 2.50, 2.25
             _run(500.0, 450.0, 18.0, (50.0, 48.0, 54.0)),  # 1.00, 0.90; 2.78, 2.67
             _run(700.0, 560.0, 25.0, (60.0, 55.0, 70.0))]  # 0.71, 0.80; 2.00, 2.20
-    one, apart, single, cheapest = medians(runs)
+    one, apart, single, cheapest, mean = medians(runs)
     # The deciding figures (§41: against the apart control; §45: the cheapest share alone)
     # get a verdict; the others are reported beside them.
     assert one == ("- target 1, one Redis, 2 workers, against N x one worker's: median 0.80 "
@@ -130,6 +132,10 @@ def test_each_target_is_read_as_the_median_of_the_runs_with_each_run_beside_it()
     assert cheapest == ("- target 3, 3-master cluster, 2 workers, against its cheapest "
                         "master's serving a master's share alone: median 2.25 over 3 runs "
                         "(2.25 / 2.67 / 2.20; >= 2.4): NOT held")
+    # The masters' mean: 51.67 / 20, 50.67 / 18, 61.67 / 25
+    assert mean == ("- target 3, 3-master cluster, 2 workers, against its masters' mean "
+                    "serving a master's share alone: median 2.58 over 3 runs (2.58 / 2.81 / "
+                    "2.47; >= 2.4): reported beside the deciding figure")
     # One run: its own figures, as the line after the table reads them.
     (alone,) = [line for line in medians(runs[:1]) if "cheapest" in line]
     assert "median 2.25 over 1 run (2.25; >= 2.4): NOT held" in alone
@@ -138,7 +144,7 @@ def test_each_target_is_read_as_the_median_of_the_runs_with_each_run_beside_it()
 
 def test_a_median_of_exactly_the_threshold_holds() -> None:
     # 48 / 20 = 2.4 = 0.8 x 3 (which, computed as 0.8 * 3, is 2.4000000000000004)
-    (_, _, _, cheapest) = medians([_run(625.0, 650.0, 20.0, (48.0, 50.0, 52.0))])
+    (_, _, _, cheapest, _) = medians([_run(625.0, 650.0, 20.0, (48.0, 50.0, 52.0))])
     assert cheapest.endswith("(2.40; >= 2.4): holds")
 
 
@@ -147,7 +153,7 @@ def test_a_run_that_may_not_count_is_named_to_be_repeated_and_a_missing_figure_s
             _run(500.0, 450.0, 18.0, (50.0, 48.0, 54.0), spread=0.9),
             [row for row in _run(700.0, 560.0, 25.0, (60.0, 55.0, 70.0))
              if row.load != "apart"]]
-    one, apart, single, cheapest = medians(runs)
+    one, apart, single, cheapest, _ = medians(runs)
     # Run 2's hot row: one worker of two did 90 % (NOT SPREAD, §41: run it again).
     assert apart == ("- target 1, one Redis, 2 workers, against the apart control: median "
                      "0.97 over 2 runs (1.04 / 0.90 / n/a; >= 0.8): REPEAT (run 2: one "
