@@ -15,7 +15,7 @@ in the same run.
 
 Why it matters: ``bench_scale`` reads a master's ceiling as 1e6 / its CPU a pair,
 measured below the ceiling; where the same calls cost Redis more CPU when they come
-sparsely (on this 2-core machine, 1.5-1.75 x at 2 ms between pipelines: §51), a row whose
+sparsely (on this 2-core machine, 1.3-1.7 x at 2 ms between pipelines: §51), a row whose
 master gets fewer pipelines a second overstates its cost at saturation. Which part is
 waking from idle and which is caches lost to other processes, this does not tell.
 """
