@@ -315,6 +315,10 @@ def _commandstat(server: redis.Redis, names: tuple[str, ...], field: str) -> int
 
 LOADS = ("hot", "sharded", "many", "share", "apart")
 
+# The workers' core is taken once a process (``--runs``: the first run keeps this process
+# off it, so a second pin_serving would find one core left and refuse).
+pinned_serving = functools.cache(pin_serving)
+
 
 def measure(workers: list[int], experiments: int, duration: int, connections: int,
             cluster: bool, spread: str, shards: int = 3,
@@ -325,7 +329,7 @@ def measure(workers: list[int], experiments: int, duration: int, connections: in
         raise SystemExit("wrk is needed: apt-get install wrk")
     serve = [sys.executable, "-m", "linreboot", "serve"]
     if pin:  # the workers on the last core; Redis, wrk and this process on the others
-        serve = [*pin_serving(), *serve]
+        serve = [*pinned_serving(), *serve]
     rows = []
     clustered = functools.partial(_cluster, replica=replica)
     topology = "3-master cluster" + (" + replica" if replica else "")

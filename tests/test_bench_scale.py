@@ -4,6 +4,8 @@ against its control (benchmarks/bench_scale.py; the runs themselves need wrk).""
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from benchmarks.bench_scale import (
     _connections,
     _line,
     medians,
+    pinned_serving,
     scaling,
     time_by_command,
 )
@@ -170,6 +173,21 @@ def test_the_hot_experiment_s_redis_over_80_percent_busy_is_named_too() -> None:
     (apart,) = [line for line in medians([busy]) if "apart control" in line]
     # 2 x 1e6 / 625 = 3,200 pairs/s x 400 µs = 128 % busy; and the one worker's 80 %
     assert apart.endswith("REPEAT (run 1: its Redis over 80 % busy)")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or shutil.which("taskset") is None,
+                    reason="needs two cores and taskset")
+def test_the_workers_core_is_taken_once_however_many_runs_pin() -> None:
+    mine = os.sched_getaffinity(0)
+    pinned_serving.cache_clear()
+    try:
+        first = pinned_serving()  # this process moves off the last core ...
+        assert os.sched_getaffinity(0) == set(sorted(mine)[:-1])
+        # ... and the next run pins the same core rather than refusing (one core left)
+        assert pinned_serving() == first == ["taskset", "-c", str(sorted(mine)[-1])]
+    finally:
+        pinned_serving.cache_clear()
+        os.sched_setaffinity(0, mine)
 
 
 def test_each_worker_master_and_shard_gets_the_load_one_alone_gets() -> None:
